@@ -1,0 +1,736 @@
+//! One decision, in the order ENGINE.md gives: per-metric proposals, the several-metrics rule,
+//! the guards, velocity (WPA knobs or `behavior`), windows and delays, then the new state.
+
+use std::time::Duration;
+
+use crate::decision::{Action, Decision, Guard, Limit, MetricOutcome, Position, Stabilization, Timing};
+use crate::input::{Reading, Recommendation, ScaleEvent, State, Target};
+use crate::number::Decimal;
+use crate::rule::{
+    Algorithm, Behavior, ConvergeTowards, MetricRule, PolicyKind, Rule, ScalingRules, SelectPolicy, Velocity,
+    WatermarkVelocity,
+};
+use crate::time::Timestamp;
+
+/// A metric after §1: its outcome plus what the combination step needs to know.
+struct Evaluated {
+    outcome: MetricOutcome,
+    /// The reading was usable (a finite, fresh, non-negative value or a replica count).
+    usable: bool,
+    /// The proposal is a convergence step, not a watermark crossing.
+    converging: bool,
+}
+
+/// What the velocity stage made of the proposal.
+struct Normalized {
+    replicas: u32,
+    limit: Limit,
+    stabilization: Option<Stabilization>,
+    upscale_limit: u32,
+    downscale_limit: u32,
+}
+
+/// Decides the replica count for one evaluation. Pure: the same inputs give the same output.
+///
+/// `readings[i]` is the reading for `rule.metrics()[i]`; a missing entry counts as unavailable.
+pub fn decide(rule: &Rule, target: Target, readings: &[Reading], state: &State, now: Timestamp) -> Decision {
+    let spec = target.spec_replicas;
+    let ready = target.effective_ready();
+    let evaluated: Vec<Evaluated> = rule
+        .metrics()
+        .iter()
+        .enumerate()
+        .map(|(i, metric)| evaluate_metric(rule, metric, readings.get(i), spec, ready, now))
+        .collect();
+
+    let mut decision = Decision {
+        now,
+        spec_replicas: spec,
+        ready_replicas: ready,
+        metrics: Vec::new(),
+        proposal: None,
+        proposal_metric: None,
+        above_high_watermark: evaluated.iter().any(|e| e.outcome.position == Position::Above),
+        below_low_watermark: evaluated.iter().any(|e| e.outcome.position == Position::Below),
+        converging: false,
+        stabilization: None,
+        upscale_limit: None,
+        downscale_limit: None,
+        normalized: None,
+        limit: Limit::WithinRange,
+        timing: Timing {
+            upscale_allowed: false,
+            downscale_allowed: false,
+            upscale_window_seconds_left: 0.0,
+            downscale_window_seconds_left: 0.0,
+            upscale_delay_seconds_left: 0.0,
+            downscale_delay_seconds_left: 0.0,
+        },
+        guard: None,
+        replicas: spec,
+        action: Action::Hold,
+        write: false,
+        dry_run: rule.dry_run(),
+        reason: String::new(),
+        state: state.clone(),
+        state_if_not_written: state.clone(),
+    };
+
+    // §5: a person paused the workload; nothing here is ours to change, not even the state.
+    if spec == 0 {
+        decision.metrics = evaluated.into_iter().map(|e| e.outcome).collect();
+        decision.guard = Some(Guard::Paused);
+        decision.reason = "spec.replicas is 0: the workload is paused by a person; doing nothing".into();
+        return decision;
+    }
+
+    let usable = evaluated.iter().filter(|e| e.usable).count();
+    let all_usable = usable == evaluated.len();
+    let mut next = carried_state(rule, state, &evaluated, usable, all_usable, now);
+    decision.timing = timing(rule, state, &next, now);
+
+    // §1 and §2: the combined proposal.
+    let proposals: Vec<(usize, u32)> =
+        evaluated.iter().enumerate().filter_map(|(i, e)| e.outcome.proposal.map(|p| (i, p))).collect();
+    let mut notes: Vec<String> = Vec::new();
+    let combined = proposals.iter().map(|&(_, p)| p).max().map(|max| {
+        // The winner names the reason; among equals prefer a metric that crossed a watermark.
+        let winner = proposals
+            .iter()
+            .filter(|&&(_, p)| p == max)
+            .map(|&(i, _)| i)
+            .max_by_key(|&i| evaluated[i].outcome.position == Position::Above)
+            .unwrap_or(0);
+        (winner, max)
+    });
+    decision.converging = evaluated.iter().any(|e| e.converging)
+        && !evaluated.iter().any(|e| matches!(e.outcome.position, Position::Above | Position::Below));
+
+    if let Some((winner, mut proposal)) = combined {
+        if !all_usable && proposal < spec {
+            notes.push(format!(
+                "{} would allow {proposal} but {} unavailable, and partial data never scales down",
+                metric_list(&evaluated, |e| e.usable),
+                metric_list(&evaluated, |e| !e.usable)
+            ));
+            proposal = spec;
+        }
+        if proposal != spec {
+            proposal = round_up_to_modulo(proposal, rule.replica_modulo(), spec);
+        }
+        decision.proposal = Some(proposal);
+        decision.proposal_metric = Some(evaluated[winner].outcome.name.clone());
+    }
+    let metric_summary = describe_metrics(rule, &evaluated);
+    decision.metrics = evaluated.into_iter().map(|e| e.outcome).collect();
+
+    // §5 guards, in order.
+    let guard = if spec > rule.max_replicas() && all_usable {
+        Some((Guard::AboveMax, rule.max_replicas()))
+    } else if spec < rule.min_replicas() && usable > 0 {
+        Some((Guard::BelowMin, rule.min_replicas()))
+    } else if usable == 0 {
+        Some((Guard::NoData, spec))
+    } else if u64::from(ready) * 100 < u64::from(rule.min_available_replica_percentage()) * u64::from(spec) {
+        Some((Guard::MinAvailable, spec))
+    } else if ready == 0 {
+        Some((Guard::NoReadyReplicas, spec))
+    } else if spec > rule.max_replicas() || spec < rule.min_replicas() {
+        // Out of bounds but the data needed to act on it is missing: hold.
+        Some((Guard::NoData, spec))
+    } else {
+        None
+    };
+
+    let (replicas, action, verdict) = match guard {
+        Some((guard, replicas)) => {
+            decision.guard = Some(guard);
+            let verdict = guard_verdict(guard, rule, spec, ready, &decision.metrics);
+            (replicas, action_for(spec, replicas), verdict)
+        }
+        None => {
+            let proposal = decision.proposal.unwrap_or(spec);
+            let normalized = normalize(rule, spec, ready, proposal, state, &mut next, now);
+            decision.normalized = Some(normalized.replicas);
+            decision.limit = normalized.limit;
+            decision.stabilization = normalized.stabilization;
+            decision.upscale_limit = Some(normalized.upscale_limit);
+            decision.downscale_limit = Some(normalized.downscale_limit);
+            let t = decision.timing;
+            let (action, blocked) = if normalized.replicas > spec {
+                if t.upscale_window_seconds_left > 0.0 {
+                    (Action::Hold, Some(window_note("upscale", t.upscale_window_seconds_left, rule)))
+                } else if t.upscale_delay_seconds_left > 0.0 && !decision.converging {
+                    (
+                        Action::Hold,
+                        Some(delay_note(
+                            "above the high",
+                            t.upscale_delay_seconds_left,
+                            rule.upscale_delay_above_watermark(),
+                        )),
+                    )
+                } else {
+                    (Action::ScaleUp, None)
+                }
+            } else if normalized.replicas < spec {
+                if t.downscale_window_seconds_left > 0.0 {
+                    (Action::Hold, Some(window_note("downscale", t.downscale_window_seconds_left, rule)))
+                } else if t.downscale_delay_seconds_left > 0.0 && !decision.converging {
+                    (
+                        Action::Hold,
+                        Some(delay_note(
+                            "below the low",
+                            t.downscale_delay_seconds_left,
+                            rule.downscale_delay_below_watermark(),
+                        )),
+                    )
+                } else {
+                    (Action::ScaleDown, None)
+                }
+            } else {
+                (Action::Hold, None)
+            };
+            let replicas = if action == Action::Hold { spec } else { normalized.replicas };
+            let verdict = velocity_verdict(&decision, proposal, &normalized, blocked);
+            (replicas, action, verdict)
+        }
+    };
+
+    decision.timing.upscale_allowed = decision.timing.upscale_window_seconds_left <= 0.0
+        && (decision.timing.upscale_delay_seconds_left <= 0.0 || decision.converging);
+    decision.timing.downscale_allowed = decision.timing.downscale_window_seconds_left <= 0.0
+        && (decision.timing.downscale_delay_seconds_left <= 0.0 || decision.converging);
+    decision.replicas = replicas;
+    decision.action = action;
+    decision.write = action != Action::Hold && !rule.dry_run();
+
+    let mut parts = Vec::new();
+    if let Some(summary) = metric_summary {
+        parts.push(summary);
+    }
+    parts.extend(notes);
+    parts.push(verdict);
+    if rule.dry_run() && action != Action::Hold {
+        parts.push("dry-run: nothing written".into());
+    }
+    decision.reason = parts.join("; ");
+
+    decision.state_if_not_written = next.clone();
+    if action != Action::Hold {
+        next.last_scale_time = Some(now);
+        if rule.scale_event_horizon() > Duration::ZERO {
+            next.scale_events.push(ScaleEvent { from: spec, to: replicas, at: now });
+        }
+    }
+    decision.state = next;
+    decision
+}
+
+/// §1 for one metric.
+fn evaluate_metric(
+    rule: &Rule,
+    metric: &MetricRule,
+    reading: Option<&Reading>,
+    spec: u32,
+    ready: u32,
+    now: Timestamp,
+) -> Evaluated {
+    let tolerance = rule.tolerance();
+    let one = Decimal::from_int(1);
+    let band_high = metric.high_watermark.mul(&one.add(tolerance));
+    let band_low = metric.low_watermark.mul(&one.sub(tolerance));
+    let mut outcome = MetricOutcome {
+        name: metric.name.clone(),
+        value: None,
+        usage: None,
+        low_watermark: metric.low_watermark.to_f64(),
+        high_watermark: metric.high_watermark.to_f64(),
+        band_low: band_low.to_f64(),
+        band_high: band_high.to_f64(),
+        position: Position::Unavailable,
+        proposal: None,
+        data_time: None,
+        age_seconds: None,
+        note: None,
+    };
+    let unavailable = |mut outcome: MetricOutcome, why: String| {
+        outcome.note = Some(why);
+        Evaluated { outcome, usable: false, converging: false }
+    };
+
+    let (value, at) = match reading {
+        None => return unavailable(outcome, "no reading".into()),
+        Some(Reading::Unavailable { reason }) => return unavailable(outcome, reason.clone()),
+        Some(Reading::Replicas { replicas }) => {
+            let replicas = *replicas;
+            outcome.position = match replicas.cmp(&spec) {
+                std::cmp::Ordering::Greater => Position::Above,
+                std::cmp::Ordering::Less => Position::Below,
+                std::cmp::Ordering::Equal => Position::Inside,
+            };
+            outcome.proposal = (ready > 0).then_some(replicas);
+            outcome.note = Some(format!("the source recommends {replicas} replicas"));
+            return Evaluated { outcome, usable: true, converging: false };
+        }
+        Some(Reading::Value { value, at }) => (*value, *at),
+    };
+    outcome.value = Some(value);
+    outcome.data_time = Some(at);
+    let age = now.since(at);
+    outcome.age_seconds = Some(age.as_secs_f64());
+    let Some(exact) = Decimal::from_f64(value) else {
+        return unavailable(outcome, format!("value is {value}, not a number"));
+    };
+    if exact.is_negative() {
+        return unavailable(outcome, format!("negative value {value} cannot be a load"));
+    }
+    if let Some(max_age) = metric.max_age {
+        if age > max_age {
+            return unavailable(
+                outcome,
+                format!("stale: the data point is {}s old, max_age is {}s", age.as_secs(), max_age.as_secs()),
+            );
+        }
+    }
+
+    // usage = value / per; load = ready * usage = ready * value / per.
+    let per = match rule.algorithm() {
+        Algorithm::Absolute => 1,
+        Algorithm::Average => ready,
+    };
+    if per == 0 {
+        outcome.note = Some("no ready replica to divide the total by".into());
+        return Evaluated { outcome, usable: true, converging: false };
+    }
+    outcome.usage = Some(value / f64::from(per));
+    if exact.is_zero() && !rule.tolerate_zero() {
+        outcome.position = Position::Inside;
+        outcome.proposal = (ready > 0).then_some(spec);
+        outcome.note = Some("a reading of exactly 0 is held: tolerate_zero is off".into());
+        return Evaluated { outcome, usable: true, converging: false };
+    }
+
+    let per_dec = Decimal::from_int(i64::from(per));
+    let load = exact.mul_int(u64::from(ready));
+    let replicas_for = |watermark: &Decimal| per_dec.mul(watermark);
+    // The convergence step lands on the neighbouring multiple of the modulo, so that every
+    // proposal other than `spec` is a multiple of it.
+    let step = rule.replica_modulo();
+    let convergence = match rule.converge_towards_watermark() {
+        Some(ConvergeTowards::High) => {
+            let candidate = if spec.is_multiple_of(step) { spec.saturating_sub(step) } else { spec - spec % step };
+            let fits = load <= replicas_for(&metric.high_watermark).mul_int(u64::from(candidate));
+            (candidate >= 1 && fits).then_some(candidate)
+        }
+        Some(ConvergeTowards::Low) => {
+            let candidate = (spec / step).saturating_add(1).saturating_mul(step);
+            let fits = load >= replicas_for(&metric.low_watermark).mul_int(u64::from(candidate));
+            fits.then_some(candidate)
+        }
+        None => None,
+    };
+    let mut converging = false;
+    if exact > band_high.mul(&per_dec) {
+        outcome.position = Position::Above;
+        let wanted = load.div_ceil(&replicas_for(&metric.high_watermark)).unwrap_or(i64::MAX);
+        // A crossing never asks for less than the convergence step a lower reading would take,
+        // or a higher reading could end with fewer replicas (unready pods, modulo > 1).
+        let step_up = convergence.filter(|&c| c > spec).unwrap_or(spec);
+        outcome.proposal = Some(to_replicas(wanted).max(spec).max(step_up));
+    } else if exact < band_low.mul(&per_dec) {
+        outcome.position = Position::Below;
+        let wanted = load.div_floor(&replicas_for(&metric.low_watermark)).unwrap_or(0);
+        let step_down = convergence.filter(|&c| c < spec).unwrap_or(spec);
+        outcome.proposal = Some(to_replicas(wanted).max(1).min(spec).min(step_down));
+    } else {
+        outcome.position = Position::Inside;
+        converging = convergence.is_some();
+        outcome.proposal = Some(convergence.unwrap_or(spec));
+    }
+    if ready == 0 {
+        outcome.proposal = None;
+    }
+    Evaluated { outcome, usable: true, converging }
+}
+
+fn to_replicas(v: i64) -> u32 {
+    u32::try_from(v.max(0)).unwrap_or(u32::MAX)
+}
+
+/// Rounds up to a multiple of `modulo`; a downward proposal never rounds past `spec`.
+fn round_up_to_modulo(proposal: u32, modulo: u32, spec: u32) -> u32 {
+    if modulo <= 1 {
+        return proposal;
+    }
+    let rounded = proposal.div_ceil(modulo).saturating_mul(modulo);
+    if proposal < spec {
+        rounded.min(spec)
+    } else {
+        rounded
+    }
+}
+
+/// The state carried into the next evaluation before any scale: condition since-times and the
+/// pruned histories.
+fn carried_state(
+    rule: &Rule,
+    state: &State,
+    evaluated: &[Evaluated],
+    usable: usize,
+    all_usable: bool,
+    now: Timestamp,
+) -> State {
+    let above = evaluated.iter().any(|e| e.outcome.position == Position::Above);
+    let below = evaluated.iter().any(|e| e.outcome.position == Position::Below);
+    // With no data at all we learn nothing about "above", so its clock keeps running; "below"
+    // only counts on complete data, so that a gap can never complete a downscale delay.
+    let above_since = if usable == 0 {
+        state.above_since
+    } else if above {
+        state.above_since.or(Some(now))
+    } else {
+        None
+    };
+    let below_since = if below && all_usable { state.below_since.or(Some(now)) } else { None };
+    let event_horizon = rule.scale_event_horizon();
+    let recommendation_horizon = rule.recommendation_horizon();
+    State {
+        last_scale_time: state.last_scale_time,
+        above_since,
+        below_since,
+        recommendations: state
+            .recommendations
+            .iter()
+            .filter(|r| now.since(r.at) < recommendation_horizon)
+            .copied()
+            .collect(),
+        scale_events: state.scale_events.iter().filter(|e| now.since(e.at) < event_horizon).copied().collect(),
+    }
+}
+
+/// Forbidden windows (WPA knobs only) and delays, measured against `now`.
+fn timing(rule: &Rule, old: &State, next: &State, now: Timestamp) -> Timing {
+    let (up_window, down_window) = match rule.velocity() {
+        Velocity::Watermark(w) => (w.upscale_forbidden_window, w.downscale_forbidden_window),
+        Velocity::Behavior(_) => (Duration::ZERO, Duration::ZERO),
+    };
+    let window_left = |window: Duration| match old.last_scale_time {
+        Some(last) => last.plus(window).since(now).as_secs_f64(),
+        None => 0.0,
+    };
+    let delay_left = |delay: Duration, since: Option<Timestamp>| {
+        if delay.is_zero() {
+            return 0.0;
+        }
+        match since {
+            Some(since) => delay.saturating_sub(now.since(since)).as_secs_f64(),
+            None => delay.as_secs_f64(),
+        }
+    };
+    Timing {
+        upscale_allowed: false,
+        downscale_allowed: false,
+        upscale_window_seconds_left: window_left(up_window),
+        downscale_window_seconds_left: window_left(down_window),
+        upscale_delay_seconds_left: delay_left(rule.upscale_delay_above_watermark(), next.above_since),
+        downscale_delay_seconds_left: delay_left(rule.downscale_delay_below_watermark(), next.below_since),
+    }
+}
+
+/// §3 or §3b: from the proposal to the replica count the rate limits and bounds allow.
+fn normalize(
+    rule: &Rule,
+    spec: u32,
+    ready: u32,
+    proposal: u32,
+    old: &State,
+    next: &mut State,
+    now: Timestamp,
+) -> Normalized {
+    match rule.velocity() {
+        Velocity::Watermark(knobs) => normalize_watermark(rule, knobs, spec, ready, proposal),
+        Velocity::Behavior(behavior) => normalize_behavior(rule, behavior, spec, proposal, old, next, now),
+    }
+}
+
+fn limit_step(spec: u32, factor: &Decimal) -> u32 {
+    // floor(factor% x spec), at least one replica.
+    let step = factor.mul_int(u64::from(spec)).div_floor(&Decimal::from_int(100)).unwrap_or(0);
+    to_replicas(step).max(1)
+}
+
+fn normalize_watermark(rule: &Rule, knobs: &WatermarkVelocity, spec: u32, ready: u32, proposal: u32) -> Normalized {
+    let (min, max) = (rule.min_replicas(), rule.max_replicas());
+    let upscale_limit = if knobs.scale_up_limit_factor.is_zero() {
+        spec
+    } else {
+        spec.saturating_add(limit_step(spec, &knobs.scale_up_limit_factor))
+    };
+    let downscale_limit = if knobs.scale_down_limit_factor.is_zero() {
+        spec
+    } else {
+        spec.saturating_sub(limit_step(spec, &knobs.scale_down_limit_factor))
+    };
+    let (replicas, limit) = if proposal < downscale_limit {
+        let floor = downscale_limit.max(min);
+        if min > downscale_limit {
+            (floor, Limit::TooFew)
+        } else {
+            (floor, Limit::DownscaleCapping)
+        }
+    } else if proposal > upscale_limit {
+        if max < upscale_limit {
+            (max, Limit::TooMany)
+        } else {
+            (upscale_limit, Limit::UpscaleCapping)
+        }
+    } else if proposal < min {
+        (min, Limit::TooFew)
+    } else if proposal > max {
+        (max, Limit::TooMany)
+    } else {
+        (proposal, Limit::WithinRange)
+    };
+    // The reference controller aborts a *capped* scale-down whose floor is above the ready
+    // count. Applied only there, a deep drop in load holds while a shallow one scales down, so a
+    // lower reading could leave more replicas. **fix**: with replicas not ready, no scale-down
+    // may stop above the ready count, whatever capped it.
+    if replicas < spec && ready < spec && replicas > ready {
+        return Normalized {
+            replicas: spec,
+            limit: Limit::NotReady,
+            stabilization: None,
+            upscale_limit,
+            downscale_limit,
+        };
+    }
+    Normalized { replicas, limit, stabilization: None, upscale_limit, downscale_limit }
+}
+
+fn normalize_behavior(
+    rule: &Rule,
+    behavior: &Behavior,
+    spec: u32,
+    proposal: u32,
+    old: &State,
+    next: &mut State,
+    now: Timestamp,
+) -> Normalized {
+    let (min, max) = (rule.min_replicas(), rule.max_replicas());
+    let young = |window: Duration| old.recommendations.iter().filter(move |r| now.since(r.at) < window);
+    let lower = young(behavior.scale_up.stabilization_window).map(|r| r.replicas).fold(proposal, u32::min);
+    let upper = young(behavior.scale_down.stabilization_window).map(|r| r.replicas).fold(proposal, u32::max);
+    let stabilized = spec.max(lower).min(upper);
+    if rule.recommendation_horizon() > Duration::ZERO {
+        next.recommendations.push(Recommendation { replicas: proposal, at: now });
+    }
+
+    let upscale_limit = policy_limit(&behavior.scale_up, spec, &old.scale_events, now, true).max(spec);
+    let downscale_limit = policy_limit(&behavior.scale_down, spec, &old.scale_events, now, false).min(spec);
+    let (replicas, limit) = if stabilized > spec {
+        let (ceiling, why) =
+            if max > upscale_limit { (upscale_limit, Limit::UpscaleCapping) } else { (max, Limit::TooMany) };
+        if stabilized > ceiling {
+            (ceiling, why)
+        } else {
+            (stabilized, Limit::WithinRange)
+        }
+    } else if stabilized < spec {
+        let (floor, why) =
+            if min < downscale_limit { (downscale_limit, Limit::DownscaleCapping) } else { (min, Limit::TooFew) };
+        if stabilized < floor {
+            (floor, why)
+        } else {
+            (stabilized, Limit::WithinRange)
+        }
+    } else {
+        (stabilized, Limit::WithinRange)
+    };
+    Normalized {
+        replicas: replicas.clamp(min, max),
+        limit,
+        stabilization: Some(Stabilization { lower, upper, stabilized }),
+        upscale_limit,
+        downscale_limit,
+    }
+}
+
+/// The furthest count the policies of one direction allow from `spec` now (KEP-853), in exact
+/// integer arithmetic.
+fn policy_limit(rules: &ScalingRules, spec: u32, events: &[ScaleEvent], now: Timestamp, up: bool) -> u32 {
+    if rules.select_policy == SelectPolicy::Disabled {
+        return spec;
+    }
+    let limits = rules.policies.iter().map(|policy| {
+        let recent = events.iter().filter(|e| now.since(e.at) < policy.period);
+        let (added, removed) =
+            recent.fold((0i64, 0i64), |(a, r), e| (a + i64::from(e.added()), r + i64::from(e.removed())));
+        let start = (i64::from(spec) - added + removed).max(0);
+        let value = i64::from(policy.value);
+        let limit = match (policy.kind, up) {
+            (PolicyKind::Pods, true) => start + value,
+            (PolicyKind::Pods, false) => start - value,
+            (PolicyKind::Percent, true) => (start * (100 + value) + 99) / 100,
+            (PolicyKind::Percent, false) => (start * (100 - value)).max(0) / 100,
+        };
+        to_replicas(limit)
+    });
+    // `max` allows the largest change: the highest limit up, the lowest down.
+    let largest_change = (rules.select_policy == SelectPolicy::Max) == up;
+    let chosen = if largest_change { limits.max() } else { limits.min() };
+    chosen.unwrap_or(spec)
+}
+
+fn action_for(spec: u32, replicas: u32) -> Action {
+    match replicas.cmp(&spec) {
+        std::cmp::Ordering::Greater => Action::ScaleUp,
+        std::cmp::Ordering::Less => Action::ScaleDown,
+        std::cmp::Ordering::Equal => Action::Hold,
+    }
+}
+
+fn metric_list(evaluated: &[Evaluated], keep: impl Fn(&Evaluated) -> bool) -> String {
+    let names: Vec<&str> = evaluated.iter().filter(|e| keep(e)).map(|e| e.outcome.name.as_str()).collect();
+    names.join(", ")
+}
+
+/// A number as a person would write it: about four significant digits, no trailing zeros.
+pub(crate) fn human(v: f64) -> String {
+    if !v.is_finite() {
+        return v.to_string();
+    }
+    if v == 0.0 {
+        return "0".into();
+    }
+    let magnitude = v.abs().log10().floor() as i32;
+    let decimals = usize::try_from((3 - magnitude).clamp(0, 9)).unwrap_or(0);
+    let text = format!("{v:.decimals$}");
+    if text.contains('.') {
+        text.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        text
+    }
+}
+
+fn tolerance_percent(rule: &Rule) -> String {
+    human(rule.tolerance().to_f64() * 100.0)
+}
+
+/// What the metrics say, in one clause: the crossings (or the band when nothing crossed) and
+/// the unavailable ones.
+fn describe_metrics(rule: &Rule, evaluated: &[Evaluated]) -> Option<String> {
+    let tol = tolerance_percent(rule);
+    let mut clauses = Vec::new();
+    for e in evaluated {
+        let m = &e.outcome;
+        let usage = m.usage.map(human).unwrap_or_else(|| "?".into());
+        match m.position {
+            Position::Above if m.usage.is_some() => clauses.push(format!(
+                "{} above high watermark: {usage} > {} (+{tol}%)",
+                m.name,
+                human(m.high_watermark)
+            )),
+            Position::Below if m.usage.is_some() => {
+                clauses.push(format!("{} below low watermark: {usage} < {} (-{tol}%)", m.name, human(m.low_watermark)))
+            }
+            Position::Above | Position::Below => {
+                clauses.push(format!("{}: {}", m.name, m.note.clone().unwrap_or_default()))
+            }
+            Position::Inside => {
+                if let Some(note) = &m.note {
+                    clauses.push(format!("{}: {note}", m.name));
+                } else {
+                    clauses.push(format!(
+                        "{} inside its band: {} <= {usage} <= {}",
+                        m.name,
+                        human(m.band_low),
+                        human(m.band_high)
+                    ));
+                }
+            }
+            Position::Unavailable => clauses.push(format!(
+                "{} unavailable ({})",
+                m.name,
+                m.note.clone().unwrap_or_else(|| "no reading".into())
+            )),
+        }
+    }
+    (!clauses.is_empty()).then(|| clauses.join(", "))
+}
+
+fn guard_verdict(guard: Guard, rule: &Rule, spec: u32, ready: u32, metrics: &[MetricOutcome]) -> String {
+    match guard {
+        Guard::Paused => "the workload is paused".into(),
+        Guard::NoData => {
+            if metrics.iter().all(|m| m.position == Position::Unavailable) {
+                format!("no metric data: holding {spec} (missing data is never read as 0)")
+            } else {
+                format!(
+                    "spec {spec} is outside {}..{} but not every metric is available: holding {spec}",
+                    rule.min_replicas(),
+                    rule.max_replicas()
+                )
+            }
+        }
+        Guard::AboveMax => {
+            format!("spec {spec} is above max_replicas {}: scaling to {}", rule.max_replicas(), rule.max_replicas())
+        }
+        Guard::BelowMin => {
+            format!("spec {spec} is below min_replicas {}: scaling to {}", rule.min_replicas(), rule.min_replicas())
+        }
+        Guard::MinAvailable => format!(
+            "only {ready} of {spec} replicas are ready, under min_available_replica_percentage {}%: holding {spec}",
+            rule.min_available_replica_percentage()
+        ),
+        Guard::NoReadyReplicas => {
+            format!("no replica is ready: holding {spec} (a formula on zero ready replicas would scale to 1)")
+        }
+    }
+}
+
+fn window_note(direction: &str, left: f64, rule: &Rule) -> String {
+    let window = match rule.velocity() {
+        Velocity::Watermark(w) if direction == "upscale" => w.upscale_forbidden_window,
+        Velocity::Watermark(w) => w.downscale_forbidden_window,
+        Velocity::Behavior(_) => Duration::ZERO,
+    };
+    format!("{direction} forbidden for {}s more ({}s window after the last scale)", human(left), window.as_secs())
+}
+
+fn delay_note(condition: &str, left: f64, delay: Duration) -> String {
+    format!("the metric must stay {condition} watermark {}s more (delay {}s)", human(left), delay.as_secs())
+}
+
+fn velocity_verdict(decision: &Decision, proposal: u32, normalized: &Normalized, blocked: Option<String>) -> String {
+    let spec = decision.spec_replicas;
+    let mut text = if decision.converging {
+        format!("converging one step to {proposal}")
+    } else {
+        format!("proposing {proposal}")
+    };
+    if let Some(s) = normalized.stabilization {
+        if s.stabilized != proposal {
+            text.push_str(&format!(
+                ", stabilized to {} by recent recommendations ({}..{})",
+                s.stabilized, s.lower, s.upper
+            ));
+        }
+    }
+    let after_stabilization = normalized.stabilization.map_or(proposal, |s| s.stabilized);
+    if normalized.replicas != after_stabilization {
+        let by = match normalized.limit {
+            Limit::UpscaleCapping => format!("the upscale limit ({})", normalized.upscale_limit),
+            Limit::DownscaleCapping => format!("the downscale limit ({})", normalized.downscale_limit),
+            Limit::TooFew => "min_replicas".into(),
+            Limit::TooMany => "max_replicas".into(),
+            Limit::NotReady => "unready replicas (not scaling below the ready count)".into(),
+            Limit::WithinRange => "the bounds".into(),
+        };
+        text.push_str(&format!(", limited to {} by {by}", normalized.replicas));
+    }
+    match blocked {
+        Some(why) => format!("{text}, but {why}: holding {spec}"),
+        None if normalized.replicas == spec => format!("{text}: holding {spec}"),
+        None => format!("{text}: scaling {spec} -> {}", normalized.replicas),
+    }
+}

@@ -1,0 +1,23 @@
+//! The watermark engine: one autoscaling decision as a pure function.
+//!
+//! `decide(rule, target, readings, state, now)` reads no clock, socket or file; the daemon,
+//! the `decide` command and the simulator all drive it the same way. ENGINE.md in the design
+//! notes is the specification this crate implements.
+
+mod decide;
+mod decision;
+mod input;
+mod number;
+mod rule;
+mod serde_secs;
+mod time;
+
+pub use decide::decide;
+pub use decision::{Action, Decision, Guard, Limit, MetricOutcome, Position, Stabilization, Timing};
+pub use input::{Reading, Recommendation, ScaleEvent, State, Target};
+pub use number::{Decimal, ParseDecimalError};
+pub use rule::{
+    Algorithm, Behavior, BehaviorSpec, ConvergeTowards, MetricRule, MetricSpec, Policy, PolicyKind, Rule, RuleError,
+    RuleSpec, ScalingRules, ScalingRulesSpec, SelectPolicy, Velocity, WatermarkVelocity,
+};
+pub use time::Timestamp;

@@ -1,0 +1,514 @@
+//! Autoscaler rules: what a person configured, checked once so that a decision never meets an
+//! impossible rule. Defaults live here, in one place, for both the rules file and CRD mode.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::number::Decimal;
+
+/// How a metric value relates to the load on one replica.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Algorithm {
+    /// The value already is per-replica load (average CPU %, p99 latency).
+    Absolute,
+    /// The value is a total over all replicas (requests/s at the load balancer): usage = value / ready.
+    Average,
+}
+
+impl Algorithm {
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "absolute" => Some(Algorithm::Absolute),
+            "average" => Some(Algorithm::Average),
+            _ => None,
+        }
+    }
+}
+
+/// Which watermark the optional convergence steps towards while inside the band.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ConvergeTowards {
+    High,
+    Low,
+}
+
+impl ConvergeTowards {
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "high" => Some(ConvergeTowards::High),
+            "low" => Some(ConvergeTowards::Low),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SelectPolicy {
+    /// Allow the largest change any policy allows (the default).
+    Max,
+    /// Allow the smallest change any policy allows.
+    Min,
+    /// Never scale in this direction.
+    Disabled,
+}
+
+impl SelectPolicy {
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "max" => Some(SelectPolicy::Max),
+            "min" => Some(SelectPolicy::Min),
+            "disabled" => Some(SelectPolicy::Disabled),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PolicyKind {
+    Pods,
+    Percent,
+}
+
+impl PolicyKind {
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "pods" => Some(PolicyKind::Pods),
+            "percent" => Some(PolicyKind::Percent),
+            _ => None,
+        }
+    }
+}
+
+/// One HPA scaling policy: at most `value` pods or percent of change per `period`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Policy {
+    pub kind: PolicyKind,
+    pub value: u32,
+    #[serde(with = "crate::serde_secs")]
+    pub period: Duration,
+}
+
+/// One direction of a `behavior` block as configured; `None` means the HPA default.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ScalingRulesSpec {
+    pub stabilization_window: Option<Duration>,
+    pub select_policy: Option<SelectPolicy>,
+    pub policies: Option<Vec<Policy>>,
+}
+
+/// One direction of a `behavior` block with defaults applied.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct ScalingRules {
+    #[serde(with = "crate::serde_secs")]
+    pub stabilization_window: Duration,
+    pub select_policy: SelectPolicy,
+    pub policies: Vec<Policy>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct BehaviorSpec {
+    pub scale_up: Option<ScalingRulesSpec>,
+    pub scale_down: Option<ScalingRulesSpec>,
+}
+
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Behavior {
+    pub scale_up: ScalingRules,
+    pub scale_down: ScalingRules,
+}
+
+/// The WPA velocity knobs with defaults applied.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct WatermarkVelocity {
+    /// Percent of `spec` that one upscale may add; 0 disables upscaling.
+    pub scale_up_limit_factor: Decimal,
+    /// Percent of `spec` that one downscale may remove; 0 disables downscaling.
+    pub scale_down_limit_factor: Decimal,
+    #[serde(with = "crate::serde_secs")]
+    pub upscale_forbidden_window: Duration,
+    #[serde(with = "crate::serde_secs")]
+    pub downscale_forbidden_window: Duration,
+}
+
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Velocity {
+    Watermark(WatermarkVelocity),
+    Behavior(Behavior),
+}
+
+/// One metric as configured. A lone watermark serves as both bounds.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct MetricSpec {
+    pub name: String,
+    pub low_watermark: Option<Decimal>,
+    pub high_watermark: Option<Decimal>,
+    /// Readings older than this are unavailable. `None`: the backend alone judges staleness.
+    pub max_age: Option<Duration>,
+}
+
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct MetricRule {
+    pub name: String,
+    pub low_watermark: Decimal,
+    pub high_watermark: Decimal,
+    #[serde(with = "crate::serde_secs::option")]
+    pub max_age: Option<Duration>,
+}
+
+/// Everything a person may configure, each field optional where ENGINE.md gives a default.
+/// `Rule::new` turns it into a `Rule` or lists every problem.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RuleSpec {
+    pub min_replicas: Option<u32>,
+    pub max_replicas: Option<u32>,
+    pub algorithm: Option<Algorithm>,
+    pub tolerance: Option<Decimal>,
+    pub metrics: Vec<MetricSpec>,
+    pub scale_up_limit_factor: Option<Decimal>,
+    pub scale_down_limit_factor: Option<Decimal>,
+    pub upscale_forbidden_window: Option<Duration>,
+    pub downscale_forbidden_window: Option<Duration>,
+    pub upscale_delay_above_watermark: Option<Duration>,
+    pub downscale_delay_below_watermark: Option<Duration>,
+    pub behavior: Option<BehaviorSpec>,
+    pub replica_modulo: Option<u32>,
+    pub converge_towards_watermark: Option<ConvergeTowards>,
+    pub tolerate_zero: Option<bool>,
+    pub min_available_replica_percentage: Option<u32>,
+    pub dry_run: Option<bool>,
+}
+
+/// A validated rule. Its fields can only be built through `Rule::new`.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Rule {
+    min_replicas: u32,
+    max_replicas: u32,
+    algorithm: Algorithm,
+    tolerance: Decimal,
+    metrics: Vec<MetricRule>,
+    velocity: Velocity,
+    #[serde(with = "crate::serde_secs")]
+    upscale_delay_above_watermark: Duration,
+    #[serde(with = "crate::serde_secs")]
+    downscale_delay_below_watermark: Duration,
+    replica_modulo: u32,
+    converge_towards_watermark: Option<ConvergeTowards>,
+    tolerate_zero: bool,
+    min_available_replica_percentage: u32,
+    dry_run: bool,
+}
+
+/// One problem with a rule, naming the field as the rules file spells it
+/// (`metric[1].low_watermark`, `behavior.scale_up.policies[0].period`).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct RuleError {
+    pub field: String,
+    pub message: String,
+}
+
+impl RuleError {
+    fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        RuleError { field: field.into(), message: message.into() }
+    }
+}
+
+pub const DEFAULT_TOLERANCE_PERCENT: i128 = 10;
+pub const DEFAULT_SCALE_UP_LIMIT_FACTOR: i64 = 50;
+pub const DEFAULT_SCALE_DOWN_LIMIT_FACTOR: i64 = 20;
+pub const DEFAULT_UPSCALE_FORBIDDEN_WINDOW: Duration = Duration::from_secs(60);
+pub const DEFAULT_DOWNSCALE_FORBIDDEN_WINDOW: Duration = Duration::from_secs(300);
+/// KEP-853 limits.
+pub const MAX_STABILIZATION_WINDOW: Duration = Duration::from_secs(3600);
+pub const MAX_POLICY_PERIOD: Duration = Duration::from_secs(1800);
+
+fn default_scale_up() -> ScalingRules {
+    ScalingRules {
+        stabilization_window: Duration::ZERO,
+        select_policy: SelectPolicy::Max,
+        policies: vec![
+            Policy { kind: PolicyKind::Pods, value: 4, period: Duration::from_secs(15) },
+            Policy { kind: PolicyKind::Percent, value: 100, period: Duration::from_secs(15) },
+        ],
+    }
+}
+
+fn default_scale_down() -> ScalingRules {
+    ScalingRules {
+        stabilization_window: Duration::from_secs(300),
+        select_policy: SelectPolicy::Max,
+        policies: vec![Policy { kind: PolicyKind::Percent, value: 100, period: Duration::from_secs(15) }],
+    }
+}
+
+impl Rule {
+    /// Applies the defaults and checks every invariant, returning all problems at once.
+    pub fn new(spec: RuleSpec) -> Result<Rule, Vec<RuleError>> {
+        let mut errors = Vec::new();
+        let min_replicas = spec.min_replicas.unwrap_or(1);
+        if min_replicas == 0 {
+            errors.push(RuleError::new("min_replicas", "must be at least 1"));
+        }
+        let max_replicas = match spec.max_replicas {
+            Some(max) => max,
+            None => {
+                errors.push(RuleError::new("max_replicas", "is required"));
+                min_replicas
+            }
+        };
+        if spec.max_replicas.is_some() && min_replicas > max_replicas {
+            errors.push(RuleError::new(
+                "min_replicas",
+                format!("({min_replicas}) must not exceed max_replicas ({max_replicas})"),
+            ));
+        }
+        let tolerance = spec.tolerance.unwrap_or(Decimal::from_parts(DEFAULT_TOLERANCE_PERCENT, -2));
+        if tolerance.is_negative() || tolerance >= Decimal::from_int(1) {
+            errors.push(RuleError::new(
+                "tolerance",
+                format!("({tolerance}) must be a fraction from 0 (inclusive) to 1 (exclusive), e.g. 0.1 for 10%"),
+            ));
+        }
+        if spec.metrics.is_empty() {
+            errors.push(RuleError::new("metric", "at least one metric is required"));
+        }
+        let metrics: Vec<MetricRule> =
+            spec.metrics.iter().enumerate().filter_map(|(i, m)| check_metric(i, m, &mut errors)).collect();
+
+        let knobs_set: Vec<&str> = [
+            ("scale_up_limit_factor", spec.scale_up_limit_factor.is_some()),
+            ("scale_down_limit_factor", spec.scale_down_limit_factor.is_some()),
+            ("upscale_forbidden_window", spec.upscale_forbidden_window.is_some()),
+            ("downscale_forbidden_window", spec.downscale_forbidden_window.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(name, set)| set.then_some(name))
+        .collect();
+        let velocity = match &spec.behavior {
+            Some(behavior) => {
+                for knob in &knobs_set {
+                    errors.push(RuleError::new(
+                        *knob,
+                        "cannot be combined with a behavior block: use the behavior policies, or remove behavior",
+                    ));
+                }
+                Velocity::Behavior(Behavior {
+                    scale_up: check_scaling_rules(
+                        "behavior.scale_up",
+                        behavior.scale_up.as_ref(),
+                        default_scale_up(),
+                        &mut errors,
+                    ),
+                    scale_down: check_scaling_rules(
+                        "behavior.scale_down",
+                        behavior.scale_down.as_ref(),
+                        default_scale_down(),
+                        &mut errors,
+                    ),
+                })
+            }
+            None => {
+                let up = spec.scale_up_limit_factor.clone().unwrap_or(Decimal::from_int(DEFAULT_SCALE_UP_LIMIT_FACTOR));
+                if up.is_negative() {
+                    errors.push(RuleError::new("scale_up_limit_factor", format!("({up}) must not be negative")));
+                }
+                let down =
+                    spec.scale_down_limit_factor.clone().unwrap_or(Decimal::from_int(DEFAULT_SCALE_DOWN_LIMIT_FACTOR));
+                if down.is_negative() || down >= Decimal::from_int(100) {
+                    errors.push(RuleError::new(
+                        "scale_down_limit_factor",
+                        format!("({down}) must be a percentage from 0 (inclusive) to 100 (exclusive)"),
+                    ));
+                }
+                Velocity::Watermark(WatermarkVelocity {
+                    scale_up_limit_factor: up,
+                    scale_down_limit_factor: down,
+                    upscale_forbidden_window: spec.upscale_forbidden_window.unwrap_or(DEFAULT_UPSCALE_FORBIDDEN_WINDOW),
+                    downscale_forbidden_window: spec
+                        .downscale_forbidden_window
+                        .unwrap_or(DEFAULT_DOWNSCALE_FORBIDDEN_WINDOW),
+                })
+            }
+        };
+        let replica_modulo = spec.replica_modulo.unwrap_or(1);
+        if replica_modulo == 0 {
+            errors.push(RuleError::new("replica_modulo", "must be at least 1"));
+        }
+        let min_available_replica_percentage = spec.min_available_replica_percentage.unwrap_or(0);
+        if min_available_replica_percentage > 100 {
+            errors.push(RuleError::new(
+                "min_available_replica_percentage",
+                format!("({min_available_replica_percentage}) must be from 0 to 100"),
+            ));
+        }
+        if !errors.is_empty() {
+            return Err(errors);
+        }
+        Ok(Rule {
+            min_replicas,
+            max_replicas,
+            algorithm: spec.algorithm.unwrap_or(Algorithm::Absolute),
+            tolerance,
+            metrics,
+            velocity,
+            upscale_delay_above_watermark: spec.upscale_delay_above_watermark.unwrap_or(Duration::ZERO),
+            downscale_delay_below_watermark: spec.downscale_delay_below_watermark.unwrap_or(Duration::ZERO),
+            replica_modulo,
+            converge_towards_watermark: spec.converge_towards_watermark,
+            tolerate_zero: spec.tolerate_zero.unwrap_or(false),
+            min_available_replica_percentage,
+            dry_run: spec.dry_run.unwrap_or(false),
+        })
+    }
+
+    pub fn min_replicas(&self) -> u32 {
+        self.min_replicas
+    }
+    pub fn max_replicas(&self) -> u32 {
+        self.max_replicas
+    }
+    pub fn algorithm(&self) -> Algorithm {
+        self.algorithm
+    }
+    pub fn tolerance(&self) -> &Decimal {
+        &self.tolerance
+    }
+    pub fn metrics(&self) -> &[MetricRule] {
+        &self.metrics
+    }
+    pub fn velocity(&self) -> &Velocity {
+        &self.velocity
+    }
+    pub fn upscale_delay_above_watermark(&self) -> Duration {
+        self.upscale_delay_above_watermark
+    }
+    pub fn downscale_delay_below_watermark(&self) -> Duration {
+        self.downscale_delay_below_watermark
+    }
+    pub fn replica_modulo(&self) -> u32 {
+        self.replica_modulo
+    }
+    pub fn converge_towards_watermark(&self) -> Option<ConvergeTowards> {
+        self.converge_towards_watermark
+    }
+    pub fn tolerate_zero(&self) -> bool {
+        self.tolerate_zero
+    }
+    pub fn min_available_replica_percentage(&self) -> u32 {
+        self.min_available_replica_percentage
+    }
+    pub fn dry_run(&self) -> bool {
+        self.dry_run
+    }
+
+    /// The same rule with dry-run forced on (a global dry-run switch).
+    pub fn with_dry_run(mut self, dry_run: bool) -> Rule {
+        self.dry_run = dry_run;
+        self
+    }
+
+    /// How far back scale events matter: the longest behavior policy period.
+    pub(crate) fn scale_event_horizon(&self) -> Duration {
+        match &self.velocity {
+            Velocity::Watermark(_) => Duration::ZERO,
+            Velocity::Behavior(b) => {
+                b.scale_up.policies.iter().chain(&b.scale_down.policies).map(|p| p.period).max().unwrap_or_default()
+            }
+        }
+    }
+
+    /// How far back recommendations matter: the longer stabilization window.
+    pub(crate) fn recommendation_horizon(&self) -> Duration {
+        match &self.velocity {
+            Velocity::Watermark(_) => Duration::ZERO,
+            Velocity::Behavior(b) => b.scale_up.stabilization_window.max(b.scale_down.stabilization_window),
+        }
+    }
+}
+
+fn check_metric(index: usize, m: &MetricSpec, errors: &mut Vec<RuleError>) -> Option<MetricRule> {
+    let field = |name: &str| format!("metric[{index}].{name}");
+    let before = errors.len();
+    if m.name.trim().is_empty() {
+        errors.push(RuleError::new(field("name"), "must not be empty"));
+    }
+    let (low, high) = match (&m.low_watermark, &m.high_watermark) {
+        (None, None) => {
+            errors.push(RuleError::new(
+                field("high_watermark"),
+                "at least one of low_watermark and high_watermark is required",
+            ));
+            return None;
+        }
+        (Some(low), None) => (low.clone(), low.clone()),
+        (None, Some(high)) => (high.clone(), high.clone()),
+        (Some(low), Some(high)) => (low.clone(), high.clone()),
+    };
+    for (name, value) in [("low_watermark", &low), ("high_watermark", &high)] {
+        if value.is_negative() || value.is_zero() {
+            errors.push(RuleError::new(field(name), format!("({value}) must be greater than 0")));
+        }
+    }
+    if low > high {
+        errors.push(RuleError::new(field("low_watermark"), format!("({low}) must not exceed high_watermark ({high})")));
+    }
+    if m.max_age == Some(Duration::ZERO) {
+        errors.push(RuleError::new(field("max_age"), "must be longer than 0s"));
+    }
+    (errors.len() == before).then(|| MetricRule {
+        name: m.name.clone(),
+        low_watermark: low,
+        high_watermark: high,
+        max_age: m.max_age,
+    })
+}
+
+fn check_scaling_rules(
+    path: &str,
+    spec: Option<&ScalingRulesSpec>,
+    default: ScalingRules,
+    errors: &mut Vec<RuleError>,
+) -> ScalingRules {
+    let Some(spec) = spec else { return default };
+    let window = spec.stabilization_window.unwrap_or(default.stabilization_window);
+    if window > MAX_STABILIZATION_WINDOW {
+        errors.push(RuleError::new(
+            format!("{path}.stabilization_window"),
+            format!("({}s) must be at most 3600s", window.as_secs()),
+        ));
+    }
+    let policies = spec.policies.clone().unwrap_or(default.policies);
+    let select_policy = spec.select_policy.unwrap_or(SelectPolicy::Max);
+    if policies.is_empty() && select_policy != SelectPolicy::Disabled {
+        errors.push(RuleError::new(
+            format!("{path}.policies"),
+            "must list at least one policy (or set select_policy = \"disabled\")",
+        ));
+    }
+    for (i, p) in policies.iter().enumerate() {
+        if p.value == 0 {
+            errors.push(RuleError::new(format!("{path}.policies[{i}].value"), "must be greater than 0"));
+        }
+        if p.period < Duration::from_secs(1) || p.period > MAX_POLICY_PERIOD {
+            errors.push(RuleError::new(
+                format!("{path}.policies[{i}].period"),
+                format!("({}s) must be from 1s to 1800s", p.period.as_secs_f64()),
+            ));
+        }
+    }
+    ScalingRules { stabilization_window: window, select_policy, policies }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Algorithm::Absolute => "absolute",
+            Algorithm::Average => "average",
+        })
+    }
+}

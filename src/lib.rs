@@ -1,0 +1,8 @@
+//! watermarkd: autoscales Kubernetes workloads from metrics it queries itself.
+//!
+//! The binary in `main.rs` is a thin shell over these modules so that tests drive the same
+//! code paths a person does.
+
+pub mod decide;
+pub mod rules;
+pub mod simulate;

@@ -1,0 +1,75 @@
+use std::io::{self, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+/// Autoscales Kubernetes workloads from Datadog or Prometheus metrics with low and high
+/// watermarks, velocity limits and forbidden windows.
+#[derive(Parser)]
+#[command(name = "watermarkd", version, about, long_about = None, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Validate rules files: print every problem, or a one-line summary per autoscaler.
+    ///
+    /// Exits 1 when any file has a problem.
+    Check {
+        /// Rules files (TOML) to validate.
+        #[arg(required = true, value_name = "FILE")]
+        files: Vec<PathBuf>,
+    },
+    /// Compute one decision per JSON object read on standard input (one document, or JSON Lines).
+    ///
+    /// Each input carries the rule, `now`, the target's replicas, one reading per metric and
+    /// the state; each output line carries every intermediate result. See docs/decide.md.
+    Decide,
+    /// Replay a metric trace (CSV) through an autoscaler's rule and report what it would do.
+    Simulate(watermarkd::simulate::SimulateArgs),
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("watermarkd: {err:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run() -> anyhow::Result<ExitCode> {
+    let cli = Cli::parse();
+    let stdout = io::stdout();
+    let mut out = stdout.lock();
+    let code = match cli.command {
+        Command::Check { files } => {
+            let ok = watermarkd::rules::run_check(&files, &mut out).context("writing the check report")?;
+            if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }
+        Command::Decide => {
+            let stdin = io::stdin();
+            let ok = watermarkd::decide::run(stdin.lock(), &mut out).context("reading or writing decisions")?;
+            if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }
+        Command::Simulate(args) => {
+            watermarkd::simulate::run(&args, &mut out)?;
+            ExitCode::SUCCESS
+        }
+    };
+    out.flush().context("writing to standard output")?;
+    Ok(code)
+}

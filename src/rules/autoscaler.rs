@@ -1,0 +1,419 @@
+//! One `[[autoscaler]]` entry, from the rules file or from JSON: read every field, build the
+//! engine's `RuleSpec`, and let `Rule::new` check the invariants. Engine problems are mapped
+//! back to the field names and lines of the document.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use watermarkd_engine::{
+    Algorithm, BehaviorSpec, ConvergeTowards, MetricSpec, Policy, PolicyKind, Rule, RuleError, RuleSpec,
+    ScalingRulesSpec, SelectPolicy,
+};
+
+use super::problem::{Scope, Sink};
+use super::reader::Table;
+use super::tree::{Kind, Node};
+use super::{Backend, MetricSource, Reducer, TargetRef};
+
+pub(crate) const DEFAULT_INTERVAL: Duration = Duration::from_secs(15);
+const MIN_INTERVAL: Duration = Duration::from_secs(1);
+const DEFAULT_API_VERSION: &str = "apps/v1";
+
+const AUTOSCALER_KEYS: &[&str] = &[
+    "name",
+    "target",
+    "interval",
+    "min_replicas",
+    "max_replicas",
+    "algorithm",
+    "tolerance",
+    "scale_up_limit_factor",
+    "scale_down_limit_factor",
+    "upscale_forbidden_window",
+    "downscale_forbidden_window",
+    "upscale_delay_above_watermark",
+    "downscale_delay_below_watermark",
+    "behavior",
+    "replica_modulo",
+    "converge_towards_watermark",
+    "tolerate_zero",
+    "min_available_replica_percentage",
+    "dry_run",
+    "metric",
+];
+const TARGET_KEYS: &[&str] = &["api_version", "kind", "namespace", "name"];
+const METRIC_KEYS: &[&str] = &["name", "backend", "query", "high_watermark", "low_watermark", "max_age", "reducer"];
+const BEHAVIOR_KEYS: &[&str] = &["scale_up", "scale_down"];
+const SCALING_RULES_KEYS: &[&str] = &["stabilization_window", "select_policy", "policies"];
+const POLICY_KEYS: &[&str] = &["type", "value", "period"];
+
+/// Where an autoscaler entry comes from, which decides what it must contain.
+#[derive(Clone, Copy)]
+pub(crate) enum Form<'b> {
+    /// An `[[autoscaler]]` of a rules file: name, target, and each metric's backend and query
+    /// are required, and backends must exist.
+    /// A backend mapped to `None` was declared but has a problem of its own.
+    File { index: usize, backends: &'b BTreeMap<String, Option<Backend>> },
+    /// A rule given to `decide`: only what the engine needs is required.
+    Json,
+}
+
+/// What one entry yielded. Fields are `None` where the entry had a problem there.
+pub(crate) struct Parsed {
+    pub name: Option<String>,
+    pub target: Option<TargetRef>,
+    pub interval: Duration,
+    pub rule: Option<Rule>,
+    pub metrics: Vec<MetricSource>,
+    /// The line of the entry's name (for duplicate-name problems).
+    pub name_line: Option<usize>,
+}
+
+/// One metric as read, before we know whether the whole entry is valid.
+struct MetricEntry {
+    scope: Scope,
+    source: MetricSource,
+    /// The engine's view of the same metric.
+    spec: MetricSpec,
+    /// The line of the key the name came from (`name`, or `query` when the name defaults to it).
+    name_line: Option<usize>,
+}
+
+pub(crate) fn read_autoscaler(node: &Node, form: Form<'_>, sink: &mut Sink) -> Parsed {
+    let name_line = node.entry("name").and_then(|e| e.line).or(node.line);
+    let mut parsed =
+        Parsed { name: None, target: None, interval: DEFAULT_INTERVAL, rule: None, metrics: Vec::new(), name_line };
+    if node.entries().is_none() {
+        let message = match form {
+            Form::File { .. } => format!("must be a table ([[autoscaler]]), not {}", node.kind.describe()),
+            Form::Json => format!("the rule must be a JSON object, not {}", node.kind.describe()),
+        };
+        sink.report_table(&unnamed_scope(form), node.line, message);
+        return parsed;
+    }
+    // Within one autoscaler, engine paths are relative to it; a fresh sink keeps them apart.
+    let mut own = Sink::default();
+    let Some(mut table) = Table::new(node, unnamed_scope(form), &mut own) else { return parsed };
+    let is_file = matches!(form, Form::File { .. });
+
+    let name = table.text(&mut own, "name");
+    parsed.name = if is_file { table.require(&mut own, "name", name) } else { name };
+    if let Some(name) = &parsed.name {
+        // From here on every problem names the autoscaler instead of its position.
+        table.scope = Scope { autoscaler: Some(name.clone()), ..Scope::default() };
+    }
+
+    let target = read_target(&mut table, &mut own);
+    parsed.target = if is_file { table.require(&mut own, "target", target) } else { target };
+    parsed.interval = read_interval(&mut table, &mut own);
+
+    let metrics = read_metrics(&mut table, form, &mut own);
+    let spec = read_rule_spec(&mut table, &mut own, &metrics);
+    table.finish(&mut own, AUTOSCALER_KEYS);
+
+    let rule = Rule::new(spec);
+    if let Err(errors) = &rule {
+        report_engine_errors(errors, node, &table.scope, &metrics, &mut own);
+    }
+    if !own.has_problems() {
+        parsed.rule = rule.ok();
+        parsed.metrics = metrics.into_iter().map(|m| m.source).collect();
+    }
+    sink.problems.extend(own.problems);
+    parsed
+}
+
+/// How fields of an autoscaler without a (valid) name are named.
+fn unnamed_scope(form: Form<'_>) -> Scope {
+    match form {
+        Form::File { index, .. } => Scope { label: format!("autoscaler[{index}]"), separator: ".", ..Scope::default() },
+        Form::Json => Scope::default(),
+    }
+}
+
+fn read_target(table: &mut Table<'_>, sink: &mut Sink) -> Option<TargetRef> {
+    let mut target = table.table(sink, "target")?;
+    let api_version = target.text(sink, "api_version").unwrap_or_else(|| DEFAULT_API_VERSION.to_string());
+    let kind = target.text(sink, "kind");
+    let kind = target.require(sink, "kind", kind);
+    let namespace = target.text(sink, "namespace");
+    let namespace = target.require(sink, "namespace", namespace);
+    let name = target.text(sink, "name");
+    let name = target.require(sink, "name", name);
+    target.finish(sink, TARGET_KEYS);
+    Some(TargetRef { api_version, kind: kind?, namespace: namespace?, name: name? })
+}
+
+fn read_interval(table: &mut Table<'_>, sink: &mut Sink) -> Duration {
+    match table.duration(sink, "interval") {
+        Some(interval) if interval < MIN_INTERVAL => {
+            let shown = humantime::format_duration(interval);
+            table.report(sink, "interval", format!("({shown}) must be at least 1s"));
+            DEFAULT_INTERVAL
+        }
+        Some(interval) => interval,
+        None => DEFAULT_INTERVAL,
+    }
+}
+
+/// Reads every scalar knob of the rule; absent ones stay `None` so that the engine's defaults
+/// (one place for the rules file and CRD mode) apply.
+fn read_rule_spec(table: &mut Table<'_>, sink: &mut Sink, metrics: &[MetricEntry]) -> RuleSpec {
+    RuleSpec {
+        min_replicas: table.count(sink, "min_replicas"),
+        max_replicas: table.count(sink, "max_replicas"),
+        algorithm: table.choice(sink, "algorithm", Algorithm::parse, "\"absolute\" or \"average\""),
+        tolerance: table.number(sink, "tolerance"),
+        // Metric `i` of the rule is metric `i` of the entry, also when some metric had a
+        // problem, so that engine problems map back to the right table.
+        metrics: metrics.iter().map(|m| m.spec.clone()).collect(),
+        scale_up_limit_factor: table.number(sink, "scale_up_limit_factor"),
+        scale_down_limit_factor: table.number(sink, "scale_down_limit_factor"),
+        upscale_forbidden_window: table.duration(sink, "upscale_forbidden_window"),
+        downscale_forbidden_window: table.duration(sink, "downscale_forbidden_window"),
+        upscale_delay_above_watermark: table.duration(sink, "upscale_delay_above_watermark"),
+        downscale_delay_below_watermark: table.duration(sink, "downscale_delay_below_watermark"),
+        behavior: read_behavior(table, sink),
+        replica_modulo: table.count(sink, "replica_modulo"),
+        converge_towards_watermark: table.choice(
+            sink,
+            "converge_towards_watermark",
+            ConvergeTowards::parse,
+            "\"high\" or \"low\"",
+        ),
+        tolerate_zero: table.flag(sink, "tolerate_zero"),
+        min_available_replica_percentage: table.count(sink, "min_available_replica_percentage"),
+        dry_run: table.flag(sink, "dry_run"),
+    }
+}
+
+fn read_metrics(table: &mut Table<'_>, form: Form<'_>, sink: &mut Sink) -> Vec<MetricEntry> {
+    let Some(nodes) = table.list(sink, "metric", "[[autoscaler.metric]] sections in TOML") else {
+        return Vec::new();
+    };
+    let entries: Vec<MetricEntry> =
+        nodes.iter().enumerate().map(|(index, node)| read_metric(node, index, &table.scope, form, sink)).collect();
+    report_duplicate_metric_names(&entries, sink);
+    entries
+}
+
+fn read_metric(node: &Node, index: usize, parent: &Scope, form: Form<'_>, sink: &mut Sink) -> MetricEntry {
+    let positional = parent.element("metric", index);
+    let mut entry = MetricEntry {
+        scope: positional.clone(),
+        source: MetricSource { name: String::new(), backend: String::new(), query: String::new(), reducer: None },
+        spec: MetricSpec::default(),
+        name_line: node.line,
+    };
+    let Some(mut metric) = Table::new(node, positional.clone(), sink) else { return entry };
+
+    // The name is read first so that problems with the other keys can name the metric.
+    let name = metric.text(sink, "name");
+    if let Some(name) = &name {
+        metric.scope = named_metric_scope(parent, &positional, name);
+    }
+    let query = metric.text(sink, "query");
+    let has_label = name.is_some() || query.is_some() || metric.has("name") || metric.has("query");
+    match name.clone().or_else(|| query.clone()) {
+        Some(label) => {
+            entry.source.name = label.clone();
+            entry.name_line = metric.line_of(if name.is_some() { "name" } else { "query" });
+            metric.scope = named_metric_scope(parent, &positional, &label);
+        }
+        None if !has_label => {
+            let message = match form {
+                Form::File { .. } => "needs a query (and optionally a name, which defaults to the query)",
+                Form::Json => "needs a name (or a query, which then serves as its name)",
+            };
+            sink.report_table(&positional, node.line, message);
+        }
+        None => {}
+    }
+    entry.scope = metric.scope.clone();
+
+    let backend = metric.text(sink, "backend");
+    let reducer = metric.choice(sink, "reducer", parse_reducer, "\"max\", \"min\", \"sum\" or \"avg\"");
+    if let Form::File { backends, .. } = form {
+        if has_label {
+            metric.require(sink, "query", query.clone());
+        }
+        let backend = metric.require(sink, "backend", backend.clone());
+        check_backend_reference(&metric, sink, backends, backend.as_deref(), reducer);
+    }
+    entry.source.backend = backend.unwrap_or_default();
+    entry.source.query = query.unwrap_or_default();
+    entry.source.reducer = reducer;
+    entry.spec = MetricSpec {
+        name: entry.source.name.clone(),
+        low_watermark: metric.number(sink, "low_watermark"),
+        high_watermark: metric.number(sink, "high_watermark"),
+        max_age: metric.duration(sink, "max_age"),
+    };
+    metric.finish(sink, METRIC_KEYS);
+    entry
+}
+
+/// Problems about a named metric name it (`metric "latency": low_watermark`), not its position.
+fn named_metric_scope(parent: &Scope, positional: &Scope, name: &str) -> Scope {
+    Scope { label: parent.field(&format!("metric {name:?}")), separator: ": ", ..positional.clone() }
+}
+
+fn parse_reducer(name: &str) -> Option<Reducer> {
+    match name {
+        "max" => Some(Reducer::Max),
+        "min" => Some(Reducer::Min),
+        "sum" => Some(Reducer::Sum),
+        "avg" => Some(Reducer::Avg),
+        _ => None,
+    }
+}
+
+fn check_backend_reference(
+    metric: &Table<'_>,
+    sink: &mut Sink,
+    backends: &BTreeMap<String, Option<Backend>>,
+    backend: Option<&str>,
+    reducer: Option<Reducer>,
+) {
+    let Some(backend) = backend else { return };
+    match backends.get(backend) {
+        None => {
+            let defined = if backends.is_empty() {
+                "no backends are defined".to_string()
+            } else {
+                format!("defined: {}", backends.keys().map(String::as_str).collect::<Vec<_>>().join(", "))
+            };
+            metric.report(sink, "backend", format!("({backend:?}) names no [backend.{backend}] table ({defined})"));
+        }
+        Some(Some(Backend::Datadog(_))) if reducer.is_some() => metric.report(
+            sink,
+            "reducer",
+            format!(
+                "only applies to prometheus backends; {backend:?} is a datadog backend, whose queries \
+                 aggregate series themselves (e.g. \"max:metric{{...}}\")"
+            ),
+        ),
+        Some(_) => {}
+    }
+}
+
+fn report_duplicate_metric_names(entries: &[MetricEntry], sink: &mut Sink) {
+    for (i, entry) in entries.iter().enumerate() {
+        let first = entries.iter().take(i).find(|e| !e.source.name.is_empty() && e.source.name == entry.source.name);
+        if let Some(first) = first {
+            let line = first.name_line.map(|l| format!(" on line {l}")).unwrap_or_default();
+            sink.report(
+                &entry.scope,
+                "name",
+                entry.name_line,
+                format!("is already used by another metric of this autoscaler{line}; metric names must be unique"),
+            );
+        }
+    }
+}
+
+fn read_behavior(table: &mut Table<'_>, sink: &mut Sink) -> Option<BehaviorSpec> {
+    let mut behavior = table.table(sink, "behavior")?;
+    let spec = BehaviorSpec {
+        scale_up: read_scaling_rules(&mut behavior, sink, "scale_up"),
+        scale_down: read_scaling_rules(&mut behavior, sink, "scale_down"),
+    };
+    behavior.finish(sink, BEHAVIOR_KEYS);
+    Some(spec)
+}
+
+fn read_scaling_rules(behavior: &mut Table<'_>, sink: &mut Sink, key: &str) -> Option<ScalingRulesSpec> {
+    let mut rules = behavior.table(sink, key)?;
+    let spec = ScalingRulesSpec {
+        stabilization_window: rules.duration(sink, "stabilization_window"),
+        select_policy: rules.choice(sink, "select_policy", SelectPolicy::parse, "\"max\", \"min\" or \"disabled\""),
+        policies: read_policies(&mut rules, sink),
+    };
+    rules.finish(sink, SCALING_RULES_KEYS);
+    Some(spec)
+}
+
+fn read_policies(rules: &mut Table<'_>, sink: &mut Sink) -> Option<Vec<Policy>> {
+    let nodes = rules.list(sink, "policies", "e.g. [{ type = \"pods\", value = 4, period = \"15s\" }]")?;
+    let policies: Vec<Option<Policy>> = nodes
+        .iter()
+        .enumerate()
+        .map(|(index, node)| {
+            let mut policy = Table::new(node, rules.scope.element("policies", index), sink)?;
+            let kind = policy.choice(sink, "type", PolicyKind::parse, "\"pods\" or \"percent\"");
+            let kind = policy.require(sink, "type", kind);
+            let value = policy.count(sink, "value");
+            let value = policy.require(sink, "value", value);
+            let period = policy.duration(sink, "period");
+            let period = policy.require(sink, "period", period);
+            policy.finish(sink, POLICY_KEYS);
+            Some(Policy { kind: kind?, value: value?, period: period? })
+        })
+        .collect();
+    // A policy with a problem is already reported; the engine checks the ones we could read.
+    Some(policies.into_iter().flatten().collect())
+}
+
+/// Turns each engine problem into one about the document: `metric[0].low_watermark` becomes
+/// `metric "latency": low_watermark` on the line of that key. Problems about values we already
+/// reported (because we could not read them) are dropped.
+fn report_engine_errors(errors: &[RuleError], node: &Node, scope: &Scope, metrics: &[MetricEntry], sink: &mut Sink) {
+    for error in errors {
+        if sink.covers(&error.field) || echoes_lone_watermark(node, &error.field) {
+            continue;
+        }
+        let line = locate(node, &error.field);
+        let (field_scope, key) =
+            match split_metric_path(&error.field).and_then(|(i, rest)| Some((metrics.get(i)?, rest))) {
+                Some((metric, rest)) => (&metric.scope, rest),
+                None => (scope, error.field.as_str()),
+            };
+        sink.report(field_scope, key, line, error.message.clone());
+    }
+}
+
+/// A watermark given alone serves as both, so the engine reports a bad value twice: once for
+/// the watermark that is written and once for the one that is not. Only the first is useful.
+fn echoes_lone_watermark(node: &Node, path: &str) -> bool {
+    let Some((index, key)) = split_metric_path(path) else { return false };
+    let sibling = match key {
+        "low_watermark" => "high_watermark",
+        "high_watermark" => "low_watermark",
+        _ => return false,
+    };
+    let metric = match node.entry("metric").map(|e| &e.value.kind) {
+        Some(Kind::Array(items)) => items.get(index),
+        _ => None,
+    };
+    metric.is_some_and(|m| m.entry(key).is_none() && m.entry(sibling).is_some())
+}
+
+/// `metric[3].low_watermark` -> (3, `low_watermark`).
+fn split_metric_path(path: &str) -> Option<(usize, &str)> {
+    let rest = path.strip_prefix("metric[")?;
+    let (index, rest) = rest.split_once("].")?;
+    Some((index.parse().ok()?, rest))
+}
+
+/// The line of the deepest part of an engine path (`behavior.scale_up.policies[0].period`) that
+/// exists in the document: the key when it is there, else the table that should hold it.
+fn locate(node: &Node, path: &str) -> Option<usize> {
+    let mut current = node;
+    let mut line = node.line;
+    for segment in path.split('.') {
+        let (key, index) = match segment.split_once('[') {
+            Some((key, index)) => (key, index.trim_end_matches(']').parse::<usize>().ok()),
+            None => (segment, None),
+        };
+        let Some(entry) = current.entry(key) else { return line };
+        line = entry.line.or(line);
+        current = &entry.value;
+        if let Some(index) = index {
+            let Kind::Array(items) = &current.kind else { return line };
+            let Some(item) = items.get(index) else { return line };
+            line = item.line.or(line);
+            current = item;
+        }
+    }
+    line
+}

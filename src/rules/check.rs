@@ -1,0 +1,127 @@
+//! `watermarkd check`: every problem of every file, or one line per autoscaler saying what the
+//! daemon understood, so that a person can compare it with what they meant.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use watermarkd_engine::{Algorithm, ConvergeTowards, Policy, PolicyKind, ScalingRules, SelectPolicy, Velocity};
+
+use super::quantity::format_quantity;
+use super::{load_rules, Autoscaler};
+
+/// Checks each file, writing its problems or its summary to `out`. Returns false if any file
+/// has a problem.
+pub fn run_check(files: &[PathBuf], out: &mut impl Write) -> std::io::Result<bool> {
+    let mut all_ok = true;
+    for file in files {
+        match load_rules(file) {
+            Ok(rules) => {
+                let count = plural(rules.autoscalers.len(), "autoscaler");
+                writeln!(out, "{}: ok, {count}", file.display())?;
+                for autoscaler in &rules.autoscalers {
+                    writeln!(out, "  {}", summary(autoscaler))?;
+                }
+            }
+            Err(err) => {
+                all_ok = false;
+                writeln!(out, "{err}")?;
+                writeln!(out, "{}: {}", file.display(), plural(err.problems.len(), "problem"))?;
+            }
+        }
+    }
+    Ok(all_ok)
+}
+
+/// `billing: Deployment prod/billing, 4..9 replicas, every 15s, 1 metric (latency via dd:
+/// 150m..400m), watermark velocity up 50%/60s down 30%/300s`, plus whatever is not a default.
+pub(crate) fn summary(autoscaler: &Autoscaler) -> String {
+    let rule = &autoscaler.rule;
+    let target = &autoscaler.target;
+    let per_replica = if rule.algorithm() == Algorithm::Average { " per replica" } else { "" };
+    let metrics: Vec<String> = rule
+        .metrics()
+        .iter()
+        .zip(&autoscaler.metrics)
+        .map(|(metric, source)| {
+            let low = format_quantity(&metric.low_watermark);
+            let high = format_quantity(&metric.high_watermark);
+            format!("{} via {}: {low}..{high}{per_replica}", metric.name, source.backend)
+        })
+        .collect();
+    let mut parts = vec![
+        format!("{}: {} {}/{}", autoscaler.name, target.kind, target.namespace, target.name),
+        format!("{}..{} replicas", rule.min_replicas(), rule.max_replicas()),
+        format!("every {}", seconds(autoscaler.interval)),
+        format!("{} ({})", plural(metrics.len(), "metric"), metrics.join(", ")),
+        velocity(rule.velocity()),
+    ];
+    let (up_delay, down_delay) = (rule.upscale_delay_above_watermark(), rule.downscale_delay_below_watermark());
+    if !up_delay.is_zero() || !down_delay.is_zero() {
+        parts.push(format!("delays up {} down {}", seconds(up_delay), seconds(down_delay)));
+    }
+    if let Some(towards) = rule.converge_towards_watermark() {
+        let towards = match towards {
+            ConvergeTowards::High => "high",
+            ConvergeTowards::Low => "low",
+        };
+        parts.push(format!("converging towards {towards}"));
+    }
+    if rule.replica_modulo() > 1 {
+        parts.push(format!("modulo {}", rule.replica_modulo()));
+    }
+    if rule.dry_run() {
+        parts.push("dry run".into());
+    }
+    parts.join(", ")
+}
+
+fn velocity(velocity: &Velocity) -> String {
+    match velocity {
+        Velocity::Watermark(v) => format!(
+            "watermark velocity up {}%/{} down {}%/{}",
+            v.scale_up_limit_factor,
+            seconds(v.upscale_forbidden_window),
+            v.scale_down_limit_factor,
+            seconds(v.downscale_forbidden_window)
+        ),
+        Velocity::Behavior(b) => {
+            format!("behavior up {}; down {}", scaling_rules(&b.scale_up), scaling_rules(&b.scale_down))
+        }
+    }
+}
+
+/// `max(4 pods/15s, 100%/15s), stabilization 0s`, or `disabled`.
+fn scaling_rules(rules: &ScalingRules) -> String {
+    let select = match rules.select_policy {
+        SelectPolicy::Disabled => return "disabled".into(),
+        SelectPolicy::Max => "max",
+        SelectPolicy::Min => "min",
+    };
+    let policies: Vec<String> = rules.policies.iter().map(policy).collect();
+    format!("{select}({}), stabilization {}", policies.join(", "), seconds(rules.stabilization_window))
+}
+
+fn policy(policy: &Policy) -> String {
+    match policy.kind {
+        PolicyKind::Pods => format!("{} pods/{}", policy.value, seconds(policy.period)),
+        PolicyKind::Percent => format!("{}%/{}", policy.value, seconds(policy.period)),
+    }
+}
+
+/// `300s` rather than `5m`: the unit every WPA and HPA field uses.
+fn seconds(duration: Duration) -> String {
+    if duration.subsec_nanos() == 0 {
+        format!("{}s", duration.as_secs())
+    } else {
+        format!("{}s", duration.as_secs_f64())
+    }
+}
+
+fn plural(count: usize, noun: &str) -> String {
+    if count == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{count} {noun}s")
+    }
+}

@@ -1,0 +1,214 @@
+//! The TOML rules file: backends and autoscalers, each compiled into an engine `Rule`.
+//!
+//! Reading happens in two steps. The text becomes a small document tree whose nodes know their
+//! line (`tree`); typed reads over that tree (`reader`) extract each field and report a problem
+//! for anything wrong, then `Rule::new` checks the engine's invariants. JSON rules for `decide`
+//! go through the same tree and the same extraction, so the two cannot drift apart. Every
+//! problem is collected, so one `watermarkd check` lists all of them.
+
+mod autoscaler;
+mod backend;
+mod check;
+mod problem;
+pub mod quantity;
+mod reader;
+mod tree;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use watermarkd_engine::Rule;
+
+use autoscaler::{read_autoscaler, Form};
+pub use check::run_check;
+pub use problem::{Problem, RulesError};
+use problem::{Scope, Sink};
+pub use quantity::{parse_quantity, QuantityError};
+use reader::Table;
+
+/// A parsed and validated rules file.
+#[derive(Clone, Debug)]
+pub struct RulesFile {
+    /// Backends by name (`[backend.NAME]`).
+    pub backends: BTreeMap<String, Backend>,
+    /// Autoscalers in file order; their names are unique.
+    pub autoscalers: Vec<Autoscaler>,
+}
+
+impl RulesFile {
+    pub fn autoscaler(&self, name: &str) -> Option<&Autoscaler> {
+        self.autoscalers.iter().find(|a| a.name == name)
+    }
+}
+
+/// Where metrics are queried.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Datadog(DatadogBackend),
+    Prometheus(PrometheusBackend),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DatadogBackend {
+    /// The Datadog site, e.g. `datadoghq.eu` (default `datadoghq.com`).
+    pub site: String,
+    /// A full URL that replaces the one derived from `site` (for proxies and tests).
+    pub url: Option<String>,
+    pub api_key: SecretSource,
+    pub app_key: SecretSource,
+}
+
+/// Where a secret is read from when the daemon starts; never the secret itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SecretSource {
+    /// The name of an environment variable.
+    Env(String),
+    /// A file holding the secret (surrounding whitespace is not part of it).
+    File(PathBuf),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PrometheusBackend {
+    /// The server's base URL, e.g. `http://prometheus.monitoring:9090`.
+    pub url: String,
+}
+
+/// One autoscaler: what it scales, how often, by which rule, from which queries.
+#[derive(Clone, Debug)]
+pub struct Autoscaler {
+    pub name: String,
+    pub target: TargetRef,
+    /// How often it is evaluated (default 15s, at least 1s).
+    pub interval: Duration,
+    pub rule: Rule,
+    /// Metric `i` here is metric `i` of `rule.metrics()`.
+    pub metrics: Vec<MetricSource>,
+}
+
+/// A resource with a `/scale` subresource.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TargetRef {
+    /// Default `apps/v1`.
+    pub api_version: String,
+    pub kind: String,
+    pub namespace: String,
+    pub name: String,
+}
+
+/// Where one metric's value comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MetricSource {
+    /// The metric's name in the rule (its query when no name was given).
+    pub name: String,
+    /// The name of a `[backend.NAME]`.
+    pub backend: String,
+    pub query: String,
+    /// How a Prometheus query that returns several series becomes one value.
+    pub reducer: Option<Reducer>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reducer {
+    Max,
+    Min,
+    Sum,
+    Avg,
+}
+
+const TOP_LEVEL_KEYS: &[&str] = &["backend", "autoscaler"];
+
+/// Parses and validates a rules file. `origin` names it in problems (usually its path).
+pub fn parse_rules(text: &str, origin: &str) -> Result<RulesFile, RulesError> {
+    let fail = |problems| RulesError { origin: origin.to_string(), problems };
+    let root = tree::from_toml(text).map_err(|err| {
+        fail(vec![Problem {
+            line: err.line,
+            autoscaler: None,
+            field: String::new(),
+            message: format!("invalid TOML: {}", err.message),
+        }])
+    })?;
+    let mut sink = Sink::default();
+    let Some(mut table) = Table::new(&root, Scope::default(), &mut sink) else {
+        return Err(fail(sink.into_sorted()));
+    };
+    let declared = backend::read_backends(&mut table, &mut sink);
+    let autoscalers = read_autoscalers(&mut table, &declared, &mut sink);
+    table.finish(&mut sink, TOP_LEVEL_KEYS);
+    if sink.has_problems() {
+        return Err(fail(sink.into_sorted()));
+    }
+    let backends = declared.into_iter().filter_map(|(name, backend)| Some((name, backend?))).collect();
+    Ok(RulesFile { backends, autoscalers })
+}
+
+fn read_autoscalers(
+    root: &mut Table<'_>,
+    backends: &BTreeMap<String, Option<Backend>>,
+    sink: &mut Sink,
+) -> Vec<Autoscaler> {
+    let Some(nodes) = root.list(sink, "autoscaler", "[[autoscaler]] sections") else { return Vec::new() };
+    let mut first_line_of: HashMap<String, Option<usize>> = HashMap::new();
+    let mut autoscalers = Vec::new();
+    for (index, node) in nodes.iter().enumerate() {
+        let parsed = read_autoscaler(node, Form::File { index, backends }, sink);
+        let Some(name) = parsed.name else { continue };
+        if let Some(first) = first_line_of.get(&name) {
+            let on_line = first.map(|l| format!(" on line {l}")).unwrap_or_default();
+            sink.problems.push(Problem {
+                line: parsed.name_line,
+                autoscaler: Some(name),
+                field: "name".into(),
+                message: format!("is already used by the autoscaler{on_line}; autoscaler names must be unique"),
+            });
+            continue;
+        }
+        first_line_of.insert(name.clone(), parsed.name_line);
+        if let (Some(target), Some(rule)) = (parsed.target, parsed.rule) {
+            autoscalers.push(Autoscaler { name, target, interval: parsed.interval, rule, metrics: parsed.metrics });
+        }
+    }
+    autoscalers
+}
+
+/// Reads and parses a rules file; a file that cannot be read is a `RulesError` too.
+pub fn load_rules(path: &Path) -> Result<RulesFile, RulesError> {
+    let origin = path.display().to_string();
+    match std::fs::read_to_string(path) {
+        Ok(text) => parse_rules(&text, &origin),
+        Err(err) => Err(RulesError {
+            origin,
+            problems: vec![Problem {
+                line: None,
+                autoscaler: None,
+                field: String::new(),
+                message: format!("cannot read the rules file: {err}"),
+            }],
+        }),
+    }
+}
+
+/// For the `decide` command: one autoscaler entry given as JSON (same field names as a
+/// `[[autoscaler]]` TOML entry) -> engine Rule. Here `name`, `target`, `interval`, and each
+/// metric's `backend`/`query` are optional (checked when given); each metric needs a `name` or
+/// a `query`, which names its reading.
+pub fn rule_from_json(value: &serde_json::Value) -> Result<Rule, Vec<Problem>> {
+    let node = tree::from_json(value);
+    let mut sink = Sink::default();
+    let parsed = read_autoscaler(&node, Form::Json, &mut sink);
+    match parsed.rule {
+        Some(rule) if !sink.has_problems() => Ok(rule),
+        _ if sink.has_problems() => Err(sink.into_sorted()),
+        // Not reachable today (no rule means a problem was reported), but never return Err(empty).
+        _ => Err(vec![Problem {
+            line: None,
+            autoscaler: parsed.name,
+            field: String::new(),
+            message: "the rule is invalid".into(),
+        }]),
+    }
+}
+
+#[cfg(test)]
+mod tests;

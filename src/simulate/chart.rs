@@ -1,0 +1,796 @@
+//! The SVG chart of a replay, written by hand: one panel per metric (usage against the
+//! watermarks and the tolerance band), a replicas panel (proposed vs effective, min/max), and
+//! shaded spans where scaling was restricted, all on one time axis.
+//!
+//! The output is self-contained (no scripts, no external fonts or styles) so that it renders
+//! the same in a browser, an image converter or a code review tool.
+
+use std::fmt::Write as _;
+
+use watermarkd_engine::{Algorithm, Rule, Timestamp};
+
+use super::replay::{Cause, Replay, Restriction};
+use super::report::{human_duration, Summary};
+
+const WIDTH: f64 = 1280.0;
+const MARGIN_LEFT: f64 = 76.0;
+const MARGIN_RIGHT: f64 = 96.0;
+const HEADER_HEIGHT: f64 = 118.0;
+const PANEL_TITLE_HEIGHT: f64 = 30.0;
+const METRIC_PANEL_HEIGHT: f64 = 190.0;
+const STRIP_HEIGHT: f64 = 14.0;
+const REPLICAS_PANEL_HEIGHT: f64 = 230.0;
+const PANEL_GAP: f64 = 18.0;
+const AXIS_HEIGHT: f64 = 44.0;
+const FONT: &str = "system-ui, -apple-system, 'Segoe UI', 'DejaVu Sans', Helvetica, Arial, sans-serif";
+
+const INK: &str = "#1f2933";
+const MUTED: &str = "#616e7c";
+const GRID: &str = "#e4e7eb";
+const USAGE_COLOR: &str = "#1c64b4";
+const HIGH_COLOR: &str = "#c62828";
+const LOW_COLOR: &str = "#2e7d32";
+const BAND_COLOR: &str = "#8fbf8f";
+const EFFECTIVE_COLOR: &str = "#1f2933";
+const PROPOSAL_COLOR: &str = "#e07b00";
+const READY_COLOR: &str = "#7b8794";
+const BOUND_COLOR: &str = "#9aa5b1";
+const MANUAL_COLOR: &str = "#6a1b9a";
+const STRIP_BACKGROUND: &str = "#f5f7fa";
+const FRAME_COLOR: &str = "#9aa5b1";
+const DAY_GRID: &str = "#cbd2d9";
+const AXIS_TEXT: &str = "#3e4c59";
+
+/// Why scaling was restricted, as the chart colors it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SpanKind {
+    UpscaleCapping,
+    DownscaleCapping,
+    Window,
+    Delay,
+    Bounds,
+    NoData,
+    Guard,
+}
+
+impl SpanKind {
+    const ALL: [SpanKind; 7] = [
+        SpanKind::UpscaleCapping,
+        SpanKind::DownscaleCapping,
+        SpanKind::Window,
+        SpanKind::Delay,
+        SpanKind::Bounds,
+        SpanKind::NoData,
+        SpanKind::Guard,
+    ];
+
+    fn of(restriction: Restriction) -> SpanKind {
+        match restriction {
+            Restriction::NoData => SpanKind::NoData,
+            Restriction::UpscaleWindow | Restriction::DownscaleWindow => SpanKind::Window,
+            Restriction::UpscaleDelay | Restriction::DownscaleDelay => SpanKind::Delay,
+            Restriction::UpscaleCapping => SpanKind::UpscaleCapping,
+            Restriction::DownscaleCapping => SpanKind::DownscaleCapping,
+            Restriction::MinReplicas | Restriction::MaxReplicas => SpanKind::Bounds,
+            Restriction::NotReady | Restriction::Guarded => SpanKind::Guard,
+        }
+    }
+
+    fn color(self) -> &'static str {
+        match self {
+            SpanKind::UpscaleCapping => "#f28e2b",
+            SpanKind::DownscaleCapping => "#4e79a7",
+            SpanKind::Window => "#b07aa1",
+            SpanKind::Delay => "#e9c46a",
+            SpanKind::Bounds => "#9c755f",
+            SpanKind::NoData => "#e15759",
+            SpanKind::Guard => "#76b7b2",
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            SpanKind::UpscaleCapping => "upscale capped",
+            SpanKind::DownscaleCapping => "downscale capped",
+            SpanKind::Window => "forbidden window",
+            SpanKind::Delay => "watermark delay",
+            SpanKind::Bounds => "min/max replicas",
+            SpanKind::NoData => "no data",
+            SpanKind::Guard => "not ready / guard",
+        }
+    }
+}
+
+/// A run of evaluations restricted for the same reason: `[from, to)`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Span {
+    kind: SpanKind,
+    from: Timestamp,
+    to: Timestamp,
+}
+
+/// Maps time to x.
+#[derive(Clone, Copy)]
+struct TimeAxis {
+    start_ms: f64,
+    span_ms: f64,
+    left: f64,
+    width: f64,
+}
+
+impl TimeAxis {
+    fn x(&self, at: Timestamp) -> f64 {
+        self.left + (at.unix_millis() as f64 - self.start_ms) / self.span_ms * self.width
+    }
+}
+
+/// Maps a value to y inside one panel.
+#[derive(Clone, Copy)]
+struct ValueAxis {
+    max: f64,
+    top: f64,
+    height: f64,
+}
+
+impl ValueAxis {
+    fn y(&self, value: f64) -> f64 {
+        // Values off the top run along the frame instead of across the panel above.
+        let clamped = value.clamp(0.0, self.max);
+        self.top + self.height - clamped / self.max * self.height
+    }
+    fn bottom(&self) -> f64 {
+        self.top + self.height
+    }
+}
+
+/// Renders the whole chart.
+pub fn render_svg(rule: &Rule, replay: &Replay, summary: &Summary) -> String {
+    let metric_count = rule.metrics().len();
+    let plot_width = WIDTH - MARGIN_LEFT - MARGIN_RIGHT;
+    let span_ms = (replay.end.unix_millis() - replay.start.unix_millis()).max(1) as f64;
+    let time = TimeAxis { start_ms: replay.start.unix_millis() as f64, span_ms, left: MARGIN_LEFT, width: plot_width };
+
+    let metrics_height = metric_count as f64 * (PANEL_TITLE_HEIGHT + METRIC_PANEL_HEIGHT + PANEL_GAP);
+    let replicas_top = HEADER_HEIGHT + metrics_height + PANEL_TITLE_HEIGHT + STRIP_HEIGHT + 6.0;
+    let height = replicas_top + REPLICAS_PANEL_HEIGHT + AXIS_HEIGHT;
+    let spans = restriction_spans(replay);
+
+    let mut svg = String::with_capacity(256 * 1024);
+    let _ = write!(
+        svg,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height:.0}" viewBox="0 0 {WIDTH} {height:.0}" font-family="{FONT}" font-size="12" fill="{INK}">"#
+    );
+    svg.push('\n');
+    let _ = writeln!(
+        svg,
+        "<title>watermarkd simulate: {}</title>\n<desc>{}</desc>",
+        escape(&summary.autoscaler),
+        escape(&summary_line(summary))
+    );
+    svg.push_str(r#"<rect x="0" y="0" width="100%" height="100%" fill="white"/>"#);
+    svg.push('\n');
+    header(&mut svg, rule, summary, &spans);
+
+    let ticks = time_ticks(replay.start, replay.end);
+    let mut top = HEADER_HEIGHT;
+    for index in 0..metric_count {
+        let panel = ValueAxis { max: 0.0, top: top + PANEL_TITLE_HEIGHT, height: METRIC_PANEL_HEIGHT };
+        metric_panel(&mut svg, rule, replay, index, panel, time, &ticks, &spans);
+        top += PANEL_TITLE_HEIGHT + METRIC_PANEL_HEIGHT + PANEL_GAP;
+    }
+    let strip_top = top + PANEL_TITLE_HEIGHT;
+    let replicas = ValueAxis { max: 0.0, top: replicas_top, height: REPLICAS_PANEL_HEIGHT };
+    replicas_panel(&mut svg, rule, replay, top, strip_top, replicas, time, &ticks, &spans);
+    time_labels(&mut svg, &ticks, time, replicas_top + REPLICAS_PANEL_HEIGHT);
+    svg.push_str("</svg>\n");
+    svg
+}
+
+fn summary_line(s: &Summary) -> String {
+    format!(
+        "{} evaluations every {}; {} scale events ({} up, {} down{}); {:.1} replica-hours (average {:.1}); \
+         replicas start {}, peak {}, final {}; above high watermark {}, below low watermark {}",
+        s.evaluations,
+        human_duration(s.interval_seconds),
+        s.scale_ups + s.scale_downs,
+        s.scale_ups,
+        s.scale_downs,
+        if s.manual_changes > 0 { format!(", {} manual", s.manual_changes) } else { String::new() },
+        s.replica_hours,
+        s.average_replicas,
+        s.initial_replicas,
+        s.peak_replicas,
+        s.final_replicas,
+        human_duration(s.seconds_above_high_watermark),
+        human_duration(s.seconds_below_low_watermark),
+    )
+}
+
+fn header(svg: &mut String, rule: &Rule, s: &Summary, spans: &[Span]) {
+    let _ = writeln!(
+        svg,
+        r#"<text x="{MARGIN_LEFT}" y="30" font-size="20" font-weight="600">Autoscaler “{}” replayed over {}</text>"#,
+        escape(&s.autoscaler),
+        human_duration(s.duration_seconds)
+    );
+    let lag = if s.readiness_lag_seconds > 0.0 {
+        format!(" · readiness lag {}", human_duration(s.readiness_lag_seconds))
+    } else {
+        String::new()
+    };
+    let _ = writeln!(
+        svg,
+        r#"<text x="{MARGIN_LEFT}" y="50" fill="{MUTED}">{} → {} (UTC) · evaluated every {}{lag} · {} algorithm · replicas {}–{}</text>"#,
+        short_time(s.start),
+        short_time(s.end),
+        human_duration(s.interval_seconds),
+        rule.algorithm(),
+        rule.min_replicas(),
+        rule.max_replicas(),
+    );
+
+    // The numbers a reviewer asks for first, as labelled figures.
+    let manual = if s.manual_changes > 0 { format!(" +{} manual", s.manual_changes) } else { String::new() };
+    let figures = [
+        ("scale events", format!("{} ({}↑ {}↓{manual})", s.scale_ups + s.scale_downs, s.scale_ups, s.scale_downs)),
+        ("replica-hours", format!("{:.1} (avg {:.1})", s.replica_hours, s.average_replicas)),
+        ("replicas", format!("{} → peak {} → {}", s.initial_replicas, s.peak_replicas, s.final_replicas)),
+        ("above high", percent_of(s.seconds_above_high_watermark, s.duration_seconds)),
+        ("below low", percent_of(s.seconds_below_low_watermark, s.duration_seconds)),
+        ("evaluations", s.evaluations.to_string()),
+    ];
+    let column = (WIDTH - MARGIN_LEFT - MARGIN_RIGHT) / figures.len() as f64;
+    for (i, (label, value)) in figures.iter().enumerate() {
+        let x = MARGIN_LEFT + i as f64 * column;
+        let _ = writeln!(
+            svg,
+            r#"<text x="{x:.1}" y="70" font-size="11" fill="{MUTED}">{}</text><text x="{x:.1}" y="87" font-size="14" font-weight="600">{}</text>"#,
+            escape(label),
+            escape(value)
+        );
+    }
+
+    // Legend: the restriction colors (all of them, so charts compare), then the guard colour
+    // only when it occurs.
+    let mut x = MARGIN_LEFT;
+    let y = 106.0;
+    let _ = write!(svg, r#"<text x="{x}" y="{:.1}" font-size="11" fill="{MUTED}">restricted:</text>"#, y + 4.0);
+    x += 66.0;
+    for kind in SpanKind::ALL {
+        if kind == SpanKind::Guard && !spans.iter().any(|s| s.kind == kind) {
+            continue;
+        }
+        let _ = write!(
+            svg,
+            r#"<rect x="{x:.1}" y="{:.1}" width="12" height="10" fill="{}" fill-opacity="0.55"/><text x="{:.1}" y="{:.1}" font-size="11">{}</text>"#,
+            y - 5.0,
+            kind.color(),
+            x + 16.0,
+            y + 4.0,
+            kind.label()
+        );
+        x += 16.0 + 7.0 * kind.label().len() as f64 + 14.0;
+    }
+    svg.push('\n');
+}
+
+fn percent_of(part: f64, whole: f64) -> String {
+    let percent = if whole > 0.0 { 100.0 * part / whole } else { 0.0 };
+    format!("{} ({percent:.0}%)", human_duration(part))
+}
+
+/// Merges consecutive evaluations with the same restriction into spans.
+fn restriction_spans(replay: &Replay) -> Vec<Span> {
+    let mut spans: Vec<Span> = Vec::new();
+    for (i, tick) in replay.ticks.iter().enumerate() {
+        let Some(kind) = Restriction::dominant(&tick.decision).map(SpanKind::of) else { continue };
+        let from = tick.at();
+        let to = replay.ticks.get(i + 1).map_or(replay.end, |next| next.at());
+        match spans.last_mut() {
+            Some(last) if last.kind == kind && last.to == from => last.to = to,
+            _ => spans.push(Span { kind, from, to }),
+        }
+    }
+    spans
+}
+
+fn shade_spans(svg: &mut String, spans: &[Span], time: TimeAxis, top: f64, height: f64, opacity: f64) {
+    for span in spans {
+        let (x0, x1) = (time.x(span.from), time.x(span.to));
+        // Keep one-evaluation spans visible on long traces.
+        let width = (x1 - x0).max(1.0);
+        let _ = write!(
+            svg,
+            r#"<rect x="{x0:.1}" y="{top:.1}" width="{width:.1}" height="{height:.1}" fill="{}" fill-opacity="{opacity}"/>"#,
+            span.kind.color()
+        );
+    }
+    svg.push('\n');
+}
+
+#[allow(clippy::too_many_arguments)]
+fn metric_panel(
+    svg: &mut String,
+    rule: &Rule,
+    replay: &Replay,
+    index: usize,
+    mut panel: ValueAxis,
+    time: TimeAxis,
+    ticks: &[TimeTick],
+    spans: &[Span],
+) {
+    let metric = &rule.metrics()[index];
+    let outcomes = || replay.ticks.iter().filter_map(|t| t.decision.metrics.get(index).map(|m| (t.at(), m)));
+    let Some((_, first)) = outcomes().next() else { return };
+    let (low, high, band_low, band_high) = (first.low_watermark, first.high_watermark, first.band_low, first.band_high);
+    let peak_usage = outcomes().filter_map(|(_, m)| m.usage).fold(0.0, f64::max);
+    let value_ticks = nice_ticks(peak_usage.max(band_high * 1.15));
+    panel.max = value_ticks.last().copied().unwrap_or(1.0);
+
+    let unit = match rule.algorithm() {
+        Algorithm::Absolute => format!("{} (absolute: the value is the per-replica load)", metric.name),
+        Algorithm::Average => format!("{} per ready replica (average: trace total ÷ ready replicas)", metric.name),
+    };
+    let _ = writeln!(
+        svg,
+        r#"<text x="{MARGIN_LEFT}" y="{:.1}" font-size="13" font-weight="600">{}</text>"#,
+        panel.top - 9.0,
+        escape(&unit)
+    );
+    grid(svg, panel, time, ticks, &value_ticks);
+    shade_spans(svg, spans, time, panel.top, panel.height, 0.13);
+
+    // The band where the metric holds: below band_low scales down, above band_high scales up.
+    let (band_top, band_bottom) = (panel.y(band_high), panel.y(band_low));
+    let _ = writeln!(
+        svg,
+        r#"<rect x="{MARGIN_LEFT}" y="{band_top:.1}" width="{:.1}" height="{:.1}" fill="{BAND_COLOR}" fill-opacity="0.22"/>"#,
+        time.width,
+        band_bottom - band_top
+    );
+    let right = time.left + time.width;
+    for (value, color) in [(high, HIGH_COLOR), (low, LOW_COLOR)] {
+        let y = panel.y(value);
+        let _ = writeln!(
+            svg,
+            r#"<line x1="{MARGIN_LEFT}" y1="{y:.1}" x2="{right:.1}" y2="{y:.1}" stroke="{color}" stroke-width="1.4" stroke-dasharray="7 4"/>"#
+        );
+    }
+    side_labels(
+        svg,
+        right,
+        &mut [
+            (panel.y(high), format!("high {}", format_value(high)), HIGH_COLOR),
+            (panel.y(low), format!("low {}", format_value(low)), LOW_COLOR),
+        ],
+    );
+    let tolerance = format_value(rule.tolerance().to_f64() * 100.0);
+    legend(
+        svg,
+        right,
+        panel.top - 13.0,
+        &[
+            (Mark::Line { color: USAGE_COLOR, width: 2.0, dash: "" }, "usage".to_string()),
+            (Mark::Line { color: HIGH_COLOR, width: 1.4, dash: "7 4" }, "high watermark".to_string()),
+            (Mark::Line { color: LOW_COLOR, width: 1.4, dash: "7 4" }, "low watermark".to_string()),
+            (
+                Mark::Box { color: BAND_COLOR, opacity: 0.35 },
+                format!("hold band (±{tolerance}%: {} – {})", format_value(band_low), format_value(band_high)),
+            ),
+        ],
+    );
+
+    // The usage line, broken where the metric had no data.
+    let mut path = String::new();
+    let mut pen_down = false;
+    for (at, outcome) in outcomes() {
+        match outcome.usage {
+            Some(usage) => {
+                let _ = write!(path, "{}{:.1},{:.1}", if pen_down { " L" } else { " M" }, time.x(at), panel.y(usage));
+                pen_down = true;
+            }
+            None => pen_down = false,
+        }
+    }
+    let _ = writeln!(
+        svg,
+        r#"<path d="{}" fill="none" stroke="{USAGE_COLOR}" stroke-width="1.4" stroke-linejoin="round"/>"#,
+        path.trim_start()
+    );
+    frame(svg, panel, time);
+}
+
+#[allow(clippy::too_many_arguments)]
+fn replicas_panel(
+    svg: &mut String,
+    rule: &Rule,
+    replay: &Replay,
+    title_top: f64,
+    strip_top: f64,
+    mut panel: ValueAxis,
+    time: TimeAxis,
+    ticks: &[TimeTick],
+    spans: &[Span],
+) {
+    let (min, max) = (f64::from(rule.min_replicas()), f64::from(rule.max_replicas()));
+    let peak_proposal = replay.ticks.iter().filter_map(|t| t.decision.proposal).max().unwrap_or(0);
+    let peak_spec = replay.changes.iter().map(|c| c.to).chain([replay.initial_replicas]).max().unwrap_or(0);
+    // A proposal far beyond max_replicas would flatten the lines that matter: cut it off at
+    // 1.6x max_replicas and say so.
+    let shown_max = (f64::from(peak_proposal).min(max * 1.6)).max(f64::from(peak_spec)).max(max * 1.1);
+    let value_ticks = nice_ticks(shown_max);
+    panel.max = value_ticks.last().copied().unwrap_or(1.0);
+
+    let _ = writeln!(
+        svg,
+        r#"<text x="{MARGIN_LEFT}" y="{:.1}" font-size="13" font-weight="600">Replicas</text>"#,
+        title_top + PANEL_TITLE_HEIGHT - 9.0 - STRIP_HEIGHT + 8.0
+    );
+    // The restriction strip: the same spans as the shading, at full strength, so that short
+    // spans stay visible.
+    let _ = writeln!(
+        svg,
+        r#"<text x="{:.1}" y="{:.1}" font-size="10" fill="{MUTED}" text-anchor="end">restricted</text>"#,
+        MARGIN_LEFT - 6.0,
+        strip_top + STRIP_HEIGHT - 3.0
+    );
+    let _ = writeln!(
+        svg,
+        r#"<rect x="{MARGIN_LEFT}" y="{strip_top:.1}" width="{:.1}" height="{STRIP_HEIGHT}" fill="{STRIP_BACKGROUND}" stroke="{GRID}"/>"#,
+        time.width
+    );
+    shade_spans(svg, spans, time, strip_top, STRIP_HEIGHT, 0.85);
+
+    grid(svg, panel, time, ticks, &value_ticks);
+    shade_spans(svg, spans, time, panel.top, panel.height, 0.13);
+
+    let right = time.left + time.width;
+    for value in [max, min] {
+        let y = panel.y(value);
+        let _ = writeln!(
+            svg,
+            r#"<line x1="{MARGIN_LEFT}" y1="{y:.1}" x2="{right:.1}" y2="{y:.1}" stroke="{BOUND_COLOR}" stroke-width="1.2" stroke-dasharray="3 3"/>"#
+        );
+    }
+    side_labels(
+        svg,
+        right,
+        &mut [(panel.y(max), format!("max {max}"), MUTED), (panel.y(min), format!("min {min}"), MUTED)],
+    );
+
+    // Proposed replicas: what the metrics asked for before limits, windows and delays.
+    let proposal_points: Vec<(Timestamp, Option<u32>)> =
+        replay.ticks.iter().map(|t| (t.at(), t.decision.proposal)).collect();
+    let proposal = step_path(&proposal_points, replay.end, time, panel);
+    let _ = writeln!(
+        svg,
+        r#"<path d="{proposal}" fill="none" stroke="{PROPOSAL_COLOR}" stroke-width="1.3" stroke-opacity="0.9"/>"#
+    );
+
+    if replay.options.readiness_lag > std::time::Duration::ZERO {
+        let ready_points: Vec<(Timestamp, Option<u32>)> =
+            replay.ticks.iter().map(|t| (t.at(), Some(t.decision.ready_replicas))).collect();
+        let ready = step_path(&ready_points, replay.end, time, panel);
+        let _ = writeln!(
+            svg,
+            r#"<path d="{ready}" fill="none" stroke="{READY_COLOR}" stroke-width="1.2" stroke-dasharray="4 2"/>"#
+        );
+    }
+
+    // Effective replicas: the spec the workload ran, from the exact change times.
+    let mut effective_points = vec![(replay.start, Some(replay.initial_replicas))];
+    effective_points.extend(replay.changes.iter().map(|c| (c.at, Some(c.to))));
+    let effective = step_path(&effective_points, replay.end, time, panel);
+    let _ = writeln!(
+        svg,
+        r#"<path d="{effective}" fill="none" stroke="{EFFECTIVE_COLOR}" stroke-width="2.2" stroke-linejoin="round"/>"#
+    );
+
+    for change in replay.changes.iter().filter(|c| c.cause == Cause::Manual) {
+        let x = time.x(change.at);
+        let _ = writeln!(
+            svg,
+            r#"<line x1="{x:.1}" y1="{:.1}" x2="{x:.1}" y2="{:.1}" stroke="{MANUAL_COLOR}" stroke-width="1.2" stroke-dasharray="2 2"/><text x="{:.1}" y="{:.1}" font-size="11" fill="{MANUAL_COLOR}" paint-order="stroke" stroke="white" stroke-width="3">set by a person: {} → {}</text>"#,
+            panel.top,
+            panel.bottom(),
+            x + 4.0,
+            panel.top + 12.0,
+            change.from,
+            change.to
+        );
+    }
+    if f64::from(peak_proposal) > panel.max {
+        let _ = writeln!(
+            svg,
+            r#"<text x="{:.1}" y="{:.1}" font-size="11" fill="{PROPOSAL_COLOR}" paint-order="stroke" stroke="white" stroke-width="3">proposals reach {peak_proposal}: cut off at the top</text>"#,
+            MARGIN_LEFT + 6.0,
+            panel.top + 13.0
+        );
+    }
+    frame(svg, panel, time);
+
+    let mut entries = vec![
+        (Mark::Line { color: EFFECTIVE_COLOR, width: 2.2, dash: "" }, "effective (spec)".to_string()),
+        (Mark::Line { color: PROPOSAL_COLOR, width: 1.3, dash: "" }, "proposed by the metrics".to_string()),
+    ];
+    if replay.options.readiness_lag > std::time::Duration::ZERO {
+        entries.push((Mark::Line { color: READY_COLOR, width: 1.2, dash: "4 2" }, "ready".to_string()));
+    }
+    entries.push((Mark::Line { color: BOUND_COLOR, width: 1.2, dash: "3 3" }, "min/max replicas".to_string()));
+    legend(svg, right, title_top + PANEL_TITLE_HEIGHT - 9.0 - STRIP_HEIGHT + 4.0, &entries);
+}
+
+/// What a legend entry shows before its label.
+#[derive(Clone, Copy)]
+enum Mark {
+    Line { color: &'static str, width: f64, dash: &'static str },
+    Box { color: &'static str, opacity: f64 },
+}
+
+/// A legend on one line, right-aligned at `right`, vertically centred on `y`.
+fn legend(svg: &mut String, right: f64, y: f64, entries: &[(Mark, String)]) {
+    // No text measurement in SVG: estimate 6.4 px per character at 11 px.
+    let widths: Vec<f64> = entries.iter().map(|(_, label)| 26.0 + 6.4 * label.chars().count() as f64 + 18.0).collect();
+    let mut x = right - widths.iter().sum::<f64>() + 18.0;
+    svg.push_str(r#"<g font-size="11">"#);
+    for ((mark, label), width) in entries.iter().zip(&widths) {
+        match *mark {
+            Mark::Line { color, width: stroke, dash } => {
+                let _ = write!(
+                    svg,
+                    r#"<line x1="{x:.1}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="{color}" stroke-width="{stroke}" stroke-dasharray="{dash}"/>"#,
+                    x + 22.0
+                );
+            }
+            Mark::Box { color, opacity } => {
+                let _ = write!(
+                    svg,
+                    r#"<rect x="{x:.1}" y="{:.1}" width="22" height="10" fill="{color}" fill-opacity="{opacity}"/>"#,
+                    y - 5.0
+                );
+            }
+        }
+        let _ = write!(svg, r#"<text x="{:.1}" y="{:.1}">{}</text>"#, x + 26.0, y + 4.0, escape(label));
+        x += width;
+    }
+    svg.push_str("</g>\n");
+}
+
+/// Labels in the right margin at the height of the line they name, pushed apart when two
+/// would overlap.
+fn side_labels(svg: &mut String, right: f64, labels: &mut [(f64, String, &str)]) {
+    const LINE_HEIGHT: f64 = 13.0;
+    labels.sort_by(|a, b| a.0.total_cmp(&b.0));
+    for i in 1..labels.len() {
+        let gap = labels[i].0 - labels[i - 1].0;
+        if gap < LINE_HEIGHT {
+            let push = (LINE_HEIGHT - gap) / 2.0;
+            labels[i - 1].0 -= push;
+            labels[i].0 += push;
+        }
+    }
+    for (y, text, color) in labels.iter() {
+        let _ = writeln!(
+            svg,
+            r#"<text x="{:.1}" y="{:.1}" font-size="11" fill="{color}">{}</text>"#,
+            right + 6.0,
+            y + 4.0,
+            escape(text)
+        );
+    }
+}
+
+/// A step line through `(time, value)` points: each value holds until the next point (or
+/// `end`). `None` lifts the pen.
+fn step_path(points: &[(Timestamp, Option<u32>)], end: Timestamp, time: TimeAxis, panel: ValueAxis) -> String {
+    let mut path = String::new();
+    let mut previous: Option<f64> = None;
+    for (i, (at, value)) in points.iter().enumerate() {
+        let until = points.get(i + 1).map_or(end, |(next, _)| *next);
+        let Some(value) = value else {
+            previous = None;
+            continue;
+        };
+        let (x0, x1, y) = (time.x(*at), time.x(until), panel.y(f64::from(*value)));
+        match previous {
+            // Same height as before: extend the segment instead of adding points.
+            Some(prev_y) if (prev_y - y).abs() < 0.05 => {}
+            Some(_) => {
+                let _ = write!(path, " L{x0:.1},{y:.1}");
+            }
+            None => {
+                let _ = write!(path, " M{x0:.1},{y:.1}");
+            }
+        }
+        let next_differs = points.get(i + 1).is_none_or(|(_, next)| next.map(|n| panel.y(f64::from(n))) != Some(y));
+        if next_differs {
+            let _ = write!(path, " L{x1:.1},{y:.1}");
+        }
+        previous = Some(y);
+    }
+    path.trim_start().to_string()
+}
+
+fn grid(svg: &mut String, panel: ValueAxis, time: TimeAxis, ticks: &[TimeTick], value_ticks: &[f64]) {
+    let right = time.left + time.width;
+    svg.push_str(r#"<g stroke-width="1">"#);
+    for value in value_ticks {
+        let y = panel.y(*value);
+        let _ = write!(
+            svg,
+            r#"<line x1="{MARGIN_LEFT}" y1="{y:.1}" x2="{right:.1}" y2="{y:.1}" stroke="{GRID}"/><text x="{:.1}" y="{:.1}" font-size="11" fill="{MUTED}" text-anchor="end" stroke="none">{}</text>"#,
+            MARGIN_LEFT - 6.0,
+            y + 4.0,
+            format_value(*value)
+        );
+    }
+    for tick in ticks {
+        let x = time.x(tick.at);
+        let color = if tick.day_label.is_some() { DAY_GRID } else { GRID };
+        let _ = write!(
+            svg,
+            r#"<line x1="{x:.1}" y1="{:.1}" x2="{x:.1}" y2="{:.1}" stroke="{color}"/>"#,
+            panel.top,
+            panel.bottom()
+        );
+    }
+    svg.push_str("</g>\n");
+}
+
+fn frame(svg: &mut String, panel: ValueAxis, time: TimeAxis) {
+    let _ = writeln!(
+        svg,
+        r#"<rect x="{MARGIN_LEFT}" y="{:.1}" width="{:.1}" height="{:.1}" fill="none" stroke="{FRAME_COLOR}"/>"#,
+        panel.top, time.width, panel.height
+    );
+}
+
+fn time_labels(svg: &mut String, ticks: &[TimeTick], time: TimeAxis, top: f64) {
+    let _ = write!(svg, r#"<g font-size="11" fill="{AXIS_TEXT}" text-anchor="middle">"#);
+    for tick in ticks {
+        let x = time.x(tick.at);
+        let _ = write!(
+            svg,
+            r##"<line x1="{x:.1}" y1="{top:.1}" x2="{x:.1}" y2="{:.1}" stroke="{FRAME_COLOR}"/><text x="{x:.1}" y="{:.1}">{}</text>"##,
+            top + 5.0,
+            top + 18.0,
+            tick.time_label
+        );
+        if let Some(day) = &tick.day_label {
+            let _ = write!(svg, r#"<text x="{x:.1}" y="{:.1}" font-weight="600">{day}</text>"#, top + 32.0);
+        }
+    }
+    svg.push_str("</g>\n");
+}
+
+/// A labelled point on the time axis.
+#[derive(Clone, Debug, PartialEq)]
+struct TimeTick {
+    at: Timestamp,
+    /// `HH:MM`.
+    time_label: String,
+    /// `Wed 05-01` on the first tick and at each midnight.
+    day_label: Option<String>,
+}
+
+/// Round times between `start` and `end`, about 8 to 16 of them.
+fn time_ticks(start: Timestamp, end: Timestamp) -> Vec<TimeTick> {
+    const STEPS_MINUTES: [i64; 13] = [1, 2, 5, 10, 15, 20, 30, 60, 120, 180, 240, 360, 720];
+    let span_ms = (end.unix_millis() - start.unix_millis()).max(1);
+    let step_ms = STEPS_MINUTES.iter().map(|m| m * 60_000).find(|step| span_ms / step <= 16).unwrap_or(24 * 3_600_000);
+    let first = start.unix_millis().div_euclid(step_ms) * step_ms;
+    let first = if first < start.unix_millis() { first + step_ms } else { first };
+    let mut ticks = Vec::new();
+    let mut at = first;
+    while at <= end.unix_millis() {
+        let timestamp = Timestamp::from_unix_millis(at);
+        let is_midnight = at.rem_euclid(86_400_000) == 0;
+        ticks.push(TimeTick {
+            at: timestamp,
+            time_label: clock_time(timestamp),
+            day_label: (ticks.is_empty() || is_midnight).then(|| day(timestamp)),
+        });
+        at += step_ms;
+    }
+    ticks
+}
+
+/// `12:30` (UTC).
+fn clock_time(at: Timestamp) -> String {
+    at.to_string().get(11..16).unwrap_or_default().to_string()
+}
+
+/// `Wed 05-01` (UTC).
+fn day(at: Timestamp) -> String {
+    const WEEKDAYS: [&str; 7] = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"];
+    // 1970-01-01 was a Thursday.
+    let days = at.unix_millis().div_euclid(86_400_000);
+    let weekday = WEEKDAYS[usize::try_from(days.rem_euclid(7)).unwrap_or(0)];
+    format!("{weekday} {}", at.to_string().get(5..10).unwrap_or_default())
+}
+
+/// `2024-05-01 12:30`.
+fn short_time(at: Timestamp) -> String {
+    let text = at.to_string();
+    format!("{} {}", text.get(..10).unwrap_or_default(), text.get(11..16).unwrap_or_default())
+}
+
+/// Value ticks from 0 to at least `max`, with a 1/2/5 step, about 5 of them.
+fn nice_ticks(max: f64) -> Vec<f64> {
+    let max = if max.is_finite() && max > 0.0 { max } else { 1.0 };
+    let raw_step = max / 5.0;
+    let magnitude = 10f64.powf(raw_step.log10().floor());
+    let step =
+        [1.0, 2.0, 2.5, 5.0, 10.0].iter().map(|m| m * magnitude).find(|s| *s >= raw_step).unwrap_or(magnitude * 10.0);
+    let count = (max / step).ceil() as usize;
+    // Rebuild each tick from its index so that 0.1 + 0.2 noise never reaches a label.
+    (0..=count).map(|i| (i as f64 * step * 1e9).round() / 1e9).collect()
+}
+
+/// A value label: at most 4 significant digits, no trailing zeros.
+fn format_value(v: f64) -> String {
+    if v == 0.0 || !v.is_finite() {
+        return "0".into();
+    }
+    let decimals = usize::try_from((3 - v.abs().log10().floor() as i32).clamp(0, 6)).unwrap_or(0);
+    let text = format!("{v:.decimals$}");
+    if text.contains('.') {
+        text.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        text
+    }
+}
+
+/// Escapes text for SVG content and attribute values.
+fn escape(text: &str) -> String {
+    let mut escaped = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => escaped.push_str("&amp;"),
+            '<' => escaped.push_str("&lt;"),
+            '>' => escaped.push_str("&gt;"),
+            '"' => escaped.push_str("&quot;"),
+            '\'' => escaped.push_str("&apos;"),
+            _ => escaped.push(c),
+        }
+    }
+    escaped
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn value_ticks_are_round_and_cover_the_maximum() {
+        assert_eq!(nice_ticks(0.99), vec![0.0, 0.2, 0.4, 0.6, 0.8, 1.0]);
+        assert_eq!(nice_ticks(23.0), vec![0.0, 5.0, 10.0, 15.0, 20.0, 25.0]);
+        assert_eq!(nice_ticks(0.0), vec![0.0, 0.2, 0.4, 0.6, 0.8, 1.0]);
+        assert_eq!(format_value(0.15), "0.15");
+        assert_eq!(format_value(132.0), "132");
+        assert_eq!(format_value(0.4400000001), "0.44");
+    }
+
+    #[test]
+    fn time_ticks_fall_on_round_times_with_the_day_at_midnight() {
+        let start = Timestamp::parse_rfc3339("2024-05-01T22:07:00Z").unwrap();
+        let end = Timestamp::parse_rfc3339("2024-05-02T02:00:00Z").unwrap();
+        let ticks = time_ticks(start, end);
+        let labels: Vec<&str> = ticks.iter().map(|t| t.time_label.as_str()).collect();
+        assert_eq!(
+            labels,
+            [
+                "22:15", "22:30", "22:45", "23:00", "23:15", "23:30", "23:45", "00:00", "00:15", "00:30", "00:45",
+                "01:00", "01:15", "01:30", "01:45", "02:00"
+            ]
+        );
+        assert_eq!(ticks[0].day_label.as_deref(), Some("Wed 05-01"));
+        assert_eq!(ticks[7].day_label.as_deref(), Some("Thu 05-02"));
+        assert_eq!(ticks[8].day_label, None);
+    }
+
+    #[test]
+    fn names_are_escaped() {
+        assert_eq!(escape(r#"a<b & "c""#), "a&lt;b &amp; &quot;c&quot;");
+    }
+}

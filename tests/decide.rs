@@ -1,0 +1,89 @@
+//! `watermarkd decide` through the real binary: the documented JSON contract.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use serde_json::Value;
+
+fn decide(input: &str) -> (bool, Vec<Value>) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_watermarkd"))
+        .arg("decide")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let lines = String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    (out.status.success(), lines)
+}
+
+#[test]
+fn the_documented_examples_decide_as_described() {
+    let input =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/examples/decide-input.jsonl")).unwrap();
+    let (ok, out) = decide(&input);
+    assert!(ok);
+    assert_eq!(out.len(), 4);
+
+    // 1: above the band, window open: 10 -> 13.
+    assert_eq!(out[0]["action"], "scale_up");
+    assert_eq!(out[0]["replicas"], 13);
+    assert_eq!(out[0]["write"], true);
+    assert_eq!(out[0]["metrics"][0]["position"], "above");
+    assert_eq!(out[0]["metrics"][0]["age_seconds"], 30.0);
+    assert_eq!(out[0]["new_state"]["last_scale_time"], "2024-05-01T12:00:00Z");
+    assert_eq!(out[0]["reason"], "latency above high watermark: 0.52 > 0.4 (+1%); proposing 13: scaling 10 -> 13");
+    // 2: 14 proposed, capped by the 30% up limit to 13.
+    assert_eq!(out[1]["proposal"], 14);
+    assert_eq!(out[1]["replicas"], 13);
+    assert_eq!(out[1]["limit"], "upscale_capping");
+    // 3: inside the forbidden window: hold, 40 s left.
+    assert_eq!(out[2]["action"], "hold");
+    assert_eq!(out[2]["timing"]["upscale_window_seconds_left"], 40.0);
+    assert_eq!(out[2]["new_state"]["last_scale_time"], "2024-05-01T11:59:40Z");
+    // 4: no data: hold, never 0.
+    assert_eq!(out[3]["guard"], "no_data");
+    assert_eq!(out[3]["replicas"], 10);
+    assert_eq!(out[3]["proposal"], Value::Null);
+}
+
+#[test]
+fn new_state_chains_into_the_next_evaluation() {
+    let first = r#"{"rule":{"max_replicas":20,"upscale_forbidden_window":"60s","metric":[{"name":"cpu","high_watermark":0.8,"low_watermark":0.5}]},
+        "now":"2024-05-01T12:00:00Z","target":{"spec_replicas":4},"readings":{"cpu":{"value":0.95,"at":"2024-05-01T12:00:00Z"}}}"#;
+    let (_, out) = decide(first);
+    assert_eq!(out[0]["replicas"], 5);
+    let mut second: Value = serde_json::from_str(first).unwrap();
+    second["now"] = "2024-05-01T12:00:30Z".into();
+    second["target"]["spec_replicas"] = 5.into();
+    second["state"] = out[0]["new_state"].clone();
+    let (_, out) = decide(&second.to_string());
+    assert_eq!(out[0]["action"], "hold");
+    assert_eq!(out[0]["timing"]["upscale_window_seconds_left"], 30.0);
+}
+
+#[test]
+fn bad_documents_get_an_error_line_and_the_others_still_run() {
+    let good = r#"{"rule":{"max_replicas":5,"metric":[{"name":"m","high_watermark":1}]},"now":0,"target":{"spec_replicas":2},"readings":{"m":{"value":3,"at":0}}}"#;
+    let bad_rule = r#"{"rule":{"max_replicas":5,"min_replicas":9,"metric":[{"name":"m","high_watermark":1,"low_watermark":2}]},"now":0,"target":{"spec_replicas":2},"readings":{"m":{"value":3,"at":0}}}"#;
+    let missing_reading = r#"{"rule":{"max_replicas":5,"metric":[{"name":"m","high_watermark":1}]},"now":0,"target":{"spec_replicas":2},"readings":{}}"#;
+    let value_without_time = r#"{"rule":{"max_replicas":5,"metric":[{"name":"m","high_watermark":1}]},"now":0,"target":{"spec_replicas":2},"readings":{"m":{"value":3}}}"#;
+    let (ok, out) = decide(&[good, bad_rule, missing_reading, value_without_time, good].join("\n"));
+    assert!(!ok);
+    assert_eq!(out.len(), 5);
+    assert_eq!(out[0]["replicas"], 3);
+    let err = out[1]["error"].as_str().unwrap();
+    assert!(err.contains("min_replicas") && err.contains("low_watermark"), "{err}");
+    assert!(out[2]["error"].as_str().unwrap().contains("no reading for metric \"m\""));
+    assert!(out[3]["error"].as_str().unwrap().contains("\"at\""));
+    assert_eq!(out[4]["replicas"], 3);
+}
+
+#[test]
+fn a_syntax_error_stops_the_stream_with_exit_1() {
+    let (ok, out) = decide("{\"rule\": ");
+    assert!(!ok);
+    assert!(out[0]["error"].as_str().unwrap().contains("not valid JSON"));
+}

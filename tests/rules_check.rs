@@ -1,0 +1,184 @@
+//! `watermarkd check` through the real binary: every example in config/ passes, and broken
+//! files list all of their problems with file, line, autoscaler and field, and exit 1.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn check(files: &[&Path]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_watermarkd")).arg("check").args(files).output().unwrap()
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8(output.stdout.clone()).unwrap()
+}
+
+fn config_files() -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "toml"))
+        .collect();
+    files.sort();
+    files
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[test]
+fn every_example_in_config_passes_with_a_summary_per_autoscaler() {
+    let files = config_files();
+    let names: Vec<String> = files.iter().map(|f| f.file_name().unwrap().to_string_lossy().into_owned()).collect();
+    for expected in ["behavior.toml", "datadog-latency.toml", "demo.toml", "multi-metric.toml", "prometheus-queue.toml"]
+    {
+        assert!(names.iter().any(|n| n == expected), "config/{expected} is missing");
+    }
+    for file in &files {
+        let output = check(&[file]);
+        let out = stdout(&output);
+        assert!(
+            output.status.success(),
+            "{} failed:\n{out}{}",
+            file.display(),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert!(out.starts_with(&format!("{}: ok, ", file.display())), "{out}");
+        assert!(out.lines().skip(1).all(|l| l.starts_with("  ") && l.contains(" replicas, every ")), "{out}");
+    }
+}
+
+#[test]
+fn summaries_show_what_the_daemon_understood() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
+    let output = check(&[&dir.join("datadog-latency.toml"), &dir.join("demo.toml")]);
+    assert!(output.status.success());
+    let out = stdout(&output);
+    assert!(
+        out.contains(
+            "  billing: Deployment prod/billing, 4..9 replicas, every 15s, 1 metric (latency via dd: 150m..400m), \
+             watermark velocity up 50%/30s down 30%/60s\n"
+        ),
+        "{out}"
+    );
+    assert!(out.contains("demo.toml: ok, 3 autoscalers\n"), "{out}");
+    assert!(
+        out.contains(
+            "  daily: Deployment demo/web, 2..20 replicas, every 30s, 1 metric (rps via prom: 60..120 per replica)"
+        ),
+        "{out}"
+    );
+    assert!(out.contains("  flapping: "), "{out}");
+    assert!(out.contains(", delays up 60s down 120s\n"), "{out}");
+}
+
+const BROKEN: &str = r#"[backend.dd]
+type = "datadog"
+api_key = "do-not-print-me"
+app_key_env = "DD_APP_KEY"
+
+[[autoscaler]]
+name = "billing"
+target = { kind = "Deployment", namespace = "prod" }
+min_replicas = 4
+max_replicas = 9
+algorithm = "avg"
+interval = "200ms"
+
+[[autoscaler.metric]]
+name = "latency"
+backend = "dd"
+query = "max:custom.request_duration.max{service:billing}"
+high_watermark = "400m"
+low_watermark = "500m"
+treshold = 3
+
+[[autoscaler.metric]]
+name = "latency"
+backend = "prom"
+query = ""
+high_watermark = "lots"
+"#;
+
+#[test]
+fn a_broken_file_lists_every_problem_with_line_autoscaler_and_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), "broken.toml", BROKEN);
+    let output = check(&[&path]);
+    assert_eq!(output.status.code(), Some(1));
+    let out = stdout(&output);
+    let file = path.display().to_string();
+    let expected = [
+        format!("{file}:3: backend.dd.api_key cannot be written in the rules file: secrets never go inline"),
+        format!("{file}:8: autoscaler \"billing\": target.name is required"),
+        format!("{file}:11: autoscaler \"billing\": algorithm (\"avg\") must be \"absolute\" or \"average\""),
+        format!("{file}:12: autoscaler \"billing\": interval (200ms) must be at least 1s"),
+        format!(
+            "{file}:19: autoscaler \"billing\": metric \"latency\": low_watermark (0.5) must not exceed high_watermark (0.4)"
+        ),
+        format!("{file}:20: autoscaler \"billing\": metric \"latency\": treshold is not a known key"),
+        format!("{file}:23: autoscaler \"billing\": metric \"latency\": name is already used by another metric of this autoscaler on line 15"),
+        format!("{file}:24: autoscaler \"billing\": metric \"latency\": backend (\"prom\") names no [backend.prom] table (defined: dd)"),
+        format!("{file}:25: autoscaler \"billing\": metric \"latency\": query must not be empty"),
+        format!("{file}:26: autoscaler \"billing\": metric \"latency\": high_watermark must be a number or a quantity: \"lots\" is not a Kubernetes quantity"),
+    ];
+    let lines: Vec<&str> = out.lines().collect();
+    for (line, expected) in lines.iter().zip(&expected) {
+        assert!(line.starts_with(expected.as_str()), "expected a line starting with\n  {expected}\nin:\n{out}");
+    }
+    assert_eq!(lines.len(), expected.len() + 1, "{out}");
+    assert_eq!(lines.last(), Some(&format!("{file}: 10 problems").as_str()));
+    assert!(!out.contains("do-not-print-me"), "a secret was echoed:\n{out}");
+}
+
+#[test]
+fn all_files_are_checked_even_after_a_broken_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let syntax = write(dir.path(), "syntax.toml", "[[autoscaler]]\nname = \"a\"\nmax_replicas = \n");
+    let missing = dir.path().join("missing.toml");
+    let good = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/behavior.toml");
+    let output = check(&[&syntax, &missing, &good]);
+    assert_eq!(output.status.code(), Some(1));
+    let out = stdout(&output);
+    assert!(out.contains(&format!("{}:3: invalid TOML: ", syntax.display())), "{out}");
+    assert!(out.contains(&format!("{}: cannot read the rules file: ", missing.display())), "{out}");
+    assert!(out.contains(&format!("{}: ok, 1 autoscaler\n", good.display())), "{out}");
+}
+
+#[test]
+fn duplicate_autoscalers_and_unknown_sections_are_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = r#"[backend.prom]
+type = "prometheus"
+url = "http://127.0.0.1:9090"
+
+[[autoscaler]]
+name = "web"
+target = { kind = "Deployment", namespace = "a", name = "web" }
+max_replicas = 3
+metric = [{ backend = "prom", query = "up", high_watermark = 1 }]
+
+[[autoscaler]]
+name = "web"
+target = { kind = "Deployment", namespace = "b", name = "web" }
+max_replicas = 3
+metric = [{ backend = "prom", query = "up", high_watermark = 1 }]
+
+[autoscalers]
+"#;
+    let path = write(dir.path(), "dup.toml", text);
+    let output = check(&[&path]);
+    assert_eq!(output.status.code(), Some(1));
+    let out = stdout(&output);
+    let file = path.display();
+    assert!(
+        out.contains(&format!(
+            "{file}:12: autoscaler \"web\": name is already used by the autoscaler on line 6; autoscaler names must be unique\n"
+        )),
+        "{out}"
+    );
+    assert!(out.contains(&format!("{file}:17: autoscalers is not a known key (did you mean autoscaler?)\n")), "{out}");
+}

@@ -1,0 +1,350 @@
+//! `watermarkd simulate` end to end: the real binary, the shipped traces, config/demo.toml.
+//!
+//! The assertions are about behaviour a person would check on the chart (scaled up during the
+//! spike, held through the scraper gap, followed the daily curve, did not flap), computed from
+//! the trace itself where possible so that a wrong summary cannot vouch for itself.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::UNIX_EPOCH;
+
+use serde_json::Value;
+
+fn repo_path(relative: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(relative)
+}
+
+fn simulate(args: &[&str]) -> Output {
+    let config = repo_path("config/demo.toml");
+    Command::new(env!("CARGO_BIN_EXE_watermarkd"))
+        .arg("simulate")
+        .arg("--config")
+        .arg(&config)
+        .args(args)
+        .output()
+        .expect("running watermarkd")
+}
+
+fn trace_path(name: &str) -> String {
+    repo_path(&format!("traces/{name}.csv")).display().to_string()
+}
+
+/// Runs one shipped trace with `--json` and returns the report.
+fn simulate_json(autoscaler: &str, extra: &[&str]) -> Value {
+    let trace = trace_path(autoscaler);
+    let mut args = vec!["--autoscaler", autoscaler, "--trace", &trace, "--json"];
+    args.extend_from_slice(extra);
+    let output = simulate(&args);
+    assert!(output.status.success(), "simulate {autoscaler} failed: {}", String::from_utf8_lossy(&output.stderr));
+    serde_json::from_slice(&output.stdout).expect("the JSON report")
+}
+
+/// Unix seconds from an RFC 3339 time or a Unix-seconds cell.
+fn unix_seconds(text: &str) -> i64 {
+    if let Ok(seconds) = text.parse::<i64>() {
+        return seconds;
+    }
+    let time = humantime::parse_rfc3339(text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+    i64::try_from(time.duration_since(UNIX_EPOCH).unwrap().as_secs()).unwrap()
+}
+
+/// The trace as `(unix seconds, metric cell)` rows, `None` for an empty cell.
+fn trace_column(name: &str, column: &str) -> Vec<(i64, Option<f64>)> {
+    let text = std::fs::read_to_string(trace_path(name)).unwrap();
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let index = header.iter().position(|h| *h == column).unwrap();
+    lines
+        .map(|line| {
+            let cells: Vec<&str> = line.split(',').collect();
+            (unix_seconds(cells[0]), cells[index].parse().ok())
+        })
+        .collect()
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct Event {
+    at: i64,
+    from: u64,
+    to: u64,
+    manual: bool,
+}
+
+fn events(report: &Value) -> Vec<Event> {
+    report["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .map(|e| Event {
+            at: unix_seconds(e["at"].as_str().unwrap()),
+            from: e["from"].as_u64().unwrap(),
+            to: e["to"].as_u64().unwrap(),
+            manual: e["cause"] == "manual",
+        })
+        .collect()
+}
+
+/// The spec replicas at `at`, rebuilt from the start count and the events.
+fn replicas_at(report: &Value, at: i64) -> u64 {
+    let initial = report["summary"]["initial_replicas"].as_u64().unwrap();
+    events(report).iter().rfind(|e| e.at <= at).map_or(initial, |e| e.to)
+}
+
+#[test]
+fn spike_scales_up_during_the_spike_and_back_down_after() {
+    let report = simulate_json("spike", &[]);
+    let trace = trace_column("spike", "latency_seconds");
+    // The spike: every row above the high watermark (0.4); the baseline never gets there.
+    let spike: Vec<i64> = trace.iter().filter(|(_, v)| v.is_some_and(|v| v > 0.4)).map(|(t, _)| *t).collect();
+    let (spike_start, spike_end) = (spike[0], *spike.last().unwrap());
+    assert!(spike_end - spike_start >= 15 * 60, "the shipped spike lasts about 20 minutes");
+
+    let events = events(&report);
+    let before: Vec<&Event> = events.iter().filter(|e| e.at < spike_start).collect();
+    assert!(before.is_empty(), "no scaling on the baseline before the spike: {before:?}");
+
+    let during: Vec<&Event> = events.iter().filter(|e| (spike_start..=spike_end).contains(&e.at)).collect();
+    assert!(!during.is_empty() && during.iter().all(|e| e.to > e.from), "only scale-ups during the spike: {during:?}");
+    // Reacts within a minute of the spike and stays within max_replicas.
+    assert!(during[0].at - spike_start <= 60, "first scale-up {}s after the spike began", during[0].at - spike_start);
+    let peak = report["summary"]["peak_replicas"].as_u64().unwrap();
+    assert!((20..=30).contains(&peak), "peak {peak}");
+    assert!(replicas_at(&report, spike_end) >= 20);
+
+    let after: Vec<&Event> = events.iter().filter(|e| e.at > spike_end).collect();
+    assert!(after.len() >= 3 && after.iter().all(|e| e.to < e.from), "scale-downs after the spike: {after:?}");
+    let final_replicas = report["summary"]["final_replicas"].as_u64().unwrap();
+    assert!(final_replicas < peak / 2, "back down after the spike: final {final_replicas}, peak {peak}");
+    assert!(final_replicas >= 3, "never below min_replicas");
+}
+
+#[test]
+fn spike_holds_through_the_scraper_gap() {
+    let report = simulate_json("spike", &[]);
+    let trace = trace_column("spike", "latency_seconds");
+    // The longest run of empty cells is the scraper outage.
+    let (mut best, mut run_start, mut run_len) = ((0, 0, 0usize), 0, 0usize);
+    for (i, (at, value)) in trace.iter().enumerate() {
+        if value.is_none() {
+            if run_len == 0 {
+                run_start = *at;
+            }
+            run_len += 1;
+            if run_len > best.2 {
+                best = (run_start, trace[i + 1].0, run_len);
+            }
+        } else {
+            run_len = 0;
+        }
+    }
+    let (gap_start, gap_end, gap_rows) = best;
+    assert!(gap_rows >= 20, "the shipped trace has a scraper gap of several minutes, found {gap_rows} rows");
+
+    let events = events(&report);
+    let in_gap: Vec<&Event> = events.iter().filter(|e| e.at >= gap_start && e.at < gap_end).collect();
+    assert!(in_gap.is_empty(), "no scaling on missing data: {in_gap:?}");
+    // The gap falls in the scale-down phase, longer than the downscale window: without the
+    // no-data hold the replay would have scaled down inside it.
+    assert!(events.iter().any(|e| e.at < gap_start && e.to < e.from), "scale-downs before the gap");
+    assert!(events.iter().any(|e| e.at >= gap_end && e.to < e.from), "scale-downs after the gap");
+    let missing = report["summary"]["restricted"]["missing_data"].as_u64().unwrap();
+    assert!(missing as usize >= gap_rows, "{missing} evaluations without data, gap has {gap_rows} rows");
+    assert_eq!(report["summary"]["restricted"]["guards"]["no_data"], missing);
+}
+
+#[test]
+fn daily_replicas_follow_the_curve_within_min_and_max() {
+    let report = simulate_json("daily", &[]);
+    let trace = trace_column("daily", "rps");
+    let values: Vec<(i64, f64)> = trace.iter().filter_map(|(t, v)| v.map(|v| (*t, v))).collect();
+
+    for event in events(&report) {
+        assert!((2..=20).contains(&event.to), "{event:?} leaves min/max 2..20");
+    }
+    // Compare busy and quiet hours of the first day (its hourly means, from the trace).
+    let start = values[0].0;
+    let hourly_mean = |hour: i64| {
+        let in_hour: Vec<f64> = values.iter().filter(|(t, _)| (t - start) / 3600 == hour).map(|(_, v)| *v).collect();
+        in_hour.iter().sum::<f64>() / in_hour.len() as f64
+    };
+    let busiest = (1..24).max_by(|a, b| hourly_mean(*a).total_cmp(&hourly_mean(*b))).unwrap();
+    let quietest = (1..24).min_by(|a, b| hourly_mean(*a).total_cmp(&hourly_mean(*b))).unwrap();
+    assert!(hourly_mean(busiest) > 4.0 * hourly_mean(quietest), "the trace has a daily curve");
+    let busy_replicas = replicas_at(&report, start + busiest * 3600 + 1800);
+    let quiet_replicas = replicas_at(&report, start + quietest * 3600 + 1800);
+    assert!(busy_replicas >= 15, "{busy_replicas} replicas at the busiest hour ({busiest}:30)");
+    assert!(quiet_replicas <= 6, "{quiet_replicas} replicas at the quietest hour ({quietest}:30)");
+
+    // Per-replica load stays in the band almost all the time: the replicas tracked the load.
+    let summary = &report["summary"];
+    let duration = summary["duration_seconds"].as_f64().unwrap();
+    let out_of_band = summary["seconds_above_high_watermark"].as_f64().unwrap()
+        + summary["seconds_below_low_watermark"].as_f64().unwrap();
+    assert!(out_of_band < 0.05 * duration, "{out_of_band}s of {duration}s outside the band");
+    assert!(summary["scale_ups"].as_u64().unwrap() >= 10 && summary["scale_downs"].as_u64().unwrap() >= 10);
+}
+
+#[test]
+fn flapping_delays_keep_scale_events_far_below_watermark_crossings() {
+    let report = simulate_json("flapping", &[]);
+    let trace = trace_column("flapping", "cpu");
+    // Count crossings of the high watermark in the trace itself.
+    let mut crossings = 0;
+    let mut above = false;
+    for (_, value) in &trace {
+        let now_above = value.is_some_and(|v| v > 0.75);
+        crossings += usize::from(now_above && !above);
+        above = now_above;
+    }
+    assert!(crossings >= 20, "the shipped trace oscillates across the high watermark ({crossings} crossings)");
+
+    let summary = &report["summary"];
+    let scale_events = summary["scale_ups"].as_u64().unwrap() + summary["scale_downs"].as_u64().unwrap();
+    assert!(
+        (scale_events as usize) * 3 < crossings,
+        "{scale_events} scale events for {crossings} crossings of the high watermark"
+    );
+    assert!(summary["restricted"]["upscale_delay"].as_u64().unwrap() > 0, "the upscale delay held scale-ups back");
+    assert!(summary["high_watermark_crossings"].as_u64().unwrap() >= 10);
+
+    // Every scale the autoscaler made was earned: the trace stayed beyond the band for the
+    // whole delay before it (config/demo.toml: high 0.75 and low 0.5 with the default 10%
+    // tolerance, upscale delay 60s, downscale delay 120s). Without the delays the first crest
+    // would already scale up.
+    let cpu_between = |from: i64, to: i64| -> Vec<f64> {
+        trace.iter().filter(|(t, _)| (from..=to).contains(t)).filter_map(|(_, v)| *v).collect()
+    };
+    let autoscaler_events: Vec<Event> = events(&report).into_iter().filter(|e| !e.manual).collect();
+    assert!(!autoscaler_events.is_empty());
+    for event in &autoscaler_events {
+        if event.to > event.from {
+            let window = cpu_between(event.at - 60, event.at);
+            assert!(window.iter().all(|v| *v > 0.825), "{event:?} after {window:?}");
+        } else {
+            let window = cpu_between(event.at - 120, event.at);
+            assert!(window.iter().all(|v| *v < 0.45), "{event:?} after {window:?}");
+        }
+    }
+
+    // The one manual change is replayed at its row's time with its value.
+    let manual: Vec<Event> = events(&report).into_iter().filter(|e| e.manual).collect();
+    assert_eq!(manual.len(), 1, "{manual:?}");
+    assert_eq!(manual[0].to, 7);
+    assert_eq!(manual[0].at, unix_seconds("2024-05-07T10:10:00Z"));
+    assert_eq!(summary["initial_replicas"], 4, "the first row's replicas is the start count");
+}
+
+#[test]
+fn initial_replicas_and_readiness_lag_are_applied() {
+    let report = simulate_json("spike", &["--initial-replicas", "10", "--readiness-lag", "2m"]);
+    let summary = &report["summary"];
+    assert_eq!(summary["initial_replicas"], 10);
+    assert_eq!(summary["readiness_lag_seconds"], 120.0);
+    assert_eq!(events(&report)[0].from, 10);
+
+    // On an `average` rule the total is divided by the ready replicas: while new ones are not
+    // ready, each ready replica carries more, so the same trace spends longer above the band.
+    let prompt = simulate_json("daily", &[]);
+    let lagged = simulate_json("daily", &["--readiness-lag", "5m"]);
+    let above = |r: &Value| r["summary"]["seconds_above_high_watermark"].as_f64().unwrap();
+    assert!(above(&lagged) > above(&prompt) + 600.0, "lagged {}s, prompt {}s above", above(&lagged), above(&prompt));
+    assert_eq!(lagged["summary"]["evaluations"], prompt["summary"]["evaluations"]);
+}
+
+#[test]
+fn text_report_lists_events_and_summary() {
+    let trace = trace_path("flapping");
+    let output = simulate(&["--autoscaler", "flapping", "--trace", &trace]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let text = String::from_utf8(output.stdout).unwrap();
+    assert!(text.starts_with("Autoscaler \"flapping\": 2024-05-07T09:00:00Z to 2024-05-07T11:00:00Z (2h)"), "{text}");
+    assert!(text.contains("Scale events ("), "{text}");
+    assert!(text.contains("2024-05-07T10:10:00Z  +01:10:00"), "{text}");
+    assert!(text.contains("manual: set by a person (trace line "), "{text}");
+    assert!(text.contains("Summary:\n  evaluations               481\n"), "{text}");
+    assert!(text.contains("upscale held by delay"), "{text}");
+}
+
+/// Checks that every tag is closed in order and that attribute quotes balance: enough to
+/// catch a broken hand-written SVG without an XML parser.
+fn assert_well_formed(svg: &str) {
+    let mut stack: Vec<String> = Vec::new();
+    let mut rest = svg;
+    while let Some(open) = rest.find('<') {
+        let after = &rest[open + 1..];
+        let close = after.find('>').expect("unterminated tag");
+        let tag = &after[..close];
+        assert_eq!(tag.matches('"').count() % 2, 0, "unbalanced quotes in <{tag}>");
+        if let Some(name) = tag.strip_prefix('/') {
+            let expected = stack.pop().unwrap_or_else(|| panic!("</{name}> closes nothing"));
+            assert_eq!(expected, name.trim(), "</{name}> closes <{expected}>");
+        } else if !tag.ends_with('/') && !tag.starts_with('?') && !tag.starts_with('!') {
+            stack.push(tag.split_whitespace().next().unwrap().to_string());
+        }
+        rest = &after[close + 1..];
+    }
+    assert!(stack.is_empty(), "unclosed tags: {stack:?}");
+}
+
+#[test]
+fn writes_a_well_formed_svg_chart() {
+    let dir = tempfile::tempdir().unwrap();
+    for (autoscaler, metric) in [("spike", "latency_seconds"), ("daily", "rps"), ("flapping", "cpu")] {
+        let chart = dir.path().join(format!("{autoscaler}.svg"));
+        let chart_arg = chart.display().to_string();
+        let trace = trace_path(autoscaler);
+        let output = simulate(&["--autoscaler", autoscaler, "--trace", &trace, "--out", &chart_arg]);
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        assert!(String::from_utf8_lossy(&output.stdout).contains(&format!("Chart written to {chart_arg}")));
+
+        let svg = std::fs::read_to_string(&chart).unwrap();
+        assert!(svg.starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\""), "{}", &svg[..80]);
+        assert!(svg.trim_end().ends_with("</svg>"));
+        assert_well_formed(&svg);
+        assert!(svg.contains(&format!("Autoscaler “{autoscaler}”")), "title");
+        assert!(svg.contains(&format!(">{metric} ")), "a panel for the metric {metric}");
+        assert!(svg.contains(">Replicas</text>"), "the replicas panel");
+        for label in ["high watermark", "low watermark", "hold band", "effective (spec)", "proposed by the metrics"] {
+            assert!(svg.contains(label), "legend entry {label:?}");
+        }
+        for restriction in ["upscale capped", "downscale capped", "forbidden window", "watermark delay", "no data"] {
+            assert!(svg.contains(restriction), "restriction legend {restriction:?}");
+        }
+        // No unformatted placeholder or broken number made it into the file.
+        assert!(!svg.contains('{') && !svg.contains("NaN") && !svg.contains("inf"), "{autoscaler}: stray text");
+        assert!(!dir.path().join(format!("{autoscaler}.svg.tmp")).exists(), "temporary file left behind");
+    }
+    // The spike has a scraper gap: the chart shows no-data spans, and the usage line breaks.
+    let spike = std::fs::read_to_string(dir.path().join("spike.svg")).unwrap();
+    assert!(spike.contains("fill=\"#e15759\""), "no-data spans are drawn");
+}
+
+#[test]
+fn reports_unknown_autoscalers_and_bad_traces() {
+    let trace = trace_path("spike");
+    let output = simulate(&["--autoscaler", "nope", "--trace", &trace]);
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("no autoscaler named \"nope\""), "{stderr}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        ("wrong-column.csv", "timestamp,p99\n0,0.2\n", "unknown column `p99`"),
+        ("missing-column.csv", "timestamp\n0\n", "missing column `latency_seconds`"),
+        (
+            "bad-number.csv",
+            "timestamp,latency_seconds\n0,0.2\n15,fast\n",
+            "line 3: latency_seconds: \"fast\" is not a number",
+        ),
+    ];
+    for (name, contents, expected) in cases {
+        let path = dir.path().join(name);
+        std::fs::write(&path, contents).unwrap();
+        let path_arg = path.display().to_string();
+        let output = simulate(&["--autoscaler", "spike", "--trace", &path_arg]);
+        assert_eq!(output.status.code(), Some(2), "{name}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(expected), "{name}: {stderr}");
+        assert!(stderr.contains(name), "{name}: the message names the file: {stderr}");
+    }
+}
