@@ -36,6 +36,8 @@ enum Command {
 fn main() -> ExitCode {
     match run() {
         Ok(code) => code,
+        // A reader that stops early (`| head`) is not a failure of ours.
+        Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("watermarkd: {err:#}");
             ExitCode::from(2)
@@ -72,4 +74,8 @@ fn run() -> anyhow::Result<ExitCode> {
     };
     out.flush().context("writing to standard output")?;
     Ok(code)
+}
+
+fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|cause| cause.downcast_ref::<io::Error>().is_some_and(|e| e.kind() == io::ErrorKind::BrokenPipe))
 }

@@ -718,9 +718,9 @@ fn velocity_verdict(decision: &Decision, proposal: u32, normalized: &Normalized,
     }
     let after_stabilization = normalized.stabilization.map_or(proposal, |s| s.stabilized);
     if normalized.replicas != after_stabilization {
-        let by = match normalized.limit {
-            Limit::UpscaleCapping => format!("the upscale limit ({})", normalized.upscale_limit),
-            Limit::DownscaleCapping => format!("the downscale limit ({})", normalized.downscale_limit),
+        let by: String = match normalized.limit {
+            Limit::UpscaleCapping => "the upscale rate limit".into(),
+            Limit::DownscaleCapping => "the downscale rate limit".into(),
             Limit::TooFew => "min_replicas".into(),
             Limit::TooMany => "max_replicas".into(),
             Limit::NotReady => "unready replicas (not scaling below the ready count)".into(),

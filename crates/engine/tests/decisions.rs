@@ -569,7 +569,7 @@ fn the_reason_reads_like_a_sentence() {
     let d = decide(&r, target(10), &[value(0.52)], &State::default(), now());
     assert_eq!(
         d.reason,
-        "latency above high watermark: 0.52 > 0.4 (+1%); proposing 13, limited to 11 by the upscale limit (11): scaling 10 -> 11"
+        "latency above high watermark: 0.52 > 0.4 (+1%); proposing 13, limited to 11 by the upscale rate limit: scaling 10 -> 11"
     );
 }
 
