@@ -3,6 +3,9 @@
 //! The binary in `main.rs` is a thin shell over these modules so that tests drive the same
 //! code paths a person does.
 
+pub mod backend;
 pub mod decide;
+pub mod query;
 pub mod rules;
 pub mod simulate;
+pub mod telemetry;

@@ -2,14 +2,47 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use super::problem::Sink;
 use super::reader::Table;
-use super::{Backend, DatadogBackend, PrometheusBackend, SecretSource};
+use super::{Backend, BasicAuth, DatadogBackend, PrometheusBackend, SecretSource, TlsSettings};
 
 const DEFAULT_DATADOG_SITE: &str = "datadoghq.com";
-const DATADOG_KEYS: &[&str] = &["type", "site", "url", "api_key_env", "api_key_file", "app_key_env", "app_key_file"];
-const PROMETHEUS_KEYS: &[&str] = &["type", "url"];
+const DATADOG_KEYS: &[&str] = &[
+    "type",
+    "site",
+    "url",
+    "api_key_env",
+    "api_key_file",
+    "app_key_env",
+    "app_key_file",
+    "window",
+    "max_age",
+    "timeout",
+    "max_in_flight",
+];
+const PROMETHEUS_KEYS: &[&str] = &[
+    "type",
+    "url",
+    "timeout",
+    "max_in_flight",
+    "tenant",
+    "headers",
+    "params",
+    "basic_auth",
+    "bearer_token_env",
+    "bearer_token_file",
+    "ca_file",
+    "client_cert_file",
+    "client_key_file",
+    "insecure_skip_verify",
+];
+const BASIC_AUTH_KEYS: &[&str] = &["username", "password_env", "password_file"];
+const DEFAULT_DATADOG_WINDOW: Duration = Duration::from_secs(300);
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+const DEFAULT_DATADOG_IN_FLIGHT: u32 = 4;
+const DEFAULT_PROMETHEUS_IN_FLIGHT: u32 = 8;
 
 /// Reads every backend under `[backend]`. Backends with a problem are reported and map to `None`,
 /// so that metrics naming them are not also told that the backend does not exist.
@@ -33,10 +66,9 @@ fn read_backend(table: &mut Table<'_>, sink: &mut Sink) -> Option<Backend> {
             Some(Backend::Datadog(backend?))
         }
         "prometheus" => {
-            let url = table.text(sink, "url");
-            let url = table.require(sink, "url", url).and_then(|url| checked_url(table, sink, url));
+            let backend = read_prometheus(table, sink);
             table.finish(sink, PROMETHEUS_KEYS);
-            Some(Backend::Prometheus(PrometheusBackend { url: url? }))
+            Some(Backend::Prometheus(backend?))
         }
         other => {
             table.report(sink, "type", format!("({other:?}) must be \"datadog\" or \"prometheus\""));
@@ -52,10 +84,111 @@ fn read_datadog(table: &mut Table<'_>, sink: &mut Sink) -> Option<DatadogBackend
     let url_ok = !table.has("url") || url.is_some();
     let api_key = read_secret(table, sink, "api_key");
     let app_key = read_secret(table, sink, "app_key");
+    let window = positive_duration(table, sink, "window").unwrap_or(DEFAULT_DATADOG_WINDOW);
+    let max_age = positive_duration(table, sink, "max_age");
+    let timeout = positive_duration(table, sink, "timeout").unwrap_or(DEFAULT_TIMEOUT);
+    let max_in_flight = in_flight(table, sink).unwrap_or(DEFAULT_DATADOG_IN_FLIGHT);
     if !url_ok {
         return None;
     }
-    Some(DatadogBackend { site, url, api_key: api_key?, app_key: app_key? })
+    Some(DatadogBackend { site, url, api_key: api_key?, app_key: app_key?, window, max_age, timeout, max_in_flight })
+}
+
+fn read_prometheus(table: &mut Table<'_>, sink: &mut Sink) -> Option<PrometheusBackend> {
+    let url = table.text(sink, "url");
+    let url = table.require(sink, "url", url).and_then(|url| checked_url(table, sink, url));
+    let timeout = positive_duration(table, sink, "timeout").unwrap_or(DEFAULT_TIMEOUT);
+    let max_in_flight = in_flight(table, sink).unwrap_or(DEFAULT_PROMETHEUS_IN_FLIGHT);
+    let tenant = table.text(sink, "tenant");
+    let headers = string_map(table, sink, "headers");
+    let params = string_map(table, sink, "params");
+    for reserved in ["query", "time"] {
+        if params.as_ref().is_some_and(|p| p.contains_key(reserved)) {
+            table.report(sink, "params", format!("cannot set {reserved:?}: watermarkd sends it with every query"));
+        }
+    }
+    let basic_auth = table.table(sink, "basic_auth").map(|mut auth| {
+        let username = auth.text(sink, "username");
+        let username = auth.require(sink, "username", username);
+        let password = read_secret(&mut auth, sink, "password");
+        auth.finish(sink, BASIC_AUTH_KEYS);
+        username.zip(password).map(|(username, password)| BasicAuth { username, password })
+    });
+    let bearer_env = table.text(sink, "bearer_token_env");
+    let bearer_file = table.text(sink, "bearer_token_file");
+    let bearer_token = match (bearer_env, bearer_file) {
+        (Some(_), Some(_)) => {
+            table.report(sink, "bearer_token_file", "cannot be set together with bearer_token_env: choose one");
+            None
+        }
+        (Some(env), None) => Some(SecretSource::Env(env)),
+        (None, Some(file)) => Some(SecretSource::File(PathBuf::from(file))),
+        (None, None) => None,
+    };
+    if basic_auth.is_some() && bearer_token.is_some() {
+        table.report(sink, "basic_auth", "cannot be combined with a bearer token: choose one way to authenticate");
+    }
+    let tls = TlsSettings {
+        ca_file: table.text(sink, "ca_file").map(PathBuf::from),
+        client_cert_file: table.text(sink, "client_cert_file").map(PathBuf::from),
+        client_key_file: table.text(sink, "client_key_file").map(PathBuf::from),
+        insecure_skip_verify: table.flag(sink, "insecure_skip_verify").unwrap_or(false),
+    };
+    if tls.client_cert_file.is_some() != tls.client_key_file.is_some() {
+        let missing = if tls.client_cert_file.is_some() { "client_key_file" } else { "client_cert_file" };
+        table.report(sink, missing, "is required when the other half of the client certificate is set");
+    }
+    Some(PrometheusBackend {
+        url: url?,
+        timeout,
+        max_in_flight,
+        tenant,
+        headers: headers?,
+        params: params?,
+        basic_auth: match basic_auth {
+            Some(parsed) => Some(parsed?),
+            None => None,
+        },
+        bearer_token,
+        tls,
+    })
+}
+
+fn positive_duration(table: &mut Table<'_>, sink: &mut Sink, key: &str) -> Option<Duration> {
+    let value = table.duration(sink, key)?;
+    if value.is_zero() {
+        table.report(sink, key, "must be longer than 0s");
+        return None;
+    }
+    Some(value)
+}
+
+fn in_flight(table: &mut Table<'_>, sink: &mut Sink) -> Option<u32> {
+    let value = table.count(sink, "max_in_flight")?;
+    if value == 0 {
+        table.report(sink, "max_in_flight", "must be at least 1");
+        return None;
+    }
+    Some(value)
+}
+
+/// A table of strings (`headers`, `params`). `None` when any entry is not a string.
+fn string_map(table: &mut Table<'_>, sink: &mut Sink, key: &str) -> Option<BTreeMap<String, String>> {
+    let Some(mut map) = table.table(sink, key) else {
+        return if table.has(key) { None } else { Some(BTreeMap::new()) };
+    };
+    let mut out = BTreeMap::new();
+    let mut ok = true;
+    let keys: Vec<String> = map.drain().iter().map(|e| e.key.clone()).collect();
+    for name in keys {
+        match map.string(sink, &name) {
+            Some(value) => {
+                out.insert(name, value);
+            }
+            None => ok = false,
+        }
+    }
+    ok.then_some(out)
 }
 
 fn checked_url(table: &Table<'_>, sink: &mut Sink, url: String) -> Option<String> {

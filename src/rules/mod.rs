@@ -57,6 +57,14 @@ pub struct DatadogBackend {
     pub url: Option<String>,
     pub api_key: SecretSource,
     pub app_key: SecretSource,
+    /// How far back each query looks (default 300s, as the Cluster Agent).
+    pub window: Duration,
+    /// Points older than this are stale. `None`: `max(120s, 3 x the series' rollup)`.
+    pub max_age: Option<Duration>,
+    /// Per request (default 10s).
+    pub timeout: Duration,
+    /// Requests in flight at once (default 4).
+    pub max_in_flight: u32,
 }
 
 /// Where a secret is read from when the daemon starts; never the secret itself.
@@ -70,8 +78,41 @@ pub enum SecretSource {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PrometheusBackend {
-    /// The server's base URL, e.g. `http://prometheus.monitoring:9090`.
+    /// The server's base URL with any path prefix, e.g. `http://prometheus.monitoring:9090` or
+    /// `https://mimir.example/prometheus`; `/api/v1/query` is appended.
     pub url: String,
+    /// Per request (default 10s).
+    pub timeout: Duration,
+    /// Requests in flight at once (default 8).
+    pub max_in_flight: u32,
+    /// Sent as `X-Scope-OrgID` (Mimir, Cortex).
+    pub tenant: Option<String>,
+    /// Extra request headers (not for secrets: use `basic_auth` or `bearer_token_*`).
+    pub headers: BTreeMap<String, String>,
+    /// Extra query parameters, e.g. `dedup = "true"` for Thanos.
+    pub params: BTreeMap<String, String>,
+    pub basic_auth: Option<BasicAuth>,
+    /// `Authorization: Bearer`; a file is re-read when it changes (rotated service-account tokens).
+    pub bearer_token: Option<SecretSource>,
+    pub tls: TlsSettings,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BasicAuth {
+    pub username: String,
+    pub password: SecretSource,
+}
+
+/// TLS options of an `https://` backend.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TlsSettings {
+    /// PEM file with the CA certificates to trust, added to the system roots.
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate and key, for mutual TLS.
+    pub client_cert_file: Option<PathBuf>,
+    pub client_key_file: Option<PathBuf>,
+    /// Accept any server certificate. Only with an explicit opt-in.
+    pub insecure_skip_verify: bool,
 }
 
 /// One autoscaler: what it scales, how often, by which rule, from which queries.
@@ -108,7 +149,7 @@ pub struct MetricSource {
     pub reducer: Option<Reducer>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Reducer {
     Max,
     Min,

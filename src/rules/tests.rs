@@ -70,9 +70,26 @@ fn a_valid_file_yields_backends_targets_and_rules() {
             url: None,
             api_key: SecretSource::Env("DD_API_KEY".into()),
             app_key: SecretSource::File(PathBuf::from("/etc/dd/app-key")),
+            window: Duration::from_secs(300),
+            max_age: None,
+            timeout: Duration::from_secs(10),
+            max_in_flight: 4,
         })
     );
-    assert_eq!(rules.backends["prom"], Backend::Prometheus(PrometheusBackend { url: "http://127.0.0.1:9090".into() }));
+    assert_eq!(
+        rules.backends["prom"],
+        Backend::Prometheus(PrometheusBackend {
+            url: "http://127.0.0.1:9090".into(),
+            timeout: Duration::from_secs(10),
+            max_in_flight: 8,
+            tenant: None,
+            headers: BTreeMap::new(),
+            params: BTreeMap::new(),
+            basic_auth: None,
+            bearer_token: None,
+            tls: TlsSettings::default(),
+        })
+    );
     let billing = rules.autoscaler("billing").unwrap();
     assert!(rules.autoscaler("nope").is_none());
     assert_eq!(
@@ -563,7 +580,8 @@ fn summaries_say_what_was_understood() {
 #[test]
 fn the_demo_rules_are_what_the_simulator_expects() {
     let rules = load_rules(&Path::new(env!("CARGO_MANIFEST_DIR")).join("config/demo.toml")).unwrap();
-    assert_eq!(rules.backends["prom"], Backend::Prometheus(PrometheusBackend { url: "http://127.0.0.1:9090".into() }));
+    let Backend::Prometheus(prom) = &rules.backends["prom"] else { panic!("prom is not a prometheus backend") };
+    assert_eq!(prom.url, "http://127.0.0.1:9090");
     let names: Vec<&str> = rules.autoscalers.iter().map(|a| a.name.as_str()).collect();
     assert_eq!(names, ["daily", "spike", "flapping"]);
     let watermark = |a: &Autoscaler| match a.rule.velocity() {
@@ -608,4 +626,80 @@ fn no_prefix_of_an_example_makes_the_parser_panic() {
         // Any outcome is fine; a panic fails the test.
         let _ = parse_rules(&text[..end], "prefix.toml");
     }
+}
+
+#[test]
+fn backend_connection_settings_are_read_and_checked() {
+    let rules = parse(
+        r#"
+[backend.mimir]
+type = "prometheus"
+url = "https://mimir.example/prometheus"
+timeout = "5s"
+max_in_flight = 2
+tenant = "team-a"
+headers = { "X-Team" = "payments" }
+params = { dedup = "true" }
+basic_auth = { username = "scaler", password_file = "/etc/watermarkd/mimir-password" }
+ca_file = "/etc/watermarkd/ca.pem"
+client_cert_file = "/etc/watermarkd/client.pem"
+client_key_file = "/etc/watermarkd/client.key"
+
+[backend.dd]
+type = "datadog"
+site = "datadoghq.eu"
+api_key_env = "DD_API_KEY"
+app_key_env = "DD_APP_KEY"
+window = "10m"
+max_age = "3m"
+timeout = "20s"
+max_in_flight = 6
+"#,
+    );
+    let Backend::Prometheus(mimir) = &rules.backends["mimir"] else { panic!("not prometheus") };
+    assert_eq!(mimir.timeout, Duration::from_secs(5));
+    assert_eq!(mimir.tenant.as_deref(), Some("team-a"));
+    assert_eq!(mimir.headers["X-Team"], "payments");
+    assert_eq!(mimir.params["dedup"], "true");
+    assert_eq!(
+        mimir.basic_auth,
+        Some(BasicAuth {
+            username: "scaler".into(),
+            password: SecretSource::File(PathBuf::from("/etc/watermarkd/mimir-password"))
+        })
+    );
+    assert_eq!(mimir.tls.client_key_file, Some(PathBuf::from("/etc/watermarkd/client.key")));
+    let Backend::Datadog(dd) = &rules.backends["dd"] else { panic!("not datadog") };
+    assert_eq!(
+        (dd.window, dd.max_age, dd.max_in_flight),
+        (Duration::from_secs(600), Some(Duration::from_secs(180)), 6)
+    );
+
+    let problems = problems(
+        r#"
+[backend.p]
+type = "prometheus"
+url = "http://p:9090"
+timeout = "0s"
+max_in_flight = 0
+headers = { "X-A" = 1 }
+params = { time = "0" }
+basic_auth = { username = "u", password = "inline!" }
+bearer_token_file = "/t"
+client_cert_file = "/c.pem"
+"#,
+    );
+    let text = problems.join("\n");
+    for expected in [
+        "backend.p.timeout must be longer than 0s",
+        "backend.p.max_in_flight must be at least 1",
+        "backend.p.headers.X-A must be a string",
+        "backend.p.params cannot set \"time\": watermarkd sends it with every query",
+        "backend.p.basic_auth.password cannot be written in the rules file",
+        "backend.p.basic_auth cannot be combined with a bearer token",
+        "backend.p.client_key_file is required",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
+    }
+    assert!(!text.contains("inline!"), "a secret was echoed: {text}");
 }

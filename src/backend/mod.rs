@@ -1,0 +1,159 @@
+//! Metric backends: Datadog's query API and any Prometheus-compatible endpoint, queried
+//! directly over HTTP.
+//!
+//! A backend answers "evaluate these queries now" with one `Observation` per query: a value and
+//! the time of its data point, or "unavailable" with a reason. Batching, pacing, retries and
+//! every protocol quirk stay in here; the engine never sees HTTP, and nothing that went wrong
+//! ever reaches it as a number.
+
+pub mod datadog;
+pub mod prometheus;
+mod secret;
+
+use std::sync::Arc;
+
+use watermarkd_engine::{Reading, Timestamp};
+
+use crate::rules::{self, Reducer};
+use crate::telemetry::BackendMetrics;
+
+pub use secret::{Secret, SecretError};
+
+/// One metric query, as an autoscaler's metric names it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MetricQuery {
+    pub query: String,
+    /// How several Prometheus series become one value; `None`: several series are an error.
+    pub reducer: Option<Reducer>,
+}
+
+/// What a backend answered for one query.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Observation {
+    /// What the engine sees.
+    pub reading: Reading,
+    /// What a person checking a rule wants to know (`watermarkd query`, logs).
+    pub detail: ObservationDetail,
+}
+
+/// How a value was chosen, or why there is none.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ObservationDetail {
+    /// Series in the answer for this query.
+    pub series: Option<usize>,
+    /// Non-null points in the chosen series (Datadog).
+    pub points: Option<usize>,
+    /// Which of those points was used, 0-based (Datadog: the penultimate non-null one).
+    pub chosen_point: Option<usize>,
+    /// The series' rollup interval in seconds, as the backend reported it (Datadog).
+    pub interval_seconds: Option<u64>,
+    /// Warnings the backend attached to a partial answer (Prometheus).
+    pub warnings: Vec<String>,
+    pub error: Option<QueryError>,
+}
+
+impl Observation {
+    pub fn value(value: f64, at: Timestamp, detail: ObservationDetail) -> Self {
+        Observation { reading: Reading::Value { value, at }, detail }
+    }
+
+    pub fn unavailable(error: QueryError) -> Self {
+        Self::unavailable_with(error, ObservationDetail::default())
+    }
+
+    pub fn unavailable_with(error: QueryError, mut detail: ObservationDetail) -> Self {
+        let reading = Reading::Unavailable { reason: error.to_string() };
+        detail.error = Some(error);
+        Observation { reading, detail }
+    }
+}
+
+/// Why one query has no value. The text is what the engine's reason and the logs show, so it
+/// says what to check; it never contains a secret.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum QueryError {
+    /// The backend refused our credentials or scope (Datadog 403), or a secret is missing.
+    #[error("configuration error: {0}")]
+    Configuration(String),
+    /// The backend rejected this query (HTTP 400, Prometheus `bad_data`).
+    #[error("bad query: {0}")]
+    BadQuery(String),
+    /// No data in the window: empty result, all-null points, Datadog 422.
+    #[error("no data: {0}")]
+    NoData(String),
+    #[error("stale: the newest usable point is {age_seconds}s old, max age {max_age_seconds}s")]
+    Stale { age_seconds: u64, max_age_seconds: u64 },
+    #[error("the value is {0}, not a number")]
+    NotANumber(String),
+    #[error("{count} series answered where one was expected: aggregate them in the query, or set a reducer")]
+    SeveralSeries { count: usize },
+    /// The backend's rate limit is exhausted: wait for its reset.
+    #[error("rate limited: the budget resets in {reset_in_seconds}s")]
+    RateLimited { reset_in_seconds: u64 },
+    /// Skipped this cycle to keep within the rate limit: the effective interval is stretched.
+    #[error("deferred: Datadog's remaining rate budget allows a cycle every {stretched_interval_seconds}s")]
+    Deferred { stretched_interval_seconds: u64 },
+    /// HTTP 5xx or a Prometheus `timeout`/`execution` error, after retries.
+    #[error("server error: {0}")]
+    Server(String),
+    #[error("timed out after {0}s")]
+    Timeout(u64),
+    /// Connection refused, reset, DNS or TLS failure.
+    #[error("cannot reach the backend: {0}")]
+    Transport(String),
+    /// An answer that does not follow the protocol (not JSON, missing fields).
+    #[error("unexpected answer: {0}")]
+    Protocol(String),
+}
+
+/// Why a backend could not be built from its configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("backend {backend:?}: {source}")]
+    Secret { backend: String, source: SecretError },
+    #[error("backend {backend:?}: {message}")]
+    Invalid { backend: String, message: String },
+}
+
+/// "Evaluate these queries now": one call per cycle, answers in the order of `queries`.
+pub trait QueryBackend {
+    fn evaluate(
+        &self,
+        queries: &[MetricQuery],
+        now: Timestamp,
+    ) -> impl std::future::Future<Output = Vec<Observation>> + Send;
+}
+
+/// The backends a rules file may name: an enum, not a plugin system.
+pub enum MetricBackend {
+    Datadog(datadog::DatadogClient),
+    Prometheus(prometheus::PrometheusClient),
+}
+
+impl MetricBackend {
+    /// Builds the client for `[backend.NAME]`: reads its secrets and sets up its connection pool.
+    pub fn new(name: &str, config: &rules::Backend, metrics: Arc<BackendMetrics>) -> Result<Self, BackendError> {
+        ensure_crypto_provider();
+        Ok(match config {
+            rules::Backend::Datadog(c) => MetricBackend::Datadog(datadog::DatadogClient::new(name, c, metrics)?),
+            rules::Backend::Prometheus(c) => {
+                MetricBackend::Prometheus(prometheus::PrometheusClient::new(name, c, metrics)?)
+            }
+        })
+    }
+}
+
+impl QueryBackend for MetricBackend {
+    async fn evaluate(&self, queries: &[MetricQuery], now: Timestamp) -> Vec<Observation> {
+        match self {
+            MetricBackend::Datadog(c) => c.evaluate(queries, now).await,
+            MetricBackend::Prometheus(c) => c.evaluate(queries, now).await,
+        }
+    }
+}
+
+/// rustls needs one process-wide crypto provider; ring is the one compiled in.
+pub fn ensure_crypto_provider() {
+    // Err only means one is installed already, which is what we want.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}

@@ -1,0 +1,76 @@
+//! Prometheus metrics of the daemon itself. Series keep the Datadog controller's names where one
+//! exists, so dashboards carry over; the rest are prefixed `watermarkd_`.
+
+use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
+
+/// What the metric backends report about themselves.
+pub struct BackendMetrics {
+    /// Requests by backend and outcome (`ok`, `bad_query`, `forbidden`, `no_data`, `rate_limited`,
+    /// `server_error`, `timeout`, `transport`, `protocol`).
+    pub requests: IntCounterVec,
+    /// Request latency by backend, in seconds.
+    pub request_seconds: HistogramVec,
+    /// Datadog rate-limit headers, as last seen: `limit`, `remaining`, `reset_seconds`.
+    pub rate_limit: IntGaugeVec,
+    /// The shortest interval between cycles that the remaining Datadog budget allows, in seconds
+    /// (0 when the configured intervals fit).
+    pub stretched_interval_seconds: IntGaugeVec,
+    /// Queries skipped because the budget could not cover the cycle.
+    pub deferred_queries: IntCounterVec,
+    /// Warnings attached to Prometheus answers.
+    pub warnings: IntCounterVec,
+}
+
+impl BackendMetrics {
+    pub fn new(registry: &Registry) -> Result<Self, prometheus::Error> {
+        let requests = IntCounterVec::new(
+            Opts::new("watermarkd_backend_requests_total", "HTTP requests to metric backends by outcome"),
+            &["backend", "outcome"],
+        )?;
+        let request_seconds = HistogramVec::new(
+            HistogramOpts::new("watermarkd_backend_request_duration_seconds", "Latency of metric backend requests")
+                .buckets(vec![0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]),
+            &["backend"],
+        )?;
+        let rate_limit = IntGaugeVec::new(
+            Opts::new("watermarkd_datadog_rate_limit", "Datadog X-RateLimit-* headers as last seen"),
+            &["backend", "field"],
+        )?;
+        let stretched_interval_seconds = IntGaugeVec::new(
+            Opts::new(
+                "watermarkd_datadog_stretched_interval_seconds",
+                "Shortest cycle spacing the remaining Datadog budget allows (0: intervals fit)",
+            ),
+            &["backend"],
+        )?;
+        let deferred_queries = IntCounterVec::new(
+            Opts::new("watermarkd_datadog_deferred_queries_total", "Queries skipped to stay within the rate limit"),
+            &["backend"],
+        )?;
+        let warnings = IntCounterVec::new(
+            Opts::new("watermarkd_prometheus_warnings_total", "Warnings (partial answers) from Prometheus backends"),
+            &["backend"],
+        )?;
+        registry.register(Box::new(requests.clone()))?;
+        registry.register(Box::new(request_seconds.clone()))?;
+        registry.register(Box::new(rate_limit.clone()))?;
+        registry.register(Box::new(stretched_interval_seconds.clone()))?;
+        registry.register(Box::new(deferred_queries.clone()))?;
+        registry.register(Box::new(warnings.clone()))?;
+        Ok(BackendMetrics {
+            requests,
+            request_seconds,
+            rate_limit,
+            stretched_interval_seconds,
+            deferred_queries,
+            warnings,
+        })
+    }
+
+    /// Metrics on a private registry, for tests and one-shot commands.
+    pub fn detached() -> Self {
+        // Registering fresh collectors on a fresh registry cannot collide.
+        #[allow(clippy::expect_used)]
+        Self::new(&Registry::new()).expect("fresh registry accepts every collector")
+    }
+}
