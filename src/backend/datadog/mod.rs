@@ -1,0 +1,806 @@
+//! Datadog: `GET /api/v1/query`, batched and paced to the organisation's rate budget.
+//!
+//! # One cycle
+//! `evaluate` is one cycle: every autoscaler query due now, answered in order. Identical query
+//! texts are asked once. The rest are joined with top-level commas into as few requests as the
+//! Cluster Agent's bounds allow (35 queries, URL under 7,000 characters; `batch`), sent
+//! concurrently (at most `max_in_flight` at once), and each returned series is mapped back to its
+//! query by `query_index`. Per query, the value is the penultimate non-null point of exactly one
+//! series, dated by that point, and refused when older than `max_age` (`parse`).
+//!
+//! # Pacing (why a cycle may be deferred)
+//! The query endpoint's budget (1,600 requests per hour by default) is per organisation and
+//! shared with every dashboard, monitor and script there. Peers that send one request per
+//! autoscaler per poll exhaust it, and then every autoscaler goes blind at once. So the budget is
+//! planned, from the `X-RateLimit-*` headers of every answer (`pacing`):
+//!
+//! - Until the first answer, the documented default is assumed, 1,600 per 3,600 s, with the whole
+//!   hour still ahead (the slowest pace that default implies: never too fast).
+//! - 5 % of the limit is a reserve never planned for: retries, batches split to isolate a bad
+//!   query, `watermarkd query`, and what other users of the organisation spend between two of
+//!   our answers.
+//! - A cycle needing N requests may start only when `now >= next_cycle_not_before`; when it
+//!   starts, its N requests are debited at once and `next_cycle_not_before = start + N x
+//!   (reset_seconds / usable_remaining)`, usable being remaining minus the reserve. Each request
+//!   thus "costs" an equal share of what is left of the window, so while we are the only spender
+//!   the spending rate stays constant and the window's budget lasts exactly until its reset, with
+//!   no burst at the start of the window and no starvation at its end.
+//! - Others' spending is seen, not guessed: the server's count minus our own answered requests
+//!   in the window. At their average rate so far they are expected to spend more before the
+//!   reset, and that much is left to them (never more than half of what is left, so a burst is
+//!   not extrapolated into an hour of blindness). Without this, we would spend the budget down
+//!   to the reserve by the end of every window and the organisation's other tools (or a second
+//!   watermarkd sharing the organisation) would meet the 429s instead.
+//! - A cycle that does not fit in what is left of the window (N > usable) waits for the reset.
+//! - A cycle asked for earlier is answered with `QueryError::Deferred` for every query without
+//!   any request: the engine holds its replicas, the effective interval is stretched, the
+//!   `stretched_interval_seconds` gauge says by how much, `deferred_queries` counts them, and a
+//!   warning is logged when the stretch appears, changes by 10 % or more, or goes away.
+//! - Concurrent answers arrive in any order; within one window the lowest `remaining` seen (or our
+//!   own debit, when lower) is kept. Windows are calendar aligned, and the estimated reset is
+//!   taken one second later than announced, so a fresh budget is never assumed early.
+//! - After a 429 nothing at all is sent until its reset (`X-RateLimit-Reset`, else its period,
+//!   else 60 s); queries meanwhile get `QueryError::RateLimited`, requests waiting for a slot in
+//!   the same cycle are not sent.
+//!
+//! Pacing is per client (one per `[backend.NAME]`), on `tokio::time::Instant`, so tests drive it
+//! with a paused clock. One `evaluate` at a time is the expected use; concurrent calls stay
+//! within the budget (debits happen at admission) but share one spacing.
+//!
+//! # Failures
+//! Never assumed JSON on a non-2xx answer. 5xx, 408, timeouts and connection failures are
+//! retried with jittered exponential backoff, all within a cycle deadline of 2 x `timeout`, so a
+//! cycle never runs into the next. Retries and split batches are requests no admission paid
+//! for: they are debited from the reserve, and not made when only half of it is left. 403 is a configuration error (no hot retry), 400 a bad query
+//! (a batch of several is re-sent one query per request, once, so only the bad query fails, and
+//! that query is then kept out of batches for `BAD_QUERY_TTL`), 422 no data, 429 rate limited.
+//! Keys travel only in headers marked sensitive; every error text is scrubbed of them anyway.
+
+mod batch;
+mod pacing;
+mod parse;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue, ACCEPT, CONTENT_TYPE};
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use watermarkd_engine::Timestamp;
+
+use super::{BackendError, MetricQuery, Observation, QueryError, Secret};
+use crate::rules::DatadogBackend;
+use crate::telemetry::BackendMetrics;
+
+pub use batch::{is_balanced, split_top_level, top_level_commas, MAX_QUERIES_PER_REQUEST, MAX_URL_CHARS};
+pub use pacing::{RateLimitHeaders, RateLimitSnapshot, DEFAULT_LIMIT, DEFAULT_PERIOD, RESERVE_PERCENT};
+pub use parse::{
+    default_max_age, error_text, parse_v2_scalar, parse_v2_timeseries, penultimate, rate_limit_wait, read_v1_answer,
+    read_v2_error, Outcome, V1Answer, V1Context, V2Column, V2Scalar, V2Series, V2Timeseries,
+};
+
+use pacing::{Admission, Pacer};
+
+/// The whole cycle, retries included, ends within this many request timeouts.
+const RETRY_BUDGET_TIMEOUTS: u32 = 2;
+/// An attempt with less time than this left before the deadline is not started.
+const MIN_ATTEMPT: Duration = Duration::from_millis(50);
+/// A query Datadog rejected alone is not sent again (nor batched) for this long: its text is
+/// fixed by the rules file, and re-splitting a batch every cycle would cost up to 35 requests.
+const BAD_QUERY_TTL: Duration = Duration::from_secs(600);
+const API_KEY_HEADER: &str = "dd-api-key";
+const APP_KEY_HEADER: &str = "dd-application-key";
+
+/// Retries: 250 ms, 500 ms, 1 s, each plus up to 100 % jitter, so many clients hit by the same
+/// outage do not come back in lockstep.
+const BACKOFF: ExponentialBuilder = ExponentialBuilder::new()
+    .with_jitter()
+    .with_min_delay(Duration::from_millis(250))
+    .with_max_delay(Duration::from_secs(4))
+    .with_max_times(3);
+
+/// A Datadog backend: one connection pool, one rate budget.
+pub struct DatadogClient {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    name: String,
+    /// The site, or the URL when one replaces it: named in advice.
+    place: String,
+    base: String,
+    http: reqwest::Client,
+    api_key: Secret,
+    app_key: Secret,
+    window: Duration,
+    max_age: Option<Duration>,
+    timeout: Duration,
+    permits: Semaphore,
+    pacer: Mutex<Pacer>,
+    /// Whether the last answer was a 403, so that it is logged once, not once per request.
+    forbidden: AtomicBool,
+    bad_queries: Mutex<HashMap<String, (QueryError, Instant)>>,
+    metrics: Arc<BackendMetrics>,
+}
+
+/// Why a request failed, for every query it carried.
+#[derive(Clone, Debug)]
+struct Failure {
+    error: QueryError,
+    outcome: Outcome,
+    retryable: bool,
+    status: Option<u16>,
+}
+
+/// Locks a mutex; a panic while holding one of ours cannot leave its data half-updated in a way
+/// that matters more than stopping to answer.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn ceil_secs(d: Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
+impl DatadogClient {
+    /// Reads both keys now and builds the connection pool, once.
+    pub fn new(name: &str, config: &DatadogBackend, metrics: Arc<BackendMetrics>) -> Result<Self, BackendError> {
+        let secret = |source: &crate::rules::SecretSource| {
+            source.load().map_err(|source| BackendError::Secret { backend: name.to_string(), source })
+        };
+        let invalid = |message: String| BackendError::Invalid { backend: name.to_string(), message };
+        let api_key = secret(&config.api_key)?;
+        let app_key = secret(&config.app_key)?;
+        let base = config.url.clone().unwrap_or_else(|| format!("https://api.{}", config.site));
+        let base = base.trim_end_matches('/').to_string();
+        match reqwest::Url::parse(&base) {
+            Ok(url) if matches!(url.scheme(), "http" | "https") && url.query().is_none() => {}
+            _ => return Err(invalid(format!("{base:?} is not an http(s) base URL"))),
+        }
+        let mut headers = HeaderMap::new();
+        for (header, key, what) in
+            [(API_KEY_HEADER, &api_key, "API key"), (APP_KEY_HEADER, &app_key, "application key")]
+        {
+            let mut value = HeaderValue::from_str(key.expose())
+                .map_err(|_| invalid(format!("the {what} holds characters that cannot be sent in a header")))?;
+            // Keeps the value out of reqwest's and hyper's debug output.
+            value.set_sensitive(true);
+            headers.insert(HeaderName::from_static(header), value);
+        }
+        headers.insert(ACCEPT, HeaderValue::from_static("application/json"));
+        super::ensure_crypto_provider();
+        let http = reqwest::Client::builder()
+            .default_headers(headers)
+            .user_agent(concat!("watermarkd/", env!("CARGO_PKG_VERSION")))
+            .connect_timeout(config.timeout)
+            .timeout(config.timeout)
+            .build()
+            .map_err(|err| invalid(format!("cannot build the HTTP client: {err}")))?;
+        let place = config.url.clone().unwrap_or_else(|| config.site.clone());
+        Ok(DatadogClient {
+            inner: Arc::new(Inner {
+                name: name.to_string(),
+                place,
+                base,
+                http,
+                api_key,
+                app_key,
+                window: config.window,
+                max_age: config.max_age,
+                timeout: config.timeout,
+                permits: Semaphore::new(usize::try_from(config.max_in_flight.max(1)).unwrap_or(1)),
+                pacer: Mutex::new(Pacer::new(Instant::now())),
+                forbidden: AtomicBool::new(false),
+                bad_queries: Mutex::new(HashMap::new()),
+                metrics,
+            }),
+        })
+    }
+
+    /// The rate budget as last reported (`None` before any answer carried the headers).
+    pub fn rate_limit(&self) -> Option<RateLimitSnapshot> {
+        lock(&self.inner.pacer).snapshot(Instant::now())
+    }
+
+    /// One cycle: every query, answered in order (see the module comment).
+    pub async fn evaluate(&self, queries: &[MetricQuery], now: Timestamp) -> Vec<Observation> {
+        let inner = &self.inner;
+        let started = Instant::now();
+        let mut distinct: Vec<&str> = Vec::new();
+        let mut index_of: HashMap<&str, usize> = HashMap::new();
+        let slots: Vec<usize> = queries
+            .iter()
+            .map(|q| {
+                *index_of.entry(q.query.as_str()).or_insert_with(|| {
+                    distinct.push(q.query.as_str());
+                    distinct.len() - 1
+                })
+            })
+            .collect();
+        let mut answers: Vec<Option<Observation>> = vec![None; distinct.len()];
+        for (slot, query) in distinct.iter().enumerate() {
+            if let Some(error) = inner.precheck(query, started) {
+                answers[slot] = Some(Observation::unavailable(error));
+            }
+        }
+        let pending: Vec<usize> = (0..distinct.len()).filter(|&d| answers[d].is_none()).collect();
+        let texts: Vec<&str> = pending.iter().map(|&d| distinct[d]).collect();
+        let to = now.unix_millis().div_euclid(1000);
+        let from = to - i64::try_from(inner.window.as_secs()).unwrap_or(i64::MAX / 2);
+        let (planned, too_long) = batch::plan(&inner.v1_endpoint(), from, to, &texts);
+        for t in too_long {
+            answers[pending[t.query]] = Some(Observation::unavailable(QueryError::BadQuery(format!(
+                "the query is too long: its request URL alone would have {} characters, the limit is {MAX_URL_CHARS}",
+                t.url_chars
+            ))));
+        }
+        if !planned.is_empty() {
+            let admission = lock(&inner.pacer).admit(started, planned.len() as u64);
+            inner.report_stretch();
+            let refused = match admission {
+                Admission::Go => None,
+                Admission::Deferred { stretched_interval_seconds } => {
+                    Some(QueryError::Deferred { stretched_interval_seconds })
+                }
+                Admission::RateLimited { reset_in_seconds } => Some(QueryError::RateLimited { reset_in_seconds }),
+            };
+            match refused {
+                Some(error) => {
+                    for request in &planned {
+                        for &q in &request.queries {
+                            answers[pending[q]] = Some(Observation::unavailable(error.clone()));
+                        }
+                    }
+                }
+                None => {
+                    let cx = CycleContext { from, to, now, deadline: started + inner.retry_budget() };
+                    for (q, observation) in self.run(planned, &texts, cx).await {
+                        answers[pending[q]] = Some(observation);
+                    }
+                }
+            }
+        }
+        let out: Vec<Observation> = slots
+            .iter()
+            .map(|&slot| match &answers[slot] {
+                Some(observation) => inner.scrub(observation.clone()),
+                // Only a panicked request task leaves a gap.
+                None => Observation::unavailable(QueryError::Protocol("the request task failed".into())),
+            })
+            .collect();
+        let deferred = out.iter().filter(|o| matches!(o.detail.error, Some(QueryError::Deferred { .. }))).count();
+        if deferred > 0 {
+            inner.metrics.deferred_queries.with_label_values(&[inner.name.as_str()]).inc_by(deferred as u64);
+        }
+        out
+    }
+
+    /// Sends the planned requests concurrently; returns (index into `texts`, observation).
+    async fn run(
+        &self,
+        planned: Vec<batch::PlannedRequest>,
+        texts: &[&str],
+        cx: CycleContext,
+    ) -> Vec<(usize, Observation)> {
+        let mut tasks = JoinSet::new();
+        for request in planned {
+            let inner = Arc::clone(&self.inner);
+            let members: Vec<(usize, String)> = request.queries.iter().map(|&q| (q, texts[q].to_string())).collect();
+            tasks.spawn(async move { inner.run_batch(request.url, members, cx).await });
+        }
+        let mut out = Vec::with_capacity(texts.len());
+        while let Some(joined) = tasks.join_next().await {
+            // A panicked task is reported by `evaluate` as a missing answer.
+            if let Ok(answered) = joined {
+                out.extend(answered);
+            }
+        }
+        out
+    }
+
+    /// `POST /api/v2/query/timeseries` for one metrics query (backtests, `watermarkd query`).
+    /// Not paced with the cycles: the v2 endpoints have budgets of their own.
+    pub async fn timeseries_v2(
+        &self,
+        query: &str,
+        from: Timestamp,
+        to: Timestamp,
+        interval: Option<Duration>,
+    ) -> Result<V2Timeseries, QueryError> {
+        let mut attributes = serde_json::json!({
+            "formulas": [{"formula": "a"}],
+            "from": from.unix_millis(),
+            "to": to.unix_millis(),
+            "queries": [{"data_source": "metrics", "name": "a", "query": query}],
+        });
+        if let (Some(interval), Some(map)) = (interval, attributes.as_object_mut()) {
+            map.insert("interval".into(), serde_json::json!(u64::try_from(interval.as_millis()).unwrap_or(u64::MAX)));
+        }
+        let body = serde_json::json!({"data": {"type": "timeseries_request", "attributes": attributes}});
+        self.inner.post_v2("/api/v2/query/timeseries", body, parse_v2_timeseries).await
+    }
+
+    /// `POST /api/v2/query/scalar` for one metrics query, reduced by `aggregator` (`avg`, `max`,
+    /// `min`, `sum`, `last`, ...).
+    pub async fn scalar_v2(
+        &self,
+        query: &str,
+        aggregator: &str,
+        from: Timestamp,
+        to: Timestamp,
+    ) -> Result<V2Scalar, QueryError> {
+        let body = serde_json::json!({"data": {"type": "scalar_request", "attributes": {
+            "formulas": [{"formula": "a"}],
+            "from": from.unix_millis(),
+            "to": to.unix_millis(),
+            "queries": [{"data_source": "metrics", "name": "a", "query": query, "aggregator": aggregator}],
+        }}});
+        self.inner.post_v2("/api/v2/query/scalar", body, parse_v2_scalar).await
+    }
+}
+
+impl super::QueryBackend for DatadogClient {
+    async fn evaluate(&self, queries: &[MetricQuery], now: Timestamp) -> Vec<Observation> {
+        DatadogClient::evaluate(self, queries, now).await
+    }
+}
+
+/// What every request of one cycle shares.
+#[derive(Clone, Copy)]
+struct CycleContext {
+    from: i64,
+    to: i64,
+    now: Timestamp,
+    deadline: Instant,
+}
+
+impl Inner {
+    fn v1_endpoint(&self) -> String {
+        format!("{}/api/v1/query", self.base)
+    }
+
+    fn retry_budget(&self) -> Duration {
+        self.timeout.saturating_mul(RETRY_BUDGET_TIMEOUTS)
+    }
+
+    /// Queries answered without a request: empty, unbalanced, several queries in one, or known bad.
+    fn precheck(&self, query: &str, now: Instant) -> Option<QueryError> {
+        if query.trim().is_empty() {
+            return Some(QueryError::BadQuery("the query is empty".into()));
+        }
+        if !batch::is_balanced(query) {
+            return Some(QueryError::BadQuery(
+                "unbalanced brackets or quotes: every (, { and [ needs its closing ), } and ], every quote its end"
+                    .into(),
+            ));
+        }
+        if !batch::top_level_commas(query).is_empty() {
+            return Some(QueryError::BadQuery(
+                "a comma outside braces and parentheses makes this several queries; an autoscaler metric must be \
+                 one expression"
+                    .into(),
+            ));
+        }
+        let mut bad = lock(&self.bad_queries);
+        bad.retain(|_, (_, until)| *until > now);
+        bad.get(query).map(|(error, _)| error.clone())
+    }
+
+    /// One planned request; a 400 on several queries re-sends each alone, once.
+    async fn run_batch(
+        self: Arc<Self>,
+        url: String,
+        members: Vec<(usize, String)>,
+        cx: CycleContext,
+    ) -> Vec<(usize, Observation)> {
+        match self.send_v1(&url, members.len(), cx).await {
+            Ok(observations) => members.iter().map(|(q, _)| *q).zip(observations).collect(),
+            // Splitting costs one request per query, taken from the reserve; when the reserve
+            // cannot cover it, the whole batch fails this cycle and the split is tried again next.
+            Err(failure)
+                if failure.status == Some(400)
+                    && members.len() > 1
+                    && lock(&self.pacer).take_extra(Instant::now(), members.len() as u64) =>
+            {
+                tracing::debug!(
+                    backend = %self.name,
+                    queries = members.len(),
+                    "Datadog rejected a batch (HTTP 400): asking each query alone to find the bad one"
+                );
+                let mut singles = JoinSet::new();
+                for (q, text) in members {
+                    let inner = Arc::clone(&self);
+                    singles.spawn(async move { (q, inner.run_single(&text, cx).await) });
+                }
+                let mut out = Vec::new();
+                while let Some(joined) = singles.join_next().await {
+                    if let Ok(answer) = joined {
+                        out.push(answer);
+                    }
+                }
+                out
+            }
+            Err(failure) => {
+                if failure.status == Some(400) {
+                    if let [(_, text)] = members.as_slice() {
+                        self.remember_bad(text, &failure.error);
+                    }
+                }
+                members.into_iter().map(|(q, _)| (q, Observation::unavailable(failure.error.clone()))).collect()
+            }
+        }
+    }
+
+    async fn run_single(&self, text: &str, cx: CycleContext) -> Observation {
+        let (planned, _) = batch::plan(&self.v1_endpoint(), cx.from, cx.to, &[text]);
+        // It was part of a batch, so alone it fits.
+        let Some(request) = planned.into_iter().next() else {
+            return Observation::unavailable(QueryError::BadQuery("the query is too long".into()));
+        };
+        match self.send_v1(&request.url, 1, cx).await {
+            Ok(mut observations) => observations.pop().unwrap_or_else(|| {
+                Observation::unavailable(QueryError::Protocol("an answer without the query".into()))
+            }),
+            Err(failure) => {
+                if failure.status == Some(400) {
+                    self.remember_bad(text, &failure.error);
+                }
+                Observation::unavailable(failure.error)
+            }
+        }
+    }
+
+    fn remember_bad(&self, query: &str, error: &QueryError) {
+        lock(&self.bad_queries).insert(query.to_string(), (error.clone(), Instant::now() + BAD_QUERY_TTL));
+    }
+
+    async fn send_v1(&self, url: &str, queries: usize, cx: CycleContext) -> Result<Vec<Observation>, Failure> {
+        let context = V1Context { queries, now: cx.now, max_age: self.max_age, site: &self.place };
+        let read =
+            |status: u16, rate: &RateLimitHeaders, body: &[u8]| match read_v1_answer(status, rate, body, &context) {
+                V1Answer::Answered(observations) => Ok(observations),
+                V1Answer::Failed { error, outcome, retryable } => {
+                    Err(Failure { error, outcome, retryable, status: Some(status) })
+                }
+            };
+        tracing::debug!(backend = %self.name, queries, url_chars = url.len(), "Datadog query");
+        self.exchange(|| self.http.get(url), true, cx.deadline, read).await
+    }
+
+    async fn post_v2<T>(
+        &self,
+        path: &str,
+        body: serde_json::Value,
+        parse: impl Fn(&[u8]) -> Result<T, QueryError> + Sync,
+    ) -> Result<T, QueryError> {
+        let url = format!("{}{path}", self.base);
+        let body = body.to_string();
+        let read = |status: u16, rate: &RateLimitHeaders, bytes: &[u8]| {
+            if (200..300).contains(&status) {
+                parse(bytes).map_err(|error| Failure {
+                    error,
+                    outcome: Outcome::Protocol,
+                    retryable: false,
+                    status: Some(status),
+                })
+            } else {
+                let (error, outcome) = read_v2_error(status, rate, bytes, &self.place);
+                let retryable = matches!(outcome, Outcome::ServerError);
+                Err(Failure { error, outcome, retryable, status: Some(status) })
+            }
+        };
+        let request = || self.http.post(&url).header(CONTENT_TYPE, "application/json").body(body.clone());
+        let deadline = Instant::now() + self.retry_budget();
+        self.exchange(request, false, deadline, read).await.map_err(|failure| self.scrub_error(failure.error))
+    }
+
+    /// Sends one request, retrying what is worth retrying until the deadline. `paced`: the v1
+    /// query endpoint, whose headers feed the pacer and whose 429 blocks everything.
+    async fn exchange<T>(
+        &self,
+        request: impl Fn() -> reqwest::RequestBuilder,
+        paced: bool,
+        deadline: Instant,
+        read: impl Fn(u16, &RateLimitHeaders, &[u8]) -> Result<T, Failure>,
+    ) -> Result<T, Failure> {
+        let timed_out = |after: Duration| Failure {
+            error: QueryError::Timeout(ceil_secs(after)),
+            outcome: Outcome::Timeout,
+            retryable: false,
+            status: None,
+        };
+        // Waiting for a slot counts against the cycle: a request that cannot start before the
+        // deadline is not sent at all.
+        // Held until the request is done, through its backoff sleeps: a failing server gets no
+        // more concurrent load from retries.
+        let _permit = match tokio::time::timeout_at(deadline, self.permits.acquire()).await {
+            Ok(Ok(permit)) => permit,
+            // The semaphore is never closed; were it, there would be nothing left to wait for.
+            Ok(Err(_)) => {
+                return Err(Failure {
+                    error: QueryError::Transport("the client is shutting down".into()),
+                    outcome: Outcome::Transport,
+                    retryable: false,
+                    status: None,
+                })
+            }
+            Err(_) => return Err(timed_out(self.retry_budget())),
+        };
+        let mut backoff = BACKOFF.build();
+        let mut last: Option<Failure> = None;
+        loop {
+            if paced {
+                if let Some(reset_in_seconds) = lock(&self.pacer).blocked(Instant::now()) {
+                    return Err(Failure {
+                        error: QueryError::RateLimited { reset_in_seconds },
+                        outcome: Outcome::RateLimited,
+                        retryable: false,
+                        status: None,
+                    });
+                }
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left < MIN_ATTEMPT {
+                return Err(last.unwrap_or_else(|| timed_out(self.retry_budget())));
+            }
+            let result = self.attempt(&request, self.timeout.min(left), paced, &read).await;
+            let failure = match result {
+                Ok(value) => return Ok(value),
+                Err(failure) if failure.retryable => failure,
+                Err(failure) => return Err(failure),
+            };
+            let Some(delay) = backoff.next() else { return Err(failure) };
+            if Instant::now() + delay + MIN_ATTEMPT >= deadline {
+                return Err(failure);
+            }
+            // A retry is a request the cycle was not admitted for: it comes out of the reserve.
+            if paced && !lock(&self.pacer).take_extra(Instant::now(), 1) {
+                return Err(failure);
+            }
+            tracing::debug!(backend = %self.name, error = %self.scrub_error(failure.error.clone()), ?delay, "retrying");
+            last = Some(failure);
+            tokio::time::sleep(delay).await;
+        }
+    }
+
+    /// One HTTP request: sends, reads the whole body, records headers, latency and outcome.
+    async fn attempt<T>(
+        &self,
+        request: &impl Fn() -> reqwest::RequestBuilder,
+        timeout: Duration,
+        paced: bool,
+        read: &impl Fn(u16, &RateLimitHeaders, &[u8]) -> Result<T, Failure>,
+    ) -> Result<T, Failure> {
+        let started = Instant::now();
+        let result = match request().timeout(timeout).send().await {
+            Ok(response) => {
+                let status = response.status().as_u16();
+                let rate = RateLimitHeaders::from_header_map(response.headers());
+                if paced {
+                    self.note_rate(&rate, status != 429);
+                }
+                match response.bytes().await {
+                    Ok(body) => {
+                        if paced && status == 429 {
+                            let wait = rate_limit_wait(&rate);
+                            lock(&self.pacer).rate_limited(Instant::now(), wait);
+                            tracing::warn!(
+                                backend = %self.name,
+                                wait_seconds = wait.as_secs(),
+                                "Datadog answered 429 (rate limited): no query requests until the budget resets"
+                            );
+                        }
+                        read(status, &rate, &body)
+                    }
+                    Err(err) => Err(self.http_failure(err, timeout)),
+                }
+            }
+            Err(err) => Err(self.http_failure(err, timeout)),
+        };
+        let outcome = match &result {
+            Ok(_) => Outcome::Ok,
+            Err(failure) => failure.outcome,
+        };
+        let name = self.name.as_str();
+        self.metrics.request_seconds.with_label_values(&[name]).observe(started.elapsed().as_secs_f64());
+        self.metrics.requests.with_label_values(&[name, outcome.label()]).inc();
+        let forbidden = outcome == Outcome::Forbidden;
+        if self.forbidden.swap(forbidden, Ordering::Relaxed) != forbidden {
+            if forbidden {
+                tracing::warn!(
+                    backend = %self.name,
+                    "Datadog refused the keys (HTTP 403): check the API key, the application key's \
+                     `timeseries_query` scope and the site"
+                );
+            } else {
+                tracing::info!(backend = %self.name, "Datadog no longer refuses the keys");
+            }
+        }
+        result
+    }
+
+    fn http_failure(&self, err: reqwest::Error, timeout: Duration) -> Failure {
+        if err.is_timeout() {
+            return Failure {
+                error: QueryError::Timeout(ceil_secs(timeout)),
+                outcome: Outcome::Timeout,
+                retryable: true,
+                status: None,
+            };
+        }
+        // The chain without the URL (long, and useless next to the backend's name): "error
+        // sending request: client error (Connect): tcp connect error: Connection refused".
+        let err = err.without_url();
+        let mut text = String::new();
+        let mut source: Option<&dyn std::error::Error> = Some(&err);
+        while let Some(e) = source {
+            let part = e.to_string();
+            if !text.contains(&part) {
+                if !text.is_empty() {
+                    text.push_str(": ");
+                }
+                text.push_str(&part);
+            }
+            source = e.source();
+        }
+        Failure {
+            error: QueryError::Transport(self.scrub_text(&text)),
+            outcome: Outcome::Transport,
+            retryable: true,
+            status: None,
+        }
+    }
+
+    fn note_rate(&self, rate: &RateLimitHeaders, counted: bool) {
+        if rate.is_empty() {
+            return;
+        }
+        lock(&self.pacer).observe(Instant::now(), rate, counted);
+        let gauge = |field: &str, value: Option<u64>| {
+            if let Some(value) = value {
+                self.metrics
+                    .rate_limit
+                    .with_label_values(&[self.name.as_str(), field])
+                    .set(i64::try_from(value).unwrap_or(i64::MAX));
+            }
+        };
+        gauge("limit", rate.limit);
+        gauge("remaining", rate.remaining);
+        gauge("reset_seconds", rate.reset);
+    }
+
+    /// Sets the stretched-interval gauge after an admission decision, logging real changes.
+    fn report_stretch(&self) {
+        let (value, changed) = lock(&self.pacer).stretch_to_log();
+        self.metrics
+            .stretched_interval_seconds
+            .with_label_values(&[self.name.as_str()])
+            .set(i64::try_from(value).unwrap_or(i64::MAX));
+        match changed {
+            Some(0) => tracing::warn!(
+                backend = %self.name,
+                "Datadog rate budget: the configured intervals fit again, no cycle is deferred"
+            ),
+            Some(seconds) => tracing::warn!(
+                backend = %self.name,
+                stretched_interval_seconds = seconds,
+                "Datadog rate budget: cycles are stretched to one every {seconds}s; queries asked for sooner are \
+                 deferred (fewer or longer-interval autoscalers, or a larger budget, would avoid it)"
+            ),
+            None => {}
+        }
+    }
+
+    fn scrub_text(&self, text: &str) -> String {
+        let mut text = text.to_string();
+        for key in [&self.api_key, &self.app_key] {
+            let value = key.expose();
+            if !value.is_empty() && text.contains(value) {
+                text = text.replace(value, "[redacted]");
+            }
+        }
+        text
+    }
+
+    fn scrub_error(&self, error: QueryError) -> QueryError {
+        let s = |text: String| self.scrub_text(&text);
+        match error {
+            QueryError::Configuration(t) => QueryError::Configuration(s(t)),
+            QueryError::BadQuery(t) => QueryError::BadQuery(s(t)),
+            QueryError::NoData(t) => QueryError::NoData(s(t)),
+            QueryError::NotANumber(t) => QueryError::NotANumber(s(t)),
+            QueryError::Server(t) => QueryError::Server(s(t)),
+            QueryError::Transport(t) => QueryError::Transport(s(t)),
+            QueryError::Protocol(t) => QueryError::Protocol(s(t)),
+            other => other,
+        }
+    }
+
+    /// Removes the keys from an observation's texts, should a server or proxy ever echo them.
+    fn scrub(&self, mut observation: Observation) -> Observation {
+        match observation.detail.error.take() {
+            Some(error) => Observation::unavailable_with(self.scrub_error(error), observation.detail),
+            None => observation,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::SecretSource;
+
+    fn config(dir: &std::path::Path, url: Option<&str>) -> DatadogBackend {
+        std::fs::write(dir.join("api"), "api-secret-123\n").unwrap();
+        std::fs::write(dir.join("app"), "app-secret-456\n").unwrap();
+        DatadogBackend {
+            site: "datadoghq.eu".into(),
+            url: url.map(str::to_string),
+            api_key: SecretSource::File(dir.join("api")),
+            app_key: SecretSource::File(dir.join("app")),
+            window: Duration::from_secs(300),
+            max_age: None,
+            timeout: Duration::from_secs(10),
+            max_in_flight: 4,
+        }
+    }
+
+    #[test]
+    fn the_base_url_comes_from_the_site_unless_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let metrics = Arc::new(BackendMetrics::detached());
+        let client = DatadogClient::new("dd", &config(dir.path(), None), metrics.clone()).unwrap();
+        assert_eq!(client.inner.v1_endpoint(), "https://api.datadoghq.eu/api/v1/query");
+        let client = DatadogClient::new("dd", &config(dir.path(), Some("http://proxy:8080/dd/")), metrics).unwrap();
+        assert_eq!(client.inner.v1_endpoint(), "http://proxy:8080/dd/api/v1/query");
+        assert!(client.rate_limit().is_none());
+    }
+
+    #[test]
+    fn a_missing_key_is_a_secret_error_naming_only_where_it_was_looked_for() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = config(dir.path(), None);
+        c.app_key = SecretSource::Env("WATERMARKD_TEST_NO_SUCH_DATADOG_APP_KEY".into());
+        let err = DatadogClient::new("dd", &c, Arc::new(BackendMetrics::detached())).err().unwrap();
+        assert!(matches!(err, BackendError::Secret { .. }));
+        assert!(err.to_string().contains("WATERMARKD_TEST_NO_SUCH_DATADOG_APP_KEY"));
+        c.url = Some("ftp://x".into());
+        c.app_key = SecretSource::File(dir.path().join("app"));
+        assert!(matches!(
+            DatadogClient::new("dd", &c, Arc::new(BackendMetrics::detached())),
+            Err(BackendError::Invalid { .. })
+        ));
+    }
+
+    #[test]
+    fn texts_are_scrubbed_of_both_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let client = DatadogClient::new("dd", &config(dir.path(), None), Arc::new(BackendMetrics::detached())).unwrap();
+        let observation = client
+            .inner
+            .scrub(Observation::unavailable(QueryError::BadQuery("key api-secret-123 / app-secret-456".into())));
+        assert_eq!(observation.detail.error, Some(QueryError::BadQuery("key [redacted] / [redacted]".into())));
+        assert!(!format!("{observation:?}").contains("secret-"));
+    }
+
+    #[tokio::test]
+    async fn queries_that_cannot_be_sent_are_answered_without_a_request() {
+        let dir = tempfile::tempdir().unwrap();
+        // Port 9 (discard) on loopback: any request would fail as Transport, not BadQuery.
+        let client = DatadogClient::new(
+            "dd",
+            &config(dir.path(), Some("http://127.0.0.1:9")),
+            Arc::new(BackendMetrics::detached()),
+        )
+        .unwrap();
+        let q = |s: &str| MetricQuery { query: s.into(), reducer: None };
+        let out = client
+            .evaluate(&[q(""), q("a{*},b{*}"), q(&"x".repeat(MAX_URL_CHARS))], Timestamp::from_unix_millis(0))
+            .await;
+        assert!(out.iter().all(|o| matches!(o.detail.error, Some(QueryError::BadQuery(_)))), "{out:?}");
+    }
+}

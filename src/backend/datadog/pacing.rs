@@ -1,0 +1,506 @@
+//! The rate budget of the query endpoint: what the `X-RateLimit-*` headers say, and whether a
+//! cycle may spend part of it now. The design is described in the module comment of
+//! `backend::datadog`; this file is the arithmetic.
+
+use std::time::Duration;
+
+use reqwest::header::HeaderMap;
+use tokio::time::Instant;
+
+/// Datadog's documented default for the query endpoint, assumed until the first answer says.
+pub const DEFAULT_LIMIT: u64 = 1_600;
+pub const DEFAULT_PERIOD: Duration = Duration::from_secs(3_600);
+/// Share of the limit never planned for: retries, split batches, `watermarkd query`, and the
+/// other users of the organisation's budget between two of our answers.
+pub const RESERVE_PERCENT: u64 = 5;
+/// `X-RateLimit-Reset` is whole seconds; trusting the window to end a second later than it
+/// says never makes us assume a fresh budget while the server still counts the old window.
+const RESET_MARGIN: Duration = Duration::from_secs(1);
+/// Two answers whose reset moments differ by less than this describe the same window.
+const SAME_WINDOW: Duration = Duration::from_secs(3);
+
+/// The `X-RateLimit-*` headers of one answer (each may be missing).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RateLimitHeaders {
+    pub limit: Option<u64>,
+    /// Seconds; windows are calendar aligned.
+    pub period: Option<u64>,
+    pub remaining: Option<u64>,
+    /// Seconds until the window ends.
+    pub reset: Option<u64>,
+    pub name: Option<String>,
+}
+
+impl RateLimitHeaders {
+    /// From header names and values; names are matched without regard to case.
+    pub fn from_pairs<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Self {
+        let mut headers = RateLimitHeaders::default();
+        for (name, value) in pairs {
+            let value = value.trim();
+            match name.to_ascii_lowercase().as_str() {
+                "x-ratelimit-limit" => headers.limit = number(value),
+                "x-ratelimit-period" => headers.period = number(value),
+                "x-ratelimit-remaining" => headers.remaining = number(value),
+                "x-ratelimit-reset" => headers.reset = number(value),
+                "x-ratelimit-name" if !value.is_empty() => headers.name = Some(value.to_string()),
+                _ => {}
+            }
+        }
+        headers
+    }
+
+    pub fn from_header_map(map: &HeaderMap) -> Self {
+        Self::from_pairs(map.iter().filter_map(|(name, value)| Some((name.as_str(), value.to_str().ok()?))))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        *self == RateLimitHeaders::default()
+    }
+}
+
+/// Whole numbers, also when written as `3600.0`; anything else is absent.
+fn number(text: &str) -> Option<u64> {
+    text.parse::<u64>().ok().or_else(|| {
+        let f: f64 = text.parse().ok()?;
+        (0.0..1.0e15).contains(&f).then(|| f.round() as u64)
+    })
+}
+
+/// The budget as the client sees it now (for `watermarkd query` and logs).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RateLimitSnapshot {
+    pub limit: u64,
+    pub period_seconds: u64,
+    /// As last reported, minus what this client has started since.
+    pub remaining: u64,
+    pub reset_seconds: u64,
+    /// `X-RateLimit-Name`, when sent.
+    pub name: Option<String>,
+    /// After a 429: seconds until requests resume.
+    pub blocked_for_seconds: Option<u64>,
+    /// The cycle spacing the budget currently imposes (0: every requested cycle runs).
+    pub stretched_interval_seconds: u64,
+}
+
+/// May a cycle of `n` requests start now?
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admission {
+    Go,
+    Deferred { stretched_interval_seconds: u64 },
+    RateLimited { reset_in_seconds: u64 },
+}
+
+/// The pacing state of one Datadog backend.
+#[derive(Debug)]
+pub struct Pacer {
+    limit: u64,
+    period: Duration,
+    /// Estimated requests left in the current window.
+    remaining: u64,
+    /// When the current window ends (with `RESET_MARGIN`).
+    reset_at: Instant,
+    /// Whether any answer carried the headers; before that the numbers are assumptions.
+    seen: bool,
+    /// The lowest `remaining` the server reported in the current window (`None`: no answer in
+    /// it yet), and how many of our requests it answered (429s aside) in that window. Together
+    /// they tell what the organisation's other users spent.
+    server_remaining: Option<u64>,
+    ours_answered: u64,
+    /// When `server_remaining` was last lowered.
+    observed_at: Instant,
+    name: Option<String>,
+    /// After a 429: nothing is sent before this.
+    blocked_until: Option<Instant>,
+    next_cycle_not_before: Option<Instant>,
+    /// Spacing imposed after the last admitted cycle.
+    last_spacing: Duration,
+    last_ask_deferred: bool,
+    /// Current value of the stretched-interval gauge, and the last one logged.
+    stretched: u64,
+    logged_stretch: u64,
+}
+
+pub fn reserve(limit: u64) -> u64 {
+    (limit * RESERVE_PERCENT).div_ceil(100).max(1)
+}
+
+fn ceil_secs(d: Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
+impl Pacer {
+    /// Before any answer: the documented default, and the worst case that its whole window is
+    /// still ahead (so the first cycles are paced for a full hour, never faster).
+    pub fn new(now: Instant) -> Self {
+        Pacer {
+            limit: DEFAULT_LIMIT,
+            period: DEFAULT_PERIOD,
+            remaining: DEFAULT_LIMIT,
+            reset_at: now + DEFAULT_PERIOD,
+            seen: false,
+            server_remaining: None,
+            ours_answered: 0,
+            observed_at: now,
+            name: None,
+            blocked_until: None,
+            next_cycle_not_before: None,
+            last_spacing: Duration::ZERO,
+            last_ask_deferred: false,
+            stretched: 0,
+            logged_stretch: 0,
+        }
+    }
+
+    /// Once the estimated window has ended, the budget is assumed whole again (the next answer
+    /// corrects it if other users already spent some).
+    fn roll(&mut self, now: Instant) {
+        if now < self.reset_at {
+            return;
+        }
+        let behind = now - self.reset_at;
+        let period = self.period.max(Duration::from_secs(1));
+        let windows = u32::try_from(behind.as_nanos() / period.as_nanos() + 1).unwrap_or(u32::MAX);
+        self.reset_at = self.reset_at.checked_add(period.saturating_mul(windows)).unwrap_or(now + period);
+        self.remaining = self.limit;
+        self.server_remaining = None;
+        self.ours_answered = 0;
+    }
+
+    /// What the organisation's other users are expected to spend from our last answer until the
+    /// reset (their spending since that answer is not in `remaining` yet): what they spent so
+    /// far in this window (the server's count minus our answered requests), at the same average
+    /// rate. The elapsed time is floored at a tenth of the period so that a burst right after
+    /// the reset is not extrapolated as a flood.
+    fn others_until_reset(&self) -> f64 {
+        let Some(server_remaining) = self.server_remaining else { return 0.0 };
+        let others = self.limit.saturating_sub(server_remaining).saturating_sub(self.ours_answered);
+        if others == 0 {
+            return 0.0;
+        }
+        let ahead = self.reset_at.saturating_duration_since(self.observed_at);
+        let elapsed = self.period.saturating_sub(ahead).max(self.period / 10).max(Duration::from_secs(1));
+        others as f64 * ahead.as_secs_f64() / elapsed.as_secs_f64()
+    }
+
+    /// Seconds until requests may be sent again after a 429, if still blocked.
+    pub fn blocked(&mut self, now: Instant) -> Option<u64> {
+        match self.blocked_until {
+            Some(until) if now < until => Some(ceil_secs(until - now).max(1)),
+            Some(_) => {
+                self.blocked_until = None;
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// Decides whether a cycle needing `n` requests may start at `now`; when it may, its
+    /// requests are debited at once and the next cycle is pushed back by `n` request spacings.
+    pub fn admit(&mut self, now: Instant, n: u64) -> Admission {
+        if let Some(reset_in_seconds) = self.blocked(now) {
+            return Admission::RateLimited { reset_in_seconds };
+        }
+        self.roll(now);
+        if let Some(not_before) = self.next_cycle_not_before {
+            if now < not_before {
+                let stretched_interval_seconds = ceil_secs(self.last_spacing).max(1);
+                self.note(Some(stretched_interval_seconds));
+                return Admission::Deferred { stretched_interval_seconds };
+            }
+        }
+        let spendable = self.remaining.saturating_sub(reserve(self.limit));
+        let until_reset = self.reset_at.saturating_duration_since(now).max(Duration::from_secs(1));
+        if n > spendable {
+            // Not enough left in this window: the next cycle runs when it ends.
+            self.next_cycle_not_before = Some(self.reset_at);
+            self.last_spacing = until_reset;
+            let stretched_interval_seconds = ceil_secs(until_reset).max(1);
+            self.note(Some(stretched_interval_seconds));
+            return Admission::Deferred { stretched_interval_seconds };
+        }
+        // Leave the other users what they are expected to spend. Early in a window that is a
+        // guess from little data (a burst right after the reset looks like a flood), and a wrong
+        // guess must not blind us for the hour: they are left at most half of what is left at
+        // the start of the window, growing to all of it at the end, when the guess is good.
+        let spendable = spendable as f64;
+        let period = self.period.as_secs_f64().max(1.0);
+        let elapsed_share = (1.0 - until_reset.as_secs_f64() / period).clamp(0.0, 1.0);
+        let usable = spendable - self.others_until_reset().min(spendable * (0.5 + 0.5 * elapsed_share));
+        // Spread what is usable evenly over what is left of the window: each request "costs"
+        // reset / usable seconds. The rate usable / reset then stays constant while spending
+        // goes as planned, so the window's budget lasts exactly until its reset.
+        let spacing = until_reset.mul_f64(n as f64 / usable.max(1.0));
+        if n as f64 > usable {
+            // The cycle would eat into the others' expected share: skip this ask only, the
+            // projection is revised at the next one.
+            let stretched_interval_seconds = ceil_secs(spacing).max(1);
+            self.note(Some(stretched_interval_seconds));
+            return Admission::Deferred { stretched_interval_seconds };
+        }
+        self.next_cycle_not_before = Some(now + spacing);
+        self.last_spacing = spacing;
+        self.remaining -= n;
+        self.note(None);
+        Admission::Go
+    }
+
+    /// Requests beyond an admitted cycle (retries, a batch split to find a bad query) come out
+    /// of the reserve, as long as half of it stays untouched; false: do without them.
+    pub fn take_extra(&mut self, now: Instant, n: u64) -> bool {
+        self.roll(now);
+        if self.remaining >= n + reserve(self.limit) / 2 {
+            self.remaining -= n;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Updates the stretched-interval gauge value after an ask. Two admitted asks in a row mean
+    /// the requested interval fits; a deferral sets the spacing. Returns the new value when it
+    /// changed enough (to or from zero, or by 10 %) to be worth a log line.
+    fn note(&mut self, deferred: Option<u64>) {
+        self.stretched = match deferred {
+            Some(s) => s,
+            None if !self.last_ask_deferred => 0,
+            None => self.stretched,
+        };
+        self.last_ask_deferred = deferred.is_some();
+    }
+
+    /// The gauge value, and whether it changed enough since the last log line to log again.
+    pub fn stretch_to_log(&mut self) -> (u64, Option<u64>) {
+        let (old, new) = (self.logged_stretch, self.stretched);
+        let significant = (old == 0) != (new == 0) || new.abs_diff(old) * 10 >= old.max(1);
+        if new != old && significant {
+            self.logged_stretch = new;
+            (new, Some(new))
+        } else {
+            (new, None)
+        }
+    }
+
+    /// Takes in the headers of any answer (ok or not). `counted`: the server counted the
+    /// request against the budget (every answer but a 429).
+    pub fn observe(&mut self, now: Instant, headers: &RateLimitHeaders, counted: bool) {
+        if let Some(limit) = headers.limit {
+            self.limit = limit;
+        }
+        if let Some(period) = headers.period.filter(|p| *p > 0) {
+            self.period = Duration::from_secs(period);
+        }
+        if headers.name.is_some() {
+            self.name.clone_from(&headers.name);
+        }
+        let (Some(remaining), Some(reset)) = (headers.remaining, headers.reset) else { return };
+        let reset_at = now + Duration::from_secs(reset) + RESET_MARGIN;
+        let same_window = self.seen
+            && now < self.reset_at
+            && reset_at.max(self.reset_at) - reset_at.min(self.reset_at) <= SAME_WINDOW;
+        if same_window {
+            // Concurrent answers arrive in any order, and our own debits are ahead of the
+            // server's count: the lowest figure is the truest.
+            self.remaining = self.remaining.min(remaining);
+            self.reset_at = self.reset_at.max(reset_at);
+            if self.server_remaining.is_none_or(|r| remaining < r) {
+                self.server_remaining = Some(remaining);
+                self.observed_at = now;
+            }
+            self.ours_answered += u64::from(counted);
+        } else if self.seen && reset_at + SAME_WINDOW < self.reset_at && now < self.reset_at {
+            // A late answer from a window we already left behind: nothing to learn.
+        } else {
+            self.remaining = remaining;
+            self.reset_at = reset_at;
+            self.server_remaining = Some(remaining);
+            self.observed_at = now;
+            self.ours_answered = u64::from(counted);
+        }
+        self.seen = true;
+    }
+
+    /// After a 429: block every request for `wait`, and treat the window as spent.
+    pub fn rate_limited(&mut self, now: Instant, wait: Duration) {
+        let until = self.blocked_until.map_or(now + wait, |b| b.max(now + wait));
+        self.blocked_until = Some(until);
+        // The 429's reset is when the server's window ends: a whole budget is expected then.
+        self.remaining = 0;
+        self.reset_at = until;
+        self.seen = true;
+    }
+
+    pub fn snapshot(&mut self, now: Instant) -> Option<RateLimitSnapshot> {
+        if !self.seen {
+            return None;
+        }
+        let blocked_for_seconds = self.blocked(now);
+        self.roll(now);
+        Some(RateLimitSnapshot {
+            limit: self.limit,
+            period_seconds: self.period.as_secs(),
+            remaining: self.remaining,
+            reset_seconds: ceil_secs(self.reset_at.saturating_duration_since(now)),
+            name: self.name.clone(),
+            blocked_for_seconds,
+            stretched_interval_seconds: self.stretched,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(limit: u64, remaining: u64, reset: u64) -> RateLimitHeaders {
+        RateLimitHeaders {
+            limit: Some(limit),
+            period: Some(3_600),
+            remaining: Some(remaining),
+            reset: Some(reset),
+            name: Some("query".into()),
+        }
+    }
+
+    #[test]
+    fn headers_are_read_case_insensitively_and_leniently() {
+        let h = RateLimitHeaders::from_pairs([
+            ("X-RateLimit-Limit", "1600"),
+            ("x-ratelimit-period", "3600.0"),
+            ("X-RATELIMIT-REMAINING", " 1597 "),
+            ("x-ratelimit-reset", "garbage"),
+            ("x-ratelimit-name", "query"),
+            ("content-type", "application/json"),
+        ]);
+        assert_eq!(
+            h,
+            RateLimitHeaders {
+                limit: Some(1600),
+                period: Some(3600),
+                remaining: Some(1597),
+                reset: None,
+                name: Some("query".into())
+            }
+        );
+        assert!(RateLimitHeaders::from_pairs([("content-type", "x")]).is_empty());
+    }
+
+    #[test]
+    fn before_any_answer_the_default_hour_is_assumed() {
+        let t0 = Instant::now();
+        let mut p = Pacer::new(t0);
+        assert_eq!(p.admit(t0, 29), Admission::Go);
+        // 29 requests x 3600 s / (1600 - 80) = 68.7 s.
+        assert!(matches!(
+            p.admit(t0 + Duration::from_secs(68), 29),
+            Admission::Deferred { stretched_interval_seconds: 69 }
+        ));
+        assert_eq!(p.admit(t0 + Duration::from_secs(69), 29), Admission::Go);
+        assert!(p.snapshot(t0).is_none(), "no snapshot before the first answer");
+    }
+
+    #[test]
+    fn a_window_is_spent_evenly_and_never_beyond_the_reserve() {
+        let t0 = Instant::now();
+        let mut p = Pacer::new(t0);
+        p.observe(t0, &headers(100, 100, 600), true);
+        let mut spent = 0;
+        let mut t = t0;
+        while t < t0 + Duration::from_secs(600) {
+            if p.admit(t, 10) == Admission::Go {
+                for _ in 0..10 {
+                    spent += 1;
+                    p.observe(t, &headers(100, 100 - spent, ceil_secs(t0 + Duration::from_secs(600) - t)), true);
+                }
+            }
+            t += Duration::from_secs(5);
+        }
+        assert!(spent <= 100 - reserve(100), "spent {spent}");
+        assert!(spent >= 80, "the budget is used, not hoarded: spent {spent}");
+    }
+
+    #[test]
+    fn a_cycle_larger_than_what_is_left_waits_for_the_reset() {
+        let t0 = Instant::now();
+        let mut p = Pacer::new(t0);
+        p.observe(t0, &headers(1600, 100, 300), true);
+        assert_eq!(p.admit(t0, 29), Admission::Deferred { stretched_interval_seconds: 301 });
+        assert!(matches!(p.admit(t0 + Duration::from_secs(300), 29), Admission::Deferred { .. }));
+        assert_eq!(p.admit(t0 + Duration::from_secs(302), 29), Admission::Go);
+    }
+
+    #[test]
+    fn a_429_blocks_until_its_reset() {
+        let t0 = Instant::now();
+        let mut p = Pacer::new(t0);
+        p.rate_limited(t0, Duration::from_secs(30));
+        assert_eq!(p.admit(t0 + Duration::from_millis(500), 1), Admission::RateLimited { reset_in_seconds: 30 });
+        assert_eq!(p.admit(t0 + Duration::from_secs(29), 1), Admission::RateLimited { reset_in_seconds: 1 });
+        assert_eq!(p.admit(t0 + Duration::from_secs(30), 1), Admission::Go);
+        assert_eq!(p.blocked(t0 + Duration::from_secs(31)), None);
+    }
+
+    #[test]
+    fn answers_within_a_window_keep_the_lowest_remaining() {
+        let t0 = Instant::now();
+        let mut p = Pacer::new(t0);
+        p.observe(t0, &headers(1600, 1500, 1000), true);
+        p.observe(t0, &headers(1600, 1502, 1000), true);
+        assert_eq!(p.snapshot(t0).map(|s| s.remaining), Some(1500));
+        // The next window: its numbers replace the old ones.
+        let later = t0 + Duration::from_secs(1002);
+        p.observe(later, &headers(1600, 1599, 3600), true);
+        assert_eq!(p.snapshot(later).map(|s| s.remaining), Some(1599));
+        // A straggler from the old window changes nothing.
+        p.observe(later, &headers(1600, 3, 0), true);
+        assert_eq!(p.snapshot(later).map(|s| s.remaining), Some(1599));
+    }
+
+    #[test]
+    fn what_other_users_spend_is_left_to_them() {
+        let t0 = Instant::now();
+        let mut p = Pacer::new(t0);
+        // Half-way through the window, others spent 400 (the server says 1,200 left after our
+        // one answered request): they are expected to spend ~400 more, so 720 are ours.
+        p.observe(t0, &headers(1600, 1199, 1799), true);
+        assert_eq!(p.admit(t0, 10), Admission::Go);
+        let spacing = p.last_spacing.as_secs_f64();
+        let expected = 1800.0 * 10.0 / (1199.0 - 80.0 - 400.0);
+        assert!((spacing - expected).abs() < 1.0, "{spacing} vs {expected}");
+        // A burst right after the reset is not extrapolated beyond half of what is left.
+        let mut p = Pacer::new(t0);
+        p.observe(t0, &headers(1600, 799, 3590), true);
+        assert_eq!(p.admit(t0, 10), Admission::Go);
+        let expected = 3591.0 * 10.0 / ((799.0 - 80.0) / 2.0);
+        assert!((p.last_spacing.as_secs_f64() - expected).abs() < 1.0);
+        // Our own requests are not mistaken for someone else's.
+        let mut p = Pacer::new(t0);
+        for remaining in (1500..1600).rev() {
+            p.observe(t0, &headers(1600, remaining, 1800), true);
+        }
+        assert_eq!(p.others_until_reset(), 0.0);
+    }
+
+    #[test]
+    fn extra_requests_never_take_the_last_half_of_the_reserve() {
+        let t0 = Instant::now();
+        let mut p = Pacer::new(t0);
+        p.observe(t0, &headers(1600, 100, 1000), true);
+        assert!(p.take_extra(t0, 60));
+        assert!(!p.take_extra(t0, 1), "40 left = half the reserve of 80");
+        assert_eq!(p.admit(t0, 1), Admission::Deferred { stretched_interval_seconds: 1001 });
+    }
+
+    #[test]
+    fn the_stretch_is_logged_only_when_it_changes_enough() {
+        let t0 = Instant::now();
+        let mut p = Pacer::new(t0);
+        p.note(Some(60));
+        assert_eq!(p.stretch_to_log(), (60, Some(60)));
+        p.note(Some(62));
+        assert_eq!(p.stretch_to_log(), (62, None));
+        p.note(None);
+        assert_eq!(p.stretch_to_log(), (62, None), "one admitted ask after a deferral: still stretched");
+        p.note(None);
+        assert_eq!(p.stretch_to_log(), (0, Some(0)));
+    }
+}

@@ -1,0 +1,585 @@
+//! A fake Datadog metrics API on 127.0.0.1, close enough to the real one to test a client
+//! against: it checks both auth headers (403 with the recorded body otherwise), answers
+//! `GET /api/v1/query` with comma-joined sub-queries (split at top-level commas only), produces
+//! dense buckets aligned to each series' interval with null gaps, tags series with `query_index`,
+//! and enforces a calendar-aligned rate budget on tokio time (so paused-clock tests work), with
+//! the `X-RateLimit-*` headers on every authenticated answer and an HTML 429 when exhausted.
+//! It records every request (URL length, sub-queries, status) for the tests to inspect.
+//!
+//! Include it with `#[path = "support/fake_datadog.rs"] mod fake_datadog;`.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Bytes, Incoming};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde_json::{json, Value};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+pub const API_KEY: &str = "fake-api-key-5f1e2d3c4b5a69788796a5b4";
+pub const APP_KEY: &str = "fake-app-key-0a1b2c3d4e5f60718293a4b5c6d7e8f9";
+
+/// The recorded 403 answer (`v1_query_403.json`), body byte for byte.
+const FORBIDDEN_FIXTURE: &str =
+    include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/fixtures/datadog/v1_query_403.json"));
+
+const RATE_LIMITED_HTML: &str = "<html><head><title>429 Too Many Requests</title></head>\
+<body><h1>429 Too Many Requests</h1>You have sent too many requests in a given amount of time.</body></html>";
+
+/// How the fake answers one sub-query. Request-level behaviours (a 400, a 5xx, a garbage body,
+/// `status: error`, a 422, a delay) apply to the whole request carrying the sub-query, as on the
+/// real API.
+#[derive(Clone, Debug)]
+pub enum Behavior {
+    /// One series of dense buckets (see `SeriesSpec`).
+    Series(SeriesSpec),
+    /// One series with explicit points: (seconds before `to`, aligned down to `interval`; value).
+    Points { interval: u64, points: Vec<(i64, Option<f64>)> },
+    /// No series for this query index (no data in the window).
+    NoData,
+    /// This many series for the one query index (a `by {tag}` query).
+    Several(usize),
+    /// 400 for the whole request, with a JSON `errors` body.
+    BadQuery,
+    /// `status` (with an HTML body) for the first `times` requests carrying the query, then the
+    /// default series.
+    ServerError { status: u16, times: usize },
+    /// 200 with an HTML body.
+    Garbage,
+    /// 200 with `{"status":"error","error":...}`.
+    StatusError(String),
+    /// 422, as Datadog answers in practice for "no data points".
+    Unprocessable,
+    /// Waits this long (tokio time), then answers the default series.
+    Delay(Duration),
+    /// 400 whose body quotes the keys it received: a client must never pass them on.
+    EchoKeys,
+}
+
+/// Dense buckets over `[from, to]` aligned to `interval`; bucket `k` (oldest first) has value
+/// `base + step * k`; the last `trailing_nulls` buckets are null (the newest one is usually
+/// still empty on the real API), and so is every bucket whose `k % gap_every == gap_every - 1`.
+#[derive(Clone, Copy, Debug)]
+pub struct SeriesSpec {
+    pub interval: u64,
+    pub base: f64,
+    pub step: f64,
+    pub trailing_nulls: usize,
+    pub gap_every: Option<usize>,
+}
+
+impl Default for SeriesSpec {
+    fn default() -> Self {
+        SeriesSpec { interval: 30, base: 100.0, step: 1.0, trailing_nulls: 1, gap_every: None }
+    }
+}
+
+impl SeriesSpec {
+    pub fn constant(value: f64) -> Self {
+        SeriesSpec { base: value, step: 0.0, ..SeriesSpec::default() }
+    }
+}
+
+/// The budget: `limit` requests per `period`, windows aligned to multiples of the period on a
+/// virtual calendar that starts `offset` into a window when the server starts.
+#[derive(Clone, Copy, Debug)]
+pub struct Budget {
+    pub limit: u64,
+    pub period: Duration,
+    pub offset: Duration,
+}
+
+impl Default for Budget {
+    fn default() -> Self {
+        Budget { limit: 1_600, period: Duration::from_secs(3_600), offset: Duration::ZERO }
+    }
+}
+
+/// One request as the fake saw it.
+#[derive(Clone, Debug)]
+pub struct Recorded {
+    /// Since the server started (tokio time).
+    pub at: Duration,
+    pub path: String,
+    /// Length of the full URL the client built (scheme, host, path and query).
+    pub url_len: usize,
+    /// Length of the encoded query string (after `?`).
+    pub query_string_len: usize,
+    pub sub_queries: Vec<String>,
+    pub status: u16,
+    /// The calendar window it fell in.
+    pub window: u64,
+    pub body: String,
+}
+
+struct State {
+    started: Instant,
+    budget: Budget,
+    default: Behavior,
+    table: HashMap<String, Behavior>,
+    /// Failures still to give, per query (`ServerError`).
+    failures_left: HashMap<String, usize>,
+    /// Requests counted in each window (ours and `consume`d ones).
+    used: HashMap<u64, u64>,
+    log: Vec<Recorded>,
+    /// Requests received, answered or not (a client may give up on a slow one).
+    arrivals: usize,
+    in_flight: usize,
+    max_in_flight: usize,
+    v2_timeseries: Option<(u16, String)>,
+    v2_scalar: Option<(u16, String)>,
+}
+
+impl State {
+    fn calendar(&self) -> (u64, Duration) {
+        let period = self.budget.period.as_nanos().max(1);
+        let virtual_now = (self.budget.offset + self.started.elapsed()).as_nanos();
+        let window = u64::try_from(virtual_now / period).unwrap();
+        let into = virtual_now % period;
+        (window, Duration::from_nanos(u64::try_from(period - into).unwrap()))
+    }
+}
+
+pub struct FakeDatadog {
+    /// Base URL, e.g. `http://127.0.0.1:41234`.
+    pub url: String,
+    state: Arc<Mutex<State>>,
+    server: JoinHandle<()>,
+}
+
+impl Drop for FakeDatadog {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+impl FakeDatadog {
+    pub async fn start() -> Self {
+        Self::with_budget(Budget::default()).await
+    }
+
+    pub async fn with_budget(budget: Budget) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let state = Arc::new(Mutex::new(State {
+            started: Instant::now(),
+            budget,
+            default: Behavior::Series(SeriesSpec::default()),
+            table: HashMap::new(),
+            failures_left: HashMap::new(),
+            used: HashMap::new(),
+            log: Vec::new(),
+            arrivals: 0,
+            in_flight: 0,
+            max_in_flight: 0,
+            v2_timeseries: None,
+            v2_scalar: None,
+        }));
+        let shared = state.clone();
+        let base = url.clone();
+        let server = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else { continue };
+                let state = shared.clone();
+                let base = base.clone();
+                tokio::spawn(async move {
+                    let service = service_fn(move |req| {
+                        let state = state.clone();
+                        let base = base.clone();
+                        async move { Ok::<_, Infallible>(handle(state, &base, req).await) }
+                    });
+                    let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+                });
+            }
+        });
+        FakeDatadog { url, state, server }
+    }
+
+    /// How a sub-query with this exact text is answered.
+    pub fn set(&self, query: &str, behavior: Behavior) {
+        let mut state = self.state.lock().unwrap();
+        if let Behavior::ServerError { times, .. } = behavior {
+            state.failures_left.insert(query.to_string(), times);
+        }
+        state.table.insert(query.to_string(), behavior);
+    }
+
+    /// How sub-queries not in the table are answered (default: `SeriesSpec::default()`).
+    pub fn set_default(&self, behavior: Behavior) {
+        self.state.lock().unwrap().default = behavior;
+    }
+
+    /// Another user of the organisation spends `n` requests of the current window.
+    pub fn consume(&self, n: u64) {
+        let mut state = self.state.lock().unwrap();
+        let (window, _) = state.calendar();
+        *state.used.entry(window).or_default() += n;
+    }
+
+    /// Another user spends everything left in the current window.
+    pub fn exhaust(&self) {
+        let mut state = self.state.lock().unwrap();
+        let (window, _) = state.calendar();
+        let limit = state.budget.limit;
+        state.used.insert(window, limit);
+    }
+
+    /// What `POST /api/v2/query/timeseries` and `/scalar` answer: status and raw body.
+    pub fn set_v2(&self, timeseries: Option<(u16, String)>, scalar: Option<(u16, String)>) {
+        let mut state = self.state.lock().unwrap();
+        state.v2_timeseries = timeseries;
+        state.v2_scalar = scalar;
+    }
+
+    pub fn log(&self) -> Vec<Recorded> {
+        self.state.lock().unwrap().log.clone()
+    }
+
+    /// Requests received, including those the client gave up on before the answer.
+    pub fn arrivals(&self) -> usize {
+        self.state.lock().unwrap().arrivals
+    }
+
+    /// Requests answered (any status).
+    pub fn requests(&self) -> usize {
+        self.state.lock().unwrap().log.len()
+    }
+
+    pub fn count_status(&self, status: u16) -> usize {
+        self.state.lock().unwrap().log.iter().filter(|r| r.status == status).count()
+    }
+
+    pub fn max_url_len(&self) -> usize {
+        self.state.lock().unwrap().log.iter().map(|r| r.url_len).max().unwrap_or(0)
+    }
+
+    /// The most requests that were being answered at the same moment.
+    pub fn max_concurrency(&self) -> usize {
+        self.state.lock().unwrap().max_in_flight
+    }
+
+    /// Requests counted per calendar window (including `consume`d ones), by window number.
+    pub fn used_per_window(&self) -> Vec<(u64, u64)> {
+        let mut used: Vec<(u64, u64)> = self.state.lock().unwrap().used.iter().map(|(w, n)| (*w, *n)).collect();
+        used.sort();
+        used
+    }
+}
+
+fn respond(status: u16, content_type: &str, headers: &[(String, String)], body: String) -> Response<Full<Bytes>> {
+    let mut builder =
+        Response::builder().status(StatusCode::from_u16(status).unwrap()).header("content-type", content_type);
+    for (name, value) in headers {
+        builder = builder.header(name.as_str(), value.as_str());
+    }
+    builder.body(Full::new(Bytes::from(body))).unwrap()
+}
+
+fn json_response(status: u16, headers: &[(String, String)], body: Value) -> Response<Full<Bytes>> {
+    respond(status, "application/json", headers, body.to_string())
+}
+
+/// `application/x-www-form-urlencoded` decoding (`+` is a space).
+fn form_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap();
+                out.push(u8::from_str_radix(hex, 16).unwrap());
+                i += 2;
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8(out).unwrap()
+}
+
+/// Splits Datadog's comma-joined query list at commas outside `{}`, `()`, `[]` and quotes.
+/// (Written independently of the client's splitter, so one does not prove the other.)
+fn split_queries(joined: &str) -> Vec<String> {
+    let mut parts = vec![String::new()];
+    let mut nesting: Vec<char> = Vec::new();
+    let mut in_quote: Option<char> = None;
+    for c in joined.chars() {
+        match (in_quote, c) {
+            (Some(q), c) if c == q => in_quote = None,
+            (Some(_), _) => {}
+            (None, '\'' | '"') => in_quote = Some(c),
+            (None, '{' | '(' | '[') => nesting.push(c),
+            (None, '}' | ')' | ']') => {
+                nesting.pop();
+            }
+            (None, ',') if nesting.is_empty() => {
+                parts.push(String::new());
+                continue;
+            }
+            _ => {}
+        }
+        parts.last_mut().unwrap().push(c);
+    }
+    parts
+}
+
+fn series_json(index: usize, query: &str, scope: &str, interval: u64, points: Vec<(i64, Option<f64>)>) -> Value {
+    let pointlist: Vec<Value> = points.iter().map(|(ms, v)| json!([*ms as f64, v])).collect();
+    let start = points.first().map(|p| p.0).unwrap_or(0);
+    let end = points.last().map(|p| p.0 + interval as i64 * 1000 - 1).unwrap_or(0);
+    json!({
+        "metric": query.split(['{', '(']).next().unwrap_or(query),
+        "display_name": query,
+        "expression": query,
+        "scope": scope,
+        "tag_set": if scope == "*" { vec![] } else { vec![scope.to_string()] },
+        "query_index": index,
+        "interval": interval,
+        "aggr": "avg",
+        "unit": null,
+        "attributes": {},
+        "length": points.len(),
+        "start": start,
+        "end": end,
+        "pointlist": pointlist,
+    })
+}
+
+/// Bucket times (ms) aligned to `interval` within `[from, to]`, oldest first.
+fn buckets(from: i64, to: i64, interval: u64) -> Vec<i64> {
+    let step = interval.max(1) as i64;
+    let first = (from + step - 1).div_euclid(step) * step;
+    (0..).map(|k| first + k * step).take_while(|t| *t <= to).map(|t| t * 1000).collect()
+}
+
+fn dense(spec: &SeriesSpec, from: i64, to: i64) -> Vec<(i64, Option<f64>)> {
+    let times = buckets(from, to, spec.interval);
+    let n = times.len();
+    times
+        .into_iter()
+        .enumerate()
+        .map(|(k, t)| {
+            let gap = spec.gap_every.is_some_and(|g| g > 0 && k % g == g - 1);
+            let value = (k + spec.trailing_nulls < n && !gap).then_some(spec.base + spec.step * k as f64);
+            (t, value)
+        })
+        .collect()
+}
+
+fn explicit(interval: u64, points: &[(i64, Option<f64>)], to: i64) -> Vec<(i64, Option<f64>)> {
+    let step = interval.max(1) as i64;
+    let mut out: Vec<(i64, Option<f64>)> =
+        points.iter().map(|(ago, v)| ((to - ago).div_euclid(step) * step * 1000, *v)).collect();
+    out.sort_by_key(|p| p.0);
+    out
+}
+
+async fn handle(state: Arc<Mutex<State>>, base: &str, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    {
+        let mut s = state.lock().unwrap();
+        s.arrivals += 1;
+        s.in_flight += 1;
+        s.max_in_flight = s.max_in_flight.max(s.in_flight);
+    }
+    let response = answer(&state, base, req).await;
+    state.lock().unwrap().in_flight -= 1;
+    response
+}
+
+async fn answer(state: &Arc<Mutex<State>>, base: &str, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    let path = req.uri().path().to_string();
+    let raw_query = req.uri().query().unwrap_or("").to_string();
+    let url_len = base.len() + req.uri().path_and_query().map(|pq| pq.as_str().len()).unwrap_or(0);
+    let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+    let (api_key, app_key) = (header("dd-api-key"), header("dd-application-key"));
+    let method = req.method().clone();
+    let body = String::from_utf8(req.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap();
+    let params: HashMap<String, String> = raw_query
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            (form_decode(k), form_decode(v))
+        })
+        .collect();
+    let sub_queries = params.get("query").map(|q| split_queries(q)).unwrap_or_default();
+
+    let record = |status: u16, window: u64| {
+        let mut s = state.lock().unwrap();
+        let at = Instant::now() - s.started;
+        s.log.push(Recorded {
+            at,
+            path: path.clone(),
+            url_len,
+            query_string_len: raw_query.len(),
+            sub_queries: sub_queries.clone(),
+            status,
+            window,
+            body: body.clone(),
+        });
+    };
+
+    // Authentication comes first: an unknown caller has no organisation, hence no budget.
+    if api_key != API_KEY || app_key != APP_KEY {
+        let window = state.lock().unwrap().calendar().0;
+        record(403, window);
+        let fixture: Value = serde_json::from_str(FORBIDDEN_FIXTURE).unwrap();
+        return json_response(403, &[], fixture["response"]["body"].clone());
+    }
+
+    // The budget: calendar-aligned windows, counted per organisation.
+    let (window, headers, exhausted) = {
+        let mut s = state.lock().unwrap();
+        let (window, until_reset) = s.calendar();
+        let limit = s.budget.limit;
+        let used = s.used.entry(window).or_default();
+        let exhausted = *used >= limit;
+        if !exhausted {
+            *used += 1;
+        }
+        let remaining = limit - (*used).min(limit);
+        let reset = until_reset.as_secs() + u64::from(until_reset.subsec_nanos() > 0);
+        let headers = vec![
+            ("x-ratelimit-limit".to_string(), limit.to_string()),
+            ("x-ratelimit-period".to_string(), s.budget.period.as_secs().to_string()),
+            ("x-ratelimit-remaining".to_string(), remaining.to_string()),
+            ("x-ratelimit-reset".to_string(), reset.to_string()),
+            ("x-ratelimit-name".to_string(), "query".to_string()),
+        ];
+        (window, headers, exhausted)
+    };
+    if exhausted {
+        record(429, window);
+        return respond(429, "text/html", &headers, RATE_LIMITED_HTML.to_string());
+    }
+
+    match (method.as_str(), path.as_str()) {
+        ("GET", "/api/v1/query") => {}
+        ("POST", "/api/v2/query/timeseries") | ("POST", "/api/v2/query/scalar") => {
+            let configured = {
+                let s = state.lock().unwrap();
+                if path.ends_with("timeseries") {
+                    s.v2_timeseries.clone()
+                } else {
+                    s.v2_scalar.clone()
+                }
+            };
+            let (status, text) = configured.unwrap_or((404, r#"{"errors":["not configured"]}"#.to_string()));
+            record(status, window);
+            return respond(status, "application/vnd.api+json", &headers, text);
+        }
+        _ => {
+            record(404, window);
+            return json_response(404, &headers, json!({"errors": ["Not found"]}));
+        }
+    }
+
+    let (Some(from), Some(to), false) = (
+        params.get("from").and_then(|f| f.parse::<i64>().ok()),
+        params.get("to").and_then(|t| t.parse::<i64>().ok()),
+        sub_queries.is_empty(),
+    ) else {
+        record(400, window);
+        return json_response(
+            400,
+            &headers,
+            json!({"errors": ["The parameters 'from', 'to' and 'query' are required"]}),
+        );
+    };
+
+    let behaviors: Vec<Behavior> = {
+        let s = state.lock().unwrap();
+        sub_queries.iter().map(|q| s.table.get(q).cloned().unwrap_or_else(|| s.default.clone())).collect()
+    };
+
+    // Request-level behaviours, in sub-query order; a delay (the longest asked for) comes first.
+    let delay = behaviors.iter().filter_map(|b| if let Behavior::Delay(d) = b { Some(*d) } else { None }).max();
+    if let Some(delay) = delay {
+        tokio::time::sleep(delay).await;
+    }
+    for (q, behavior) in sub_queries.iter().zip(&behaviors) {
+        let failure = match behavior {
+            Behavior::BadQuery => Some((
+                400,
+                json!({"errors": [format!("Error parsing query: \n unable to parse {q}: Rule 'scope_expr' didn't match")]})
+                    .to_string(),
+                "application/json",
+            )),
+            Behavior::EchoKeys => Some((
+                400,
+                json!({"errors": [format!("Error parsing query (keys {api_key} / {app_key})")]}).to_string(),
+                "application/json",
+            )),
+            Behavior::ServerError { status, .. } => {
+                let mut s = state.lock().unwrap();
+                let left = s.failures_left.entry(q.clone()).or_default();
+                if *left > 0 {
+                    *left -= 1;
+                    Some((*status, format!("<html><body><h1>{status} Server Error</h1></body></html>"), "text/html"))
+                } else {
+                    None
+                }
+            }
+            Behavior::Garbage => Some((200, "<html><body>Maintenance</body></html>".to_string(), "text/html")),
+            Behavior::StatusError(message) => {
+                Some((200, json!({"status": "error", "error": message}).to_string(), "application/json"))
+            }
+            Behavior::Unprocessable => {
+                Some((422, json!({"errors": ["No data points found"]}).to_string(), "application/json"))
+            }
+            _ => None,
+        };
+        if let Some((status, text, content_type)) = failure {
+            record(status, window);
+            return respond(status, content_type, &headers, text);
+        }
+    }
+
+    let mut series = Vec::new();
+    for (index, (q, behavior)) in sub_queries.iter().zip(&behaviors).enumerate() {
+        match behavior {
+            Behavior::Points { interval, points } => {
+                series.push(series_json(index, q, "*", *interval, explicit(*interval, points, to)))
+            }
+            Behavior::NoData => {}
+            Behavior::Several(n) => {
+                for host in 0..*n {
+                    let points = dense(&SeriesSpec::default(), from, to);
+                    series.push(series_json(index, q, &format!("host:h{host}"), 30, points));
+                }
+            }
+            Behavior::Series(spec) => series.push(series_json(index, q, "*", spec.interval, dense(spec, from, to))),
+            _ => series.push(series_json(index, q, "*", 30, dense(&SeriesSpec::default(), from, to))),
+        }
+    }
+    record(200, window);
+    json_response(
+        200,
+        &headers,
+        json!({
+            "status": "ok",
+            "res_type": "time_series",
+            "resp_version": 1,
+            "query": params.get("query"),
+            "from_date": from * 1000,
+            "to_date": to * 1000,
+            "series": series,
+            "message": "",
+            "group_by": [],
+            "values": [],
+            "times": [],
+        }),
+    )
+}
