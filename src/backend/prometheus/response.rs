@@ -1,0 +1,505 @@
+//! Prometheus' HTTP API answers: from a status code and a body to a parsed answer or a failure,
+//! and from a parsed answer to one `Observation` per metric query.
+//!
+//! Pure functions over bytes, so that every quirk is covered by unit tests without a server.
+
+use serde::Deserialize;
+use watermarkd_engine::Timestamp;
+
+use crate::backend::{Observation, ObservationDetail, QueryError};
+use crate::rules::Reducer;
+
+/// A `"status": "success"` answer, reduced to what an autoscaler can use.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct Answer {
+    pub result: QueryResult,
+    /// `warnings`, then `infos` (prefixed `info: `), in the order the server sent them.
+    pub warnings: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub(super) enum QueryResult {
+    /// One sample per series.
+    Vector(Vec<Sample>),
+    Scalar(Sample),
+    /// `matrix` or `string`: a valid answer, but not a value an autoscaler can use.
+    Unusable(String),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub(super) enum Sample {
+    /// `[seconds, "value"]`. The value stays a string until it is used, so that `NaN` or `+Inf`
+    /// can be named as the server spelled it.
+    Float { at_seconds: f64, value: String },
+    /// A native histogram sample (`"histogram"` instead of `"value"`): not one number.
+    Histogram,
+}
+
+/// Why one HTTP attempt failed, with what the metrics and the retry loop need to know.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct Failure {
+    pub error: QueryError,
+    /// The `outcome` label of `watermarkd_backend_requests_total`.
+    pub outcome: &'static str,
+    /// Worth another attempt within this cycle (5xx, timeouts, connection problems).
+    pub retry: bool,
+}
+
+impl Failure {
+    pub fn new(error: QueryError, outcome: &'static str, retry: bool) -> Self {
+        Failure { error, outcome, retry }
+    }
+
+    fn bad_query(message: String) -> Self {
+        Failure::new(QueryError::BadQuery(message), "bad_query", false)
+    }
+
+    fn server(message: String) -> Self {
+        Failure::new(QueryError::Server(message), "server_error", true)
+    }
+
+    fn protocol(message: String) -> Self {
+        Failure::new(QueryError::Protocol(message), "protocol", false)
+    }
+}
+
+/// The body as Prometheus (and Thanos, Mimir, VictoriaMetrics) shape it. Every field is
+/// optional: error answers carry only some of them, and proxies may send none.
+#[derive(Deserialize)]
+struct Body {
+    status: Option<String>,
+    data: Option<Data>,
+    #[serde(rename = "errorType")]
+    error_type: Option<String>,
+    error: Option<String>,
+    warnings: Option<Vec<String>>,
+    infos: Option<Vec<String>>,
+}
+
+#[derive(Deserialize)]
+struct Data {
+    #[serde(rename = "resultType")]
+    result_type: String,
+    result: serde_json::Value,
+}
+
+#[derive(Deserialize)]
+struct VectorEntry {
+    value: Option<(f64, String)>,
+    histogram: Option<serde_json::Value>,
+}
+
+const HISTOGRAM: &str = "the query returns native histogram samples, not numbers: wrap it in a function that \
+    yields a float, such as histogram_quantile(), histogram_sum() or histogram_count()";
+
+/// Turns one HTTP answer into an `Answer` or a `Failure`. Never assumes the body is JSON: a
+/// proxy, or Prometheus itself while starting or stopping, answers in plain text.
+pub(super) fn classify(status: u16, body: &[u8], endpoint: &str) -> Result<Answer, Failure> {
+    let parsed: Option<Body> = serde_json::from_slice(body).ok();
+    match status {
+        200..=299 => match parsed {
+            Some(b) if b.status.as_deref() == Some("success") => success(b),
+            Some(b) if b.status.as_deref() == Some("error") => Err(api_error(status, b)),
+            _ => {
+                Err(Failure::protocol(format!("HTTP {status} with a body that is not Prometheus' JSON{}", said(body))))
+            }
+        },
+        401 => Err(Failure::new(
+            QueryError::Configuration(format!(
+                "HTTP 401 Unauthorized from {endpoint}: check the backend's credentials (basic_auth username and \
+                 password, bearer_token){}",
+                said(body)
+            )),
+            "forbidden",
+            false,
+        )),
+        403 => Err(Failure::new(
+            QueryError::Configuration(format!(
+                "HTTP 403 Forbidden from {endpoint}: check that the credentials may query this server and the \
+                 tenant (X-Scope-OrgID) they may read{}",
+                said(body)
+            )),
+            "forbidden",
+            false,
+        )),
+        404 => Err(Failure::new(
+            QueryError::Configuration(format!(
+                "HTTP 404 Not Found at {endpoint}: check the backend's url and its path prefix (e.g. /prometheus)"
+            )),
+            "protocol",
+            false,
+        )),
+        // Mimir and Cortex limit queries per tenant. Hammering a limit within the same cycle only
+        // digs the hole deeper, so this is not retried here: the next cycle asks again.
+        429 => Err(Failure::new(
+            QueryError::Server(format!("HTTP 429 Too Many Requests: the server is rate limiting{}", said(body))),
+            "rate_limited",
+            false,
+        )),
+        _ => match parsed {
+            Some(b) if b.error_type.is_some() || b.error.is_some() => Err(api_error(status, b)),
+            _ => Err(by_status(status, body)),
+        },
+    }
+}
+
+/// An error answer that says what went wrong in `errorType` and `error`.
+fn api_error(status: u16, body: Body) -> Failure {
+    let error_type = body.error_type.unwrap_or_default();
+    let message = body.error.filter(|e| !e.trim().is_empty()).unwrap_or_else(|| format!("HTTP {status}"));
+    match error_type.as_str() {
+        // `execution` errors (many-to-many matching, duplicate label sets, too many samples) come
+        // from the query meeting the data: no retry makes them go away, the query must change.
+        "bad_data" | "execution" => Failure::bad_query(message),
+        "timeout" => Failure::new(QueryError::Server(format!("timeout: {message}")), "timeout", true),
+        "canceled" | "internal" | "unavailable" => Failure::server(format!("{error_type}: {message}")),
+        "not_found" => Failure::new(QueryError::Configuration(message), "protocol", false),
+        _ => match status {
+            400 | 422 => Failure::bad_query(message),
+            500..=599 => Failure::server(message),
+            _ => Failure::protocol(format!("HTTP {status}, error type {error_type:?}: {message}")),
+        },
+    }
+}
+
+/// An error answer without Prometheus' JSON: judged by its status code alone.
+fn by_status(status: u16, body: &[u8]) -> Failure {
+    match status {
+        400 | 422 => Failure::bad_query(format!("HTTP {status}{}", said(body))),
+        500..=599 => Failure::server(format!("HTTP {status}{}", said(body))),
+        _ => Failure::protocol(format!("HTTP {status}{}", said(body))),
+    }
+}
+
+fn success(body: Body) -> Result<Answer, Failure> {
+    let mut warnings = body.warnings.unwrap_or_default();
+    warnings.extend(body.infos.unwrap_or_default().into_iter().map(|i| format!("info: {i}")));
+    let data = body.data.ok_or_else(|| Failure::protocol("a success answer without data".into()))?;
+    let result = match data.result_type.as_str() {
+        "vector" => {
+            let entries: Vec<VectorEntry> = serde_json::from_value(data.result)
+                .map_err(|e| Failure::protocol(format!("malformed vector result: {e}")))?;
+            let samples = entries
+                .into_iter()
+                .map(|entry| match (entry.value, entry.histogram) {
+                    (Some((at_seconds, value)), _) => Ok(Sample::Float { at_seconds, value }),
+                    (None, Some(_)) => Ok(Sample::Histogram),
+                    (None, None) => Err(Failure::protocol("a vector sample without a value".into())),
+                })
+                .collect::<Result<_, _>>()?;
+            QueryResult::Vector(samples)
+        }
+        "scalar" => {
+            let (at_seconds, value): (f64, String) = serde_json::from_value(data.result)
+                .map_err(|e| Failure::protocol(format!("malformed scalar result: {e}")))?;
+            QueryResult::Scalar(Sample::Float { at_seconds, value })
+        }
+        "matrix" | "string" => QueryResult::Unusable(data.result_type),
+        other => return Err(Failure::protocol(format!("unknown result type {other:?}"))),
+    };
+    Ok(Answer { result, warnings })
+}
+
+/// `: <what the server said>`, cut short and on one line; empty when it said nothing.
+fn said(body: &[u8]) -> String {
+    const MAX_CHARS: usize = 200;
+    let text = String::from_utf8_lossy(body);
+    let mut words = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if words.is_empty() {
+        return String::new();
+    }
+    if let Some((cut, _)) = words.char_indices().nth(MAX_CHARS) {
+        words.truncate(cut);
+        words.push_str("...");
+    }
+    format!(": {words}")
+}
+
+/// What one metric query sees in an answer, reduced with the metric's reducer if it has one.
+pub(super) fn observe(answer: &Answer, reducer: Option<Reducer>) -> Observation {
+    let mut detail = ObservationDetail { warnings: answer.warnings.clone(), ..ObservationDetail::default() };
+    let result = match &answer.result {
+        QueryResult::Scalar(sample) => number(sample),
+        QueryResult::Vector(samples) => {
+            detail.series = Some(samples.len());
+            vector(samples, reducer)
+        }
+        QueryResult::Unusable(kind) => Err(QueryError::BadQuery(format!(
+            "the query returns a {kind}; an instant vector or a scalar is needed{}",
+            if kind == "matrix" {
+                " (drop the [range] selector, or wrap it in a function such as rate() or max_over_time())"
+            } else {
+                ""
+            }
+        ))),
+    };
+    match result {
+        Ok((value, at)) => Observation::value(value, at, detail),
+        Err(error) => Observation::unavailable_with(error, detail),
+    }
+}
+
+fn vector(samples: &[Sample], reducer: Option<Reducer>) -> Result<(f64, Timestamp), QueryError> {
+    match (samples, reducer) {
+        // Never 0: an outage or a renamed metric must hold the replicas, not scale them down.
+        ([], _) => Err(QueryError::NoData(
+            "the query returned an empty vector: no series match at the evaluation time (absent or stale)".into(),
+        )),
+        ([one], _) => number(one),
+        (_, None) => Err(QueryError::SeveralSeries { count: samples.len() }),
+        (_, Some(reducer)) => reduce(samples, reducer),
+    }
+}
+
+/// Several series into one value. One unusable sample makes the whole value unusable: dropping
+/// it would quietly lower a sum or an average, which reads as "less load".
+fn reduce(samples: &[Sample], reducer: Reducer) -> Result<(f64, Timestamp), QueryError> {
+    let count = samples.len();
+    let mut values = Vec::with_capacity(count);
+    let mut oldest: Option<Timestamp> = None;
+    let mut not_numbers = Vec::new();
+    for sample in samples {
+        let Sample::Float { at_seconds, value } = sample else {
+            return Err(QueryError::BadQuery(HISTOGRAM.into()));
+        };
+        match parse_value(value) {
+            Ok(v) => values.push(v),
+            Err(QueryError::NotANumber(raw)) => not_numbers.push(raw),
+            Err(other) => return Err(other),
+        }
+        let at = timestamp(*at_seconds)?;
+        // The oldest sample dates the result: the value is no fresher than its stalest part.
+        oldest = Some(oldest.map_or(at, |o| o.min(at)));
+    }
+    if let Some(first) = not_numbers.first() {
+        return Err(QueryError::NotANumber(format!("{first} in {} of {count} series", not_numbers.len())));
+    }
+    let value = match reducer {
+        Reducer::Max => values.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+        Reducer::Min => values.iter().copied().fold(f64::INFINITY, f64::min),
+        Reducer::Sum => values.iter().sum(),
+        Reducer::Avg => values.iter().sum::<f64>() / count as f64,
+    };
+    // A sum of huge values can overflow to infinity.
+    if !value.is_finite() {
+        return Err(QueryError::NotANumber(format!("{value} (the {reducer:?} of {count} series)")));
+    }
+    let at = oldest.ok_or_else(|| QueryError::NoData("no samples to reduce".into()))?;
+    Ok((value, at))
+}
+
+fn number(sample: &Sample) -> Result<(f64, Timestamp), QueryError> {
+    match sample {
+        Sample::Float { at_seconds, value } => Ok((parse_value(value)?, timestamp(*at_seconds)?)),
+        Sample::Histogram => Err(QueryError::BadQuery(HISTOGRAM.into())),
+    }
+}
+
+/// Sample values are strings; `NaN`, `+Inf` and `-Inf` are valid ones that mean "no usable value".
+fn parse_value(raw: &str) -> Result<f64, QueryError> {
+    match raw.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() => Ok(v),
+        Ok(_) => Err(QueryError::NotANumber(raw.to_string())),
+        Err(_) => Err(QueryError::Protocol(format!("sample value {raw:?} is not a number"))),
+    }
+}
+
+fn timestamp(seconds: f64) -> Result<Timestamp, QueryError> {
+    Timestamp::from_unix_seconds_f64(seconds)
+        .ok_or_else(|| QueryError::Protocol(format!("sample timestamp {seconds} is out of range")))
+}
+
+#[cfg(test)]
+mod tests {
+    use watermarkd_engine::Reading;
+
+    use super::*;
+
+    const ENDPOINT: &str = "http://prom:9090/api/v1/query";
+
+    fn ok(body: &str) -> Answer {
+        classify(200, body.as_bytes(), ENDPOINT).unwrap()
+    }
+
+    fn fail(status: u16, body: &str) -> Failure {
+        classify(status, body.as_bytes(), ENDPOINT).unwrap_err()
+    }
+
+    fn vector_body(values: &[(f64, &str)]) -> String {
+        let result: Vec<String> = values
+            .iter()
+            .enumerate()
+            .map(|(i, (ts, v))| format!(r#"{{"metric":{{"pod":"p{i}"}},"value":[{ts},"{v}"]}}"#))
+            .collect();
+        format!(r#"{{"status":"success","data":{{"resultType":"vector","result":[{}]}}}}"#, result.join(","))
+    }
+
+    fn value_of(obs: &Observation) -> (f64, i64) {
+        match &obs.reading {
+            Reading::Value { value, at } => (*value, at.unix_millis()),
+            other => panic!("expected a value, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn one_sample_is_the_value_with_its_timestamp() {
+        let answer = ok(&vector_body(&[(1712345678.123, "1.5")]));
+        let obs = observe(&answer, None);
+        assert_eq!(value_of(&obs), (1.5, 1_712_345_678_123));
+        assert_eq!(obs.detail.series, Some(1));
+        assert_eq!(obs.detail.error, None);
+    }
+
+    #[test]
+    fn an_empty_vector_is_no_data_never_zero() {
+        let obs = observe(&ok(&vector_body(&[])), Some(Reducer::Sum));
+        assert!(matches!(obs.detail.error, Some(QueryError::NoData(_))), "{obs:?}");
+        assert!(matches!(obs.reading, Reading::Unavailable { .. }));
+        assert_eq!(obs.detail.series, Some(0));
+    }
+
+    #[test]
+    fn several_series_need_a_reducer() {
+        let answer = ok(&vector_body(&[(100.0, "1"), (99.5, "4"), (100.0, "7")]));
+        let obs = observe(&answer, None);
+        assert_eq!(obs.detail.error, Some(QueryError::SeveralSeries { count: 3 }));
+        assert_eq!(obs.detail.series, Some(3));
+        // Reduced values are dated by the oldest sample.
+        assert_eq!(value_of(&observe(&answer, Some(Reducer::Max))), (7.0, 99_500));
+        assert_eq!(value_of(&observe(&answer, Some(Reducer::Min))), (1.0, 99_500));
+        assert_eq!(value_of(&observe(&answer, Some(Reducer::Sum))), (12.0, 99_500));
+        assert_eq!(value_of(&observe(&answer, Some(Reducer::Avg))), (4.0, 99_500));
+    }
+
+    #[test]
+    fn nan_and_infinities_are_unavailable() {
+        for raw in ["NaN", "+Inf", "-Inf"] {
+            let obs = observe(&ok(&vector_body(&[(1.0, raw)])), None);
+            assert_eq!(obs.detail.error, Some(QueryError::NotANumber(raw.into())), "{raw}");
+            let scalar = format!(r#"{{"status":"success","data":{{"resultType":"scalar","result":[1,"{raw}"]}}}}"#);
+            let obs = observe(&ok(&scalar), None);
+            assert_eq!(obs.detail.error, Some(QueryError::NotANumber(raw.into())), "{raw}");
+        }
+        // One NaN series spoils a reduction rather than being dropped from it.
+        let obs = observe(&ok(&vector_body(&[(1.0, "3"), (1.0, "NaN")])), Some(Reducer::Sum));
+        assert_eq!(obs.detail.error, Some(QueryError::NotANumber("NaN in 1 of 2 series".into())));
+        let obs = observe(&ok(&vector_body(&[(1.0, "1e308"), (1.0, "1e308")])), Some(Reducer::Sum));
+        assert!(matches!(obs.detail.error, Some(QueryError::NotANumber(_))), "{obs:?}");
+        let obs = observe(&ok(&vector_body(&[(1.0, "lots")])), None);
+        assert!(matches!(obs.detail.error, Some(QueryError::Protocol(_))), "{obs:?}");
+    }
+
+    #[test]
+    fn scalars_are_values() {
+        let obs =
+            observe(&ok(r#"{"status":"success","data":{"resultType":"scalar","result":[1700000000.5,"2"]}}"#), None);
+        assert_eq!(value_of(&obs), (2.0, 1_700_000_000_500));
+        assert_eq!(obs.detail.series, None);
+    }
+
+    #[test]
+    fn matrix_and_string_results_are_bad_queries() {
+        let matrix =
+            r#"{"status":"success","data":{"resultType":"matrix","result":[{"metric":{},"values":[[1,"1"]]}]}}"#;
+        let obs = observe(&ok(matrix), None);
+        let Some(QueryError::BadQuery(message)) = obs.detail.error else { panic!("{obs:?}") };
+        assert!(message.contains("instant vector or a scalar"), "{message}");
+        assert!(message.contains("range"), "{message}");
+        let string = r#"{"status":"success","data":{"resultType":"string","result":[1,"hello"]}}"#;
+        let obs = observe(&ok(string), None);
+        assert!(matches!(obs.detail.error, Some(QueryError::BadQuery(_))), "{obs:?}");
+    }
+
+    #[test]
+    fn native_histograms_are_bad_queries() {
+        let body = r#"{"status":"success","data":{"resultType":"vector","result":[
+            {"metric":{},"histogram":[1,{"count":"3","sum":"4","buckets":[]}]}]}}"#;
+        let obs = observe(&ok(body), None);
+        assert!(matches!(obs.detail.error, Some(QueryError::BadQuery(ref m)) if m.contains("histogram")), "{obs:?}");
+    }
+
+    #[test]
+    fn warnings_and_infos_are_kept_even_without_a_value() {
+        let body = r#"{"status":"success","data":{"resultType":"vector","result":[]},
+            "warnings":["store gateway down: partial answer"],"infos":["metric might not be a counter"]}"#;
+        let answer = ok(body);
+        assert_eq!(answer.warnings, ["store gateway down: partial answer", "info: metric might not be a counter"]);
+        let obs = observe(&answer, None);
+        assert_eq!(obs.detail.warnings.len(), 2);
+        assert!(matches!(obs.detail.error, Some(QueryError::NoData(_))));
+    }
+
+    #[test]
+    fn error_answers() {
+        let f = fail(
+            400,
+            r#"{"status":"error","errorType":"bad_data","error":"1:5: parse error: unexpected end of input"}"#,
+        );
+        assert_eq!(f, Failure::bad_query("1:5: parse error: unexpected end of input".into()));
+        let f = fail(
+            422,
+            r#"{"status":"error","errorType":"execution","error":"found duplicate series for the match group; many-to-many matching not allowed"}"#,
+        );
+        assert!(matches!(f.error, QueryError::BadQuery(ref m) if m.contains("many-to-many")), "{f:?}");
+        assert!(!f.retry);
+        let f =
+            fail(503, r#"{"status":"error","errorType":"timeout","error":"query timed out in expression evaluation"}"#);
+        assert_eq!(f.error, QueryError::Server("timeout: query timed out in expression evaluation".into()));
+        assert!(f.retry);
+        assert_eq!(f.outcome, "timeout");
+        let f = fail(500, r#"{"status":"error","errorType":"internal","error":"storage error"}"#);
+        assert!(f.retry && matches!(f.error, QueryError::Server(_)), "{f:?}");
+        // A 200 that says "error" is still an error.
+        let f = fail(200, r#"{"status":"error","errorType":"bad_data","error":"nope"}"#);
+        assert_eq!(f.error, QueryError::BadQuery("nope".into()));
+    }
+
+    #[test]
+    fn plain_text_answers_are_not_assumed_to_be_json() {
+        let f = fail(503, "Service Unavailable\n");
+        assert_eq!(f.error, QueryError::Server("HTTP 503: Service Unavailable".into()));
+        assert!(f.retry);
+        let f = fail(502, "<html><body>\n  <h1>502 Bad Gateway</h1>\n</body></html>");
+        assert_eq!(
+            f.error,
+            QueryError::Server("HTTP 502: <html><body> <h1>502 Bad Gateway</h1> </body></html>".into())
+        );
+        let f = fail(503, "");
+        assert_eq!(f.error, QueryError::Server("HTTP 503".into()));
+        let f = fail(200, "<html>login page</html>");
+        assert!(matches!(f.error, QueryError::Protocol(_)) && !f.retry, "{f:?}");
+        let long = "x".repeat(1000);
+        let QueryError::Server(m) = fail(500, &long).error else { panic!() };
+        assert!(m.len() < 220 && m.ends_with("..."), "{m}");
+    }
+
+    #[test]
+    fn refusals_say_what_to_check_and_are_not_retried() {
+        let f = fail(401, "unauthorized");
+        assert!(!f.retry);
+        assert_eq!(f.outcome, "forbidden");
+        let QueryError::Configuration(m) = f.error else { panic!("{f:?}") };
+        assert!(m.contains("credentials") && m.contains(ENDPOINT), "{m}");
+        let QueryError::Configuration(m) = fail(403, "no org id").error else { panic!() };
+        assert!(m.contains("tenant") && m.contains("no org id"), "{m}");
+        let QueryError::Configuration(m) = fail(404, "404 page not found").error else { panic!() };
+        assert!(m.contains("path prefix"), "{m}");
+        let f = fail(429, "slow down");
+        assert_eq!(f.outcome, "rate_limited");
+        assert!(!f.retry);
+    }
+
+    #[test]
+    fn malformed_success_answers_are_protocol_errors() {
+        for body in [
+            r#"{"status":"success"}"#,
+            r#"{"status":"success","data":{"resultType":"vector","result":{}}}"#,
+            r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{}}]}}"#,
+            r#"{"status":"success","data":{"resultType":"weird","result":[]}}"#,
+            r#"{"status":"success","data":{"resultType":"scalar","result":["x","1"]}}"#,
+        ] {
+            let f = fail(200, body);
+            assert!(matches!(f.error, QueryError::Protocol(_)), "{body}: {f:?}");
+        }
+    }
+}

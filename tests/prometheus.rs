@@ -1,0 +1,482 @@
+//! The Prometheus backend against a real Prometheus (Debian's package, started by the tests on a
+//! free loopback port, scraping an exporter the test controls), and against a fake server for
+//! what a real one cannot show: credentials, headers, 503s, warnings, TLS.
+//!
+//! Needs `prometheus` and `openssl`: scripts/install-test-deps installs them. Missing binaries
+//! fail the tests rather than skip them.
+
+#[path = "support/prometheus_server.rs"]
+mod prometheus_server;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use prometheus_server::{Exporter, FakeServer, PrometheusServer, Reply, TestCerts, TlsServer};
+use watermarkd::backend::prometheus::PrometheusClient;
+use watermarkd::backend::{BackendError, MetricQuery, Observation, QueryError};
+use watermarkd::rules::{BasicAuth, PrometheusBackend, Reducer, SecretSource, TlsSettings};
+use watermarkd::telemetry::BackendMetrics;
+use watermarkd_engine::{Reading, Timestamp};
+
+const NAME: &str = "prom";
+
+fn config(url: &str) -> PrometheusBackend {
+    PrometheusBackend {
+        url: url.to_string(),
+        timeout: Duration::from_secs(2),
+        max_in_flight: 4,
+        tenant: None,
+        headers: BTreeMap::new(),
+        params: BTreeMap::new(),
+        basic_auth: None,
+        bearer_token: None,
+        tls: TlsSettings::default(),
+    }
+}
+
+fn build(config: &PrometheusBackend) -> (PrometheusClient, Arc<BackendMetrics>) {
+    let metrics = Arc::new(BackendMetrics::detached());
+    let client = PrometheusClient::new(NAME, config, Arc::clone(&metrics)).expect("client builds");
+    (client, metrics)
+}
+
+fn now() -> Timestamp {
+    Timestamp::from_system_time(SystemTime::now())
+}
+
+fn q(query: &str) -> MetricQuery {
+    MetricQuery { query: query.to_string(), reducer: None }
+}
+
+fn reduced(query: &str, reducer: Reducer) -> MetricQuery {
+    MetricQuery { query: query.to_string(), reducer: Some(reducer) }
+}
+
+async fn one(client: &PrometheusClient, query: MetricQuery) -> Observation {
+    client.evaluate(&[query], now()).await.pop().expect("one observation per query")
+}
+
+fn value(obs: &Observation) -> f64 {
+    match obs.reading {
+        Reading::Value { value, .. } => value,
+        _ => panic!("expected a value, got {obs:?}"),
+    }
+}
+
+fn error(obs: &Observation) -> QueryError {
+    assert!(matches!(obs.reading, Reading::Unavailable { .. }), "expected unavailable, got {obs:?}");
+    obs.detail.error.clone().expect("an unavailable observation says why")
+}
+
+fn requests(metrics: &BackendMetrics, outcome: &str) -> u64 {
+    metrics.requests.with_label_values(&[NAME, outcome]).get()
+}
+
+/// Polls until `done` holds for the query's observation (scrapes happen every second).
+async fn eventually(client: &PrometheusClient, query: MetricQuery, done: impl Fn(&Observation) -> bool) -> Observation {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let obs = one(client, query.clone()).await;
+        if done(&obs) {
+            return obs;
+        }
+        assert!(Instant::now() < deadline, "{:?} never got there; last: {obs:?}", query.query);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn is_value(expected: f64) -> impl Fn(&Observation) -> bool {
+    move |obs| matches!(obs.reading, Reading::Value { value, .. } if value == expected)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Against a real Prometheus
+
+#[tokio::test]
+async fn reads_a_gauge_and_follows_its_changes() {
+    let exporter = Exporter::start("# TYPE wm_test_gauge gauge\nwm_test_gauge 5\n").await;
+    let server = PrometheusServer::start(&exporter.target()).await;
+    let (client, metrics) = build(&config(&server.url()));
+
+    let obs = eventually(&client, q("wm_test_gauge"), is_value(5.0)).await;
+    assert_eq!(obs.detail.series, Some(1));
+    assert!(obs.detail.warnings.is_empty());
+
+    // An instant query's sample is dated at the evaluation time we asked for, to the millisecond.
+    let at = now();
+    let obs = client.evaluate(&[q("wm_test_gauge")], at).await.remove(0);
+    assert_eq!(obs.reading, Reading::Value { value: 5.0, at });
+    // And the scrape that produced it happened within the last seconds.
+    let scraped = value(&one(&client, q("timestamp(wm_test_gauge)")).await);
+    let age = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_secs_f64() - scraped;
+    assert!((0.0..30.0).contains(&age), "scraped {age}s ago");
+
+    exporter.set("# TYPE wm_test_gauge gauge\nwm_test_gauge 7.25\n");
+    eventually(&client, q("wm_test_gauge"), is_value(7.25)).await;
+    assert!(requests(&metrics, "ok") >= 3);
+    assert_eq!(metrics.request_seconds.with_label_values(&[NAME]).get_sample_count(), requests(&metrics, "ok"));
+}
+
+#[tokio::test]
+async fn no_data_several_series_reducers_and_nan() {
+    let exporter = Exporter::start(
+        "# TYPE wm_test_load gauge\nwm_test_load{pod=\"a\"} 1\nwm_test_load{pod=\"b\"} 4\nwm_test_load{pod=\"c\"} 7\n\
+         # TYPE wm_test_nan gauge\nwm_test_nan NaN\n",
+    )
+    .await;
+    let server = PrometheusServer::start(&exporter.target()).await;
+    let (client, metrics) = build(&config(&server.url()));
+    eventually(&client, q("count(wm_test_load)"), is_value(3.0)).await;
+
+    // One query text, five metrics: one request, answers in order.
+    let before = requests(&metrics, "ok");
+    let queries = [
+        q("wm_test_load"),
+        reduced("wm_test_load", Reducer::Max),
+        reduced("wm_test_load", Reducer::Min),
+        reduced("wm_test_load", Reducer::Sum),
+        reduced("wm_test_load", Reducer::Avg),
+    ];
+    let at = now();
+    let obs = client.evaluate(&queries, at).await;
+    assert_eq!(requests(&metrics, "ok") - before, 1);
+    assert_eq!(error(&obs[0]), QueryError::SeveralSeries { count: 3 });
+    let values: Vec<f64> = obs[1..].iter().map(value).collect();
+    assert_eq!(values, [7.0, 1.0, 12.0, 4.0]);
+    assert!(obs[1..].iter().all(|o| o.detail.series == Some(3)));
+    assert_eq!(obs[3].reading, Reading::Value { value: 12.0, at });
+
+    // Never 0: a series that does not exist is no data.
+    let obs = one(&client, q("wm_test_no_such_metric")).await;
+    assert!(matches!(error(&obs), QueryError::NoData(_)), "{obs:?}");
+    let obs = one(&client, reduced("wm_test_load{pod=\"zzz\"}", Reducer::Sum)).await;
+    assert!(matches!(error(&obs), QueryError::NoData(_)), "{obs:?}");
+
+    // NaN from a gauge and from arithmetic.
+    let obs = eventually(&client, q("wm_test_nan"), |o| o.detail.error.is_some()).await;
+    assert_eq!(error(&obs), QueryError::NotANumber("NaN".into()));
+    assert_eq!(error(&one(&client, q("0/0")).await), QueryError::NotANumber("NaN".into()));
+    assert_eq!(error(&one(&client, q("vector(1)/0")).await), QueryError::NotANumber("+Inf".into()));
+}
+
+#[tokio::test]
+async fn scalars_query_errors_and_long_queries() {
+    let exporter =
+        Exporter::start("# TYPE wm_test_load gauge\nwm_test_load{pod=\"a\"} 1\nwm_test_load{pod=\"b\"} 4\n").await;
+    let server = PrometheusServer::start(&exporter.target()).await;
+    let (client, _metrics) = build(&config(&server.url()));
+    eventually(&client, q("count(wm_test_load)"), is_value(2.0)).await;
+
+    let at = now();
+    let obs = client.evaluate(&[q("1+1"), q("scalar(sum(wm_test_load))")], at).await;
+    assert_eq!(obs[0].reading, Reading::Value { value: 2.0, at });
+    assert_eq!(value(&obs[1]), 5.0);
+
+    // Prometheus' own message comes through.
+    let QueryError::BadQuery(message) = error(&one(&client, q("sum(wm_test_load")).await) else { panic!() };
+    assert!(message.contains("parse error"), "{message}");
+    // 422 execution errors are query problems too.
+    let obs = one(&client, q("wm_test_load * on() wm_test_load")).await;
+    let QueryError::BadQuery(message) = error(&obs) else { panic!("{obs:?}") };
+    assert!(message.contains("many-to-many") || message.contains("matching"), "{message}");
+    // Range vectors and strings are not one value.
+    let QueryError::BadQuery(message) = error(&one(&client, q("wm_test_load[1m]")).await) else { panic!() };
+    assert!(message.contains("instant vector or a scalar"), "{message}");
+    assert!(matches!(error(&one(&client, q("\"text\"")).await), QueryError::BadQuery(_)));
+
+    // Past 2,000 characters the query goes as a form POST, and still works.
+    let mut long = String::from("sum(wm_test_load) + 0 * (vector(1)");
+    while long.len() < 3_000 {
+        long.push_str(" + vector(1)");
+    }
+    long.push(')');
+    assert_eq!(value(&one(&client, q(&long)).await), 5.0);
+}
+
+#[tokio::test]
+async fn path_prefix() {
+    let exporter = Exporter::start("wm_test_gauge 3\n").await;
+    let server = PrometheusServer::start_with_prefix(&exporter.target(), "/prometheus").await;
+    for url in [server.url(), format!("{}/", server.url())] {
+        let (client, _) = build(&config(&url));
+        eventually(&client, q("wm_test_gauge"), is_value(3.0)).await;
+    }
+    // Without the prefix: a configuration problem that says where to look.
+    let (client, _) = build(&config(&server.root_url()));
+    let QueryError::Configuration(message) = error(&one(&client, q("wm_test_gauge")).await) else { panic!() };
+    assert!(message.contains("path prefix"), "{message}");
+}
+
+#[tokio::test]
+async fn a_stopped_server_is_a_transport_error_after_retries() {
+    let exporter = Exporter::start("wm_test_gauge 1\n").await;
+    let mut server = PrometheusServer::start(&exporter.target()).await;
+    let mut settings = config(&server.url());
+    settings.timeout = Duration::from_millis(500);
+    let (client, metrics) = build(&settings);
+    eventually(&client, q("wm_test_gauge"), is_value(1.0)).await;
+
+    server.stop();
+    let started = Instant::now();
+    let obs = one(&client, q("wm_test_gauge")).await;
+    let elapsed = started.elapsed();
+    let QueryError::Transport(message) = error(&obs) else { panic!("{obs:?}") };
+    assert!(message.contains("127.0.0.1") && !message.contains("wm_test_gauge"), "{message}");
+    assert!(requests(&metrics, "transport") >= 2, "retried: {}", requests(&metrics, "transport"));
+    // Within twice the timeout (plus scheduling slack).
+    assert!(elapsed <= Duration::from_millis(1_300), "{elapsed:?}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Against a fake server
+
+#[tokio::test]
+async fn credentials_tenant_headers_and_params_reach_the_server() {
+    let fake = FakeServer::start(|_, _| Reply::vector(1700000000.0, &["1"])).await;
+    let dir = tempfile::tempdir().unwrap();
+    let password = dir.path().join("password");
+    std::fs::write(&password, "s3cret\n").unwrap();
+    let mut settings = config(&format!("{}/select/0/prometheus/", fake.url()));
+    settings.tenant = Some("team-a".into());
+    settings.headers.insert("X-Custom".into(), "yes".into());
+    settings.params.insert("dedup".into(), "true".into());
+    settings.params.insert("timeout".into(), "5s".into());
+    settings.basic_auth = Some(BasicAuth { username: "alice".into(), password: SecretSource::File(password) });
+    let (client, _) = build(&settings);
+
+    let at = Timestamp::from_unix_millis(1_700_000_000_123);
+    let obs = client.evaluate(&[q("up")], at).await;
+    assert_eq!(value(&obs[0]), 1.0);
+    let requests = fake.requests();
+    assert_eq!(requests.len(), 1);
+    let r = &requests[0];
+    assert_eq!(r.method, "GET");
+    assert_eq!(r.path, "/select/0/prometheus/api/v1/query");
+    assert_eq!(
+        r.query,
+        [("query", "up"), ("time", "1700000000.123"), ("dedup", "true"), ("timeout", "5s")]
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+    );
+    // base64("alice:s3cret")
+    assert_eq!(r.header("authorization"), Some("Basic YWxpY2U6czNjcmV0"));
+    assert_eq!(r.header("x-scope-orgid"), Some("team-a"));
+    assert_eq!(r.header("x-custom"), Some("yes"));
+}
+
+#[tokio::test]
+async fn a_bearer_token_file_is_reread_after_it_changes() {
+    let fake = FakeServer::start(|_, _| Reply::vector(1.0, &["1"])).await;
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "first-token\n").unwrap();
+    let mut settings = config(&fake.url());
+    settings.bearer_token = Some(SecretSource::File(token.clone()));
+    let (client, _) = build(&settings);
+
+    one(&client, q("up")).await;
+    // A rotation: new content and a new modification time.
+    std::fs::write(&token, "second-token-longer\n").unwrap();
+    let file = std::fs::File::options().write(true).open(&token).unwrap();
+    file.set_modified(SystemTime::now() + Duration::from_secs(60)).unwrap();
+    one(&client, q("up")).await;
+    let seen: Vec<_> = fake.requests().iter().map(|r| r.header("authorization").unwrap_or("").to_string()).collect();
+    assert_eq!(seen, ["Bearer first-token", "Bearer second-token-longer"]);
+}
+
+#[tokio::test]
+async fn a_long_query_goes_as_a_form_post() {
+    let fake = FakeServer::start(|_, _| Reply::vector(1.0, &["2"])).await;
+    let (client, _) = build(&config(&fake.url()));
+    let long = format!("sum(up{{job=~\"{}\"}})", "a|".repeat(1_200));
+    let short = "sum(up)";
+    let obs = client.evaluate(&[q(short), q(&long)], Timestamp::from_unix_millis(5_000)).await;
+    assert_eq!(obs.iter().map(value).collect::<Vec<_>>(), [2.0, 2.0]);
+    let mut requests = fake.requests();
+    requests.sort_by_key(|r| r.method.clone());
+    assert_eq!(requests[0].method, "GET");
+    assert_eq!(requests[0].param("query").as_deref(), Some(short));
+    let post = &requests[1];
+    assert_eq!(post.method, "POST");
+    assert_eq!(post.path, "/api/v1/query");
+    assert!(post.query.is_empty(), "{:?}", post.query);
+    assert_eq!(post.header("content-type"), Some("application/x-www-form-urlencoded"));
+    assert_eq!(post.param("query").as_deref(), Some(long.as_str()));
+    assert_eq!(post.param("time").as_deref(), Some("5.000"));
+}
+
+#[tokio::test]
+async fn a_plain_text_503_is_retried() {
+    let fake =
+        FakeServer::start(
+            |i, _| {
+                if i == 0 {
+                    Reply::text(503, "Service Unavailable")
+                } else {
+                    Reply::vector(1.0, &["42"])
+                }
+            },
+        )
+        .await;
+    let (client, metrics) = build(&config(&fake.url()));
+    let obs = one(&client, q("up")).await;
+    assert_eq!(value(&obs), 42.0);
+    assert_eq!(fake.requests().len(), 2);
+    assert_eq!(requests(&metrics, "server_error"), 1);
+    assert_eq!(requests(&metrics, "ok"), 1);
+    assert_eq!(metrics.request_seconds.with_label_values(&[NAME]).get_sample_count(), 2);
+}
+
+#[tokio::test]
+async fn server_errors_are_retried_within_twice_the_timeout() {
+    let fake = FakeServer::start(|_, _| {
+        Reply::json(503, r#"{"status":"error","errorType":"timeout","error":"query timed out in query execution"}"#)
+    })
+    .await;
+    let mut settings = config(&fake.url());
+    settings.timeout = Duration::from_millis(400);
+    let (client, metrics) = build(&settings);
+    let started = Instant::now();
+    let obs = one(&client, q("up")).await;
+    let elapsed = started.elapsed();
+    let QueryError::Server(message) = error(&obs) else { panic!("{obs:?}") };
+    assert!(message.starts_with("timeout"), "{message}");
+    let attempts = fake.requests().len();
+    assert!(attempts >= 2, "retried: {attempts} attempts");
+    assert_eq!(requests(&metrics, "timeout"), attempts as u64);
+    assert!(elapsed <= Duration::from_millis(1_100), "{elapsed:?}");
+}
+
+#[tokio::test]
+async fn a_slow_server_times_out_within_twice_the_timeout() {
+    let fake = FakeServer::start(|_, _| Reply::vector(1.0, &["1"]).after(Duration::from_secs(5))).await;
+    let mut settings = config(&fake.url());
+    settings.timeout = Duration::from_millis(300);
+    let (client, metrics) = build(&settings);
+    let started = Instant::now();
+    let obs = one(&client, q("up")).await;
+    let elapsed = started.elapsed();
+    assert!(matches!(error(&obs), QueryError::Timeout(_)), "{obs:?}");
+    assert!(requests(&metrics, "timeout") >= 1);
+    assert!(elapsed <= Duration::from_millis(1_000), "{elapsed:?}");
+}
+
+#[tokio::test]
+async fn unauthorized_is_a_configuration_error_not_retried() {
+    let fake = FakeServer::start(|_, _| Reply::text(401, "Unauthorized")).await;
+    let (client, metrics) = build(&config(&fake.url()));
+    let QueryError::Configuration(message) = error(&one(&client, q("up")).await) else { panic!() };
+    assert!(message.contains("credentials"), "{message}");
+    assert_eq!(fake.requests().len(), 1);
+    assert_eq!(requests(&metrics, "forbidden"), 1);
+
+    let fake = FakeServer::start(|_, _| Reply::text(403, "no org id")).await;
+    let (client, _) = build(&config(&fake.url()));
+    let QueryError::Configuration(message) = error(&one(&client, q("up")).await) else { panic!() };
+    assert!(message.contains("tenant") && message.contains("no org id"), "{message}");
+}
+
+#[tokio::test]
+async fn warnings_are_kept_and_counted() {
+    let fake = FakeServer::start(|_, _| {
+        Reply::json(
+            200,
+            r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{},"value":[1.5,"3"]}]},
+                "warnings":["store-gateway-2 unavailable: partial response"],"infos":["metric might not be a counter"]}"#,
+        )
+    })
+    .await;
+    let (client, metrics) = build(&config(&fake.url()));
+    let obs = one(&client, q("up")).await;
+    assert_eq!(obs.reading, Reading::Value { value: 3.0, at: Timestamp::from_unix_millis(1_500) });
+    assert_eq!(
+        obs.detail.warnings,
+        ["store-gateway-2 unavailable: partial response", "info: metric might not be a counter"]
+    );
+    assert_eq!(metrics.warnings.with_label_values(&[NAME]).get(), 2);
+}
+
+#[tokio::test]
+async fn concurrency_is_bounded_and_identical_queries_go_once() {
+    let fake = FakeServer::start(|_, r| {
+        let n = r.param("query").unwrap_or_default().trim_start_matches('q').to_string();
+        Reply::vector(1.0, &[n.as_str()]).after(Duration::from_millis(100))
+    })
+    .await;
+    let mut settings = config(&fake.url());
+    settings.max_in_flight = 2;
+    let (client, _) = build(&settings);
+    let queries: Vec<_> = [1, 2, 3, 1, 4, 5, 6, 2].iter().map(|n| q(&format!("q{n}"))).collect();
+    let obs = client.evaluate(&queries, now()).await;
+    assert_eq!(obs.iter().map(value).collect::<Vec<_>>(), [1.0, 2.0, 3.0, 1.0, 4.0, 5.0, 6.0, 2.0]);
+    assert_eq!(fake.requests().len(), 6);
+    assert_eq!(fake.max_in_flight(), 2);
+    assert!(client.evaluate(&[], now()).await.is_empty());
+}
+
+#[tokio::test]
+async fn a_refused_connection_is_a_transport_error() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut settings = config(&format!("http://127.0.0.1:{port}"));
+    settings.timeout = Duration::from_millis(300);
+    let (client, metrics) = build(&settings);
+    let obs = one(&client, q("up")).await;
+    assert!(matches!(error(&obs), QueryError::Transport(ref m) if m.contains("refused")), "{obs:?}");
+    assert!(requests(&metrics, "transport") >= 2);
+}
+
+// ---------------------------------------------------------------------------------------------
+// TLS
+
+fn tls_settings(certs: &TestCerts, ca: bool, client_cert: bool, insecure: bool) -> TlsSettings {
+    TlsSettings {
+        ca_file: ca.then(|| certs.path("ca.pem")),
+        client_cert_file: client_cert.then(|| certs.path("client.pem")),
+        client_key_file: client_cert.then(|| certs.path("client.key")),
+        insecure_skip_verify: insecure,
+    }
+}
+
+#[tokio::test]
+async fn mutual_tls_with_a_custom_ca() {
+    let certs = TestCerts::generate();
+    let server = TlsServer::start(&certs, r#"{"status":"success","data":{"resultType":"scalar","result":[2,"8"]}}"#);
+    let with = |ca, client_cert, insecure| {
+        let mut settings = config(&server.url());
+        settings.timeout = Duration::from_millis(500);
+        settings.tls = tls_settings(&certs, ca, client_cert, insecure);
+        build(&settings).0
+    };
+
+    assert_eq!(value(&one(&with(true, true, false), q("up")).await), 8.0);
+    // The server's certificate is not trusted without the CA...
+    let obs = one(&with(false, true, false), q("up")).await;
+    assert!(matches!(error(&obs), QueryError::Transport(ref m) if m.to_lowercase().contains("certificate")), "{obs:?}");
+    // ...unless verification is explicitly skipped.
+    assert_eq!(value(&one(&with(false, true, true), q("up")).await), 8.0);
+    // The server requires a client certificate.
+    let obs = one(&with(true, false, false), q("up")).await;
+    assert!(matches!(error(&obs), QueryError::Transport(_)), "{obs:?}");
+}
+
+#[tokio::test]
+async fn bad_tls_files_fail_the_build_naming_the_file() {
+    let certs = TestCerts::generate();
+    let mut settings = config("https://127.0.0.1:1");
+    settings.tls.ca_file = Some(certs.path("client.key"));
+    let Err(BackendError::Invalid { message, .. }) =
+        PrometheusClient::new(NAME, &settings, Arc::new(BackendMetrics::detached()))
+    else {
+        panic!("a key is not a CA certificate");
+    };
+    assert!(message.contains("client.key") && !message.contains("PRIVATE"), "{message}");
+
+    // A key that does not go with the certificate.
+    let mut settings = config("https://127.0.0.1:1");
+    settings.tls.client_cert_file = Some(certs.path("client.pem"));
+    settings.tls.client_key_file = Some(certs.path("ca.pem"));
+    assert!(matches!(
+        PrometheusClient::new(NAME, &settings, Arc::new(BackendMetrics::detached())),
+        Err(BackendError::Invalid { .. })
+    ));
+}
