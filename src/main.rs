@@ -31,6 +31,10 @@ enum Command {
     Decide,
     /// Replay a metric trace (CSV) through an autoscaler's rule and report what it would do.
     Simulate(watermarkd::simulate::SimulateArgs),
+    /// Ask the backends what every metric of the rules reads right now, and how it was chosen.
+    ///
+    /// Exits 1 when any metric has no usable value.
+    Query(watermarkd::query::QueryArgs),
 }
 
 fn main() -> ExitCode {
@@ -70,6 +74,14 @@ fn run() -> anyhow::Result<ExitCode> {
         Command::Simulate(args) => {
             watermarkd::simulate::run(&args, &mut out)?;
             ExitCode::SUCCESS
+        }
+        Command::Query(args) => {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            if runtime.block_on(watermarkd::query::run(&args, &mut out))? {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
         }
     };
     out.flush().context("writing to standard output")?;

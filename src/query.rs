@@ -1,0 +1,193 @@
+//! `watermarkd query`: what each metric of each autoscaler reads right now, and how that value
+//! was chosen. How a person checks a rule against the real backend before trusting it.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use watermarkd_engine::{Reading, Timestamp};
+
+use crate::backend::datadog::RateLimitSnapshot;
+use crate::backend::{BackendError, MetricBackend, MetricQuery, Observation, QueryBackend};
+use crate::rules::{self, Autoscaler, RulesError, RulesFile};
+use crate::telemetry::BackendMetrics;
+
+#[derive(Debug, clap::Args)]
+pub struct QueryArgs {
+    /// The rules file whose metrics to query.
+    #[arg(long, value_name = "FILE")]
+    pub config: PathBuf,
+    /// Only this autoscaler (default: all of them).
+    #[arg(long, value_name = "NAME")]
+    pub autoscaler: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum QueryCommandError {
+    #[error("{0}")]
+    Rules(#[from] RulesError),
+    #[error("no autoscaler named {name:?} in {config} (it has: {known})")]
+    UnknownAutoscaler { name: String, config: String, known: String },
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    #[error(transparent)]
+    Output(#[from] std::io::Error),
+}
+
+/// One metric of one autoscaler and what its backend answered.
+pub struct MetricAnswer<'a> {
+    pub autoscaler: &'a Autoscaler,
+    pub metric_index: usize,
+    pub observation: Observation,
+}
+
+/// Queries every metric of the selected autoscalers once, each backend in one cycle, and prints
+/// the answers. Returns false when any metric has no value.
+pub async fn run(args: &QueryArgs, out: &mut impl Write) -> Result<bool, QueryCommandError> {
+    let rules = rules::load_rules(&args.config)?;
+    let selected = select(&rules, args)?;
+    let now = Timestamp::from_system_time(SystemTime::now());
+    let Answers { metrics: answers, rate_limits } = query_all(&rules, &selected, now).await?;
+    let mut all_ok = true;
+    let mut current: Option<&str> = None;
+    for answer in &answers {
+        if current != Some(answer.autoscaler.name.as_str()) {
+            current = Some(answer.autoscaler.name.as_str());
+            writeln!(out, "{}", answer.autoscaler.name)?;
+        }
+        all_ok &= matches!(answer.observation.reading, Reading::Value { .. });
+        write_answer(out, answer, now)?;
+    }
+    if answers.is_empty() {
+        writeln!(out, "{}: no autoscalers", args.config.display())?;
+    }
+    for (backend, budget) in rate_limits {
+        write!(
+            out,
+            "backend {backend}: Datadog rate limit {}/{}s, {} remaining, resets in {}s",
+            budget.limit, budget.period_seconds, budget.remaining, budget.reset_seconds
+        )?;
+        if let Some(blocked) = budget.blocked_for_seconds {
+            write!(out, ", rate limited for {blocked}s more")?;
+        }
+        writeln!(out)?;
+    }
+    Ok(all_ok)
+}
+
+fn select<'a>(rules: &'a RulesFile, args: &QueryArgs) -> Result<Vec<&'a Autoscaler>, QueryCommandError> {
+    match &args.autoscaler {
+        None => Ok(rules.autoscalers.iter().collect()),
+        Some(name) => match rules.autoscaler(name) {
+            Some(a) => Ok(vec![a]),
+            None => Err(QueryCommandError::UnknownAutoscaler {
+                name: name.clone(),
+                config: args.config.display().to_string(),
+                known: rules.autoscalers.iter().map(|a| a.name.as_str()).collect::<Vec<_>>().join(", "),
+            }),
+        },
+    }
+}
+
+/// Builds the backends the selected autoscalers use and evaluates all their queries at `now`,
+/// one batch per backend, as a daemon cycle would.
+pub async fn query_all<'a>(
+    rules: &RulesFile,
+    selected: &[&'a Autoscaler],
+    now: Timestamp,
+) -> Result<Answers<'a>, QueryCommandError> {
+    let metrics = Arc::new(BackendMetrics::detached());
+    // Per backend: its client and the (autoscaler, metric) pairs it answers, in order.
+    let mut per_backend: BTreeMap<&str, Vec<(&'a Autoscaler, usize)>> = BTreeMap::new();
+    for autoscaler in selected {
+        for (i, source) in autoscaler.metrics.iter().enumerate() {
+            per_backend.entry(source.backend.as_str()).or_default().push((autoscaler, i));
+        }
+    }
+    let mut answers = Vec::new();
+    let mut rate_limits = Vec::new();
+    for (name, users) in per_backend {
+        let Some(config) = rules.backends.get(name) else { continue };
+        let backend = MetricBackend::new(name, config, metrics.clone())?;
+        let queries: Vec<MetricQuery> = users
+            .iter()
+            .map(|(a, i)| {
+                let source = &a.metrics[*i];
+                MetricQuery { query: source.query.clone(), reducer: source.reducer }
+            })
+            .collect();
+        let observations = backend.evaluate(&queries, now).await;
+        if let MetricBackend::Datadog(client) = &backend {
+            if let Some(budget) = client.rate_limit() {
+                rate_limits.push((name.to_string(), budget));
+            }
+        }
+        for ((autoscaler, metric_index), observation) in users.into_iter().zip(observations) {
+            answers.push(MetricAnswer { autoscaler, metric_index, observation });
+        }
+    }
+    // Back to file order: autoscaler, then metric.
+    let order: BTreeMap<&str, usize> = selected.iter().enumerate().map(|(i, a)| (a.name.as_str(), i)).collect();
+    answers.sort_by_key(|a| (order.get(a.autoscaler.name.as_str()).copied(), a.metric_index));
+    Ok(Answers { metrics: answers, rate_limits })
+}
+
+/// Everything one `query` run learned.
+pub struct Answers<'a> {
+    pub metrics: Vec<MetricAnswer<'a>>,
+    /// The Datadog rate budget after the queries, per backend.
+    pub rate_limits: Vec<(String, RateLimitSnapshot)>,
+}
+
+fn write_answer(out: &mut impl Write, answer: &MetricAnswer<'_>, now: Timestamp) -> std::io::Result<()> {
+    let source = &answer.autoscaler.metrics[answer.metric_index];
+    let rule_metric = &answer.autoscaler.rule.metrics()[answer.metric_index];
+    writeln!(out, "  {} via {}: {}", source.name, source.backend, source.query)?;
+    let detail = &answer.observation.detail;
+    match &answer.observation.reading {
+        Reading::Value { value, at } => {
+            let age = now.since(*at).as_secs();
+            writeln!(out, "    value {value} at {at} ({age}s old)")?;
+            let tolerance = answer.autoscaler.rule.tolerance().to_f64();
+            let (low, high) = (rule_metric.low_watermark.to_f64(), rule_metric.high_watermark.to_f64());
+            match answer.autoscaler.rule.algorithm() {
+                // Only the engine knows the ready replicas, so a total cannot be placed in the band here.
+                watermarkd_engine::Algorithm::Average => writeln!(
+                    out,
+                    "    watermarks {low}..{high} per replica: the value is a total, divided by ready replicas"
+                )?,
+                watermarkd_engine::Algorithm::Absolute => {
+                    let position = if *value > high * (1.0 + tolerance) {
+                        "above the band"
+                    } else if *value < low * (1.0 - tolerance) {
+                        "below the band"
+                    } else {
+                        "inside the band"
+                    };
+                    writeln!(out, "    watermarks {low}..{high}: {position}")?
+                }
+            }
+        }
+        Reading::Replicas { replicas } => writeln!(out, "    recommends {replicas} replicas")?,
+        Reading::Unavailable { reason } => writeln!(out, "    unavailable: {reason}")?,
+    }
+    let mut how = Vec::new();
+    if let Some(series) = detail.series {
+        how.push(format!("{series} series"));
+    }
+    if let (Some(chosen), Some(points)) = (detail.chosen_point, detail.points) {
+        how.push(format!("point {} of {points} non-null", chosen + 1));
+    }
+    if let Some(interval) = detail.interval_seconds {
+        how.push(format!("rollup {interval}s"));
+    }
+    if !how.is_empty() {
+        writeln!(out, "    {}", how.join(", "))?;
+    }
+    for warning in &detail.warnings {
+        writeln!(out, "    warning: {warning}")?;
+    }
+    Ok(())
+}
