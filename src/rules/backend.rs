@@ -9,6 +9,16 @@ use super::reader::Table;
 use super::{Backend, BasicAuth, DatadogBackend, PrometheusBackend, SecretSource, TlsSettings};
 
 const DEFAULT_DATADOG_SITE: &str = "datadoghq.com";
+/// Datadog's sites; the API host is `api.<site>`. Anything else (a proxy) goes in `url`.
+const DATADOG_SITES: &[&str] = &[
+    "datadoghq.com",
+    "us3.datadoghq.com",
+    "us5.datadoghq.com",
+    "ap1.datadoghq.com",
+    "ap2.datadoghq.com",
+    "datadoghq.eu",
+    "ddog-gov.com",
+];
 const DATADOG_KEYS: &[&str] = &[
     "type",
     "site",
@@ -80,6 +90,14 @@ fn read_backend(table: &mut Table<'_>, sink: &mut Sink) -> Option<Backend> {
 
 fn read_datadog(table: &mut Table<'_>, sink: &mut Sink) -> Option<DatadogBackend> {
     let site = table.text(sink, "site").unwrap_or_else(|| DEFAULT_DATADOG_SITE.to_string());
+    let site_ok = DATADOG_SITES.contains(&site.as_str());
+    if !site_ok {
+        table.report(
+            sink,
+            "site",
+            format!("({site:?}) is not a Datadog site: use one of {} (or `url` for a proxy)", DATADOG_SITES.join(", ")),
+        );
+    }
     let url = table.text(sink, "url").and_then(|url| checked_url(table, sink, url));
     let url_ok = !table.has("url") || url.is_some();
     let api_key = read_secret(table, sink, "api_key");
@@ -88,7 +106,7 @@ fn read_datadog(table: &mut Table<'_>, sink: &mut Sink) -> Option<DatadogBackend
     let max_age = positive_duration(table, sink, "max_age");
     let timeout = positive_duration(table, sink, "timeout").unwrap_or(DEFAULT_TIMEOUT);
     let max_in_flight = in_flight(table, sink).unwrap_or(DEFAULT_DATADOG_IN_FLIGHT);
-    if !url_ok {
+    if !url_ok || !site_ok {
         return None;
     }
     Some(DatadogBackend { site, url, api_key: api_key?, app_key: app_key?, window, max_age, timeout, max_in_flight })

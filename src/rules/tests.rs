@@ -703,3 +703,40 @@ client_cert_file = "/c.pem"
     }
     assert!(!text.contains("inline!"), "a secret was echoed: {text}");
 }
+
+#[test]
+fn datadog_sites_are_the_known_ones() {
+    let problems = problems(
+        r#"
+[backend.dd]
+type = "datadoghq"
+"#,
+    );
+    assert!(problems.iter().any(|p| p.contains("must be \"datadog\" or \"prometheus\"")), "{problems:?}");
+    let problems = problems_of_site("datadoghq.con");
+    assert!(
+        problems.iter().any(|p| p.contains(
+            "backend.dd.site (\"datadoghq.con\") is not a Datadog site: use one of datadoghq.com, us3.datadoghq.com"
+        )),
+        "{problems:?}"
+    );
+    for site in [
+        "datadoghq.com",
+        "us3.datadoghq.com",
+        "us5.datadoghq.com",
+        "ap1.datadoghq.com",
+        "ap2.datadoghq.com",
+        "datadoghq.eu",
+        "ddog-gov.com",
+    ] {
+        let text =
+            format!("[backend.dd]\ntype = \"datadog\"\nsite = \"{site}\"\napi_key_env = \"A\"\napp_key_env = \"B\"\n");
+        assert!(parse_rules(&text, "rules.toml").is_ok(), "{site}");
+    }
+}
+
+fn problems_of_site(site: &str) -> Vec<String> {
+    problems(&format!(
+        "[backend.dd]\ntype = \"datadog\"\nsite = \"{site}\"\napi_key_env = \"A\"\napp_key_env = \"B\"\n"
+    ))
+}
