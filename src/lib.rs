@@ -8,4 +8,5 @@ pub mod decide;
 pub mod query;
 pub mod rules;
 pub mod simulate;
+pub mod target;
 pub mod telemetry;

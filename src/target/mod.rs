@@ -1,0 +1,547 @@
+//! Kubernetes targets: read scale and readiness, write replicas.
+//!
+//! - [`connect`] builds a client from `--kubeconfig` / `KUBECONFIG` / in-cluster settings.
+//! - [`Targets`] keeps watch-backed caches of the referenced objects and serves
+//!   [`Targets::read`] from them; [`Targets::scale`] patches `/scale` with the resourceVersion
+//!   the decision was based on, so a concurrent change is a [`TargetError::Conflict`] rather
+//!   than an overwrite.
+//!
+//! # How a target is read
+//! The kind is resolved through discovery from `apiVersion` + `kind` (so custom resources work)
+//! and must have a `/scale` subresource. Then:
+//! - Built-in workloads (apps/v1 Deployment, StatefulSet, ReplicaSet; v1 ReplicationController):
+//!   their `/scale` maps to fixed fields, read straight from the watched object. A read is a
+//!   cache lookup; no request.
+//! - Other kinds (custom resources): the `/scale` field paths live in the CRD, which discovery
+//!   does not return (and reading CRDs would need more RBAC). So `/scale` is fetched once per
+//!   change of the watched object, never per read.
+//! - Ready replicas: the object's `status.readyReplicas` when it has one (built-in kinds
+//!   always do; the API omits it at 0). Otherwise the pods matching the scale's label selector
+//!   in the target's namespace are watched (one selector-scoped watch for that target only)
+//!   and the Ready ones counted; without a selector, `ready_replicas` is `None`.
+//!
+//! See `watch.rs` for how the watches are shared and what happens on errors.
+//!
+//! # RBAC the daemon needs, per target namespace
+//! `list` and `watch` on the target resource; `get` (custom kinds) and `patch` on its `/scale`;
+//! `list` and `watch` on pods only for targets without `status.readyReplicas`.
+
+mod error;
+mod object;
+mod watch;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::core::discovery::Scope;
+use kube::core::GroupVersionKind;
+use kube::{Client, Config};
+use serde_json::json;
+use tokio::sync::watch as channel;
+
+pub use error::TargetError;
+
+use crate::rules::TargetRef;
+use error::Request;
+use object::{kind_paths, split_api_version, KindPaths};
+use watch::{AbortOnDrop, GroupSpec, Groups, ObjState, PodState, PodWatch};
+
+/// The field manager named in the managed fields of every write.
+const FIELD_MANAGER: &str = "watermarkd";
+
+/// Builds a client. Where the settings come from, first match wins:
+/// 1. `kubeconfig` (`--kubeconfig`), with `context` (`--context`) or its current context;
+/// 2. the `KUBECONFIG` variable, with `context`;
+/// 3. in-cluster (the pod's service account) when `KUBERNETES_SERVICE_HOST` is set and no
+///    `context` was asked for;
+/// 4. `~/.kube/config`, with `context`.
+pub async fn connect(kubeconfig: Option<&Path>, context: Option<&str>) -> Result<Client, TargetError> {
+    crate::backend::ensure_crypto_provider();
+    let options = KubeConfigOptions { context: context.map(str::to_string), ..KubeConfigOptions::default() };
+    let config = if let Some(path) = kubeconfig {
+        let file = Kubeconfig::read_from(path).map_err(|e| TargetError::Config(format!("{}: {e}", path.display())))?;
+        Config::from_custom_kubeconfig(file, &options)
+            .await
+            .map_err(|e| TargetError::Config(format!("{}: {e}", path.display())))?
+    } else if context.is_none()
+        && std::env::var_os("KUBECONFIG").is_none()
+        && std::env::var_os("KUBERNETES_SERVICE_HOST").is_some()
+    {
+        Config::incluster().map_err(|e| TargetError::Config(format!("in-cluster configuration: {e}")))?
+    } else {
+        Config::from_kubeconfig(&options).await.map_err(|e| TargetError::Config(format!("kubeconfig: {e}")))?
+    };
+    Client::try_from(config).map_err(|e| TargetError::Config(e.to_string()))
+}
+
+/// The scale of a target as the cache last saw it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScaleReading {
+    /// Desired replicas (`/scale` `spec.replicas`).
+    pub spec_replicas: u32,
+    /// Current replicas (`/scale` `status.replicas`).
+    pub status_replicas: u32,
+    /// Ready replicas: `status.readyReplicas`, or ready pods counted through the selector, or
+    /// `None` when neither is available.
+    pub ready_replicas: Option<u32>,
+    /// The label selector of the target's pods (`/scale` `status.selector`), if it has one.
+    pub selector: Option<String>,
+    /// The object's resourceVersion this reading is from. [`Targets::scale`] sends it back.
+    pub resource_version: String,
+}
+
+/// A resolved kind: how to reach it and how to read it.
+#[derive(Debug)]
+struct Resolved {
+    resource: ApiResource,
+    namespaced: bool,
+    paths: KindPaths,
+}
+
+#[derive(Clone, Debug)]
+enum TargetState {
+    Starting,
+    Failed(TargetError),
+    Ready {
+        reading: ScaleReading,
+        /// Set when readiness comes from counting pods.
+        pods: Option<channel::Receiver<PodState>>,
+        resolved: Arc<Resolved>,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Key {
+    api_version: String,
+    kind: String,
+    namespace: String,
+    name: String,
+}
+
+impl Key {
+    fn of(target: &TargetRef) -> Self {
+        Key {
+            api_version: target.api_version.clone(),
+            kind: target.kind.clone(),
+            namespace: target.namespace.clone(),
+            name: target.name.clone(),
+        }
+    }
+}
+
+fn describe(target: &TargetRef) -> String {
+    format!("{} {}/{} ({})", target.kind, target.namespace, target.name, target.api_version)
+}
+
+struct Entry {
+    refs: usize,
+    state: Arc<channel::Sender<TargetState>>,
+    _task: AbortOnDrop,
+}
+
+/// What the per-target tasks share. Holds no target entries, so dropping `Targets` stops them.
+struct Context {
+    client: Client,
+    groups: Arc<Groups>,
+    /// Discovery results by (apiVersion, kind). Only kinds that resolved with a `/scale`.
+    kinds: Mutex<HashMap<(String, String), Arc<Resolved>>>,
+}
+
+struct Inner {
+    context: Arc<Context>,
+    entries: Mutex<HashMap<Key, Entry>>,
+    sync_timeout: Duration,
+}
+
+/// The registry of watched targets. Cheap to clone; every clone shares the caches. Dropping
+/// the last clone stops every watch.
+#[derive(Clone)]
+pub struct Targets {
+    inner: Arc<Inner>,
+}
+
+impl Targets {
+    /// How long `read` waits for a target's first answer from the API server by default.
+    pub const DEFAULT_SYNC_TIMEOUT: Duration = Duration::from_secs(10);
+
+    pub fn new(client: Client) -> Self {
+        Self::with_sync_timeout(client, Self::DEFAULT_SYNC_TIMEOUT)
+    }
+
+    /// Like `new`, with how long `read` waits for a newly watched target's first state.
+    pub fn with_sync_timeout(client: Client, sync_timeout: Duration) -> Self {
+        let context = Arc::new(Context { groups: Groups::new(client.clone()), client, kinds: Mutex::default() });
+        Targets { inner: Arc::new(Inner { context, entries: Mutex::default(), sync_timeout }) }
+    }
+
+    /// Starts caching `target` (resolving its kind, then watching it). Idempotent and counted:
+    /// each `watch` needs one `unwatch`. Never fails: problems (unknown kind, no `/scale`,
+    /// forbidden, missing) are what `read` returns, and are retried in the background, so a
+    /// target that gets fixed recovers by itself. Must be called inside a Tokio runtime.
+    pub fn watch(&self, target: &TargetRef) {
+        let mut entries = self.inner.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        let entry = entries.entry(Key::of(target)).or_insert_with(|| {
+            let state = Arc::new(channel::Sender::new(TargetState::Starting));
+            let task = tokio::spawn(run_target(Arc::clone(&self.inner.context), target.clone(), Arc::clone(&state)));
+            Entry { refs: 0, state, _task: AbortOnDrop(task) }
+        });
+        entry.refs += 1;
+    }
+
+    /// Undoes one `watch`; the last one stops the target's watches.
+    pub fn unwatch(&self, target: &TargetRef) {
+        let mut entries = self.inner.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        let key = Key::of(target);
+        if let Some(entry) = entries.get_mut(&key) {
+            entry.refs -= 1;
+            if entry.refs == 0 {
+                entries.remove(&key);
+            }
+        }
+    }
+
+    /// Number of watched targets.
+    pub fn len(&self) -> usize {
+        self.inner.entries.lock().unwrap_or_else(PoisonError::into_inner).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Number of running workload watches: one per (resource, namespace) in use.
+    pub fn workload_watches(&self) -> usize {
+        self.inner.context.groups.len()
+    }
+
+    fn state_of(&self, target: &TargetRef) -> Result<Arc<channel::Sender<TargetState>>, TargetError> {
+        let entries = self.inner.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        entries
+            .get(&Key::of(target))
+            .map(|entry| Arc::clone(&entry.state))
+            .ok_or_else(|| TargetError::NotWatched(describe(target)))
+    }
+
+    /// The target's scale from the cache. Waits (up to the sync timeout) only while a newly
+    /// watched target has no answer yet; afterwards it never makes a request.
+    pub async fn read(&self, target: &TargetRef) -> Result<ScaleReading, TargetError> {
+        let deadline = tokio::time::Instant::now() + self.inner.sync_timeout;
+        let no_answer = || {
+            TargetError::Connection(format!(
+                "no answer from the API server about {} within {:?}",
+                describe(target),
+                self.inner.sync_timeout
+            ))
+        };
+        let mut receiver = self.state_of(target)?.subscribe();
+        let settled = tokio::time::timeout_at(deadline, receiver.wait_for(|s| !matches!(s, TargetState::Starting)));
+        let state = match settled.await {
+            Ok(Ok(state)) => state.clone(),
+            // The task ended: only when the registry is being dropped.
+            Ok(Err(_)) => return Err(TargetError::NotWatched(describe(target))),
+            Err(_) => return Err(no_answer()),
+        };
+        match state {
+            TargetState::Starting => Err(no_answer()),
+            TargetState::Failed(err) => Err(err),
+            TargetState::Ready { reading, pods: None, .. } => Ok(reading),
+            TargetState::Ready { mut reading, pods: Some(mut pods), .. } => {
+                let counted = tokio::time::timeout_at(deadline, pods.wait_for(|s| !matches!(s, PodState::Starting)));
+                match counted.await.map(|r| r.map(|s| s.clone())) {
+                    Ok(Ok(PodState::Counted(ready))) => {
+                        reading.ready_replicas = Some(ready);
+                        Ok(reading)
+                    }
+                    Ok(Ok(PodState::Failed(err))) => Err(err),
+                    Ok(Ok(PodState::Starting)) | Err(_) => Err(no_answer()),
+                    // The pod watch was replaced (new selector) between the two looks.
+                    Ok(Err(_)) => Err(TargetError::Connection(format!(
+                        "the pod selector of {} changed while reading; read again",
+                        describe(target)
+                    ))),
+                }
+            }
+        }
+    }
+
+    /// Sets the target's replicas to `replicas` with one merge patch of `/scale` carrying
+    /// `from.resource_version`: if the object changed since `from` was read, the API server
+    /// answers 409 and this returns [`TargetError::Conflict`] without writing anything. The
+    /// caller then reads again and decides again. Any change counts, a status update by the
+    /// workload's controller included (`/scale` shares the object's resourceVersion), so a
+    /// caller should expect the odd conflict during rollouts and simply retry with a fresh
+    /// reading. No request when `replicas` equals `from.spec_replicas`.
+    pub async fn scale(&self, target: &TargetRef, from: &ScaleReading, replicas: u32) -> Result<(), TargetError> {
+        let state = self.state_of(target)?;
+        if replicas == from.spec_replicas {
+            return Ok(());
+        }
+        if from.resource_version.is_empty() {
+            // Without a version the patch would overwrite whatever is there.
+            return Err(TargetError::Api {
+                code: 0,
+                message: "refusing to scale from a reading without a resourceVersion".to_string(),
+            });
+        }
+        let current = state.borrow().clone();
+        let resolved = match current {
+            TargetState::Ready { resolved, .. } => resolved,
+            TargetState::Failed(err) => return Err(err),
+            TargetState::Starting => {
+                return Err(TargetError::Connection(format!("{} has not been read yet", describe(target))))
+            }
+        };
+        let api = api_for(&self.inner.context.client, &resolved, &target.namespace);
+        let resource = format!("{}/scale", resolved.resource.plural);
+        let request = Request {
+            verb: "patch",
+            resource: &resource,
+            api_version: &target.api_version,
+            namespace: &target.namespace,
+            kind: &target.kind,
+            name: &target.name,
+            collection: false,
+        };
+        let patch = json!({
+            "metadata": { "resourceVersion": from.resource_version },
+            "spec": { "replicas": replicas },
+        });
+        let params = PatchParams { field_manager: Some(FIELD_MANAGER.to_string()), ..PatchParams::default() };
+        match api.patch_scale(&target.name, &params, &Patch::Merge(&patch)).await {
+            Ok(scale) => {
+                // Serve the write to the next read even before its watch event arrives, but
+                // only over the state it was based on (never over something newer).
+                let written_version = scale.metadata.resource_version.unwrap_or_default();
+                state.send_if_modified(|state| match state {
+                    TargetState::Ready { reading, .. }
+                        if reading.resource_version == from.resource_version && !written_version.is_empty() =>
+                    {
+                        reading.spec_replicas = replicas;
+                        reading.resource_version = written_version.clone();
+                        true
+                    }
+                    _ => false,
+                });
+                tracing::info!(workload = %describe(target), from = from.spec_replicas, to = replicas, "scaled");
+                Ok(())
+            }
+            Err(err) => Err(match request.error(&err) {
+                TargetError::Conflict { kind, namespace, name, .. } => {
+                    TargetError::Conflict { kind, namespace, name, resource_version: from.resource_version.clone() }
+                }
+                other => other,
+            }),
+        }
+    }
+}
+
+fn api_for(client: &Client, resolved: &Resolved, namespace: &str) -> Api<DynamicObject> {
+    if resolved.namespaced {
+        Api::namespaced_with(client.clone(), namespace, &resolved.resource)
+    } else {
+        Api::all_with(client.clone(), &resolved.resource)
+    }
+}
+
+impl Context {
+    /// Resolves the target's kind through discovery (cached once it resolved with a `/scale`).
+    async fn resolve(&self, target: &TargetRef) -> Result<Arc<Resolved>, TargetError> {
+        let key = (target.api_version.clone(), target.kind.clone());
+        if let Some(resolved) = self.kinds.lock().unwrap_or_else(PoisonError::into_inner).get(&key) {
+            return Ok(Arc::clone(resolved));
+        }
+        let (group, version) = split_api_version(&target.api_version);
+        let gvk = GroupVersionKind::gvk(group, version, &target.kind);
+        let unknown = |reason: String| TargetError::UnknownKind {
+            api_version: target.api_version.clone(),
+            kind: target.kind.clone(),
+            reason,
+        };
+        let (resource, capabilities) = match kube::discovery::pinned_kind(&self.client, &gvk).await {
+            Ok(found) => found,
+            Err(kube::Error::Discovery(e)) => return Err(unknown(e.to_string())),
+            Err(kube::Error::Api(status)) if status.code == 404 => {
+                return Err(unknown(format!("apiVersion {} is not served", target.api_version)))
+            }
+            Err(err) => {
+                let request = Request {
+                    verb: "get",
+                    resource: "discovery",
+                    api_version: &target.api_version,
+                    namespace: &target.namespace,
+                    kind: &target.kind,
+                    name: &target.name,
+                    collection: true,
+                };
+                return Err(request.error(&err));
+            }
+        };
+        if !capabilities.subresources.iter().any(|(sub, _)| sub.plural == "scale") {
+            return Err(TargetError::NoScaleSubresource {
+                api_version: target.api_version.clone(),
+                kind: target.kind.clone(),
+            });
+        }
+        let resolved = Arc::new(Resolved {
+            paths: kind_paths(group, &target.kind),
+            namespaced: capabilities.scope == Scope::Namespaced,
+            resource,
+        });
+        self.kinds.lock().unwrap_or_else(PoisonError::into_inner).insert(key, Arc::clone(&resolved));
+        Ok(resolved)
+    }
+
+    fn forget(&self, target: &TargetRef) {
+        let key = (target.api_version.clone(), target.kind.clone());
+        self.kinds.lock().unwrap_or_else(PoisonError::into_inner).remove(&key);
+    }
+}
+
+/// Retry delays after a target's own request failed (discovery, `/scale` of a custom kind):
+/// 1 s doubling to 60 s. Watches retry by themselves with kube's backoff.
+fn retry_delay(attempt: u32) -> Duration {
+    Duration::from_secs(1u64 << attempt.min(6)).min(Duration::from_secs(60))
+}
+
+/// Keeps one target's state: resolves its kind, follows its object in the shared watch, reads
+/// `/scale` on changes for custom kinds and counts pods where needed.
+async fn run_target(context: Arc<Context>, target: TargetRef, state: Arc<channel::Sender<TargetState>>) {
+    let mut attempt = 0;
+    loop {
+        let resolved = match context.resolve(&target).await {
+            Ok(resolved) => resolved,
+            Err(err) => {
+                tracing::warn!(workload = %describe(&target), error = %err, "cannot resolve the target's kind; retrying");
+                state.send_replace(TargetState::Failed(err));
+                tokio::time::sleep(retry_delay(attempt)).await;
+                attempt += 1;
+                continue;
+            }
+        };
+        let spec = GroupSpec {
+            resource: resolved.resource.clone(),
+            namespaced: resolved.namespaced,
+            namespace: target.namespace.clone(),
+            paths: resolved.paths,
+        };
+        let (subscription, mut object) = context.groups.subscribe(&spec, &target.name);
+        let mut pods: Option<PodWatch> = None;
+        loop {
+            // Set when a request of this task failed: try again after this long even if the
+            // object does not change (RBAC fixed, API server back).
+            let mut retry_after = None;
+            let observed = object.borrow_and_update().clone();
+            match observed {
+                ObjState::Starting => {}
+                ObjState::Failed(err) => {
+                    let rediscover = matches!(err, TargetError::UnknownKind { .. });
+                    state.send_replace(TargetState::Failed(err));
+                    if rediscover {
+                        // The resource type went away (a CRD deleted?): resolve it afresh.
+                        break;
+                    }
+                }
+                ObjState::Missing => {
+                    pods = None;
+                    state.send_replace(TargetState::Failed(TargetError::NotFound {
+                        kind: target.kind.clone(),
+                        namespace: target.namespace.clone(),
+                        name: target.name.clone(),
+                    }));
+                }
+                ObjState::Present(info) => {
+                    let reading = match resolved.paths {
+                        KindPaths::Builtin(_) => Ok(ScaleReading {
+                            spec_replicas: info.spec_replicas,
+                            status_replicas: info.status_replicas,
+                            ready_replicas: info.ready_replicas,
+                            selector: info.selector.clone(),
+                            resource_version: info.resource_version.clone(),
+                        }),
+                        KindPaths::Custom => read_scale(&context.client, &resolved, &target, info.ready_replicas).await,
+                    };
+                    match reading {
+                        Ok(reading) => {
+                            attempt = 0;
+                            let pod_state = match (&reading.ready_replicas, &reading.selector) {
+                                (None, Some(selector)) => {
+                                    if pods.as_ref().is_none_or(|p| p.selector != *selector) {
+                                        pods =
+                                            Some(PodWatch::start(context.client.clone(), &target.namespace, selector));
+                                    }
+                                    pods.as_ref().map(|p| p.state.clone())
+                                }
+                                _ => {
+                                    pods = None;
+                                    None
+                                }
+                            };
+                            state.send_replace(TargetState::Ready {
+                                reading,
+                                pods: pod_state,
+                                resolved: Arc::clone(&resolved),
+                            });
+                        }
+                        Err(err) => {
+                            tracing::warn!(workload = %describe(&target), error = %err, "cannot read /scale; retrying");
+                            state.send_replace(TargetState::Failed(err));
+                            retry_after = Some(retry_delay(attempt));
+                            attempt += 1;
+                        }
+                    }
+                }
+            }
+            let changed = match retry_after {
+                Some(delay) => tokio::select! {
+                    changed = object.changed() => changed,
+                    () = tokio::time::sleep(delay) => Ok(()),
+                },
+                None => object.changed().await,
+            };
+            if changed.is_err() {
+                // The group watch is gone: only when the registry is being dropped.
+                return;
+            }
+        }
+        drop(pods);
+        drop(subscription);
+        context.forget(&target);
+        tokio::time::sleep(retry_delay(attempt)).await;
+        attempt += 1;
+    }
+}
+
+/// Reads `/scale` of a custom kind (once per change of the object) and combines it with the
+/// object's own `status.readyReplicas`.
+async fn read_scale(
+    client: &Client,
+    resolved: &Resolved,
+    target: &TargetRef,
+    ready_replicas: Option<u32>,
+) -> Result<ScaleReading, TargetError> {
+    let api = api_for(client, resolved, &target.namespace);
+    let resource = format!("{}/scale", resolved.resource.plural);
+    let request = Request {
+        verb: "get",
+        resource: &resource,
+        api_version: &target.api_version,
+        namespace: &target.namespace,
+        kind: &target.kind,
+        name: &target.name,
+        collection: false,
+    };
+    let scale = api.get_scale(&target.name).await.map_err(|e| request.error(&e))?;
+    let count = |n: Option<i32>| n.and_then(|n| u32::try_from(n).ok()).unwrap_or(0);
+    let status = scale.status.unwrap_or_default();
+    Ok(ScaleReading {
+        spec_replicas: count(scale.spec.and_then(|s| s.replicas)),
+        status_replicas: count(Some(status.replicas)),
+        ready_replicas,
+        selector: status.selector.filter(|s| !s.is_empty()),
+        resource_version: scale.metadata.resource_version.unwrap_or_default(),
+    })
+}
