@@ -5,6 +5,8 @@
 
 pub mod backend;
 pub mod decide;
+pub mod events;
+pub mod lease;
 pub mod query;
 pub mod rules;
 pub mod simulate;

@@ -1,0 +1,342 @@
+//! Leader election with a `coordination.k8s.io/v1` Lease, so that two daemons can run and only
+//! one scales.
+//!
+//! Like client-go's elector, a follower does not compare the holder's `renewTime` with its own
+//! clock (the two hosts' clocks may disagree): it notes when it last saw the lease record
+//! change, on its own monotonic clock, and takes over only when the record has not changed for a
+//! whole lease duration. Every write carries the `resourceVersion` it read, so two candidates
+//! racing for an expired lease cannot both win. A leader that cannot renew within the renew
+//! deadline stops acting as leader before its lease can expire, and a leader that shuts down
+//! releases the lease so the other daemon takes over at its next retry instead of a full
+//! duration later.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use kube::api::{Api, PostParams};
+use kube::Client;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// Who scales, as this process knows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Not known yet (before the first look at the lease).
+    Unknown,
+    Leader,
+    /// Another daemon holds the lease (`None`: nobody, but it has not expired for us yet).
+    Follower {
+        holder: Option<String>,
+    },
+}
+
+#[derive(Clone, Debug)]
+pub struct LeaseSettings {
+    pub namespace: String,
+    pub name: String,
+    /// This process, unique among the candidates (e.g. the pod name, or host plus pid).
+    pub identity: String,
+    /// How long a lease holds without renewal (default 15s).
+    pub lease_duration: Duration,
+    /// A leader that could not renew for this long stops scaling (default 10s; shorter than the
+    /// lease duration so it stops before another daemon may start).
+    pub renew_deadline: Duration,
+    /// How often to renew or retry (default 2s).
+    pub retry_period: Duration,
+}
+
+impl LeaseSettings {
+    pub fn new(namespace: &str, name: &str, identity: &str) -> Self {
+        LeaseSettings {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            identity: identity.to_string(),
+            lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseError {
+    #[error("lease {namespace}/{name}: the API server refused to {verb} it (forbidden): grant {verb} on leases.coordination.k8s.io")]
+    Forbidden { namespace: String, name: String, verb: &'static str },
+    #[error("lease {namespace}/{name}: {source}")]
+    Api { namespace: String, name: String, source: kube::Error },
+}
+
+/// What to do about the lease as last read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Claim {
+    /// No lease object yet: create it, holding it.
+    Create,
+    /// Ours: renew it.
+    Renew,
+    /// Free (released) or expired: take it over.
+    TakeOver,
+    /// Held by someone else and not expired (as far as we have observed).
+    Wait { holder: Option<String> },
+}
+
+/// The record that tells whether a holder is alive: it changes at every renewal.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Observed {
+    holder: Option<String>,
+    renew_time: Option<MicroTime>,
+    duration_seconds: Option<i32>,
+}
+
+/// Decides from the lease as read and from when this process last saw its record change.
+pub(crate) fn claim(spec: Option<&LeaseSpec>, me: &str, record_unchanged_for: Duration, default: Duration) -> Claim {
+    let Some(spec) = spec else { return Claim::Create };
+    let holder = spec.holder_identity.clone().filter(|h| !h.is_empty());
+    match holder {
+        None => Claim::TakeOver,
+        Some(h) if h == me => Claim::Renew,
+        Some(h) => {
+            let duration = spec
+                .lease_duration_seconds
+                .and_then(|s| u64::try_from(s).ok())
+                .map(Duration::from_secs)
+                .unwrap_or(default);
+            if record_unchanged_for >= duration {
+                Claim::TakeOver
+            } else {
+                Claim::Wait { holder: Some(h) }
+            }
+        }
+    }
+}
+
+pub struct LeaderElector {
+    api: Api<Lease>,
+    settings: LeaseSettings,
+    observed: Option<(Observed, Instant)>,
+    last_renewed: Option<Instant>,
+    role: watch::Sender<Role>,
+}
+
+impl LeaderElector {
+    pub fn new(client: Client, settings: LeaseSettings) -> Self {
+        let api = Api::namespaced(client, &settings.namespace);
+        let (role, _) = watch::channel(Role::Unknown);
+        LeaderElector { api, settings, observed: None, last_renewed: None, role }
+    }
+
+    /// Follows the role as it changes.
+    pub fn subscribe(&self) -> watch::Receiver<Role> {
+        self.role.subscribe()
+    }
+
+    fn error(&self, verb: &'static str, source: kube::Error) -> LeaseError {
+        let (namespace, name) = (self.settings.namespace.clone(), self.settings.name.clone());
+        match &source {
+            kube::Error::Api(status) if status.code == 403 => LeaseError::Forbidden { namespace, name, verb },
+            _ => LeaseError::Api { namespace, name, source },
+        }
+    }
+
+    /// One attempt to acquire or renew; publishes and returns the resulting role.
+    pub async fn step(&mut self) -> Result<Role, LeaseError> {
+        let result = self.try_step().await;
+        let role = match &result {
+            Ok(role) => role.clone(),
+            // A leader keeps its role through short API trouble, but never past the renew
+            // deadline: by then another daemon may be about to take over.
+            Err(_) if self.is_leader() && self.renewed_within(self.settings.renew_deadline) => Role::Leader,
+            Err(_) if self.is_leader() => Role::Follower { holder: None },
+            Err(_) => self.role.borrow().clone(),
+        };
+        self.publish(role.clone());
+        result.map(|_| role)
+    }
+
+    fn is_leader(&self) -> bool {
+        *self.role.borrow() == Role::Leader
+    }
+
+    fn renewed_within(&self, deadline: Duration) -> bool {
+        self.last_renewed.is_some_and(|at| at.elapsed() < deadline)
+    }
+
+    fn publish(&self, role: Role) {
+        self.role.send_if_modified(|current| {
+            if *current == role {
+                return false;
+            }
+            tracing::info!(lease = %self.settings.name, identity = %self.settings.identity, ?role, "leader election role changed");
+            *current = role;
+            true
+        });
+    }
+
+    async fn try_step(&mut self) -> Result<Role, LeaseError> {
+        let current = self.api.get_opt(&self.settings.name).await.map_err(|e| self.error("get", e))?;
+        let spec = current.as_ref().and_then(|l| l.spec.as_ref());
+        let unchanged_for = self.note(spec);
+        match claim(spec, &self.settings.identity, unchanged_for, self.settings.lease_duration) {
+            Claim::Wait { holder } => Ok(Role::Follower { holder }),
+            Claim::Create => {
+                let lease = Lease {
+                    metadata: ObjectMeta {
+                        name: Some(self.settings.name.clone()),
+                        namespace: Some(self.settings.namespace.clone()),
+                        ..ObjectMeta::default()
+                    },
+                    spec: Some(self.held(None, 0)),
+                };
+                self.write(self.api.create(&PostParams::default(), &lease).await, "create")
+            }
+            Claim::Renew | Claim::TakeOver => {
+                let Some(mut lease) = current else { return Ok(Role::Follower { holder: None }) };
+                let previous = lease.spec.take().unwrap_or_default();
+                let ours = previous.holder_identity.as_deref() == Some(self.settings.identity.as_str());
+                let transitions = previous.lease_transitions.unwrap_or(0) + i32::from(!ours);
+                let acquired = if ours { previous.acquire_time } else { None };
+                lease.spec = Some(self.held(acquired, transitions));
+                // `lease` still carries the resourceVersion we read: a racing write gets a 409.
+                let result = self.api.replace(&self.settings.name, &PostParams::default(), &lease).await;
+                self.write(result, "update")
+            }
+        }
+    }
+
+    /// Records when the lease record last changed; returns how long it has been unchanged.
+    fn note(&mut self, spec: Option<&LeaseSpec>) -> Duration {
+        let record = Observed {
+            holder: spec.and_then(|s| s.holder_identity.clone()),
+            renew_time: spec.and_then(|s| s.renew_time.clone()),
+            duration_seconds: spec.and_then(|s| s.lease_duration_seconds),
+        };
+        match &self.observed {
+            Some((seen, at)) if *seen == record => at.elapsed(),
+            _ => {
+                self.observed = Some((record, Instant::now()));
+                Duration::ZERO
+            }
+        }
+    }
+
+    fn held(&self, acquired: Option<MicroTime>, transitions: i32) -> LeaseSpec {
+        let now = micro_now();
+        LeaseSpec {
+            holder_identity: Some(self.settings.identity.clone()),
+            lease_duration_seconds: Some(i32::try_from(self.settings.lease_duration.as_secs()).unwrap_or(i32::MAX)),
+            acquire_time: Some(acquired.unwrap_or_else(|| now.clone())),
+            renew_time: Some(now),
+            lease_transitions: Some(transitions),
+            ..LeaseSpec::default()
+        }
+    }
+
+    fn write(&mut self, result: Result<Lease, kube::Error>, verb: &'static str) -> Result<Role, LeaseError> {
+        match result {
+            Ok(_) => {
+                self.last_renewed = Some(Instant::now());
+                Ok(Role::Leader)
+            }
+            // Someone else wrote first (409) or created it first: they hold it now.
+            Err(kube::Error::Api(status)) if status.code == 409 => Ok(Role::Follower { holder: None }),
+            Err(e) => Err(self.error(verb, e)),
+        }
+    }
+
+    /// Gives the lease up so another daemon can take over at once (graceful shutdown).
+    pub async fn release(&mut self) -> Result<(), LeaseError> {
+        if !self.is_leader() {
+            return Ok(());
+        }
+        self.publish(Role::Follower { holder: None });
+        let Some(mut lease) = self.api.get_opt(&self.settings.name).await.map_err(|e| self.error("get", e))? else {
+            return Ok(());
+        };
+        let Some(spec) = lease.spec.as_mut() else { return Ok(()) };
+        if spec.holder_identity.as_deref() != Some(self.settings.identity.as_str()) {
+            return Ok(());
+        }
+        spec.holder_identity = None;
+        spec.lease_duration_seconds = Some(1);
+        spec.renew_time = Some(micro_now());
+        match self.api.replace(&self.settings.name, &PostParams::default(), &lease).await {
+            Ok(_) => Ok(()),
+            // Taken over already: nothing left to release.
+            Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+            Err(e) => Err(self.error("update", e)),
+        }
+    }
+
+    /// Renews or retries every retry period until `shutdown` turns true, then releases.
+    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
+        loop {
+            if let Err(err) = self.step().await {
+                tracing::warn!(error = %err, "leader election attempt failed");
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(self.settings.retry_period) => {}
+                changed = shutdown.changed() => {
+                    if changed.is_err() || *shutdown.borrow() {
+                        break;
+                    }
+                }
+            }
+        }
+        if let Err(err) = self.release().await {
+            tracing::warn!(error = %err, "could not release the lease; the other daemon takes over when it expires");
+        }
+    }
+}
+
+fn micro_now() -> MicroTime {
+    let micros = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros()).unwrap_or(0);
+    let micros = i64::try_from(micros).unwrap_or(i64::MAX);
+    MicroTime(
+        k8s_openapi::jiff::Timestamp::from_microsecond(micros).unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn held_by(holder: &str, seconds: i32) -> LeaseSpec {
+        LeaseSpec {
+            holder_identity: Some(holder.into()),
+            lease_duration_seconds: Some(seconds),
+            ..LeaseSpec::default()
+        }
+    }
+
+    const DEFAULT: Duration = Duration::from_secs(15);
+
+    #[test]
+    fn a_missing_lease_is_created_and_our_own_is_renewed() {
+        assert_eq!(claim(None, "a", Duration::ZERO, DEFAULT), Claim::Create);
+        assert_eq!(claim(Some(&held_by("a", 15)), "a", Duration::from_secs(99), DEFAULT), Claim::Renew);
+    }
+
+    #[test]
+    fn another_holder_is_waited_out_for_a_whole_duration_of_silence() {
+        let other = held_by("b", 15);
+        assert_eq!(
+            claim(Some(&other), "a", Duration::from_secs(14), DEFAULT),
+            Claim::Wait { holder: Some("b".into()) }
+        );
+        assert_eq!(claim(Some(&other), "a", Duration::from_secs(15), DEFAULT), Claim::TakeOver);
+        // The holder's own duration counts, not ours.
+        assert_eq!(
+            claim(Some(&held_by("b", 40)), "a", Duration::from_secs(30), DEFAULT),
+            Claim::Wait { holder: Some("b".into()) }
+        );
+    }
+
+    #[test]
+    fn a_released_lease_is_taken_at_once() {
+        let mut released = held_by("b", 1);
+        released.holder_identity = None;
+        assert_eq!(claim(Some(&released), "a", Duration::ZERO, DEFAULT), Claim::TakeOver);
+        released.holder_identity = Some(String::new());
+        assert_eq!(claim(Some(&released), "a", Duration::ZERO, DEFAULT), Claim::TakeOver);
+    }
+}
