@@ -35,6 +35,11 @@ enum Command {
     ///
     /// Exits 1 when any metric has no usable value.
     Query(watermarkd::query::QueryArgs),
+    /// Print the WatermarkPodAutoscaler CustomResourceDefinition (YAML) that CRD mode reads.
+    ///
+    /// It accepts exactly the objects the Datadog controller's CRD accepts, so either can be
+    /// installed: `watermarkd crd | kubectl apply -f -`. See docs/crd.md.
+    Crd,
 }
 
 fn main() -> ExitCode {
@@ -82,6 +87,11 @@ fn run() -> anyhow::Result<ExitCode> {
             } else {
                 ExitCode::from(1)
             }
+        }
+        Command::Crd => {
+            let yaml = watermarkd::crd::crd_yaml().context("writing the CRD as YAML")?;
+            out.write_all(yaml.as_bytes())?;
+            ExitCode::SUCCESS
         }
     };
     out.flush().context("writing to standard output")?;

@@ -56,6 +56,26 @@ pub(crate) enum Form<'b> {
     File { index: usize, backends: &'b BTreeMap<String, Option<Backend>> },
     /// A rule given to `decide`: only what the engine needs is required.
     Json,
+    /// A `WatermarkPodAutoscaler` translated to rules keys by `crate::crd`. Required like a rules
+    /// file entry; backends are checked when known (the daemon's rules file declares them).
+    /// `field` names an engine path (`metric[0].low_watermark`) the way the WPA spells it
+    /// (`spec.metrics[0].external.lowWatermark`), so that problems point at the object.
+    Crd { backends: Option<&'b BTreeMap<String, Option<Backend>>>, field: &'b dyn Fn(&str) -> Option<String> },
+}
+
+impl Form<'_> {
+    /// Whether everything a running autoscaler needs (name, target, queries, backends) is required.
+    fn is_complete(self) -> bool {
+        !matches!(self, Form::Json)
+    }
+
+    fn backends(&self) -> Option<&BTreeMap<String, Option<Backend>>> {
+        match self {
+            Form::File { backends, .. } => Some(backends),
+            Form::Crd { backends, .. } => *backends,
+            Form::Json => None,
+        }
+    }
 }
 
 /// What one entry yielded. Fields are `None` where the entry had a problem there.
@@ -86,7 +106,7 @@ pub(crate) fn read_autoscaler(node: &Node, form: Form<'_>, sink: &mut Sink) -> P
     if node.entries().is_none() {
         let message = match form {
             Form::File { .. } => format!("must be a table ([[autoscaler]]), not {}", node.kind.describe()),
-            Form::Json => format!("the rule must be a JSON object, not {}", node.kind.describe()),
+            Form::Json | Form::Crd { .. } => format!("the rule must be a JSON object, not {}", node.kind.describe()),
         };
         sink.report_table(&unnamed_scope(form), node.line, message);
         return parsed;
@@ -94,17 +114,17 @@ pub(crate) fn read_autoscaler(node: &Node, form: Form<'_>, sink: &mut Sink) -> P
     // Within one autoscaler, engine paths are relative to it; a fresh sink keeps them apart.
     let mut own = Sink::default();
     let Some(mut table) = Table::new(node, unnamed_scope(form), &mut own) else { return parsed };
-    let is_file = matches!(form, Form::File { .. });
+    let complete = form.is_complete();
 
     let name = table.text(&mut own, "name");
-    parsed.name = if is_file { table.require(&mut own, "name", name) } else { name };
+    parsed.name = if complete { table.require(&mut own, "name", name) } else { name };
     if let Some(name) = &parsed.name {
         // From here on every problem names the autoscaler instead of its position.
         table.scope = Scope { autoscaler: Some(name.clone()), ..Scope::default() };
     }
 
     let target = read_target(&mut table, &mut own);
-    parsed.target = if is_file { table.require(&mut own, "target", target) } else { target };
+    parsed.target = if complete { table.require(&mut own, "target", target) } else { target };
     parsed.interval = read_interval(&mut table, &mut own);
 
     let metrics = read_metrics(&mut table, form, &mut own);
@@ -119,6 +139,9 @@ pub(crate) fn read_autoscaler(node: &Node, form: Form<'_>, sink: &mut Sink) -> P
         parsed.rule = rule.ok();
         parsed.metrics = metrics.into_iter().map(|m| m.source).collect();
     }
+    if let Form::Crd { field, .. } = form {
+        own.rename_fields(field);
+    }
     sink.problems.extend(own.problems);
     parsed
 }
@@ -127,7 +150,7 @@ pub(crate) fn read_autoscaler(node: &Node, form: Form<'_>, sink: &mut Sink) -> P
 fn unnamed_scope(form: Form<'_>) -> Scope {
     match form {
         Form::File { index, .. } => Scope { label: format!("autoscaler[{index}]"), separator: ".", ..Scope::default() },
-        Form::Json => Scope::default(),
+        Form::Json | Form::Crd { .. } => Scope::default(),
     }
 }
 
@@ -222,7 +245,9 @@ fn read_metric(node: &Node, index: usize, parent: &Scope, form: Form<'_>, sink: 
         }
         None if !has_label => {
             let message = match form {
-                Form::File { .. } => "needs a query (and optionally a name, which defaults to the query)",
+                Form::File { .. } | Form::Crd { .. } => {
+                    "needs a query (and optionally a name, which defaults to the query)"
+                }
                 Form::Json => "needs a name (or a query, which then serves as its name)",
             };
             sink.report_table(&positional, node.line, message);
@@ -233,12 +258,14 @@ fn read_metric(node: &Node, index: usize, parent: &Scope, form: Form<'_>, sink: 
 
     let backend = metric.text(sink, "backend");
     let reducer = metric.choice(sink, "reducer", parse_reducer, "\"max\", \"min\", \"sum\" or \"avg\"");
-    if let Form::File { backends, .. } = form {
+    if form.is_complete() {
         if has_label {
             metric.require(sink, "query", query.clone());
         }
         let backend = metric.require(sink, "backend", backend.clone());
-        check_backend_reference(&metric, sink, backends, backend.as_deref(), reducer);
+        if let Some(backends) = form.backends() {
+            check_backend_reference(&metric, sink, backends, backend.as_deref(), reducer);
+        }
     }
     entry.source.backend = backend.unwrap_or_default();
     entry.source.query = query.unwrap_or_default();

@@ -251,5 +251,33 @@ pub fn rule_from_json(value: &serde_json::Value) -> Result<Rule, Vec<Problem>> {
     }
 }
 
+/// For CRD mode (`crate::crd`): one autoscaler written as JSON with the rules-file keys (name,
+/// target, the rule's knobs, and metrics with backend and query), read by the same extraction
+/// and `Rule::new` as an `[[autoscaler]]` entry, so that the two modes cannot drift apart.
+/// `field` renames each problem's field (given as the engine path, `metric[0].low_watermark`)
+/// the way the source object spells it; `backends`, when known, are checked as in a rules file.
+pub(crate) fn autoscaler_from_document(
+    value: &serde_json::Value,
+    backends: Option<&BTreeMap<String, Option<Backend>>>,
+    field: &dyn Fn(&str) -> Option<String>,
+) -> Result<Autoscaler, Vec<Problem>> {
+    let node = tree::from_json(value);
+    let mut sink = Sink::default();
+    let parsed = read_autoscaler(&node, Form::Crd { backends, field }, &mut sink);
+    match (parsed.name, parsed.target, parsed.rule) {
+        (Some(name), Some(target), Some(rule)) if !sink.has_problems() => {
+            Ok(Autoscaler { name, target, interval: parsed.interval, rule, metrics: parsed.metrics })
+        }
+        _ if sink.has_problems() => Err(sink.into_sorted()),
+        // Not reachable (a missing part is always reported), but never return Err(empty).
+        (name, _, _) => Err(vec![Problem {
+            line: None,
+            autoscaler: name,
+            field: String::new(),
+            message: "the autoscaler is invalid".into(),
+        }]),
+    }
+}
+
 #[cfg(test)]
 mod tests;

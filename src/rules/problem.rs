@@ -134,11 +134,16 @@ impl Scope {
 pub(crate) struct Sink {
     pub problems: Vec<Problem>,
     reported: BTreeSet<String>,
+    /// The engine path of each problem reported through `report`/`report_table`, by index in
+    /// `problems`: what lets CRD mode name the same field in the WPA's own vocabulary.
+    paths: Vec<(usize, String)>,
 }
 
 impl Sink {
     pub fn report(&mut self, scope: &Scope, key: &str, line: Option<usize>, message: impl Into<String>) {
-        self.reported.insert(scope.path(key));
+        let path = scope.path(key);
+        self.paths.push((self.problems.len(), path.clone()));
+        self.reported.insert(path);
         self.problems.push(Problem {
             line,
             autoscaler: scope.autoscaler.clone(),
@@ -149,7 +154,9 @@ impl Sink {
 
     /// A problem about a whole table (`metric[1] needs a name or a query`).
     pub fn report_table(&mut self, scope: &Scope, line: Option<usize>, message: impl Into<String>) {
-        self.reported.insert(scope.path.trim_end_matches('.').to_string());
+        let path = scope.path.trim_end_matches('.').to_string();
+        self.paths.push((self.problems.len(), path.clone()));
+        self.reported.insert(path);
         self.problems.push(Problem {
             line,
             autoscaler: scope.autoscaler.clone(),
@@ -166,6 +173,16 @@ impl Sink {
                     .strip_prefix(reported.as_str())
                     .is_some_and(|rest| rest.starts_with('.') || rest.starts_with('['))
         })
+    }
+
+    /// Renames the field of every problem whose engine path `rename` knows (`min_replicas` ->
+    /// `spec.minReplicas`); the others keep the name the rules file gives them.
+    pub fn rename_fields(&mut self, rename: &dyn Fn(&str) -> Option<String>) {
+        for (index, path) in &self.paths {
+            if let (Some(problem), Some(field)) = (self.problems.get_mut(*index), rename(path)) {
+                problem.field = field;
+            }
+        }
     }
 
     pub fn has_problems(&self) -> bool {
