@@ -441,29 +441,38 @@ impl Serialize for WatermarkPodAutoscaler {
     }
 }
 
-impl kube::Resource for WatermarkPodAutoscaler {
-    type DynamicType = ();
-    type Scope = k8s_openapi::NamespaceResourceScope;
+/// `kube::Resource` for a namespaced datadoghq.com/v1alpha1 type with a `metadata` field.
+/// Written out rather than derived: the derive makes `spec` mandatory, and the Datadog CRD
+/// accepts objects without one, which would break every typed list or watch.
+macro_rules! namespaced_datadog_resource {
+    ($ty:ty, $kind:expr, $plural:expr) => {
+        impl kube::Resource for $ty {
+            type DynamicType = ();
+            type Scope = k8s_openapi::NamespaceResourceScope;
 
-    fn kind(_: &()) -> Cow<'_, str> {
-        KIND.into()
-    }
-    fn group(_: &()) -> Cow<'_, str> {
-        GROUP.into()
-    }
-    fn version(_: &()) -> Cow<'_, str> {
-        VERSION.into()
-    }
-    fn plural(_: &()) -> Cow<'_, str> {
-        PLURAL.into()
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
+            fn kind(_: &()) -> Cow<'_, str> {
+                $kind.into()
+            }
+            fn group(_: &()) -> Cow<'_, str> {
+                GROUP.into()
+            }
+            fn version(_: &()) -> Cow<'_, str> {
+                VERSION.into()
+            }
+            fn plural(_: &()) -> Cow<'_, str> {
+                $plural.into()
+            }
+            fn meta(&self) -> &ObjectMeta {
+                &self.metadata
+            }
+            fn meta_mut(&mut self) -> &mut ObjectMeta {
+                &mut self.metadata
+            }
+        }
+    };
 }
+
+namespaced_datadog_resource!(WatermarkPodAutoscaler, KIND, PLURAL);
 
 impl HasStatus for WatermarkPodAutoscaler {
     type Status = WatermarkPodAutoscalerStatus;
@@ -527,29 +536,7 @@ impl Serialize for DatadogMetric {
     }
 }
 
-impl kube::Resource for DatadogMetric {
-    type DynamicType = ();
-    type Scope = k8s_openapi::NamespaceResourceScope;
-
-    fn kind(_: &()) -> Cow<'_, str> {
-        DATADOG_METRIC_KIND.into()
-    }
-    fn group(_: &()) -> Cow<'_, str> {
-        GROUP.into()
-    }
-    fn version(_: &()) -> Cow<'_, str> {
-        VERSION.into()
-    }
-    fn plural(_: &()) -> Cow<'_, str> {
-        DATADOG_METRIC_PLURAL.into()
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+namespaced_datadog_resource!(DatadogMetric, DATADOG_METRIC_KIND, DATADOG_METRIC_PLURAL);
 
 #[cfg(test)]
 mod tests {

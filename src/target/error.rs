@@ -64,6 +64,21 @@ pub(crate) struct Request<'a> {
     pub collection: bool,
 }
 
+impl<'a> Request<'a> {
+    /// A request about one target object (`resource` such as `deployments/scale`).
+    pub fn for_target(verb: &'a str, resource: &'a str, target: &'a crate::rules::TargetRef) -> Self {
+        Request {
+            verb,
+            resource,
+            api_version: &target.api_version,
+            namespace: &target.namespace,
+            kind: &target.kind,
+            name: &target.name,
+            collection: false,
+        }
+    }
+}
+
 impl Request<'_> {
     pub(crate) fn error(&self, err: &kube::Error) -> TargetError {
         match err {

@@ -297,15 +297,7 @@ impl Targets {
         };
         let api = api_for(&self.inner.context.client, &resolved, &target.namespace);
         let resource = format!("{}/scale", resolved.resource.plural);
-        let request = Request {
-            verb: "patch",
-            resource: &resource,
-            api_version: &target.api_version,
-            namespace: &target.namespace,
-            kind: &target.kind,
-            name: &target.name,
-            collection: false,
-        };
+        let request = Request::for_target("patch", &resource, target);
         let patch = json!({
             "metadata": { "resourceVersion": from.resource_version },
             "spec": { "replicas": replicas },
@@ -525,15 +517,7 @@ async fn read_scale(
 ) -> Result<ScaleReading, TargetError> {
     let api = api_for(client, resolved, &target.namespace);
     let resource = format!("{}/scale", resolved.resource.plural);
-    let request = Request {
-        verb: "get",
-        resource: &resource,
-        api_version: &target.api_version,
-        namespace: &target.namespace,
-        kind: &target.kind,
-        name: &target.name,
-        collection: false,
-    };
+    let request = Request::for_target("get", &resource, target);
     let scale = api.get_scale(&target.name).await.map_err(|e| request.error(&e))?;
     let count = |n: Option<i32>| n.and_then(|n| u32::try_from(n).ok()).unwrap_or(0);
     let status = scale.status.unwrap_or_default();
