@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use watermarkd_engine::{Reading, Timestamp};
+use watermarkd_engine::{Decimal, Reading, Timestamp};
 
 use crate::backend::datadog::RateLimitSnapshot;
 use crate::backend::{BackendError, MetricBackend, MetricQuery, Observation, QueryBackend};
@@ -150,7 +150,6 @@ fn write_answer(out: &mut impl Write, answer: &MetricAnswer<'_>, now: Timestamp)
         Reading::Value { value, at } => {
             let age = now.since(*at).as_secs();
             writeln!(out, "    value {value} at {at} ({age}s old)")?;
-            let tolerance = answer.autoscaler.rule.tolerance().to_f64();
             let (low, high) = (rule_metric.low_watermark.to_f64(), rule_metric.high_watermark.to_f64());
             match answer.autoscaler.rule.algorithm() {
                 // Only the engine knows the ready replicas, so a total cannot be placed in the band here.
@@ -159,12 +158,13 @@ fn write_answer(out: &mut impl Write, answer: &MetricAnswer<'_>, now: Timestamp)
                     "    watermarks {low}..{high} per replica: the value is a total, divided by ready replicas"
                 )?,
                 watermarkd_engine::Algorithm::Absolute => {
-                    let position = if *value > high * (1.0 + tolerance) {
-                        "above the band"
-                    } else if *value < low * (1.0 - tolerance) {
-                        "below the band"
-                    } else {
-                        "inside the band"
+                    // The engine's own band, compared exactly as a decision compares it.
+                    let (band_low, band_high) = rule_metric.band(answer.autoscaler.rule.tolerance());
+                    let position = match Decimal::from_f64(*value) {
+                        Some(v) if v > band_high => "above the band",
+                        Some(v) if v < band_low => "below the band",
+                        Some(_) => "inside the band",
+                        None => "not a number",
                     };
                     writeln!(out, "    watermarks {low}..{high}: {position}")?
                 }

@@ -87,7 +87,6 @@ pub fn decide(rule: &Rule, target: Target, readings: &[Reading], state: &State, 
     let usable = evaluated.iter().filter(|e| e.usable).count();
     let all_usable = usable == evaluated.len();
     let mut next = carried_state(rule, state, &evaluated, usable, all_usable, now);
-    decision.timing = timing(rule, state, &next, now);
 
     // §1 and §2: the combined proposal.
     let proposals: Vec<(usize, u32)> =
@@ -105,6 +104,7 @@ pub fn decide(rule: &Rule, target: Target, readings: &[Reading], state: &State, 
     });
     decision.converging = evaluated.iter().any(|e| e.converging)
         && !evaluated.iter().any(|e| matches!(e.outcome.position, Position::Above | Position::Below));
+    decision.timing = timing(rule, state, &next, now, decision.converging);
 
     if let Some((winner, mut proposal)) = combined {
         if !all_usable && proposal < spec {
@@ -196,10 +196,6 @@ pub fn decide(rule: &Rule, target: Target, readings: &[Reading], state: &State, 
         }
     };
 
-    decision.timing.upscale_allowed = decision.timing.upscale_window_seconds_left <= 0.0
-        && (decision.timing.upscale_delay_seconds_left <= 0.0 || decision.converging);
-    decision.timing.downscale_allowed = decision.timing.downscale_window_seconds_left <= 0.0
-        && (decision.timing.downscale_delay_seconds_left <= 0.0 || decision.converging);
     decision.replicas = replicas;
     decision.action = action;
     decision.write = action != Action::Hold && !rule.dry_run();
@@ -235,10 +231,7 @@ fn evaluate_metric(
     ready: u32,
     now: Timestamp,
 ) -> Evaluated {
-    let tolerance = rule.tolerance();
-    let one = Decimal::from_int(1);
-    let band_high = metric.high_watermark.mul(&one.add(tolerance));
-    let band_low = metric.low_watermark.mul(&one.sub(tolerance));
+    let (band_low, band_high) = metric.band(rule.tolerance());
     let mut outcome = MetricOutcome {
         name: metric.name.clone(),
         value: None,
@@ -408,8 +401,9 @@ fn carried_state(
     }
 }
 
-/// Forbidden windows (WPA knobs only) and delays, measured against `now`.
-fn timing(rule: &Rule, old: &State, next: &State, now: Timestamp) -> Timing {
+/// Forbidden windows (WPA knobs only) and delays, measured against `now`. Delays do not apply
+/// to convergence steps.
+fn timing(rule: &Rule, old: &State, next: &State, now: Timestamp, converging: bool) -> Timing {
     let (up_window, down_window) = match rule.velocity() {
         Velocity::Watermark(w) => (w.upscale_forbidden_window, w.downscale_forbidden_window),
         Velocity::Behavior(_) => (Duration::ZERO, Duration::ZERO),
@@ -427,13 +421,17 @@ fn timing(rule: &Rule, old: &State, next: &State, now: Timestamp) -> Timing {
             None => delay.as_secs_f64(),
         }
     };
+    let up_window_left = window_left(up_window);
+    let down_window_left = window_left(down_window);
+    let up_delay_left = delay_left(rule.upscale_delay_above_watermark(), next.above_since);
+    let down_delay_left = delay_left(rule.downscale_delay_below_watermark(), next.below_since);
     Timing {
-        upscale_allowed: false,
-        downscale_allowed: false,
-        upscale_window_seconds_left: window_left(up_window),
-        downscale_window_seconds_left: window_left(down_window),
-        upscale_delay_seconds_left: delay_left(rule.upscale_delay_above_watermark(), next.above_since),
-        downscale_delay_seconds_left: delay_left(rule.downscale_delay_below_watermark(), next.below_since),
+        upscale_allowed: up_window_left <= 0.0 && (up_delay_left <= 0.0 || converging),
+        downscale_allowed: down_window_left <= 0.0 && (down_delay_left <= 0.0 || converging),
+        upscale_window_seconds_left: up_window_left,
+        downscale_window_seconds_left: down_window_left,
+        upscale_delay_seconds_left: up_delay_left,
+        downscale_delay_seconds_left: down_delay_left,
     }
 }
 

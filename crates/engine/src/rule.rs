@@ -431,6 +431,15 @@ impl Rule {
     }
 }
 
+impl MetricRule {
+    /// The band after tolerance, `(low x (1 - t), high x (1 + t))`: a usage is below iff it is
+    /// under the first, above iff it is over the second (both strict).
+    pub fn band(&self, tolerance: &Decimal) -> (Decimal, Decimal) {
+        let one = Decimal::from_int(1);
+        (self.low_watermark.mul(&one.sub(tolerance)), self.high_watermark.mul(&one.add(tolerance)))
+    }
+}
+
 fn check_metric(index: usize, m: &MetricSpec, errors: &mut Vec<RuleError>) -> Option<MetricRule> {
     let field = |name: &str| format!("metric[{index}].{name}");
     let before = errors.len();
