@@ -83,7 +83,9 @@ fn billing_complete_is_the_rules_files_billing_autoscaler() {
         value
     };
     assert_eq!(without_metric_identity(&from_wpa.rule), without_metric_identity(&from_file.rule));
-    assert_eq!(from_wpa.interval, from_file.interval);
+    // A WPA has no interval: it runs at the daemon's default, which is the 15s the file sets.
+    assert_eq!(from_wpa.interval_set, None);
+    assert_eq!(from_wpa.interval(watermarkd::rules::DEFAULT_INTERVAL), from_file.interval(Duration::ZERO));
     assert_eq!(
         (&from_wpa.target.api_version, &from_wpa.target.kind, &from_wpa.target.name),
         (&from_file.target.api_version, &from_file.target.kind, &from_file.target.name)

@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::ConfigMap;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::GroupVersionKind;
 use kube_cluster::{KubeCluster, SCALER_TOKEN, SCALER_USER};
@@ -289,38 +288,12 @@ async fn kinds_without_scale_and_unknown_kinds_are_clear_errors() {
 }
 
 /// A CRD whose /scale lives at unusual paths, so reading them proves /scale is what is read.
-fn widget_crd(group: &str) -> CustomResourceDefinition {
-    serde_json::from_value(json!({
-        "metadata": { "name": format!("widgets.{group}") },
-        "spec": {
-            "group": group,
-            "scope": "Namespaced",
-            "names": { "plural": "widgets", "singular": "widget", "kind": "Widget" },
-            "versions": [{
-                "name": "v1",
-                "served": true,
-                "storage": true,
-                "schema": { "openAPIV3Schema": { "type": "object", "x-kubernetes-preserve-unknown-fields": true } },
-                "subresources": {
-                    "status": {},
-                    "scale": {
-                        "specReplicasPath": ".spec.size",
-                        "statusReplicasPath": ".status.count",
-                        "labelSelectorPath": ".status.podSelector",
-                    },
-                },
-            }],
-        },
-    }))
-    .expect("CRD")
-}
-
 #[tokio::test]
 async fn a_custom_resource_with_scale_reads_through_scale_counts_pods_and_scales() {
     let cluster = KubeCluster::shared();
     let ns = cluster.unique_namespace("custom").await;
     let group = "scale.test.watermarkd.io";
-    cluster.create_crd(&widget_crd(group)).await;
+    cluster.create_crd(&kube_cluster::widget_crd(group)).await;
     let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(group, "v1", "Widget"));
     let widgets: Api<DynamicObject> = Api::namespaced_with(cluster.client(), &ns, &resource);
     for name in ["counted", "reporting"] {
@@ -394,7 +367,7 @@ async fn a_custom_resource_names_the_missing_scale_and_pod_rights_and_recovers_w
     let cluster = KubeCluster::shared();
     let ns = cluster.unique_namespace("custom-rbac").await;
     let group = "rbac.test.watermarkd.io";
-    cluster.create_crd(&widget_crd(group)).await;
+    cluster.create_crd(&kube_cluster::widget_crd(group)).await;
     let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(group, "v1", "Widget"));
     let widgets: Api<DynamicObject> = Api::namespaced_with(cluster.client(), &ns, &resource);
     let widget: DynamicObject = serde_json::from_value(json!({

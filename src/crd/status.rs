@@ -60,12 +60,6 @@ fn status_word(status: bool) -> &'static str {
     }
 }
 
-/// Status times have whole seconds, as `metav1.Time` is written; comparing at that precision
-/// keeps a rewrite of the same second from counting as a change.
-fn whole_seconds(t: Timestamp) -> Timestamp {
-    Timestamp::from_unix_millis(t.unix_millis().div_euclid(1000) * 1000)
-}
-
 /// Sets one condition as the Datadog controller's `setCondition` does: `lastTransitionTime`
 /// moves only when the status flips (or the condition is new), conditions stay sorted newest
 /// transition first, and `lastConditionType`/`lastConditionState` name it.
@@ -81,7 +75,7 @@ pub fn set_condition(
     match status.conditions.iter_mut().find(|c| c.type_ == type_) {
         Some(condition) => {
             if condition.status != word {
-                condition.last_transition_time = Some(whole_seconds(now));
+                condition.last_transition_time = Some(now);
             }
             condition.status = word.into();
             condition.reason = Some(reason.into());
@@ -92,7 +86,7 @@ pub fn set_condition(
             status: word.into(),
             reason: Some(reason.into()),
             message: Some(message.into()),
-            last_transition_time: Some(whole_seconds(now)),
+            last_transition_time: Some(now),
         }),
     }
     // Stable, so that conditions that flipped together keep their order.
@@ -150,13 +144,18 @@ pub fn next_status(
         // condition "Value above Low Watermark" (a slip we do not copy).
         Update::new(
             ABOVE_HIGH_WATERMARK,
-            decision.above_high_watermark,
+            // The engine's "above since" clock, not this tick's comparison: the condition's
+            // lastTransitionTime is then exactly that clock's start, which is what a restart
+            // restores the upscale delay from (`state::from_wpa_status`). The two differ only
+            // while no metric has data, when the clock keeps running.
+            decision.state.above_since.is_some(),
             "Value above High Watermark",
             "Allow upscaling if the value stays over the Watermark",
         ),
         Update::new(
             BELOW_LOW_WATERMARK,
-            decision.below_low_watermark,
+            // Likewise: below on complete data only, as the downscale delay counts it.
+            decision.state.below_since.is_some(),
             "Value below Low Watermark",
             "Allow downscaling if the value stays under the Watermark",
         ),
@@ -177,7 +176,7 @@ pub fn next_status(
         _ => i64::from(decision.replicas),
     };
     if scaled {
-        status.last_scale_time = Some(whole_seconds(now));
+        status.last_scale_time = Some(now);
         status.scaling_events_count = Some(status.scaling_events_count.unwrap_or(0).saturating_add(1));
     }
     status.current_metrics = current_metrics(previous, spec, decision);

@@ -82,7 +82,7 @@ impl Form<'_> {
 pub(crate) struct Parsed {
     pub name: Option<String>,
     pub target: Option<TargetRef>,
-    pub interval: Duration,
+    pub interval: Option<Duration>,
     pub rule: Option<Rule>,
     pub metrics: Vec<MetricSource>,
     /// The line of the entry's name (for duplicate-name problems).
@@ -101,8 +101,7 @@ struct MetricEntry {
 
 pub(crate) fn read_autoscaler(node: &Node, form: Form<'_>, sink: &mut Sink) -> Parsed {
     let name_line = node.entry("name").and_then(|e| e.line).or(node.line);
-    let mut parsed =
-        Parsed { name: None, target: None, interval: DEFAULT_INTERVAL, rule: None, metrics: Vec::new(), name_line };
+    let mut parsed = Parsed { name: None, target: None, interval: None, rule: None, metrics: Vec::new(), name_line };
     if node.entries().is_none() {
         let message = match form {
             Form::File { .. } => format!("must be a table ([[autoscaler]]), not {}", node.kind.describe()),
@@ -167,15 +166,14 @@ fn read_target(table: &mut Table<'_>, sink: &mut Sink) -> Option<TargetRef> {
     Some(TargetRef { api_version, kind: kind?, namespace: namespace?, name: name? })
 }
 
-fn read_interval(table: &mut Table<'_>, sink: &mut Sink) -> Duration {
+fn read_interval(table: &mut Table<'_>, sink: &mut Sink) -> Option<Duration> {
     match table.duration(sink, "interval") {
         Some(interval) if interval < MIN_INTERVAL => {
             let shown = humantime::format_duration(interval);
             table.report(sink, "interval", format!("({shown}) must be at least 1s"));
-            DEFAULT_INTERVAL
+            None
         }
-        Some(interval) => interval,
-        None => DEFAULT_INTERVAL,
+        other => other,
     }
 }
 

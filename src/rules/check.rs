@@ -52,7 +52,7 @@ pub(crate) fn summary(autoscaler: &Autoscaler) -> String {
     let mut parts = vec![
         format!("{}: {} {}/{}", autoscaler.name, target.kind, target.namespace, target.name),
         format!("{}..{} replicas", rule.min_replicas(), rule.max_replicas()),
-        format!("every {}", seconds(autoscaler.interval)),
+        format!("every {}", seconds(autoscaler.interval(super::DEFAULT_INTERVAL))),
         format!("{} ({})", plural(metrics.len(), "metric"), metrics.join(", ")),
         velocity(rule.velocity()),
     ];

@@ -36,6 +36,17 @@ pub struct RulesFile {
     pub autoscalers: Vec<Autoscaler>,
 }
 
+impl Autoscaler {
+    /// How often it is evaluated: its own interval, or `default` (the daemon's
+    /// `default_interval`, 15s unless set).
+    pub fn interval(&self, default: Duration) -> Duration {
+        self.interval_set.unwrap_or(default)
+    }
+}
+
+/// The interval of an autoscaler that sets none, unless the daemon settings say otherwise.
+pub const DEFAULT_INTERVAL: Duration = autoscaler::DEFAULT_INTERVAL;
+
 impl RulesFile {
     pub fn autoscaler(&self, name: &str) -> Option<&Autoscaler> {
         self.autoscalers.iter().find(|a| a.name == name)
@@ -116,12 +127,12 @@ pub struct TlsSettings {
 }
 
 /// One autoscaler: what it scales, how often, by which rule, from which queries.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Autoscaler {
     pub name: String,
     pub target: TargetRef,
-    /// How often it is evaluated (default 15s, at least 1s).
-    pub interval: Duration,
+    /// How often it is evaluated (at least 1s), when the rule says; see [`Autoscaler::interval`].
+    pub interval_set: Option<Duration>,
     pub rule: Rule,
     /// Metric `i` here is metric `i` of `rule.metrics()`.
     pub metrics: Vec<MetricSource>,
@@ -207,7 +218,7 @@ fn read_autoscalers(
         }
         first_line_of.insert(name.clone(), parsed.name_line);
         if let (Some(target), Some(rule)) = (parsed.target, parsed.rule) {
-            autoscalers.push(Autoscaler { name, target, interval: parsed.interval, rule, metrics: parsed.metrics });
+            autoscalers.push(Autoscaler { name, target, interval_set: parsed.interval, rule, metrics: parsed.metrics });
         }
     }
     autoscalers
@@ -266,7 +277,7 @@ pub(crate) fn autoscaler_from_document(
     let parsed = read_autoscaler(&node, Form::Crd { backends, field }, &mut sink);
     match (parsed.name, parsed.target, parsed.rule) {
         (Some(name), Some(target), Some(rule)) if !sink.has_problems() => {
-            Ok(Autoscaler { name, target, interval: parsed.interval, rule, metrics: parsed.metrics })
+            Ok(Autoscaler { name, target, interval_set: parsed.interval, rule, metrics: parsed.metrics })
         }
         _ if sink.has_problems() => Err(sink.into_sorted()),
         // Not reachable (a missing part is always reported), but never return Err(empty).

@@ -101,7 +101,7 @@ fn a_valid_file_yields_backends_targets_and_rules() {
             name: "billing".into()
         }
     );
-    assert_eq!(billing.interval, Duration::from_secs(15));
+    assert_eq!(billing.interval(crate::rules::DEFAULT_INTERVAL), Duration::from_secs(15));
     assert_eq!(billing.rule.min_replicas(), 4);
     assert_eq!(billing.rule.max_replicas(), 9);
     assert_eq!(billing.rule.algorithm(), Algorithm::Absolute);
@@ -157,7 +157,7 @@ reducer = "sum"
     let rules = parse(&text);
     let a = rules.autoscaler("all").unwrap();
     assert_eq!(a.target.api_version, "argoproj.io/v1alpha1");
-    assert_eq!(a.interval, Duration::from_secs(90));
+    assert_eq!(a.interval_set, Some(Duration::from_secs(90)));
     let rule = &a.rule;
     assert_eq!(rule.algorithm(), Algorithm::Average);
     assert_eq!(rule.tolerance(), &d("0.05"));
@@ -597,7 +597,7 @@ fn the_demo_rules_are_what_the_simulator_expects() {
             assert_eq!(a.rule.metrics()[0].low_watermark, d(low), "{name}");
             assert_eq!(a.rule.metrics()[0].high_watermark, d(high), "{name}");
             assert_eq!((a.rule.min_replicas(), a.rule.max_replicas()), replicas, "{name}");
-            assert_eq!(a.interval, Duration::from_secs(interval), "{name}");
+            assert_eq!(a.interval(crate::rules::DEFAULT_INTERVAL), Duration::from_secs(interval), "{name}");
             a
         };
     let daily = check("daily", "rps", Algorithm::Average, "60", "120", (2, 20), 30);

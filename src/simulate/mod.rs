@@ -142,7 +142,7 @@ pub fn run(args: &SimulateArgs, out: &mut impl Write) -> Result<(), SimulateErro
     })?;
     let trace = load_trace(&args.trace, &autoscaler.rule)?;
     let options = ReplayOptions {
-        interval: autoscaler.interval,
+        interval: autoscaler.interval(crate::rules::DEFAULT_INTERVAL),
         readiness_lag: args.readiness_lag,
         initial_replicas: args.initial_replicas,
     };

@@ -47,11 +47,18 @@ pub use error::TargetError;
 
 use crate::rules::TargetRef;
 use error::Request;
-use object::{kind_paths, split_api_version, KindPaths};
+pub use object::Marks;
+use object::{kind_paths, split_api_version, KindPaths, ObjectInfo};
+pub use watch::next as next_event;
 use watch::{AbortOnDrop, GroupSpec, Groups, ObjState, PodState, PodWatch};
 
 /// The field manager named in the managed fields of every write.
-const FIELD_MANAGER: &str = "watermarkd";
+/// The field manager of scale writes; [`Marks::scaled_at`] reads its `managedFields` entry.
+pub(crate) const FIELD_MANAGER: &str = "watermarkd";
+/// The field manager of state annotation writes, separate so they do not move `scaled_at`.
+const STATE_FIELD_MANAGER: &str = "watermarkd-state";
+/// The annotation holding an autoscaler's persisted state on its target (rules-file mode).
+pub const STATE_ANNOTATION: &str = "watermarkd.io/state";
 
 /// Builds a client. Where the settings come from, first match wins:
 /// 1. `kubeconfig` (`--kubeconfig`), with `context` (`--context`) or its current context;
@@ -92,6 +99,8 @@ pub struct ScaleReading {
     pub selector: Option<String>,
     /// The object's resourceVersion this reading is from. [`Targets::scale`] sends it back.
     pub resource_version: String,
+    /// watermarkd's persisted state and last scale write, from the object's metadata.
+    pub marks: Marks,
 }
 
 /// A resolved kind: how to reach it and how to read it.
@@ -226,6 +235,12 @@ impl Targets {
             .ok_or_else(|| TargetError::NotWatched(describe(target)))
     }
 
+    /// Whether every watched target has had its first answer (found, missing or failed).
+    pub fn settled(&self) -> bool {
+        let entries = self.inner.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        entries.values().all(|entry| !matches!(*entry.state.borrow(), TargetState::Starting))
+    }
+
     /// The target's scale from the cache. Waits (up to the sync timeout) only while a newly
     /// watched target has no answer yet; afterwards it never makes a request.
     pub async fn read(&self, target: &TargetRef) -> Result<ScaleReading, TargetError> {
@@ -287,14 +302,7 @@ impl Targets {
                 message: "refusing to scale from a reading without a resourceVersion".to_string(),
             });
         }
-        let current = state.borrow().clone();
-        let resolved = match current {
-            TargetState::Ready { resolved, .. } => resolved,
-            TargetState::Failed(err) => return Err(err),
-            TargetState::Starting => {
-                return Err(TargetError::Connection(format!("{} has not been read yet", describe(target))))
-            }
-        };
+        let resolved = resolved_kind(&state, target)?;
         let api = api_for(&self.inner.context.client, &resolved, &target.namespace);
         let resource = format!("{}/scale", resolved.resource.plural);
         let request = Request::for_target("patch", &resource, target);
@@ -328,6 +336,29 @@ impl Targets {
                 other => other,
             }),
         }
+    }
+}
+
+impl Targets {
+    /// Writes `value` as the target's [`STATE_ANNOTATION`] with a merge patch that touches
+    /// nothing else (no resourceVersion: the annotation is watermarkd's alone, and a workload
+    /// controller's concurrent status update must not make it fail).
+    pub async fn write_state(&self, target: &TargetRef, value: &str) -> Result<(), TargetError> {
+        let resolved = resolved_kind(&*self.state_of(target)?, target)?;
+        let api = api_for(&self.inner.context.client, &resolved, &target.namespace);
+        let request = Request::for_target("patch", &resolved.resource.plural, target);
+        let patch = json!({ "metadata": { "annotations": { STATE_ANNOTATION: value } } });
+        let params = PatchParams { field_manager: Some(STATE_FIELD_MANAGER.to_string()), ..PatchParams::default() };
+        api.patch(&target.name, &params, &Patch::Merge(&patch)).await.map(|_| ()).map_err(|err| request.error(&err))
+    }
+}
+
+/// How to reach a target that has been read, or why it cannot be written.
+fn resolved_kind(state: &channel::Sender<TargetState>, target: &TargetRef) -> Result<Arc<Resolved>, TargetError> {
+    match &*state.borrow() {
+        TargetState::Ready { resolved, .. } => Ok(Arc::clone(resolved)),
+        TargetState::Failed(err) => Err(err.clone()),
+        TargetState::Starting => Err(TargetError::Connection(format!("{} has not been read yet", describe(target)))),
     }
 }
 
@@ -453,8 +484,9 @@ async fn run_target(context: Arc<Context>, target: TargetRef, state: Arc<channel
                             ready_replicas: info.ready_replicas,
                             selector: info.selector.clone(),
                             resource_version: info.resource_version.clone(),
+                            marks: info.marks.clone(),
                         }),
-                        KindPaths::Custom => read_scale(&context.client, &resolved, &target, info.ready_replicas).await,
+                        KindPaths::Custom => read_scale(&context.client, &resolved, &target, &info).await,
                     };
                     match reading {
                         Ok(reading) => {
@@ -513,7 +545,7 @@ async fn read_scale(
     client: &Client,
     resolved: &Resolved,
     target: &TargetRef,
-    ready_replicas: Option<u32>,
+    info: &ObjectInfo,
 ) -> Result<ScaleReading, TargetError> {
     let api = api_for(client, resolved, &target.namespace);
     let resource = format!("{}/scale", resolved.resource.plural);
@@ -524,8 +556,9 @@ async fn read_scale(
     Ok(ScaleReading {
         spec_replicas: count(scale.spec.and_then(|s| s.replicas)),
         status_replicas: count(Some(status.replicas)),
-        ready_replicas,
+        ready_replicas: info.ready_replicas,
         selector: status.selector.filter(|s| !s.is_empty()),
         resource_version: scale.metadata.resource_version.unwrap_or_default(),
+        marks: info.marks.clone(),
     })
 }

@@ -55,6 +55,34 @@ pub(crate) struct ObjectInfo {
     pub ready_replicas: Option<u32>,
     /// Built-in kinds only: the selector in label-selector syntax.
     pub selector: Option<String>,
+    /// What the object's metadata says of watermarkd's own writes.
+    pub marks: Marks,
+}
+
+/// What watermarkd left on a target: its persisted state, and when it last wrote the scale.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Marks {
+    /// The `watermarkd.io/state` annotation, as written.
+    pub state_annotation: Option<String>,
+    /// When the API server last recorded a write by watermarkd's scale field manager (the
+    /// `managedFields` entry's time, whole seconds, rounded down). It is the API server's own
+    /// record, so it survives the daemon dying between a scale and its state write.
+    pub scaled_at: Option<watermarkd_engine::Timestamp>,
+}
+
+impl Marks {
+    pub(crate) fn read(metadata: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Marks {
+        let state_annotation = metadata.annotations.as_ref().and_then(|a| a.get(super::STATE_ANNOTATION)).cloned();
+        let scaled_at = metadata
+            .managed_fields
+            .iter()
+            .flatten()
+            .filter(|entry| entry.manager.as_deref() == Some(super::FIELD_MANAGER))
+            .filter_map(|entry| entry.time.as_ref())
+            .map(|time| watermarkd_engine::Timestamp::from_unix_millis(time.0.as_millisecond()))
+            .max();
+        Marks { state_annotation, scaled_at }
+    }
 }
 
 impl ObjectInfo {
@@ -73,6 +101,7 @@ impl ObjectInfo {
                     SelectorShape::LabelSelector => format_label_selector(s),
                     SelectorShape::Map => format_match_labels(s),
                 }),
+                marks: Marks::default(),
             },
             KindPaths::Custom => ObjectInfo {
                 resource_version,
@@ -80,6 +109,7 @@ impl ObjectInfo {
                 status_replicas: 0,
                 ready_replicas: ready,
                 selector: None,
+                marks: Marks::default(),
             },
         }
     }
@@ -191,6 +221,7 @@ mod tests {
                 status_replicas: 4,
                 ready_replicas: Some(3),
                 selector: Some("app=billing,tier=web".into()),
+                marks: Marks::default(),
             }
         );
     }

@@ -36,7 +36,7 @@ use super::object::{pod_is_ready, KindPaths, ObjectInfo};
 
 /// `StreamExt::next` without a dependency on `futures`: `WatchStreamExt` has `Stream` as its
 /// supertrait, so a bound on it makes `poll_next` callable here.
-pub(crate) async fn next<S: WatchStreamExt + Unpin>(stream: &mut S) -> Option<S::Item> {
+pub async fn next<S: WatchStreamExt + Unpin>(stream: &mut S) -> Option<S::Item> {
     std::future::poll_fn(|cx| Pin::new(&mut *stream).poll_next(cx)).await
 }
 
@@ -330,7 +330,9 @@ async fn run_group(client: Client, spec: GroupSpec, shared: Arc<GroupShared>, de
 }
 
 fn read_object(paths: KindPaths, object: &DynamicObject) -> ObjectInfo {
-    ObjectInfo::read(paths, object.resource_version().unwrap_or_default(), &object.data)
+    let mut info = ObjectInfo::read(paths, object.resource_version().unwrap_or_default(), &object.data);
+    info.marks = super::object::Marks::read(&object.metadata);
+    info
 }
 
 /// The ready-pod count of one selector.

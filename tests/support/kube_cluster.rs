@@ -726,3 +726,32 @@ async fn wait_ready(url: &str, ca_path: &Path, processes: &mut [Watched; 2]) -> 
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// A namespaced custom resource `Widget` in `group` (version v1) with a `/scale` subresource:
+/// `spec.size` is its desired count, `status.count` the current one, `status.podSelector` its
+/// pods' selector (and `status.readyReplicas`, when set, the ready count).
+pub fn widget_crd(group: &str) -> CustomResourceDefinition {
+    serde_json::from_value(json!({
+        "metadata": { "name": format!("widgets.{group}") },
+        "spec": {
+            "group": group,
+            "scope": "Namespaced",
+            "names": { "plural": "widgets", "singular": "widget", "kind": "Widget" },
+            "versions": [{
+                "name": "v1",
+                "served": true,
+                "storage": true,
+                "schema": { "openAPIV3Schema": { "type": "object", "x-kubernetes-preserve-unknown-fields": true } },
+                "subresources": {
+                    "status": {},
+                    "scale": {
+                        "specReplicasPath": ".spec.size",
+                        "statusReplicasPath": ".status.count",
+                        "labelSelectorPath": ".status.podSelector",
+                    },
+                },
+            }],
+        },
+    }))
+    .expect("CRD")
+}

@@ -422,8 +422,9 @@ impl Rule {
         }
     }
 
-    /// How far back recommendations matter: the longer stabilization window.
-    pub(crate) fn recommendation_horizon(&self) -> Duration {
+    /// How far back recommendations matter: the longer stabilization window (zero without
+    /// stabilization).
+    pub fn recommendation_horizon(&self) -> Duration {
         match &self.velocity {
             Velocity::Watermark(_) => Duration::ZERO,
             Velocity::Behavior(b) => b.scale_up.stabilization_window.max(b.scale_down.stabilization_window),

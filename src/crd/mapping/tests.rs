@@ -108,7 +108,7 @@ fn a_complete_wpa_becomes_an_autoscaler() {
     assert_eq!(autoscaler.target.namespace, "prod");
     assert_eq!(autoscaler.target.name, "billing");
     assert_eq!(autoscaler.target.api_version, "apps/v1");
-    assert_eq!(autoscaler.interval, Duration::from_secs(15));
+    assert_eq!(autoscaler.interval_set, None);
     assert_eq!(autoscaler.metrics.len(), 1);
     let metric = &autoscaler.metrics[0];
     assert_eq!(metric.name, "custom.request_duration.max");

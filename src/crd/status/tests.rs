@@ -255,7 +255,7 @@ fn rejected_wpas_say_why_and_keep_their_counts() {
 }
 
 #[test]
-fn status_changes_compare_quantities_by_value_and_times_by_the_second() {
+fn status_changes_compare_quantities_by_value_and_keep_times_to_the_millisecond() {
     let mut a = WatermarkPodAutoscalerStatus {
         current_metrics: vec![MetricStatus {
             type_: "External".into(),
@@ -290,6 +290,8 @@ fn status_changes_compare_quantities_by_value_and_times_by_the_second() {
         Timestamp::from_unix_millis(t(30).unix_millis() + 400),
     );
     assert!(status_changed(Some(&a), &b));
-    assert_eq!(since(&b, ABLE_TO_SCALE), Some(t(30)), "status times have whole seconds");
+    // Milliseconds are kept: the AboveHighWatermark / BelowLowWatermark transition times are
+    // what a restarted daemon restores its delays from, exactly.
+    assert_eq!(since(&b, ABLE_TO_SCALE), Some(Timestamp::from_unix_millis(t(30).unix_millis() + 400)));
     assert!(status_changed(None, &a));
 }
