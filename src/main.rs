@@ -21,8 +21,11 @@ enum Command {
     /// Exits 1 when any file has a problem.
     Check {
         /// Rules files (TOML) to validate.
-        #[arg(required = true, value_name = "FILE")]
+        #[arg(value_name = "FILE", required_unless_present = "config")]
         files: Vec<PathBuf>,
+        /// A rules file to validate, as `run --config` names it (repeatable).
+        #[arg(long = "config", value_name = "FILE")]
+        config: Vec<PathBuf>,
     },
     /// Compute one decision per JSON object read on standard input (one document, or JSON Lines).
     ///
@@ -40,6 +43,12 @@ enum Command {
     /// It accepts exactly the objects the Datadog controller's CRD accepts, so either can be
     /// installed: `watermarkd crd | kubectl apply -f -`. See docs/crd.md.
     Crd,
+    /// Run the daemon: every autoscaler of the rules file (and, with --crd, of the cluster's
+    /// WatermarkPodAutoscaler objects) on its interval, until SIGTERM.
+    ///
+    /// Settings come from --settings (default /etc/watermarkd/watermarkd.toml), WATERMARKD__*
+    /// variables and these flags, in increasing precedence. SIGHUP reloads the rules file.
+    Run(watermarkd::settings::RunArgs),
 }
 
 fn main() -> ExitCode {
@@ -59,7 +68,8 @@ fn run() -> anyhow::Result<ExitCode> {
     let stdout = io::stdout();
     let mut out = stdout.lock();
     let code = match cli.command {
-        Command::Check { files } => {
+        Command::Check { mut files, config } => {
+            files.extend(config);
             let ok = watermarkd::rules::run_check(&files, &mut out).context("writing the check report")?;
             if ok {
                 ExitCode::SUCCESS
@@ -87,6 +97,14 @@ fn run() -> anyhow::Result<ExitCode> {
             } else {
                 ExitCode::from(1)
             }
+        }
+        Command::Run(args) => {
+            let settings = watermarkd::settings::Settings::load(&args, &watermarkd::settings::Environment::current())?;
+            watermarkd::telemetry::logging::init(settings.log_format, &settings.log_level)
+                .map_err(anyhow::Error::msg)?;
+            let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            runtime.block_on(watermarkd::runtime::run(settings))?;
+            ExitCode::SUCCESS
         }
         Command::Crd => {
             let yaml = watermarkd::crd::crd_yaml().context("writing the CRD as YAML")?;

@@ -1,6 +1,15 @@
 //! Prometheus metrics of the daemon itself. Series keep the Datadog controller's names where one
 //! exists, so dashboards carry over; the rest are prefixed `watermarkd_`.
 
+mod autoscaler;
+mod daemon;
+pub mod logging;
+mod server;
+
+pub use autoscaler::{AutoscalerMetrics, SeriesLabels};
+pub use daemon::DaemonMetrics;
+pub use server::{serve, Readiness};
+
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
 
 /// What the metric backends report about themselves.

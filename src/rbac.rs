@@ -1,0 +1,106 @@
+//! The Kubernetes API permissions the daemon needs: every (API group, resource, verb) it uses,
+//! and nothing else. Data only.
+//!
+//! `deploy/rbac.yaml` grants exactly this list (the entries with
+//! [`Permission::namespaced_to_daemon`] in a Role in the daemon's namespace, the others in a
+//! ClusterRole) and the README (Install) shows it as a table; `tests/packaging.rs` fails when
+//! either differs from [`PERMISSIONS`]. When code starts making a new kind of API call, add it
+//! here first.
+//!
+//! Targets of other kinds (custom resources with a `/scale` subresource) need the verbs of the
+//! `apps` entries for their own group and resource; they are granted per installation, not
+//! here (see the README (Install)).
+
+/// One RBAC rule: these verbs on these resources of one API group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Permission {
+    /// Granted only in the daemon's own namespace (a Role), not cluster-wide (a ClusterRole).
+    pub namespaced_to_daemon: bool,
+    /// The API group; `""` is the core group.
+    pub api_group: &'static str,
+    /// Plural resource names; `name/subresource` for a subresource.
+    pub resources: &'static [&'static str],
+    pub verbs: &'static [&'static str],
+}
+
+/// Everything the daemon asks the API server, grouped as `deploy/rbac.yaml` grants it.
+pub const PERMISSIONS: &[Permission] = &[
+    WPA_READ,
+    WPA_STATUS_WRITE,
+    DATADOG_METRIC_READ,
+    WORKLOAD_READ_AND_ANNOTATE,
+    WORKLOAD_SCALE,
+    POD_READ,
+    EVENT_WRITE,
+    LEASE,
+];
+
+/// CRD mode: the watcher of WatermarkPodAutoscaler objects (the initial list, then watch)
+/// that [`crate::crd::map_wpa`] maps onto autoscalers (`runtime` sources).
+pub const WPA_READ: Permission = Permission {
+    namespaced_to_daemon: false,
+    api_group: "datadoghq.com",
+    resources: &["watermarkpodautoscalers"],
+    verbs: &["list", "watch"],
+};
+
+/// CRD mode: writing each WPA's status (conditions, current and desired replicas, last scale
+/// time) as computed by [`crate::crd::next_status`], only when it changed.
+pub const WPA_STATUS_WRITE: Permission = Permission {
+    namespaced_to_daemon: false,
+    api_group: "datadoghq.com",
+    resources: &["watermarkpodautoscalers/status"],
+    verbs: &["patch"],
+};
+
+/// CRD mode: the watcher behind [`crate::crd::DatadogMetricIndex`], which resolves WPA metric
+/// references of the form `datadogmetric@namespace:name` to the `DatadogMetric`'s query.
+pub const DATADOG_METRIC_READ: Permission = Permission {
+    namespaced_to_daemon: false,
+    api_group: "datadoghq.com",
+    resources: &["datadogmetrics"],
+    verbs: &["list", "watch"],
+};
+
+/// The scale targets: [`crate::target`] watches them for replicas, readiness and the time of
+/// the last scale; `patch` only writes the `watermarkd.io/state` annotation
+/// (`target::STATE_ANNOTATION`) that holds an autoscaler's persisted state (rules-file mode).
+pub const WORKLOAD_READ_AND_ANNOTATE: Permission = Permission {
+    namespaced_to_daemon: false,
+    api_group: "apps",
+    resources: &["deployments", "statefulsets", "replicasets"],
+    verbs: &["list", "watch", "patch"],
+};
+
+/// [`crate::target`]: changing a target's replicas with a merge patch of `/scale` that carries
+/// the resourceVersion decided on. (The apps kinds are read from the watched object itself;
+/// only custom kinds also need `get` on their `/scale`.)
+pub const WORKLOAD_SCALE: Permission = Permission {
+    namespaced_to_daemon: false,
+    api_group: "apps",
+    resources: &["deployments/scale", "statefulsets/scale", "replicasets/scale"],
+    verbs: &["patch"],
+};
+
+/// [`crate::target`]: a pod watch scoped to a target's selector that counts its ready pods, only
+/// for targets whose status has no `readyReplicas`.
+pub const POD_READ: Permission =
+    Permission { namespaced_to_daemon: false, api_group: "", resources: &["pods"], verbs: &["list", "watch"] };
+
+/// [`crate::events`]: an Event on the target for each scale and each failure (`patch` when
+/// kube's recorder folds a repeat into an event series).
+pub const EVENT_WRITE: Permission = Permission {
+    namespaced_to_daemon: false,
+    api_group: "events.k8s.io",
+    resources: &["events"],
+    verbs: &["create", "patch"],
+};
+
+/// [`crate::lease`]: leader election with one Lease in the daemon's own namespace: read it,
+/// create it when it is missing, renew it or take it over with an update.
+pub const LEASE: Permission = Permission {
+    namespaced_to_daemon: true,
+    api_group: "coordination.k8s.io",
+    resources: &["leases"],
+    verbs: &["get", "create", "update"],
+};

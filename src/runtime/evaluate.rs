@@ -1,0 +1,408 @@
+//! One evaluation of one autoscaler, its metrics already queried: read the target from the
+//! cache, decide, write the scale (re-reading and deciding again on a conflict), persist what a
+//! restart needs, report.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::EventType;
+use watermarkd_engine::{decide, Action, Decision, Guard, Reading, State, Target};
+
+use super::{Desired, Memory, Shared};
+use crate::backend::Observation;
+use crate::crd::{self, ScaleWrite, WatermarkPodAutoscaler, WatermarkPodAutoscalerStatus};
+use crate::state;
+use crate::target::{ScaleReading, TargetError};
+
+/// Attempts at a scale write that keeps meeting a newer object.
+const CONFLICT_ATTEMPTS: usize = 3;
+/// How long to wait for the cache to show the object that caused a conflict.
+const CONFLICT_REFRESH: Duration = Duration::from_secs(2);
+/// A status whose only change is `currentMetrics` is written at most this often.
+const METRICS_STATUS_PERIOD: Duration = Duration::from_secs(60);
+
+/// What an evaluation ended in, for the evaluations counter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Scaled,
+    Held,
+    DryRun,
+    Failed,
+}
+
+impl Outcome {
+    pub fn label(self) -> &'static str {
+        match self {
+            Outcome::Scaled => "scaled",
+            Outcome::Held => "held",
+            Outcome::DryRun => "dry_run",
+            Outcome::Failed => "failed",
+        }
+    }
+}
+
+pub async fn evaluate(
+    shared: &Shared,
+    desired: &Desired,
+    memory: &mut Memory,
+    observations: Vec<Observation>,
+) -> Outcome {
+    let autoscaler = &desired.autoscaler;
+    let target = &autoscaler.target;
+    let readings: Vec<Reading> = observations.into_iter().map(|o| o.reading).collect();
+    let rule = if shared.dry_run { autoscaler.rule.clone().with_dry_run(true) } else { autoscaler.rule.clone() };
+    let epoch = shared.epoch.load(Ordering::Acquire);
+
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let reading = match shared.targets.read(target).await {
+            Ok(reading) => reading,
+            Err(err) => {
+                target_failed(shared, desired, memory, &err).await;
+                return Outcome::Failed;
+            }
+        };
+        let now = shared.clock.now();
+        if memory.state.is_none() || memory.epoch != epoch {
+            restore(desired, memory, &reading, now);
+            memory.epoch = epoch;
+        }
+        let current = memory.state.clone().unwrap_or_default();
+        let observed = Target {
+            spec_replicas: reading.spec_replicas,
+            status_replicas: Some(reading.status_replicas),
+            ready_replicas: reading.ready_replicas,
+        };
+        let decision = decide(&rule, observed, &readings, &current, now);
+
+        let write = if decision.write {
+            if !shared.is_leader() {
+                // Leadership was lost during this evaluation: the new leader decides.
+                return Outcome::Held;
+            }
+            match shared.targets.scale(target, &reading, decision.replicas).await {
+                Ok(()) => {
+                    shared.daemon.write("scale", "ok");
+                    ScaleWrite::Succeeded
+                }
+                Err(TargetError::Conflict { .. }) if attempt < CONFLICT_ATTEMPTS => {
+                    shared.daemon.write("scale", "conflict");
+                    tracing::info!(
+                        autoscaler = %autoscaler.name,
+                        workload = %describe(target),
+                        "the target changed since it was read; reading it again and deciding again"
+                    );
+                    wait_for_newer(shared, target, &reading).await;
+                    continue;
+                }
+                Err(err) => {
+                    let outcome = if matches!(err, TargetError::Conflict { .. }) { "conflict" } else { "error" };
+                    shared.daemon.write("scale", outcome);
+                    ScaleWrite::Failed(err.to_string())
+                }
+            }
+        } else {
+            ScaleWrite::NotAttempted
+        };
+
+        let next_state = match write {
+            ScaleWrite::Failed(_) => decision.state_if_not_written.clone(),
+            _ => decision.state.clone(),
+        };
+        memory.state = Some(next_state.clone());
+        let scaled = decision.action != Action::Hold && (decision.dry_run || write == ScaleWrite::Succeeded);
+        shared.autoscaler_metrics.observe(&desired.labels, &rule, &decision, scaled);
+        log_decision(desired, memory, &decision, &write);
+        persist(shared, desired, memory, &decision, &write, &next_state).await;
+        report_events(shared, desired, &decision, &write).await;
+        memory.failing = None;
+        return match (&write, decision.action) {
+            (ScaleWrite::Failed(_), _) => Outcome::Failed,
+            (_, Action::Hold) => Outcome::Held,
+            _ if decision.dry_run => Outcome::DryRun,
+            _ => Outcome::Scaled,
+        };
+    }
+}
+
+fn describe(target: &crate::rules::TargetRef) -> String {
+    format!("{} {}/{}", target.kind, target.namespace, target.name)
+}
+
+/// Waits until the cache holds a newer version of the object than `stale` (the conflict
+/// means one exists), so the second decision is made on it.
+async fn wait_for_newer(shared: &Shared, target: &crate::rules::TargetRef, stale: &ScaleReading) {
+    let deadline = tokio::time::Instant::now() + CONFLICT_REFRESH;
+    while tokio::time::Instant::now() < deadline {
+        match shared.targets.read(target).await {
+            Ok(reading) if reading.resource_version != stale.resource_version => return,
+            Err(_) => return,
+            Ok(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}
+
+/// The state a (re)started daemon, or a new leader, continues from.
+fn restore(desired: &Desired, memory: &mut Memory, reading: &ScaleReading, now: watermarkd_engine::Timestamp) {
+    let autoscaler = &desired.autoscaler;
+    let persisted = match &desired.wpa {
+        Some(wpa) => {
+            let status = memory.status.clone().or_else(|| wpa.status.clone());
+            memory.status = status.clone();
+            state::from_wpa_status(status.as_ref())
+        }
+        None => match reading.marks.state_annotation.as_deref() {
+            None => State::default(),
+            Some(text) => match state::decode_annotation(&autoscaler.name, text) {
+                Ok(Some(state)) => state,
+                Ok(None) => State::default(),
+                Err(err) => {
+                    tracing::warn!(
+                        autoscaler = %autoscaler.name,
+                        workload = %describe(&autoscaler.target),
+                        error = %err,
+                        "ignoring the persisted state on the target; the autoscaler starts without one"
+                    );
+                    State::default()
+                }
+            },
+        },
+    };
+    memory.written = Some(persisted.clone());
+    let restored = state::restore(persisted, &reading.marks, reading.spec_replicas, &autoscaler.rule, now);
+    tracing::debug!(autoscaler = %autoscaler.name, state = ?restored, "state restored");
+    memory.state = Some(restored);
+}
+
+fn log_decision(desired: &Desired, memory: &mut Memory, decision: &Decision, write: &ScaleWrite) {
+    let autoscaler = &desired.autoscaler;
+    let values: Vec<String> = decision
+        .metrics
+        .iter()
+        .map(|m| match m.value {
+            Some(v) => format!("{}={v} band [{}, {}] {:?}", m.name, m.band_low, m.band_high, m.position),
+            None => format!("{}=unavailable ({})", m.name, m.note.as_deref().unwrap_or("no value")),
+        })
+        .collect();
+    let done = match (write, decision.action) {
+        (ScaleWrite::Succeeded, _) => "scaled",
+        (ScaleWrite::Failed(_), _) => "scale failed",
+        (_, Action::Hold) => "held",
+        _ => "dry run",
+    };
+    let changed = memory.last_reason.as_deref() != Some(decision.reason.as_str());
+    memory.last_reason = Some(decision.reason.clone());
+    let error = match write {
+        ScaleWrite::Failed(err) => Some(err.as_str()),
+        _ => None,
+    };
+    // A hold that says what the previous one said is only worth a debug line.
+    macro_rules! line {
+        ($level:ident) => {
+            tracing::$level!(
+                autoscaler = %autoscaler.name,
+                workload = %describe(&autoscaler.target),
+                metrics = %values.join("; "),
+                proposal = ?decision.proposal,
+                limit = ?decision.limit,
+                from = decision.spec_replicas,
+                to = decision.replicas,
+                result = done,
+                error,
+                reason = %decision.reason,
+                "decision"
+            )
+        };
+    }
+    if decision.action != Action::Hold || changed || error.is_some() {
+        line!(info);
+    } else {
+        line!(debug);
+    }
+}
+
+/// Writes the state (rules-file mode: the target's annotation) or the status (CRD mode) when
+/// a later decision depends on what changed.
+async fn persist(
+    shared: &Shared,
+    desired: &Desired,
+    memory: &mut Memory,
+    decision: &Decision,
+    write: &ScaleWrite,
+    next_state: &State,
+) {
+    if !shared.is_leader() {
+        return;
+    }
+    match &desired.wpa {
+        None => {
+            if !state::needs_write(memory.written.as_ref(), next_state) {
+                return;
+            }
+            let value = state::encode_annotation(&desired.autoscaler.name, next_state);
+            match shared.targets.write_state(&desired.autoscaler.target, &value).await {
+                Ok(()) => {
+                    shared.daemon.write("state", "ok");
+                    memory.written = Some(next_state.clone());
+                }
+                Err(err) => {
+                    shared.daemon.write("state", "error");
+                    tracing::warn!(
+                        autoscaler = %desired.autoscaler.name,
+                        error = %err,
+                        "could not persist the state on the target; trying again next evaluation"
+                    );
+                }
+            }
+        }
+        Some(wpa) => {
+            let now = shared.clock.now();
+            let previous = memory.status.clone().or_else(|| wpa.status.clone());
+            let next = crd::next_status(previous.as_ref(), &wpa.spec, decision, write, now);
+            if !crd::status_changed(previous.as_ref(), &next) {
+                return;
+            }
+            let only_metrics = previous.as_ref().is_some_and(|p| {
+                let mut same = p.clone();
+                same.current_metrics = next.current_metrics.clone();
+                same == next
+            });
+            if only_metrics && memory.status_written_at.is_some_and(|at| at.elapsed() < METRICS_STATUS_PERIOD) {
+                return;
+            }
+            if write_status(shared, wpa, &next).await {
+                memory.status = Some(next);
+                memory.status_written_at = Some(tokio::time::Instant::now());
+            }
+        }
+    }
+}
+
+/// Merge-patches a WPA's status; true when it was written.
+pub async fn write_status(
+    shared: &Shared,
+    wpa: &WatermarkPodAutoscaler,
+    status: &WatermarkPodAutoscalerStatus,
+) -> bool {
+    let namespace = wpa.metadata.namespace.as_deref().unwrap_or("default");
+    let name = wpa.metadata.name.as_deref().unwrap_or_default();
+    let api: Api<WatermarkPodAutoscaler> = Api::namespaced(shared.client.clone(), namespace);
+    let patch = serde_json::json!({ "status": status });
+    let params = PatchParams { field_manager: Some("watermarkd".into()), ..PatchParams::default() };
+    match api.patch_status(name, &params, &Patch::Merge(&patch)).await {
+        Ok(_) => {
+            shared.daemon.write("status", "ok");
+            true
+        }
+        Err(err) => {
+            shared.daemon.write("status", "error");
+            tracing::warn!(wpa = %format!("{namespace}/{name}"), error = %err, "could not write the WPA status");
+            false
+        }
+    }
+}
+
+async fn report_events(shared: &Shared, desired: &Desired, decision: &Decision, write: &ScaleWrite) {
+    let object = target_reference(desired);
+    match write {
+        ScaleWrite::Succeeded => {
+            let reason = if decision.action == Action::ScaleUp { "ScaledUp" } else { "ScaledDown" };
+            let note = format!("New size: {}; reason: {}", decision.replicas, decision.reason);
+            publish(shared, &object, EventType::Normal, reason, &note, "Scale").await;
+        }
+        ScaleWrite::Failed(err) => {
+            let note = format!("could not scale to {}: {err}", decision.replicas);
+            publish(shared, &object, EventType::Warning, "FailedRescale", &note, "Scale").await;
+        }
+        ScaleWrite::NotAttempted => {}
+    }
+    if decision.guard == Some(Guard::NoData) {
+        // Names only, not the reasons (which carry ages): the same outage is one event.
+        let names: Vec<&str> = decision.metrics.iter().map(|m| m.name.as_str()).collect();
+        let note = format!("no usable metric value, holding: {}", names.join(", "));
+        publish(shared, &object, EventType::Warning, "FailedGetMetrics", &note, "Decide").await;
+    }
+}
+
+async fn target_failed(shared: &Shared, desired: &Desired, memory: &mut Memory, err: &TargetError) {
+    let autoscaler = &desired.autoscaler;
+    shared.autoscaler_metrics.observe_failure(&desired.labels, &autoscaler.rule);
+    let message = err.to_string();
+    if memory.failing.as_deref() != Some(message.as_str()) {
+        tracing::warn!(autoscaler = %autoscaler.name, workload = %describe(&autoscaler.target), error = %message, "cannot read the target");
+    }
+    memory.failing = Some(message.clone());
+    if !shared.is_leader() {
+        return;
+    }
+    let reason = match err {
+        TargetError::NotFound { .. } => "FailedGetScale",
+        TargetError::NoScaleSubresource { .. } | TargetError::UnknownKind { .. } => "InvalidTarget",
+        _ => "FailedGetScale",
+    };
+    // A missing target has no object to carry an event; the WPA does (CRD mode), or the log.
+    if let Some(wpa) = &desired.wpa {
+        let note = format!("cannot read the target: {message}");
+        publish(shared, &wpa_reference(wpa), EventType::Warning, reason, &note, "GetScale").await;
+        let previous = memory.status.clone().or_else(|| wpa.status.clone());
+        let mut next = previous.clone().unwrap_or_default();
+        crd::set_condition(
+            &mut next,
+            crd::ABLE_TO_SCALE,
+            false,
+            "FailedGetScale",
+            &format!("the WPA controller was unable to get the target's current scale: {message}"),
+            shared.clock.now(),
+        );
+        if crd::status_changed(previous.as_ref(), &next) && write_status(shared, wpa, &next).await {
+            memory.status = Some(next);
+        }
+    } else if !matches!(err, TargetError::NotFound { .. }) {
+        let note = format!("cannot scale: {message}");
+        publish(shared, &target_reference(desired), EventType::Warning, reason, &note, "GetScale").await;
+    }
+}
+
+pub async fn publish(
+    shared: &Shared,
+    object: &ObjectReference,
+    type_: EventType,
+    reason: &str,
+    note: &str,
+    action: &str,
+) {
+    let Some(events) = &shared.events else { return };
+    match events.publish(object, type_, reason, note, action).await {
+        Ok(crate::events::Published::Sent) => shared.daemon.write("event", "ok"),
+        Ok(crate::events::Published::Suppressed) => {}
+        Err(err) => {
+            shared.daemon.write("event", "error");
+            tracing::debug!(error = %err, reason, "could not record an event");
+        }
+    }
+}
+
+fn target_reference(desired: &Desired) -> ObjectReference {
+    let target = &desired.autoscaler.target;
+    ObjectReference {
+        api_version: Some(target.api_version.clone()),
+        kind: Some(target.kind.clone()),
+        namespace: Some(target.namespace.clone()),
+        name: Some(target.name.clone()),
+        ..ObjectReference::default()
+    }
+}
+
+pub fn wpa_reference(wpa: &WatermarkPodAutoscaler) -> ObjectReference {
+    ObjectReference {
+        api_version: Some(crd::API_VERSION.into()),
+        kind: Some(crd::KIND.into()),
+        namespace: wpa.metadata.namespace.clone(),
+        name: wpa.metadata.name.clone(),
+        uid: wpa.metadata.uid.clone(),
+        ..ObjectReference::default()
+    }
+}

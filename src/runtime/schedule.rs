@@ -1,0 +1,90 @@
+//! When each autoscaler falls due. Pure, so the rules are tested without a clock.
+//!
+//! Every autoscaler runs at a fixed rate on its own interval, offset by a phase taken from a
+//! hash of its key: load spreads over the interval (jitter) and a restart keeps the phases. The
+//! phase is a whole number of `GRID` steps, so autoscalers whose phases coincide fall due at the
+//! same instant and their Datadog queries share batches: with 15s intervals there are at most
+//! 15 due instants per interval, whatever the number of autoscalers.
+
+use std::hash::{Hash, Hasher};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// The step phases are rounded to.
+pub const GRID: Duration = Duration::from_secs(1);
+
+/// The phase of `key` within `interval`: in `[0, interval)`, a multiple of `GRID`.
+pub fn phase(key: &str, interval: Duration) -> Duration {
+    let steps = (interval.as_millis() / GRID.as_millis()).max(1);
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    key.hash(&mut hasher);
+    let step = u128::from(hasher.finish()) % steps;
+    GRID.saturating_mul(u32::try_from(step).unwrap_or(0))
+}
+
+/// The first due instant of an autoscaler that starts at `now`: the next instant at
+/// `epoch + phase + k * interval`, where `epoch` is the daemon's start, so autoscalers with the
+/// same interval and phase line up however late they were added.
+pub fn first_due(epoch: Instant, now: Instant, key: &str, interval: Duration) -> Instant {
+    let start = epoch + phase(key, interval);
+    if start >= now {
+        return start;
+    }
+    let behind = now.duration_since(start);
+    let periods = behind.as_nanos().div_ceil(interval.as_nanos().max(1));
+    start + interval.saturating_mul(u32::try_from(periods).unwrap_or(u32::MAX))
+}
+
+/// The due instant after `due`, skipping any that already passed (an autoscaler that was
+/// skipped or slow does not run several times to catch up).
+pub fn next_due(due: Instant, now: Instant, interval: Duration) -> Instant {
+    let mut next = due + interval;
+    if next <= now {
+        let behind = now.duration_since(next);
+        let periods = behind.as_nanos() / interval.as_nanos().max(1) + 1;
+        next += interval.saturating_mul(u32::try_from(periods).unwrap_or(u32::MAX));
+    }
+    next
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn phases_are_grid_steps_within_the_interval() {
+        let interval = Duration::from_secs(15);
+        let mut seen = std::collections::BTreeSet::new();
+        for i in 0..1000 {
+            let p = phase(&format!("autoscaler-{i}"), interval);
+            assert!(p < interval);
+            assert_eq!(p.as_millis() % GRID.as_millis(), 0);
+            seen.insert(p);
+        }
+        assert_eq!(seen.len(), 15, "1,000 keys use every one of the 15 steps");
+        assert_eq!(phase("x", Duration::from_secs(1)), Duration::ZERO);
+        assert_eq!(phase("x", interval), phase("x", interval), "stable");
+    }
+
+    #[test]
+    fn first_due_lines_up_with_the_epoch() {
+        let epoch = Instant::now();
+        let interval = Duration::from_secs(10);
+        let p = phase("a", interval);
+        assert_eq!(first_due(epoch, epoch, "a", interval), epoch + p);
+        let late = epoch + Duration::from_secs(95);
+        let due = first_due(epoch, late, "a", interval);
+        assert!(due >= late && due < late + interval);
+        assert_eq!(due.duration_since(epoch + p).as_nanos() % interval.as_nanos(), 0);
+    }
+
+    #[test]
+    fn next_due_skips_missed_instants() {
+        let t0 = Instant::now();
+        let interval = Duration::from_secs(5);
+        assert_eq!(next_due(t0, t0 + Duration::from_secs(1), interval), t0 + interval);
+        assert_eq!(next_due(t0, t0 + Duration::from_secs(12), interval), t0 + Duration::from_secs(15));
+        assert_eq!(next_due(t0, t0 + Duration::from_secs(10), interval), t0 + Duration::from_secs(15));
+    }
+}

@@ -1,0 +1,390 @@
+//! Where autoscalers come from: the rules file (reloaded when it changes or on SIGHUP) and the
+//! cluster's WatermarkPodAutoscaler objects (watched).
+
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{Hash, Hasher};
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::runtime::events::EventType;
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use kube::{Api, Client};
+use tokio::sync::{mpsc, watch};
+
+use super::{evaluate, Command, Desired, Shared, SourceKind};
+use crate::crd::{self, DatadogMetric, DatadogMetricIndex, MapError, MappingOptions, WatermarkPodAutoscaler};
+use crate::rules::{self, RulesFile};
+use crate::telemetry::SeriesLabels;
+
+/// The autoscalers of a rules file, keyed `file/NAME`.
+pub fn file_desired(rules: &RulesFile) -> Vec<Desired> {
+    rules
+        .autoscalers
+        .iter()
+        .map(|autoscaler| Desired {
+            key: format!("file/{}", autoscaler.name),
+            labels: SeriesLabels {
+                wpa_name: autoscaler.name.clone(),
+                wpa_namespace: autoscaler.target.namespace.clone(),
+                resource_name: autoscaler.target.name.clone(),
+                resource_namespace: autoscaler.target.namespace.clone(),
+                resource_kind: autoscaler.target.kind.clone(),
+            },
+            autoscaler: autoscaler.clone(),
+            wpa: None,
+        })
+        .collect()
+}
+
+pub struct RulesWatch {
+    pub path: PathBuf,
+    pub poll: Duration,
+    pub current: Arc<RulesFile>,
+    pub commands: mpsc::Sender<Command>,
+    pub rules: watch::Sender<Option<Arc<RulesFile>>>,
+    pub reload: mpsc::Receiver<()>,
+    pub shared: Arc<Shared>,
+    pub notifier: super::systemd::Notifier,
+    pub shutdown: watch::Receiver<bool>,
+}
+
+/// What identifies the file's content without reading it: the resolved file (symlinks
+/// followed, so a ConfigMap's `..data` swap is a new inode), its size and its mtime.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Fingerprint {
+    device: u64,
+    inode: u64,
+    size: u64,
+    modified_nanos: i128,
+}
+
+fn fingerprint(path: &std::path::Path) -> Option<Fingerprint> {
+    let metadata = std::fs::metadata(path).ok()?;
+    Some(Fingerprint {
+        device: metadata.dev(),
+        inode: metadata.ino(),
+        size: metadata.size(),
+        modified_nanos: i128::from(metadata.mtime()) * 1_000_000_000 + i128::from(metadata.mtime_nsec()),
+    })
+}
+
+fn content_hash(text: &str) -> u64 {
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    text.hash(&mut hasher);
+    hasher.finish()
+}
+
+/// Checks the file every `poll` (by its resolved identity, size and mtime, so editors' renames
+/// and ConfigMap symlink swaps are seen) and reloads on a change of content or on SIGHUP.
+pub async fn watch_rules_file(mut watch: RulesWatch) {
+    let mut seen = fingerprint(&watch.path);
+    let mut applied_hash = std::fs::read_to_string(&watch.path).ok().map(|t| content_hash(&t));
+    // The last content that failed, so a broken file is reported once, not every poll.
+    let mut failed_hash: Option<u64> = None;
+    loop {
+        let forced = tokio::select! {
+            _ = tokio::time::sleep(watch.poll) => false,
+            Some(()) = watch.reload.recv() => true,
+            _ = watch.shutdown.changed() => return,
+        };
+        let now_seen = fingerprint(&watch.path);
+        if !forced && now_seen == seen {
+            continue;
+        }
+        seen = now_seen;
+        let text = match std::fs::read_to_string(&watch.path) {
+            Ok(text) => text,
+            Err(err) => {
+                // Mid-swap, or deleted: keep the rules that run.
+                if forced {
+                    reload_failed(&watch.shared, &format!("cannot read {}: {err}", watch.path.display()));
+                }
+                continue;
+            }
+        };
+        let hash = content_hash(&text);
+        if !forced && (Some(hash) == applied_hash || Some(hash) == failed_hash) {
+            continue;
+        }
+        if forced {
+            watch.notifier.reloading();
+        }
+        match rules::parse_rules(&text, &watch.path.display().to_string()) {
+            Ok(next) => {
+                failed_hash = None;
+                applied_hash = Some(hash);
+                let next = Arc::new(next);
+                let changed =
+                    *next.autoscalers != *watch.current.autoscalers || next.backends != watch.current.backends;
+                watch.shared.daemon.reloads.with_label_values(&["success"]).inc();
+                watch.shared.daemon.last_reload_successful.set(1);
+                tracing::info!(
+                    file = %watch.path.display(),
+                    autoscalers = next.autoscalers.len(),
+                    changed,
+                    "rules reloaded"
+                );
+                if watch.commands.send(Command::Backends(Arc::clone(&next))).await.is_err() {
+                    return;
+                }
+                let desired = file_desired(&next);
+                if watch.commands.send(Command::Replace { source: SourceKind::File, desired }).await.is_err() {
+                    return;
+                }
+                watch.rules.send_replace(Some(Arc::clone(&next)));
+                watch.current = next;
+            }
+            Err(err) => {
+                failed_hash = Some(hash);
+                for problem in &err.problems {
+                    tracing::error!(file = %err.origin, problem = %problem, "invalid rules");
+                }
+                reload_failed(
+                    &watch.shared,
+                    &format!("{} problem(s) in {}; the previous rules keep running", err.problems.len(), err.origin),
+                );
+            }
+        }
+        if forced {
+            watch.notifier.ready();
+        }
+    }
+}
+
+fn reload_failed(shared: &Shared, message: &str) {
+    shared.daemon.reloads.with_label_values(&["failure"]).inc();
+    shared.daemon.last_reload_successful.set(0);
+    tracing::error!("rules reload failed: {message}");
+}
+
+pub struct WpaWatch {
+    pub client: Client,
+    pub namespaces: Vec<String>,
+    pub default_backend: String,
+    pub rules: watch::Receiver<Option<Arc<RulesFile>>>,
+    pub commands: mpsc::Sender<Command>,
+    pub shared: Arc<Shared>,
+    pub synced: Arc<AtomicBool>,
+    pub shutdown: watch::Receiver<bool>,
+}
+
+/// One watch event, with the index of the scope (namespace, or all) whose watch sent it.
+enum Change {
+    Wpa(usize, Box<Result<Event<WatermarkPodAutoscaler>, watcher::Error>>),
+    Metric(usize, Box<Result<Event<DatadogMetric>, watcher::Error>>),
+}
+
+type Key = (String, String);
+
+fn key_of(metadata: &kube::api::ObjectMeta) -> Key {
+    (metadata.namespace.clone().unwrap_or_default(), metadata.name.clone().unwrap_or_default())
+}
+
+/// Watches WPAs and DatadogMetrics (all namespaces, or each listed one) and sends the mapped
+/// autoscalers after every change. An invalid WPA gets a status condition and a Warning event
+/// and does not run; the others are unaffected.
+pub async fn watch_wpas(mut watch: WpaWatch) {
+    let (sender, mut changes) = mpsc::channel::<Change>(256);
+    let scopes: Vec<Option<String>> =
+        if watch.namespaces.is_empty() { vec![None] } else { watch.namespaces.iter().cloned().map(Some).collect() };
+    let mut tasks = tokio::task::JoinSet::new();
+    for (scope_index, scope) in scopes.iter().enumerate() {
+        let wpas: Api<WatermarkPodAutoscaler> = match scope {
+            Some(ns) => Api::namespaced(watch.client.clone(), ns),
+            None => Api::all(watch.client.clone()),
+        };
+        let metrics: Api<DatadogMetric> = match scope {
+            Some(ns) => Api::namespaced(watch.client.clone(), ns),
+            None => Api::all(watch.client.clone()),
+        };
+        let to = sender.clone();
+        tasks.spawn(async move {
+            let mut stream = std::pin::pin!(watcher::watcher(wpas, watcher::Config::default()).default_backoff());
+            while let Some(event) = crate::target::next_event(&mut stream).await {
+                if to.send(Change::Wpa(scope_index, Box::new(event))).await.is_err() {
+                    return;
+                }
+            }
+        });
+        let to = sender.clone();
+        tasks.spawn(async move {
+            let mut stream = std::pin::pin!(watcher::watcher(metrics, watcher::Config::default()).default_backoff());
+            while let Some(event) = crate::target::next_event(&mut stream).await {
+                if to.send(Change::Metric(scope_index, Box::new(event))).await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+    drop(sender);
+
+    // Per scope: its objects, and the listing in progress after a (re)start of its watch.
+    let mut wpas: Vec<HashMap<Key, Arc<WatermarkPodAutoscaler>>> = vec![HashMap::new(); scopes.len()];
+    let mut wpa_listings: Vec<Option<HashMap<Key, Arc<WatermarkPodAutoscaler>>>> = vec![None; scopes.len()];
+    let mut metrics: Vec<HashMap<Key, DatadogMetric>> = vec![HashMap::new(); scopes.len()];
+    let mut metric_listings: Vec<Option<HashMap<Key, DatadogMetric>>> = vec![None; scopes.len()];
+    let mut initialized = vec![[false; 2]; scopes.len()];
+    let mut rejected: BTreeMap<Key, String> = BTreeMap::new();
+    let mut statuses: HashMap<Key, crd::WatermarkPodAutoscalerStatus> = HashMap::new();
+    let mut rules_changed = false;
+    loop {
+        let first = tokio::select! {
+            change = changes.recv() => match change { Some(c) => Some(c), None => return },
+            changed = watch.rules.changed() => {
+                if changed.is_err() { return; }
+                rules_changed = true;
+                None
+            }
+            _ = watch.shutdown.changed() => return,
+        };
+        // Take everything already queued, so a burst is mapped once.
+        let mut batch: Vec<Change> = first.into_iter().collect();
+        while let Ok(change) = changes.try_recv() {
+            batch.push(change);
+        }
+        let mut dirty = rules_changed;
+        rules_changed = false;
+        for change in batch {
+            dirty = true;
+            match change {
+                Change::Wpa(s, event) => match *event {
+                    Ok(Event::Init) => wpa_listings[s] = Some(HashMap::new()),
+                    Ok(Event::InitApply(object)) => {
+                        let key = key_of(&object.metadata);
+                        wpa_listings[s].get_or_insert_with(HashMap::new).insert(key, Arc::new(object));
+                    }
+                    Ok(Event::InitDone) => {
+                        wpas[s] = wpa_listings[s].take().unwrap_or_default();
+                        initialized[s][0] = true;
+                    }
+                    Ok(Event::Apply(object)) => {
+                        wpas[s].insert(key_of(&object.metadata), Arc::new(object));
+                    }
+                    Ok(Event::Delete(object)) => {
+                        let key = key_of(&object.metadata);
+                        wpas[s].remove(&key);
+                        rejected.remove(&key);
+                        statuses.remove(&key);
+                    }
+                    Err(err) => watch_failed(&err, &mut dirty),
+                },
+                Change::Metric(s, event) => match *event {
+                    Ok(Event::Init) => metric_listings[s] = Some(HashMap::new()),
+                    Ok(Event::InitApply(object)) => {
+                        metric_listings[s].get_or_insert_with(HashMap::new).insert(key_of(&object.metadata), object);
+                    }
+                    Ok(Event::InitDone) => {
+                        metrics[s] = metric_listings[s].take().unwrap_or_default();
+                        initialized[s][1] = true;
+                    }
+                    Ok(Event::Apply(object)) => {
+                        metrics[s].insert(key_of(&object.metadata), object);
+                    }
+                    Ok(Event::Delete(object)) => {
+                        metrics[s].remove(&key_of(&object.metadata));
+                    }
+                    // DatadogMetric comes with the Datadog Cluster Agent's CRDs, which a
+                    // cluster that never ran it lacks: then there are none, and only WPAs that
+                    // reference one fail (each says so in its status).
+                    Err(watcher::Error::InitialListFailed(kube::Error::Api(status))) if status.code == 404 => {
+                        if !initialized[s][1] {
+                            tracing::info!(
+                                "the DatadogMetric resource is not served by this cluster; datadogmetric@ references \
+                                 cannot resolve until it is"
+                            );
+                            metrics[s].clear();
+                            initialized[s][1] = true;
+                        } else {
+                            dirty = false;
+                        }
+                    }
+                    Err(err) => watch_failed(&err, &mut dirty),
+                },
+            }
+        }
+        if initialized.iter().all(|both| both[0] && both[1]) {
+            watch.synced.store(true, Ordering::Release);
+        } else {
+            continue;
+        }
+        if !dirty {
+            continue;
+        }
+        let Some(rules) = watch.rules.borrow().clone() else { continue };
+        let options = MappingOptions::new(watch.default_backend.clone()).with_backends(&rules.backends);
+        if let Err(problem) = options.check() {
+            tracing::error!(problem = %problem, "WatermarkPodAutoscaler objects cannot run");
+        }
+        let index = DatadogMetricIndex::from_objects(metrics.iter().flat_map(HashMap::values));
+        let mut desired = Vec::new();
+        let mut still_rejected = BTreeMap::new();
+        for (key, wpa) in wpas.iter().flat_map(HashMap::iter) {
+            match crd::map_wpa(wpa, &options, &index) {
+                Ok(mapped) => {
+                    for note in &mapped.notes {
+                        tracing::debug!(wpa = %mapped.autoscaler.name, note = %note, "WPA mapped");
+                    }
+                    let target = &mapped.autoscaler.target;
+                    desired.push(Desired {
+                        key: format!("crd/{}/{}", key.0, key.1),
+                        labels: SeriesLabels {
+                            wpa_name: key.1.clone(),
+                            wpa_namespace: key.0.clone(),
+                            resource_name: target.name.clone(),
+                            resource_namespace: target.namespace.clone(),
+                            resource_kind: target.kind.clone(),
+                        },
+                        autoscaler: mapped.autoscaler,
+                        wpa: Some(Arc::clone(wpa)),
+                    });
+                }
+                Err(error) => {
+                    let message = error.to_string();
+                    if rejected.get(key) != Some(&message) {
+                        tracing::warn!(wpa = %format!("{}/{}", key.0, key.1), error = %message, "WPA not run");
+                    }
+                    reject(&watch.shared, wpa, &error, &mut statuses).await;
+                    still_rejected.insert(key.clone(), message);
+                }
+            }
+        }
+        rejected = still_rejected;
+        let invalid = i64::try_from(rejected.len()).unwrap_or(i64::MAX);
+        watch.shared.daemon.autoscalers.with_label_values(&["crd", "invalid"]).set(invalid);
+        if watch.commands.send(Command::Replace { source: SourceKind::Crd, desired }).await.is_err() {
+            return;
+        }
+    }
+}
+
+fn watch_failed(err: &watcher::Error, dirty: &mut bool) {
+    *dirty = false;
+    tracing::warn!(error = %err, "watch of WatermarkPodAutoscaler/DatadogMetric objects failed; retrying");
+}
+
+/// Reports a WPA that does not run: its status (when it changed) and a Warning event.
+async fn reject(
+    shared: &Shared,
+    wpa: &WatermarkPodAutoscaler,
+    error: &MapError,
+    statuses: &mut HashMap<Key, crd::WatermarkPodAutoscalerStatus>,
+) {
+    if !shared.is_leader() {
+        return;
+    }
+    let key = key_of(&wpa.metadata);
+    let previous = statuses.get(&key).cloned().or_else(|| wpa.status.clone());
+    let next = crd::rejected_status(previous.as_ref(), error, shared.clock.now());
+    if crd::status_changed(previous.as_ref(), &next) && evaluate::write_status(shared, wpa, &next).await {
+        statuses.insert(key, next);
+    }
+    let (reason, note) = match error {
+        MapError::Invalid { .. } => ("FailedSpecCheck", error.to_string()),
+        MapError::Unsupported(_) => ("NotSupported", error.to_string()),
+    };
+    evaluate::publish(shared, &evaluate::wpa_reference(wpa), EventType::Warning, reason, &note, "Validate").await;
+}

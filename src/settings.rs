@@ -1,0 +1,412 @@
+//! Daemon settings for `watermarkd run`: a settings file, then `WATERMARKD__...` environment
+//! variables, then command-line flags, each layer over the one before (the `config` crate
+//! merges the first two). Rules are not settings: they live in the rules file or in WPA
+//! objects and can be reloaded; settings are read once at start.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// Where the settings file is looked for when `--settings` is not given.
+pub const DEFAULT_SETTINGS_FILE: &str = "/etc/watermarkd/watermarkd.toml";
+/// Prefix of the environment variables; `__` separates nested keys (`WATERMARKD__LEASE__NAME`).
+pub const ENV_PREFIX: &str = "WATERMARKD";
+
+#[derive(Debug, thiserror::Error)]
+pub enum SettingsError {
+    #[error("settings file {path}: {message}")]
+    File { path: String, message: String },
+    #[error("settings: {0}")]
+    Invalid(String),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Everything `watermarkd run` needs besides the rules.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Settings {
+    /// The rules file (rules-file mode). `None` with `crd`: WPA objects only.
+    pub rules: Option<PathBuf>,
+    /// Run the WatermarkPodAutoscaler objects of the cluster.
+    pub crd: bool,
+    /// Namespaces whose WPA objects to run; empty: all of them.
+    pub namespaces: Vec<String>,
+    /// `/metrics`, `/healthz` and `/readyz`.
+    pub listen: SocketAddr,
+    pub log_format: LogFormat,
+    /// A `tracing` filter, e.g. `info` or `watermarkd=debug,kube=warn`.
+    pub log_level: String,
+    pub kubeconfig: Option<PathBuf>,
+    pub context: Option<String>,
+    /// Interval of autoscalers that do not set one (and of every WPA).
+    pub default_interval: Duration,
+    /// Compute, log and export everything, write nothing to any target.
+    pub dry_run: bool,
+    /// Evaluations that may run at once.
+    pub max_concurrency: usize,
+    /// How often the rules file is checked for a change (it is also reloaded on SIGHUP).
+    pub reload_poll: Duration,
+    /// The backend (a `[backend.NAME]` of the rules file) that WPA metrics without an
+    /// annotation are sent to.
+    pub default_backend: String,
+    pub lease: LeaseSettingsFile,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct LeaseSettingsFile {
+    pub enabled: bool,
+    pub name: String,
+    pub namespace: String,
+    pub identity: String,
+    pub duration: Duration,
+    pub renew_deadline: Duration,
+    pub retry_period: Duration,
+}
+
+/// The file/environment layer. Every field is optional so that a layer only says what it sets.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Layer {
+    rules: Option<PathBuf>,
+    crd: Option<bool>,
+    namespaces: Option<StringList>,
+    listen: Option<String>,
+    log_format: Option<LogFormat>,
+    log_level: Option<String>,
+    kubeconfig: Option<PathBuf>,
+    context: Option<String>,
+    default_interval: Option<String>,
+    dry_run: Option<bool>,
+    max_concurrency: Option<usize>,
+    reload_poll: Option<String>,
+    default_backend: Option<String>,
+    lease: Option<LeaseLayer>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LeaseLayer {
+    enabled: Option<bool>,
+    name: Option<String>,
+    namespace: Option<String>,
+    identity: Option<String>,
+    duration: Option<String>,
+    renew_deadline: Option<String>,
+    retry_period: Option<String>,
+}
+
+/// A list in the file, or a comma-separated string in the environment.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum StringList {
+    List(Vec<String>),
+    Text(String),
+}
+
+impl StringList {
+    fn into_vec(self) -> Vec<String> {
+        match self {
+            StringList::List(items) => items,
+            StringList::Text(text) => {
+                text.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect()
+            }
+        }
+    }
+}
+
+/// The command-line layer: flags override the file and the environment.
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct RunArgs {
+    /// The rules file to run (rules-file mode; reloaded when it changes and on SIGHUP).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Also run the WatermarkPodAutoscaler objects in the cluster.
+    #[arg(long)]
+    pub crd: bool,
+    /// The daemon settings file (default /etc/watermarkd/watermarkd.toml when it exists).
+    #[arg(long, value_name = "FILE")]
+    pub settings: Option<PathBuf>,
+    /// Namespace of the WPA objects to run (repeat for several; default all).
+    #[arg(long = "namespace", value_name = "NAMESPACE")]
+    pub namespaces: Vec<String>,
+    /// Address of /metrics, /healthz and /readyz (default 0.0.0.0:8080).
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<String>,
+    #[arg(long, value_enum)]
+    pub log_format: Option<LogFormat>,
+    /// Log filter, e.g. `info` or `watermarkd=debug`.
+    #[arg(long, value_name = "FILTER")]
+    pub log_level: Option<String>,
+    /// The kubeconfig to use (default: KUBECONFIG, ~/.kube/config, then in-cluster).
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context (default: its current context).
+    #[arg(long, value_name = "NAME")]
+    pub context: Option<String>,
+    /// Interval of autoscalers that set none (default 15s).
+    #[arg(long, value_name = "DURATION")]
+    pub default_interval: Option<String>,
+    /// Decide and report, never write replicas.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Evaluations that may run at once (default 64).
+    #[arg(long, value_name = "N")]
+    pub max_concurrency: Option<usize>,
+    /// Run without a Lease (only when exactly one daemon runs).
+    #[arg(long)]
+    pub no_leader_election: bool,
+    /// This daemon's name in the Lease (default: POD_NAME, else the host name).
+    #[arg(long, value_name = "NAME")]
+    pub identity: Option<String>,
+    /// Name of the Lease (default watermarkd).
+    #[arg(long, value_name = "NAME")]
+    pub lease_name: Option<String>,
+    /// Namespace of the Lease (default: the pod's namespace, else watermarkd).
+    #[arg(long, value_name = "NAMESPACE")]
+    pub lease_namespace: Option<String>,
+    /// How long the Lease holds without renewal (default 15s).
+    #[arg(long, value_name = "DURATION")]
+    pub lease_duration: Option<String>,
+}
+
+/// The process environment the defaults depend on, passed in so tests control it.
+#[derive(Clone, Debug, Default)]
+pub struct Environment {
+    /// `WATERMARKD__...` variables (full names).
+    pub variables: Vec<(String, String)>,
+    pub pod_name: Option<String>,
+    pub pod_namespace: Option<String>,
+    pub hostname: Option<String>,
+}
+
+impl Environment {
+    /// Reads the real environment.
+    pub fn current() -> Self {
+        let variables = std::env::vars().filter(|(k, _)| k.starts_with(&format!("{ENV_PREFIX}__"))).collect();
+        let non_empty = |v: String| if v.trim().is_empty() { None } else { Some(v.trim().to_string()) };
+        let pod_namespace = std::env::var("POD_NAMESPACE").ok().and_then(non_empty).or_else(|| {
+            std::fs::read_to_string("/var/run/secrets/kubernetes.io/serviceaccount/namespace").ok().and_then(non_empty)
+        });
+        let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .ok()
+            .and_then(non_empty)
+            .or_else(|| std::env::var("HOSTNAME").ok().and_then(non_empty));
+        Environment { variables, pod_name: std::env::var("POD_NAME").ok().and_then(non_empty), pod_namespace, hostname }
+    }
+}
+
+impl Settings {
+    /// Merges the settings file (the one named, or the default one if it exists), the
+    /// environment and the flags, and checks the result.
+    pub fn load(args: &RunArgs, env: &Environment) -> Result<Settings, SettingsError> {
+        let file = match &args.settings {
+            Some(path) => Some(path.clone()),
+            None => Some(PathBuf::from(DEFAULT_SETTINGS_FILE)).filter(|p| p.exists()),
+        };
+        let mut builder = config::Config::builder();
+        if let Some(path) = &file {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| SettingsError::File { path: path.display().to_string(), message: e.to_string() })?;
+            builder = builder.add_source(config::File::from_str(&text, config::FileFormat::Toml));
+        }
+        let variables: config::Map<String, String> = env.variables.iter().cloned().collect();
+        builder = builder.add_source(
+            config::Environment::with_prefix(ENV_PREFIX)
+                .prefix_separator("__")
+                .separator("__")
+                .try_parsing(true)
+                .source(Some(variables)),
+        );
+        let origin = file.as_deref().map_or_else(|| "environment".to_string(), |p| p.display().to_string());
+        let layer: Layer = builder
+            .build()
+            .and_then(|c| c.try_deserialize())
+            .map_err(|e| SettingsError::File { path: origin, message: e.to_string() })?;
+        Self::merge(layer, args, env)
+    }
+
+    fn merge(layer: Layer, args: &RunArgs, env: &Environment) -> Result<Settings, SettingsError> {
+        let lease = layer.lease.unwrap_or_default();
+        let listen_text = args.listen.clone().or(layer.listen).unwrap_or_else(|| "0.0.0.0:8080".into());
+        let listen = listen_text.parse().map_err(|_| {
+            SettingsError::Invalid(format!("listen: {listen_text:?} is not an address like 0.0.0.0:8080"))
+        })?;
+        let default_interval =
+            duration("default_interval", args.default_interval.clone().or(layer.default_interval), 15)?;
+        if default_interval < Duration::from_secs(1) {
+            return Err(SettingsError::Invalid("default_interval: must be at least 1s".into()));
+        }
+        let max_concurrency = args.max_concurrency.or(layer.max_concurrency).unwrap_or(64);
+        if max_concurrency == 0 {
+            return Err(SettingsError::Invalid("max_concurrency: must be at least 1".into()));
+        }
+        let identity = args
+            .identity
+            .clone()
+            .or(lease.identity)
+            .or_else(|| env.pod_name.clone())
+            .or_else(|| env.hostname.clone())
+            .unwrap_or_else(|| format!("watermarkd-{}", std::process::id()));
+        let lease = LeaseSettingsFile {
+            enabled: !args.no_leader_election && lease.enabled.unwrap_or(true),
+            name: args.lease_name.clone().or(lease.name).unwrap_or_else(|| "watermarkd".into()),
+            namespace: args
+                .lease_namespace
+                .clone()
+                .or(lease.namespace)
+                .or_else(|| env.pod_namespace.clone())
+                .unwrap_or_else(|| "watermarkd".into()),
+            identity,
+            duration: duration("lease.duration", args.lease_duration.clone().or(lease.duration), 15)?,
+            renew_deadline: duration("lease.renew_deadline", lease.renew_deadline, 10)?,
+            retry_period: duration("lease.retry_period", lease.retry_period, 2)?,
+        };
+        if lease.renew_deadline >= lease.duration {
+            return Err(SettingsError::Invalid(format!(
+                "lease.renew_deadline ({}) must be shorter than lease.duration ({})",
+                humantime::format_duration(lease.renew_deadline),
+                humantime::format_duration(lease.duration)
+            )));
+        }
+        if lease.retry_period >= lease.renew_deadline {
+            return Err(SettingsError::Invalid("lease.retry_period must be shorter than lease.renew_deadline".into()));
+        }
+        let mut namespaces = if args.namespaces.is_empty() {
+            layer.namespaces.map(StringList::into_vec).unwrap_or_default()
+        } else {
+            args.namespaces.clone()
+        };
+        namespaces.sort();
+        namespaces.dedup();
+        let settings = Settings {
+            rules: args.config.clone().or(layer.rules),
+            crd: args.crd || layer.crd.unwrap_or(false),
+            namespaces,
+            listen,
+            log_format: args.log_format.or(layer.log_format).unwrap_or(LogFormat::Text),
+            log_level: args.log_level.clone().or(layer.log_level).unwrap_or_else(|| "info".into()),
+            kubeconfig: args.kubeconfig.clone().or(layer.kubeconfig),
+            context: args.context.clone().or(layer.context),
+            default_interval,
+            dry_run: args.dry_run || layer.dry_run.unwrap_or(false),
+            max_concurrency,
+            reload_poll: duration("reload_poll", layer.reload_poll, 1)?,
+            default_backend: layer.default_backend.unwrap_or_else(|| "datadog".into()),
+            lease,
+        };
+        if settings.rules.is_none() {
+            return Err(SettingsError::Invalid(if settings.crd {
+                "--crd needs a rules file (--config or `rules`) that declares the backends WPA metrics are sent to"
+                    .into()
+            } else {
+                "nothing to run: give a rules file (--config or `rules`), and --crd to run WPA objects too".into()
+            }));
+        }
+        Ok(settings)
+    }
+
+    pub fn rules_path(&self) -> Option<&Path> {
+        self.rules.as_deref()
+    }
+}
+
+fn duration(field: &str, text: Option<String>, default_seconds: u64) -> Result<Duration, SettingsError> {
+    match text {
+        None => Ok(Duration::from_secs(default_seconds)),
+        Some(text) => humantime::parse_duration(text.trim())
+            .map_err(|e| SettingsError::Invalid(format!("{field}: {text:?} is not a duration like 15s ({e})"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(variables: &[(&str, &str)]) -> Environment {
+        Environment {
+            variables: variables.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            pod_name: None,
+            pod_namespace: None,
+            hostname: Some("host-a".into()),
+        }
+    }
+
+    fn args_with_file(text: &str) -> (tempfile::TempDir, RunArgs) {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("watermarkd.toml");
+        std::fs::write(&path, text).expect("write settings");
+        (dir, RunArgs { settings: Some(path), ..RunArgs::default() })
+    }
+
+    #[test]
+    fn defaults_need_something_to_run() {
+        let (_dir, args) = args_with_file("");
+        let err = Settings::load(&args, &env(&[])).expect_err("nothing to run");
+        assert!(err.to_string().contains("nothing to run"), "{err}");
+        let (_dir, args) = args_with_file("crd = true\n");
+        let err = Settings::load(&args, &env(&[])).expect_err("no backends for WPAs");
+        assert!(err.to_string().contains("declares the backends"), "{err}");
+    }
+
+    #[test]
+    fn file_then_environment_then_flags() {
+        let (_dir, mut args) = args_with_file(
+            "rules = \"/etc/watermarkd/rules.toml\"\nlog_level = \"debug\"\nlisten = \"127.0.0.1:9000\"\n\
+             namespaces = [\"b\", \"a\"]\n[lease]\nname = \"from-file\"\n",
+        );
+        let environment = env(&[("WATERMARKD__LOG_LEVEL", "warn"), ("WATERMARKD__LEASE__NAME", "from-env")]);
+        let settings = Settings::load(&args, &environment).expect("valid");
+        assert_eq!(settings.rules.as_deref(), Some(Path::new("/etc/watermarkd/rules.toml")));
+        assert_eq!(settings.log_level, "warn");
+        assert_eq!(settings.lease.name, "from-env");
+        assert_eq!(settings.listen.to_string(), "127.0.0.1:9000");
+        assert_eq!(settings.namespaces, vec!["a".to_string(), "b".to_string()]);
+        assert_eq!(settings.lease.identity, "host-a");
+        assert_eq!(settings.default_interval, Duration::from_secs(15));
+
+        args.log_level = Some("error".into());
+        args.lease_name = Some("from-flag".into());
+        args.dry_run = true;
+        let settings = Settings::load(&args, &environment).expect("valid");
+        assert_eq!(settings.log_level, "error");
+        assert_eq!(settings.lease.name, "from-flag");
+        assert!(settings.dry_run);
+    }
+
+    #[test]
+    fn environment_lists_are_comma_separated() {
+        let (_dir, args) = args_with_file("crd = true\nrules = \"r.toml\"\n");
+        let settings = Settings::load(&args, &env(&[("WATERMARKD__NAMESPACES", "prod, staging")])).expect("valid");
+        assert_eq!(settings.namespaces, vec!["prod".to_string(), "staging".to_string()]);
+    }
+
+    #[test]
+    fn bad_values_name_their_field() {
+        for (text, field) in [
+            ("rules = \"r\"\ndefault_interval = \"soon\"\n", "default_interval"),
+            ("rules = \"r\"\ndefault_interval = \"500ms\"\n", "default_interval"),
+            ("rules = \"r\"\nlisten = \"everywhere\"\n", "listen"),
+            ("rules = \"r\"\n[lease]\nduration = \"5s\"\n", "lease.renew_deadline"),
+            ("rules = \"r\"\nmax_concurrency = 0\n", "max_concurrency"),
+            ("rules = \"r\"\nlog_levl = \"x\"\n", "log_levl"),
+        ] {
+            let (_dir, args) = args_with_file(text);
+            let err = Settings::load(&args, &env(&[])).expect_err(text);
+            assert!(err.to_string().contains(field), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_named_settings_file_must_exist() {
+        let args = RunArgs { settings: Some("/nonexistent/watermarkd.toml".into()), crd: true, ..RunArgs::default() };
+        let err = Settings::load(&args, &env(&[])).expect_err("missing file");
+        assert!(err.to_string().contains("/nonexistent/watermarkd.toml"), "{err}");
+    }
+}

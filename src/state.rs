@@ -1,0 +1,169 @@
+//! The engine state that must outlive the daemon: where it is kept, when it is written, and how
+//! a restarted daemon gets it back.
+//!
+//! - Rules-file mode: a `watermarkd.io/state` annotation on the target, JSON of the engine's
+//!   `State` and the autoscaler's name.
+//! - CRD mode: the WPA status as the Datadog controller shapes it. `lastScaleTime` is the last
+//!   scale; the AboveHighWatermark / BelowLowWatermark conditions follow the engine's "since"
+//!   clocks, so a True condition's `lastTransitionTime` is where the delay started. A WPA has no
+//!   `behavior`, so no recommendation or scale-event history is needed.
+//!
+//! Either way the state is written when it changes in a way a later decision depends on: a
+//! scale, or a since-clock starting or stopping. Never on every tick.
+//!
+//! A daemon killed between a scale and its state write would lose the scale's time. So the
+//! restore also reads the target's `managedFields`, where the API server records when
+//! watermarkd's field manager last wrote the scale, and never restores an earlier time.
+
+use serde::{Deserialize, Serialize};
+use watermarkd_engine::{Recommendation, Rule, State, Timestamp};
+
+use crate::crd::{WatermarkPodAutoscalerStatus, ABOVE_HIGH_WATERMARK, BELOW_LOW_WATERMARK};
+use crate::target::Marks;
+
+/// The annotation's format version.
+const VERSION: u32 = 1;
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Annotation {
+    v: u32,
+    autoscaler: String,
+    state: State,
+}
+
+/// The annotation value for `autoscaler`'s `state`.
+pub fn encode_annotation(autoscaler: &str, state: &State) -> String {
+    let annotation = Annotation { v: VERSION, autoscaler: autoscaler.to_string(), state: state.clone() };
+    // A struct of plain fields always serializes.
+    serde_json::to_string(&annotation).unwrap_or_default()
+}
+
+/// The state in an annotation: `Ok(None)` when it belongs to another autoscaler (the target was
+/// handed over), an error when it cannot be read.
+pub fn decode_annotation(autoscaler: &str, text: &str) -> Result<Option<State>, String> {
+    let annotation: Annotation = serde_json::from_str(text).map_err(|e| format!("unreadable state annotation: {e}"))?;
+    if annotation.v != VERSION {
+        return Err(format!("state annotation version {} is not {VERSION}", annotation.v));
+    }
+    Ok((annotation.autoscaler == autoscaler).then_some(annotation.state))
+}
+
+/// Whether going from `written` to `next` changes anything a later decision depends on enough
+/// to write it now: the last scale, a since-clock, or the scale events. Recommendations ride
+/// along with those writes (see [`restore`] for what a restart does about the rest).
+pub fn needs_write(written: Option<&State>, next: &State) -> bool {
+    let Some(written) = written else {
+        return next.last_scale_time.is_some()
+            || next.above_since.is_some()
+            || next.below_since.is_some()
+            || !next.scale_events.is_empty();
+    };
+    written.last_scale_time != next.last_scale_time
+        || written.above_since != next.above_since
+        || written.below_since != next.below_since
+        || written.scale_events.len() < next.scale_events.len()
+        || written.scale_events.last() != next.scale_events.last()
+}
+
+/// The CRD-mode state in a WPA status.
+pub fn from_wpa_status(status: Option<&WatermarkPodAutoscalerStatus>) -> State {
+    let Some(status) = status else { return State::default() };
+    let since =
+        |type_: &str| status.condition(type_).filter(|c| c.status == "True").and_then(|c| c.last_transition_time);
+    State {
+        last_scale_time: status.last_scale_time,
+        above_since: since(ABOVE_HIGH_WATERMARK),
+        below_since: since(BELOW_LOW_WATERMARK),
+        recommendations: Vec::new(),
+        scale_events: Vec::new(),
+    }
+}
+
+/// The state a (re)started daemon runs an autoscaler with, from what it persisted and what the
+/// API server recorded.
+///
+/// - The last scale time is the later of the persisted one and the `managedFields` record. That
+///   record has whole seconds; when it is the later one it is rounded up, so a window never
+///   opens early.
+/// - Recommendations made between the last write and the restart are unknown. For a rule with
+///   stabilization windows, the current replica count is recorded as a recommendation made now:
+///   the windows hold at the current count for their length after a restart (possibly longer
+///   than had the daemon not stopped, never shorter).
+pub fn restore(persisted: State, marks: &Marks, spec_replicas: u32, rule: &Rule, now: Timestamp) -> State {
+    let mut state = persisted;
+    if let Some(recorded) = marks.scaled_at {
+        let covers = state.last_scale_time.is_some_and(|t| t.unix_millis() >= recorded.unix_millis());
+        if !covers {
+            state.last_scale_time = Some(Timestamp::from_unix_millis(recorded.unix_millis().saturating_add(999)));
+        }
+    }
+    if !rule.recommendation_horizon().is_zero() {
+        state.recommendations.push(Recommendation { replicas: spec_replicas, at: now });
+    }
+    state
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use watermarkd_engine::ScaleEvent;
+
+    fn t(ms: i64) -> Timestamp {
+        Timestamp::from_unix_millis(ms)
+    }
+
+    fn state() -> State {
+        State {
+            last_scale_time: Some(t(1_700_000_000_500)),
+            above_since: Some(t(1_700_000_010_000)),
+            below_since: None,
+            recommendations: vec![Recommendation { replicas: 4, at: t(1_700_000_011_000) }],
+            scale_events: vec![ScaleEvent { from: 3, to: 4, at: t(1_700_000_000_500) }],
+        }
+    }
+
+    #[test]
+    fn annotations_round_trip_and_belong_to_one_autoscaler() {
+        let text = encode_annotation("billing", &state());
+        assert_eq!(decode_annotation("billing", &text), Ok(Some(state())));
+        assert_eq!(decode_annotation("search", &text), Ok(None));
+        assert!(decode_annotation("billing", "{not json").is_err());
+        assert!(decode_annotation("billing", &text.replace("\"v\":1", "\"v\":9")).is_err());
+    }
+
+    #[test]
+    fn writes_on_scales_and_clock_flips_only() {
+        let written = state();
+        let mut next = written.clone();
+        next.recommendations.push(Recommendation { replicas: 5, at: t(1_700_000_026_000) });
+        assert!(!needs_write(Some(&written), &next), "a new recommendation alone is not written");
+        next.below_since = Some(t(1_700_000_026_000));
+        assert!(needs_write(Some(&written), &next));
+        let mut scaled = written.clone();
+        scaled.last_scale_time = Some(t(1_700_000_030_000));
+        assert!(needs_write(Some(&written), &scaled));
+        assert!(!needs_write(None, &State::default()));
+        assert!(needs_write(None, &written));
+    }
+
+    #[test]
+    fn the_api_servers_record_of_a_scale_is_never_ignored() {
+        let rule = crate::rules::rule_from_json(&serde_json::json!({
+            "min_replicas": 1, "max_replicas": 10,
+            "metric": [{ "query": "q", "high_watermark": 10.0, "low_watermark": 5.0 }]
+        }))
+        .expect("rule");
+        let now = t(1_700_000_100_000);
+        // The daemon died after scaling at ...050.250 and before writing its state.
+        let marks = Marks { state_annotation: None, scaled_at: Some(t(1_700_000_050_000)) };
+        let restored = restore(state(), &marks, 4, &rule, now);
+        assert_eq!(restored.last_scale_time, Some(t(1_700_000_050_999)));
+        // The persisted time is exact and covers the record of the same second.
+        let mut precise = state();
+        precise.last_scale_time = Some(t(1_700_000_050_250));
+        assert_eq!(restore(precise, &marks, 4, &rule, now).last_scale_time, Some(t(1_700_000_050_250)));
+        // No behavior block: no recommendation history to seed.
+        assert_eq!(restore(State::default(), &Marks::default(), 4, &rule, now).recommendations, Vec::new());
+    }
+}

@@ -1,0 +1,696 @@
+//! `watermarkd run` end to end: the daemon as a separate process against a real kube-apiserver
+//! (and a real Prometheus, or the local Datadog stand-in), driven by a rules file and by
+//! WatermarkPodAutoscaler objects, checked through the `/scale` it writes, the status, events and
+//! annotations it leaves, and its `/metrics`.
+//!
+//! Needs kube-apiserver, etcd and prometheus: scripts/install-test-deps installs them.
+
+#[path = "support/daemon_process.rs"]
+mod daemon_process;
+#[path = "support/fake_datadog.rs"]
+mod fake_datadog;
+#[path = "support/kube_cluster.rs"]
+mod kube_cluster;
+#[path = "support/prometheus_server.rs"]
+mod prometheus_server;
+
+use std::path::Path;
+use std::time::Duration;
+
+use daemon_process::{write, DaemonProcess};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::core::GroupVersionKind;
+use kube_cluster::{apps_v1, KubeCluster, ADMIN_TOKEN};
+use prometheus_server::{Exporter, PrometheusServer};
+use serde_json::{json, Value};
+use watermarkd::crd::{custom_resource_definition, WatermarkPodAutoscaler};
+
+const STARTUP: Duration = Duration::from_secs(30);
+
+/// Evaluates `$body` (may `.await`, gives `Result<T, String>`) every 100 ms until it is `Ok`, for
+/// at most `$within`; panics with the last error otherwise.
+macro_rules! eventually {
+    ($within:expr, $what:expr, $body:expr) => {{
+        let deadline = tokio::time::Instant::now() + $within;
+        loop {
+            match $body {
+                Ok(value) => break value,
+                Err(last) if tokio::time::Instant::now() >= deadline => {
+                    panic!("{}: not within {:?}; last: {}", $what, $within, last)
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    }};
+}
+
+async fn spec_replicas(cluster: &KubeCluster, kind: &str, namespace: &str, name: &str) -> i64 {
+    let api: Api<DynamicObject> = Api::namespaced_with(cluster.client(), namespace, &apps_v1(kind));
+    let object = api.get(name).await.unwrap_or_else(|e| panic!("get {kind} {namespace}/{name}: {e}"));
+    object.data["spec"]["replicas"].as_i64().unwrap_or(-1)
+}
+
+async fn annotation(cluster: &KubeCluster, kind: &str, namespace: &str, name: &str, key: &str) -> Option<String> {
+    let api: Api<DynamicObject> = Api::namespaced_with(cluster.client(), namespace, &apps_v1(kind));
+    let object = api.get(name).await.ok()?;
+    object.metadata.annotations.and_then(|a| a.get(key).cloned())
+}
+
+async fn events_about(cluster: &KubeCluster, namespace: &str, name: &str) -> Vec<Event> {
+    let api: Api<Event> = Api::namespaced(cluster.client(), namespace);
+    let list = api.list(&ListParams::default()).await.expect("list events");
+    list.items.into_iter().filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)).collect()
+}
+
+fn kubeconfig(cluster: &KubeCluster, dir: &Path, token: &str) -> String {
+    let path = dir.join("kubeconfig");
+    cluster.write_kubeconfig(&path, token);
+    path.display().to_string()
+}
+
+/// A rules file with one Prometheus backend and one autoscaler per `(name, kind, query)`.
+fn rules(prometheus: &str, namespace: &str, autoscalers: &[(&str, &str, &str)], extra: &str) -> String {
+    let mut text = format!("[backend.prom]\ntype = \"prometheus\"\nurl = \"{prometheus}\"\n");
+    for (name, kind, query) in autoscalers {
+        text.push_str(&format!(
+            "\n[[autoscaler]]\nname = \"{name}\"\ntarget = {{ kind = \"{kind}\", namespace = \"{namespace}\", name = \"{name}\" }}\n\
+             interval = \"1s\"\nmin_replicas = 1\nmax_replicas = 10\nalgorithm = \"absolute\"\n\
+             upscale_forbidden_window = \"1s\"\ndownscale_forbidden_window = \"1s\"\n{extra}\n\
+             [[autoscaler.metric]]\nname = \"load\"\nbackend = \"prom\"\nquery = '{query}'\nhigh_watermark = 10\nlow_watermark = 5\n"
+        ));
+    }
+    text
+}
+
+/// Grants `user` what deploy/rbac.yaml grants the daemon's ServiceAccount (the ClusterRole
+/// cluster-wide, the Role in `namespace`), under names of this test's own.
+async fn grant_deploy_rbac(cluster: &KubeCluster, namespace: &str, user: &str) {
+    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/rbac.yaml"))
+        .expect("deploy/rbac.yaml");
+    let subject = json!([{ "apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user }]);
+    let mut documents = 0;
+    for document in serde_yaml_ng::Deserializer::from_str(&text) {
+        let value: Value = serde::Deserialize::deserialize(document).expect("a YAML document");
+        let name = format!("e2e-{namespace}");
+        match value["kind"].as_str() {
+            Some("ClusterRole") => {
+                let mut role: ClusterRole = serde_json::from_value(value).expect("ClusterRole");
+                role.metadata = kube::api::ObjectMeta { name: Some(name.clone()), ..Default::default() };
+                let api: Api<ClusterRole> = Api::all(cluster.client());
+                api.create(&PostParams::default(), &role).await.expect("create ClusterRole");
+                let binding: ClusterRoleBinding = serde_json::from_value(json!({
+                    "metadata": { "name": name },
+                    "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name },
+                    "subjects": subject,
+                }))
+                .expect("binding");
+                let api: Api<ClusterRoleBinding> = Api::all(cluster.client());
+                api.create(&PostParams::default(), &binding).await.expect("create ClusterRoleBinding");
+                documents += 1;
+            }
+            Some("Role") => {
+                let mut role: Role = serde_json::from_value(value).expect("Role");
+                role.metadata = kube::api::ObjectMeta { name: Some(name.clone()), ..Default::default() };
+                let api: Api<Role> = Api::namespaced(cluster.client(), namespace);
+                api.create(&PostParams::default(), &role).await.expect("create Role");
+                let binding: RoleBinding = serde_json::from_value(json!({
+                    "metadata": { "name": name },
+                    "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name },
+                    "subjects": subject,
+                }))
+                .expect("binding");
+                let api: Api<RoleBinding> = Api::namespaced(cluster.client(), namespace);
+                api.create(&PostParams::default(), &binding).await.expect("create RoleBinding");
+                documents += 1;
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(documents, 2, "deploy/rbac.yaml has one ClusterRole and one Role");
+}
+
+/// The rules file drives a Deployment up and a StatefulSet down from a real Prometheus, with no
+/// more rights than deploy/rbac.yaml grants; the state it needs after a restart is on the
+/// targets, events say what happened, and /metrics has the wpa_controller series.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rules_file_scales_a_deployment_and_a_statefulset_from_prometheus() {
+    let cluster = KubeCluster::shared();
+    let ns = cluster.unique_namespace("e2e-file").await;
+    cluster.create_deployment(&ns, "web", 2).await;
+    cluster.set_workload_status("Deployment", &ns, "web", 2, 2).await;
+    cluster.create_statefulset(&ns, "db", 4).await;
+    cluster.set_workload_status("StatefulSet", &ns, "db", 4, 4).await;
+    let exporter = Exporter::start("load{app=\"web\"} 30\nload{app=\"db\"} 1\n").await;
+    let prometheus = PrometheusServer::start(&exporter.target()).await;
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("rules.toml");
+    let web = ("web", "Deployment", "load{app=\"web\"}");
+    let db = ("db", "StatefulSet", "load{app=\"db\"}");
+    write(&config, &rules(&prometheus.url(), &ns, &[web, db], ""));
+    grant_deploy_rbac(cluster, &ns, "writer").await;
+    let kubeconfig = kubeconfig(cluster, dir.path(), "writer-token");
+    let mut daemon = DaemonProcess::start(
+        &["--config", config.to_str().expect("utf-8"), "--kubeconfig", &kubeconfig, "--lease-namespace", &ns],
+        &[],
+    );
+    daemon.wait_ready(STARTUP).await;
+
+    // 30 against a high watermark of 10: up, by at most the default 50% per scale.
+    eventually!(Duration::from_secs(20), "web scaled up", {
+        let replicas = spec_replicas(cluster, "Deployment", &ns, "web").await;
+        if replicas > 2 {
+            Ok(replicas)
+        } else {
+            Err(format!("{replicas} replicas"))
+        }
+    });
+    // 1 against a low watermark of 5: down.
+    eventually!(Duration::from_secs(20), "db scaled down", {
+        let replicas = spec_replicas(cluster, "StatefulSet", &ns, "db").await;
+        if replicas < 4 {
+            Ok(replicas)
+        } else {
+            Err(format!("{replicas} replicas"))
+        }
+    });
+
+    let state = annotation(cluster, "Deployment", &ns, "web", "watermarkd.io/state").await.expect("state annotation");
+    let state: Value = serde_json::from_str(&state).expect("JSON state");
+    assert_eq!(state["autoscaler"], "web");
+    assert!(state["state"]["last_scale_time"].is_string(), "{state}");
+
+    let events = eventually!(Duration::from_secs(10), "a scaling event", {
+        let events = events_about(cluster, &ns, "web").await;
+        if events.iter().any(|e| e.reason.as_deref() == Some("ScaledUp")) {
+            Ok(events)
+        } else {
+            Err(format!("{events:?}"))
+        }
+    });
+    let scaled = events.iter().find(|e| e.reason.as_deref() == Some("ScaledUp")).expect("ScaledUp");
+    assert!(scaled.note.as_deref().unwrap_or_default().starts_with("New size: "), "{scaled:?}");
+
+    let labels = [("wpa_name", "web"), ("resource_kind", "Deployment"), ("metric_name", "load")];
+    assert_eq!(daemon.sample("wpa_controller_value", &labels).await, Some(30.0));
+    assert_eq!(daemon.sample("wpa_controller_high_watermark", &labels).await, Some(10.0));
+    assert_eq!(daemon.sample("wpa_controller_low_watermark", &labels).await, Some(5.0));
+    assert_eq!(daemon.sample("wpa_controller_max_replicas", &[("wpa_name", "db")]).await, Some(10.0));
+    assert!(daemon.sample("wpa_controller_upscale_replicas_total", &[("wpa_name", "web")]).await.unwrap_or(0.0) >= 1.0);
+    assert!(
+        daemon.sample("wpa_controller_downscale_replicas_total", &[("wpa_name", "db")]).await.unwrap_or(0.0) >= 1.0
+    );
+    assert_eq!(daemon.sample("watermarkd_leader", &[]).await, Some(1.0));
+    assert!(daemon
+        .sample("watermarkd_kubernetes_writes_total", &[("kind", "scale"), ("outcome", "ok")])
+        .await
+        .is_some());
+
+    // Everything the daemon asked of the API server was allowed by deploy/rbac.yaml.
+    let refused: Vec<_> = cluster.requests_by("writer").into_iter().filter(|r| r.code == 403).collect();
+    assert!(refused.is_empty(), "requests refused under deploy/rbac.yaml: {refused:#?}");
+    assert!(daemon.terminate(Duration::from_secs(15)), "a clean exit on SIGTERM; log:\n{}", daemon.log());
+}
+
+/// What someone does by hand: `kubectl scale`.
+async fn manual_scale(cluster: &KubeCluster, kind: &str, namespace: &str, name: &str, replicas: i64) {
+    let api: Api<DynamicObject> = Api::namespaced_with(cluster.client(), namespace, &apps_v1(kind));
+    api.patch_scale(name, &PatchParams::default(), &Patch::Merge(json!({ "spec": { "replicas": replicas } })))
+        .await
+        .expect("manual scale");
+}
+
+/// The workload controller's part, which no controller-manager plays here: status follows spec.
+async fn follow_spec(cluster: &KubeCluster, kind: &str, namespace: &str, name: &str) {
+    let replicas = spec_replicas(cluster, kind, namespace, name).await;
+    let replicas = i32::try_from(replicas).expect("replicas");
+    cluster.set_workload_status(kind, namespace, name, replicas, replicas).await;
+}
+
+/// A person scales by hand while the daemon runs: the daemon works from the new count (its
+/// write carries the resourceVersion it decided on, so it can never overwrite a newer count).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manual_scale_is_kept_and_later_decisions_start_from_it() {
+    let cluster = KubeCluster::shared();
+    let ns = cluster.unique_namespace("e2e-manual").await;
+    cluster.create_deployment(&ns, "api", 2).await;
+    cluster.set_workload_status("Deployment", &ns, "api", 2, 2).await;
+    // 8: inside the band [5, 10], so the daemon holds whatever the count is.
+    let exporter = Exporter::start("load 8\n").await;
+    let prometheus = PrometheusServer::start(&exporter.target()).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("rules.toml");
+    write(&config, &rules(&prometheus.url(), &ns, &[("api", "Deployment", "load")], ""));
+    let kubeconfig = kubeconfig(cluster, dir.path(), ADMIN_TOKEN);
+    let mut daemon = DaemonProcess::start(
+        &["--config", config.to_str().expect("utf-8"), "--kubeconfig", &kubeconfig, "--no-leader-election"],
+        &[],
+    );
+    daemon.wait_ready(STARTUP).await;
+    eventually!(Duration::from_secs(10), "a decision on 8", {
+        match daemon.sample("wpa_controller_value", &[("wpa_name", "api")]).await {
+            Some(8.0) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    });
+
+    manual_scale(cluster, "Deployment", &ns, "api", 6).await;
+    cluster.set_workload_status("Deployment", &ns, "api", 6, 6).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(spec_replicas(cluster, "Deployment", &ns, "api").await, 6, "the manual count stays");
+
+    // Now over the high watermark: up from 6, by the default 50%, to 9, within one interval
+    // (1s) of Prometheus having the value (it scrapes every 1s; 2s more for a loaded machine).
+    exporter.set("load 30\n");
+    let crossed = std::time::Instant::now();
+    let replicas = eventually!(Duration::from_secs(15), "scaled up from the manual count", {
+        let replicas = spec_replicas(cluster, "Deployment", &ns, "api").await;
+        if replicas > 6 {
+            Ok(replicas)
+        } else {
+            Err(format!("{replicas} replicas"))
+        }
+    });
+    let reaction = crossed.elapsed();
+    assert_eq!(replicas, 9, "6 + 50%, not 2 + 50%");
+    assert!(reaction < Duration::from_secs(4), "scaled {reaction:?} after the value crossed");
+}
+
+/// A custom resource with a scale subresource is scaled like a Deployment, and an autoscaler
+/// whose target does not exist fails alone: the others keep running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_custom_resource_scales_and_a_missing_target_fails_alone() {
+    let cluster = KubeCluster::shared();
+    let ns = cluster.unique_namespace("e2e-custom").await;
+    let group = "e2e.test.watermarkd.io";
+    cluster.create_crd(&kube_cluster::widget_crd(group)).await;
+    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(group, "v1", "Widget"));
+    let widgets: Api<DynamicObject> = Api::namespaced_with(cluster.client(), &ns, &resource);
+    let widget: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": format!("{group}/v1"), "kind": "Widget",
+        "metadata": { "name": "gadget" }, "spec": { "size": 2 },
+    }))
+    .expect("widget");
+    widgets.create(&PostParams::default(), &widget).await.expect("create widget");
+    cluster.patch_status(&resource, &ns, "gadget", json!({ "count": 2, "readyReplicas": 2 })).await;
+
+    let exporter = Exporter::start("load 30\n").await;
+    let prometheus = PrometheusServer::start(&exporter.target()).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("rules.toml");
+    let mut text = rules(&prometheus.url(), &ns, &[("ghost", "Deployment", "load")], "");
+    text.push_str(&format!(
+        "\n[[autoscaler]]\nname = \"gadget\"\n\
+         target = {{ api_version = \"{group}/v1\", kind = \"Widget\", namespace = \"{ns}\", name = \"gadget\" }}\n\
+         interval = \"1s\"\nmin_replicas = 1\nmax_replicas = 10\nalgorithm = \"absolute\"\n\
+         [[autoscaler.metric]]\nname = \"load\"\nbackend = \"prom\"\nquery = \"load\"\nhigh_watermark = 10\nlow_watermark = 5\n"
+    ));
+    write(&config, &text);
+    let kubeconfig = kubeconfig(cluster, dir.path(), ADMIN_TOKEN);
+    let mut daemon = DaemonProcess::start(
+        &["--config", config.to_str().expect("utf-8"), "--kubeconfig", &kubeconfig, "--no-leader-election"],
+        &[],
+    );
+    daemon.wait_ready(STARTUP).await;
+    eventually!(Duration::from_secs(20), "the widget scaled", {
+        let object = widgets.get("gadget").await.expect("get widget");
+        let size = object.data["spec"]["size"].as_i64().unwrap_or(0);
+        if size > 2 {
+            Ok(size)
+        } else {
+            Err(format!("size {size}"))
+        }
+    });
+    assert_eq!(daemon.sample("wpa_controller_scaling_active", &[("wpa_name", "ghost")]).await, Some(0.0));
+    assert_eq!(daemon.sample("wpa_controller_scaling_active", &[("wpa_name", "gadget")]).await, Some(1.0));
+    let log = daemon.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("cannot read the target") && l.contains("ghost") && l.contains("does not exist")),
+        "the missing target is reported; log:\n{log}"
+    );
+}
+
+/// After `kill -9` and a restart inside a forbidden window, the window is honoured as if the
+/// daemon had never stopped: no scale before it ends, a scale right after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_after_kill_9_keeps_the_forbidden_window() {
+    let cluster = KubeCluster::shared();
+    let ns = cluster.unique_namespace("e2e-restart").await;
+    cluster.create_deployment(&ns, "web", 2).await;
+    cluster.set_workload_status("Deployment", &ns, "web", 2, 2).await;
+    let exporter = Exporter::start("load 30\n").await;
+    let prometheus = PrometheusServer::start(&exporter.target()).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("rules.toml");
+    let mut text = rules(&prometheus.url(), &ns, &[("web", "Deployment", "load")], "");
+    text = text.replace("upscale_forbidden_window = \"1s\"", "upscale_forbidden_window = \"12s\"");
+    write(&config, &text);
+    let kubeconfig = kubeconfig(cluster, dir.path(), ADMIN_TOKEN);
+    let args = ["--config", config.to_str().expect("utf-8"), "--kubeconfig", &kubeconfig, "--lease-namespace", &ns];
+    let mut daemon = DaemonProcess::start(&args, &[("WATERMARKD__LEASE__IDENTITY", "restarting")]);
+    daemon.wait_ready(STARTUP).await;
+    eventually!(Duration::from_secs(15), "the first scale", {
+        let replicas = spec_replicas(cluster, "Deployment", &ns, "web").await;
+        if replicas == 3 {
+            Ok(())
+        } else {
+            Err(format!("{replicas} replicas"))
+        }
+    });
+    let scaled_at = std::time::Instant::now();
+    follow_spec(cluster, "Deployment", &ns, "web").await;
+    daemon.kill9();
+
+    let mut daemon = DaemonProcess::start(&args, &[("WATERMARKD__LEASE__IDENTITY", "restarting")]);
+    daemon.wait_ready(STARTUP).await;
+    // Until 12 s after the scale (less a margin for the time the test took to see it), the
+    // restarted daemon evaluates (load 30, over the watermark) and must hold.
+    while scaled_at.elapsed() < Duration::from_secs(10) {
+        let replicas = spec_replicas(cluster, "Deployment", &ns, "web").await;
+        assert_eq!(replicas, 3, "scaled again {:?} after the first scale, inside the 12s window", scaled_at.elapsed());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        daemon.log().contains("upscale forbidden") || daemon.log().contains("forbidden window"),
+        "the restarted daemon held because of the window; log:\n{}",
+        daemon.log()
+    );
+    eventually!(Duration::from_secs(8), "the scale after the window", {
+        let replicas = spec_replicas(cluster, "Deployment", &ns, "web").await;
+        if replicas > 3 {
+            Ok(())
+        } else {
+            Err(format!("{replicas} replicas"))
+        }
+    });
+}
+
+/// Two daemons, one Lease: only the leader writes; when it dies the other takes over within
+/// the lease duration and scaling goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_follower_takes_over_when_the_leader_dies() {
+    let cluster = KubeCluster::shared();
+    let ns = cluster.unique_namespace("e2e-failover").await;
+    cluster.create_deployment(&ns, "web", 1).await;
+    cluster.set_workload_status("Deployment", &ns, "web", 1, 1).await;
+    let exporter = Exporter::start("load 8\n").await;
+    let prometheus = PrometheusServer::start(&exporter.target()).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("rules.toml");
+    write(&config, &rules(&prometheus.url(), &ns, &[("web", "Deployment", "load")], ""));
+    let kubeconfig = kubeconfig(cluster, dir.path(), ADMIN_TOKEN);
+    let args = [
+        "--config",
+        config.to_str().expect("utf-8"),
+        "--kubeconfig",
+        &kubeconfig,
+        "--lease-namespace",
+        &ns,
+        "--lease-duration",
+        "4s",
+    ];
+    let lease_env = [("WATERMARKD__LEASE__RENEW_DEADLINE", "3s"), ("WATERMARKD__LEASE__RETRY_PERIOD", "500ms")];
+    let mut first =
+        DaemonProcess::start(&args, &[lease_env[0], lease_env[1], ("WATERMARKD__LEASE__IDENTITY", "first")]);
+    first.wait_ready(STARTUP).await;
+    let mut second =
+        DaemonProcess::start(&args, &[lease_env[0], lease_env[1], ("WATERMARKD__LEASE__IDENTITY", "second")]);
+    second.wait_ready(STARTUP).await;
+    assert_eq!(first.sample("watermarkd_leader", &[]).await, Some(1.0), "the first daemon leads");
+    assert_eq!(second.sample("watermarkd_leader", &[]).await, Some(0.0), "the second follows");
+
+    exporter.set("load 30\n");
+    eventually!(Duration::from_secs(15), "the leader scales", {
+        let replicas = spec_replicas(cluster, "Deployment", &ns, "web").await;
+        if replicas > 1 {
+            Ok(())
+        } else {
+            Err(format!("{replicas} replicas"))
+        }
+    });
+    assert!(second.log().lines().all(|l| !l.contains("scaled workload")), "the follower never scaled");
+
+    first.kill9();
+    let killed = std::time::Instant::now();
+    exporter.set("load 8\n");
+    follow_spec(cluster, "Deployment", &ns, "web").await;
+    let before = spec_replicas(cluster, "Deployment", &ns, "web").await;
+    eventually!(Duration::from_secs(8), "the second daemon leads", {
+        match second.sample("watermarkd_leader", &[]).await {
+            Some(1.0) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    });
+    let took = killed.elapsed();
+    assert!(took <= Duration::from_secs(6), "took over {took:?} after the leader died (lease 4s)");
+    exporter.set("load 30\n");
+    eventually!(Duration::from_secs(15), "the new leader scales", {
+        let replicas = spec_replicas(cluster, "Deployment", &ns, "web").await;
+        if replicas > before {
+            Ok(())
+        } else {
+            Err(format!("{replicas} replicas"))
+        }
+    });
+    assert!(second.log().contains("scaled"), "the second daemon wrote the scale");
+}
+
+/// Rules reloads: an invalid file keeps the old rules running (and is counted), a valid change
+/// applies on SIGHUP, and an unchanged autoscaler keeps its state across it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_reload_keeps_the_old_rules_and_sighup_applies_a_valid_one() {
+    let cluster = KubeCluster::shared();
+    let ns = cluster.unique_namespace("e2e-reload").await;
+    cluster.create_deployment(&ns, "web", 2).await;
+    cluster.set_workload_status("Deployment", &ns, "web", 2, 2).await;
+    let exporter = Exporter::start("load 8\n").await;
+    let prometheus = PrometheusServer::start(&exporter.target()).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("rules.toml");
+    let valid = rules(&prometheus.url(), &ns, &[("web", "Deployment", "load")], "");
+    write(&config, &valid);
+    let kubeconfig = kubeconfig(cluster, dir.path(), ADMIN_TOKEN);
+    let mut daemon = DaemonProcess::start(
+        &["--config", config.to_str().expect("utf-8"), "--kubeconfig", &kubeconfig, "--no-leader-election"],
+        &[("WATERMARKD__RELOAD_POLL", "1h")],
+    );
+    daemon.wait_ready(STARTUP).await;
+    eventually!(Duration::from_secs(10), "web evaluated", {
+        match daemon.sample("wpa_controller_max_replicas", &[("wpa_name", "web")]).await {
+            Some(10.0) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    });
+
+    // Invalid (low above high), written by rename as editors do.
+    let staged = dir.path().join("rules.toml.new");
+    write(&staged, &valid.replace("low_watermark = 5", "low_watermark = 50"));
+    std::fs::rename(&staged, &config).expect("rename");
+    daemon.hangup();
+    eventually!(Duration::from_secs(10), "the failed reload counted", {
+        match daemon.sample("watermarkd_config_reloads_total", &[("result", "failure")]).await {
+            Some(v) if v >= 1.0 => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    });
+    assert_eq!(daemon.sample("watermarkd_config_last_reload_successful", &[]).await, Some(0.0));
+    assert!(daemon.log().contains("low_watermark"), "the problem is logged; log:\n{}", daemon.log());
+    // The old rules still run: over the watermark, web scales.
+    exporter.set("load 30\n");
+    eventually!(Duration::from_secs(15), "old rules still scale", {
+        let replicas = spec_replicas(cluster, "Deployment", &ns, "web").await;
+        if replicas > 2 {
+            Ok(())
+        } else {
+            Err(format!("{replicas} replicas"))
+        }
+    });
+
+    // A valid change (max 4, and a second autoscaler) applies on SIGHUP.
+    cluster.create_deployment(&ns, "worker", 1).await;
+    cluster.set_workload_status("Deployment", &ns, "worker", 1, 1).await;
+    let changed = rules(&prometheus.url(), &ns, &[("web", "Deployment", "load"), ("worker", "Deployment", "load")], "")
+        .replace("max_replicas = 10", "max_replicas = 4");
+    write(&config, &changed);
+    daemon.hangup();
+    eventually!(Duration::from_secs(10), "the new rules run", {
+        let web = daemon.sample("wpa_controller_max_replicas", &[("wpa_name", "web")]).await;
+        let worker = daemon.sample("wpa_controller_max_replicas", &[("wpa_name", "worker")]).await;
+        match (web, worker) {
+            (Some(a), Some(b)) if a == 4.0 && b == 4.0 => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    });
+    assert!(daemon.sample("watermarkd_config_reloads_total", &[("result", "success")]).await.unwrap_or(0.0) >= 1.0);
+    assert_eq!(daemon.sample("watermarkd_config_last_reload_successful", &[]).await, Some(1.0));
+    eventually!(Duration::from_secs(15), "web capped at the new maximum", {
+        let replicas = spec_replicas(cluster, "Deployment", &ns, "web").await;
+        if replicas == 4 {
+            Ok(())
+        } else {
+            Err(format!("{replicas} replicas"))
+        }
+    });
+
+    // Removing an autoscaler removes its series.
+    write(&config, &changed.split("\n[[autoscaler]]").take(2).collect::<Vec<_>>().join("\n[[autoscaler]]"));
+    daemon.hangup();
+    eventually!(Duration::from_secs(10), "worker's series gone", {
+        match daemon.sample("wpa_controller_max_replicas", &[("wpa_name", "worker")]).await {
+            None => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    });
+}
+
+fn wpa_resource() -> ApiResource {
+    ApiResource::erase::<WatermarkPodAutoscaler>(&())
+}
+
+async fn apply_wpa(cluster: &KubeCluster, namespace: &str, yaml: &str) {
+    let mut value: Value = serde_yaml_ng::from_str(yaml).expect("WPA YAML");
+    value["metadata"]["namespace"] = json!(namespace);
+    let object: DynamicObject = serde_json::from_value(value).expect("WPA object");
+    let api: Api<DynamicObject> = Api::namespaced_with(cluster.client(), namespace, &wpa_resource());
+    api.create(&PostParams::default(), &object).await.expect("create WPA");
+}
+
+async fn wpa_status(cluster: &KubeCluster, namespace: &str, name: &str) -> Value {
+    let api: Api<DynamicObject> = Api::namespaced_with(cluster.client(), namespace, &wpa_resource());
+    let object = api.get(name).await.expect("get WPA");
+    object.data["status"].clone()
+}
+
+fn condition<'a>(status: &'a Value, type_: &str) -> Option<&'a Value> {
+    status["conditions"].as_array()?.iter().find(|c| c["type"] == type_)
+}
+
+/// CRD mode: the Datadog sample WPA applied as it is scales its Deployment from (a local
+/// stand-in for) Datadog and gets the Datadog controller's status; an invalid WPA and one with
+/// a missing target get conditions and Warning events, and do not stop the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wpa_objects_scale_their_targets_and_report_in_their_status() {
+    let cluster = KubeCluster::shared();
+    cluster.create_crd(&custom_resource_definition()).await;
+    let ns = cluster.unique_namespace("e2e-wpa").await;
+    cluster.create_deployment(&ns, "alpine", 1).await;
+    cluster.set_workload_status("Deployment", &ns, "alpine", 1, 1).await;
+    let datadog = fake_datadog::FakeDatadog::start().await;
+    // The query the Cluster Agent builds for the sample's metric: 2M against 900k..500k.
+    datadog.set(
+        "avg:container.memory.usage{cluster_name:mycluster,kube_deployment:alpine}.rollup(30)",
+        fake_datadog::Behavior::Series(fake_datadog::SeriesSpec::constant(2_000_000.0)),
+    );
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/wpa");
+    let sample = std::fs::read_to_string(fixtures.join("datadoghq_v1alpha1_watermarkpodautoscaler.yaml"))
+        .expect("the Datadog sample WPA");
+    apply_wpa(cluster, &ns, &sample).await;
+    apply_wpa(
+        cluster,
+        &ns,
+        r#"{"apiVersion": "datadoghq.com/v1alpha1", "kind": "WatermarkPodAutoscaler",
+            "metadata": {"name": "upside-down"},
+            "spec": {"maxReplicas": 5, "minReplicas": 1,
+                "scaleTargetRef": {"kind": "Deployment", "apiVersion": "apps/v1", "name": "alpine"},
+                "metrics": [{"type": "External",
+                    "external": {"highWatermark": "1", "lowWatermark": "2", "metricName": "m",
+                        "metricSelector": {"matchLabels": {"app": "alpine"}}}}]}}"#,
+    )
+    .await;
+    apply_wpa(
+        cluster,
+        &ns,
+        r#"{"apiVersion": "datadoghq.com/v1alpha1", "kind": "WatermarkPodAutoscaler",
+            "metadata": {"name": "nowhere"},
+            "spec": {"maxReplicas": 5, "minReplicas": 1,
+                "scaleTargetRef": {"kind": "Deployment", "apiVersion": "apps/v1", "name": "missing"},
+                "metrics": [{"type": "External",
+                    "external": {"highWatermark": "2", "lowWatermark": "1", "metricName": "m",
+                        "metricSelector": {"matchLabels": {"app": "missing"}}}}]}}"#,
+    )
+    .await;
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("rules.toml");
+    write(
+        &config,
+        &format!(
+            "[backend.datadog]\ntype = \"datadog\"\nurl = \"{}\"\napi_key_env = \"DD_API_KEY\"\napp_key_env = \"DD_APP_KEY\"\n",
+            datadog.url
+        ),
+    );
+    let kubeconfig = kubeconfig(cluster, dir.path(), ADMIN_TOKEN);
+    let mut daemon = DaemonProcess::start(
+        &[
+            "--config",
+            config.to_str().expect("utf-8"),
+            "--crd",
+            "--namespace",
+            &ns,
+            "--kubeconfig",
+            &kubeconfig,
+            "--no-leader-election",
+            "--default-interval",
+            "1s",
+        ],
+        &[("DD_API_KEY", fake_datadog::API_KEY), ("DD_APP_KEY", fake_datadog::APP_KEY)],
+    );
+    daemon.wait_ready(STARTUP).await;
+
+    eventually!(Duration::from_secs(20), "the sample WPA scaled alpine", {
+        let replicas = spec_replicas(cluster, "Deployment", &ns, "alpine").await;
+        if replicas > 1 {
+            Ok(())
+        } else {
+            Err(format!("{replicas} replicas"))
+        }
+    });
+    let status = eventually!(Duration::from_secs(10), "the sample's status", {
+        let status = wpa_status(cluster, &ns, "example-watermarkpodautoscaler").await;
+        if status["lastScaleTime"].is_string() {
+            Ok(status)
+        } else {
+            Err(status.to_string())
+        }
+    });
+    assert!(status["desiredReplicas"].as_i64().unwrap_or(0) > 1, "{status}");
+    let above = condition(&status, "AboveHighWatermark").expect("AboveHighWatermark");
+    assert_eq!(above["status"], "True", "{status}");
+    let able = condition(&status, "AbleToScale").expect("AbleToScale");
+    assert_eq!(able["reason"], "SuccessfulScale", "{status}");
+    assert_eq!(status["currentMetrics"][0]["external"]["metricName"], "container.memory.usage", "{status}");
+
+    let status = eventually!(Duration::from_secs(10), "the invalid WPA's status", {
+        let status = wpa_status(cluster, &ns, "upside-down").await;
+        match condition(&status, "AbleToScale") {
+            Some(c) if c["reason"] == "FailedSpecCheck" => Ok(status.clone()),
+            _ => Err(status.to_string()),
+        }
+    });
+    let message = condition(&status, "AbleToScale").and_then(|c| c["message"].as_str()).unwrap_or_default();
+    assert!(message.contains("lowWatermark"), "names the field: {message}");
+    eventually!(Duration::from_secs(10), "a Warning event on the invalid WPA", {
+        let events = events_about(cluster, &ns, "upside-down").await;
+        if events
+            .iter()
+            .any(|e| e.type_.as_deref() == Some("Warning") && e.reason.as_deref() == Some("FailedSpecCheck"))
+        {
+            Ok(())
+        } else {
+            Err(format!("{events:?}"))
+        }
+    });
+    eventually!(Duration::from_secs(10), "the missing target on the WPA", {
+        let status = wpa_status(cluster, &ns, "nowhere").await;
+        match condition(&status, "AbleToScale") {
+            Some(c) if c["status"] == "False" && c["reason"] == "FailedGetScale" => Ok(()),
+            _ => Err(status.to_string()),
+        }
+    });
+    assert!(!daemon.log().contains(fake_datadog::API_KEY), "the key never reaches the log");
+    assert!(!daemon.metrics().await.contains(fake_datadog::API_KEY), "nor the metrics");
+    assert_eq!(daemon.exited(), None, "the daemon runs on");
+}
