@@ -473,11 +473,21 @@ async fn an_invalid_reload_keeps_the_old_rules_and_sighup_applies_a_valid_one() 
     let valid = rules(&prometheus.url(), &ns, &[("web", "Deployment", "load")], "");
     write(&config, &valid);
     let kubeconfig = kubeconfig(cluster, dir.path(), ADMIN_TOKEN);
+    // systemd's side of Type=notify: a datagram socket the daemon reports to.
+    let notify_path = dir.path().join("notify.sock");
+    let notify = std::os::unix::net::UnixDatagram::bind(&notify_path).expect("notify socket");
+    notify.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    let next_notification = || {
+        let mut buffer = [0u8; 512];
+        let n = notify.recv(&mut buffer).expect("a notification within 10s");
+        String::from_utf8_lossy(&buffer[..n]).to_string()
+    };
     let mut daemon = DaemonProcess::start(
         &["--config", config.to_str().expect("utf-8"), "--kubeconfig", &kubeconfig, "--no-leader-election"],
-        &[("WATERMARKD__RELOAD_POLL", "1h")],
+        &[("WATERMARKD__RELOAD_POLL", "1h"), ("NOTIFY_SOCKET", notify_path.to_str().expect("utf-8"))],
     );
     daemon.wait_ready(STARTUP).await;
+    assert!(next_notification().starts_with("READY=1"), "READY=1 once ready");
     eventually!(Duration::from_secs(10), "web evaluated", {
         match daemon.sample("wpa_controller_max_replicas", &[("wpa_name", "web")]).await {
             Some(10.0) => Ok(()),
@@ -490,6 +500,8 @@ async fn an_invalid_reload_keeps_the_old_rules_and_sighup_applies_a_valid_one() 
     write(&staged, &valid.replace("low_watermark = 5", "low_watermark = 50"));
     std::fs::rename(&staged, &config).expect("rename");
     daemon.hangup();
+    assert!(next_notification().starts_with("RELOADING=1\nMONOTONIC_USEC="), "RELOADING=1 on SIGHUP");
+    assert!(next_notification().starts_with("READY=1"), "READY=1 after the reload, even a failed one");
     eventually!(Duration::from_secs(10), "the failed reload counted", {
         match daemon.sample("watermarkd_config_reloads_total", &[("result", "failure")]).await {
             Some(v) if v >= 1.0 => Ok(()),
@@ -535,6 +547,15 @@ async fn an_invalid_reload_keeps_the_old_rules_and_sighup_applies_a_valid_one() 
         }
     });
 
+    while let Ok(text) = {
+        notify.set_read_timeout(Some(Duration::from_millis(100))).expect("timeout");
+        let mut buffer = [0u8; 512];
+        notify.recv(&mut buffer).map(|n| String::from_utf8_lossy(&buffer[..n]).to_string())
+    } {
+        assert!(text.starts_with("RELOADING=1") || text.starts_with("READY=1"), "{text}");
+    }
+    notify.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+
     // Removing an autoscaler removes its series.
     write(&config, &changed.split("\n[[autoscaler]]").take(2).collect::<Vec<_>>().join("\n[[autoscaler]]"));
     daemon.hangup();
@@ -544,6 +565,51 @@ async fn an_invalid_reload_keeps_the_old_rules_and_sighup_applies_a_valid_one() 
             other => Err(format!("{other:?}")),
         }
     });
+    assert!(daemon.terminate(Duration::from_secs(15)), "a clean exit on SIGTERM");
+    let mut stopping = String::new();
+    while !stopping.starts_with("STOPPING=1") {
+        stopping = next_notification();
+    }
+}
+
+/// A global dry run decides, logs and exports everything and writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dry_run_reports_the_decision_and_writes_nothing() {
+    let cluster = KubeCluster::shared();
+    let ns = cluster.unique_namespace("e2e-dry").await;
+    cluster.create_deployment(&ns, "web", 2).await;
+    cluster.set_workload_status("Deployment", &ns, "web", 2, 2).await;
+    let exporter = Exporter::start("load 30\n").await;
+    let prometheus = PrometheusServer::start(&exporter.target()).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("rules.toml");
+    write(&config, &rules(&prometheus.url(), &ns, &[("web", "Deployment", "load")], ""));
+    let kubeconfig = kubeconfig(cluster, dir.path(), ADMIN_TOKEN);
+    let daemon = DaemonProcess::start(
+        &[
+            "--config",
+            config.to_str().expect("utf-8"),
+            "--kubeconfig",
+            &kubeconfig,
+            "--no-leader-election",
+            "--dry-run",
+        ],
+        &[],
+    );
+    let mut daemon = daemon;
+    daemon.wait_ready(STARTUP).await;
+    eventually!(Duration::from_secs(15), "the dry-run decision exported", {
+        let effective = daemon.sample("wpa_controller_replicas_scaling_effective", &[("wpa_name", "web")]).await;
+        let dry = daemon.sample("wpa_controller_dry_run", &[("wpa_name", "web")]).await;
+        match (effective, dry) {
+            (Some(3.0), Some(1.0)) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(spec_replicas(cluster, "Deployment", &ns, "web").await, 2, "nothing written");
+    assert_eq!(annotation(cluster, "Deployment", &ns, "web", "watermarkd.io/state").await, None);
+    assert!(daemon.log().contains("dry-run: nothing written"), "the log says so");
 }
 
 fn wpa_resource() -> ApiResource {

@@ -67,6 +67,11 @@ pub async fn evaluate(
         };
         let now = shared.clock.now();
         if memory.state.is_none() || memory.epoch != epoch {
+            if memory.epoch != epoch {
+                // Another daemon may have led meanwhile: what it wrote is on the object.
+                memory.status = None;
+                memory.status_written_at = None;
+            }
             restore(desired, memory, &reading, now);
             memory.epoch = epoch;
         }
@@ -239,7 +244,8 @@ async fn persist(
     }
     match &desired.wpa {
         None => {
-            if !state::needs_write(memory.written.as_ref(), next_state) {
+            // A dry run writes nothing to the target, its annotation included.
+            if decision.dry_run || !state::needs_write(memory.written.as_ref(), next_state) {
                 return;
             }
             let value = state::encode_annotation(&desired.autoscaler.name, next_state);

@@ -388,3 +388,40 @@ async fn reject(
     };
     evaluate::publish(shared, &evaluate::wpa_reference(wpa), EventType::Warning, reason, &note, "Validate").await;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rename_or_a_symlink_swap_changes_the_fingerprint() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let rules = dir.path().join("rules.toml");
+        std::fs::write(&rules, "a = 1\n").expect("write");
+        let first = fingerprint(&rules).expect("fingerprint");
+        assert_eq!(fingerprint(&rules), Some(first.clone()), "stable while nothing changes");
+
+        // An editor's save: a new file renamed over the old one, same size.
+        let staged = dir.path().join("rules.toml.tmp");
+        std::fs::write(&staged, "a = 2\n").expect("write");
+        std::fs::rename(&staged, &rules).expect("rename");
+        let renamed = fingerprint(&rules).expect("fingerprint");
+        assert_ne!(renamed, first);
+
+        // A ConfigMap volume: rules.toml -> ..data/rules.toml, and ..data is swapped.
+        let mounted = dir.path().join("mounted");
+        std::fs::create_dir(&mounted).expect("dir");
+        for (version, text) in [("v1", "b = 1\n"), ("v2", "b = 2\n")] {
+            std::fs::create_dir(mounted.join(version)).expect("dir");
+            std::fs::write(mounted.join(version).join("rules.toml"), text).expect("write");
+        }
+        std::os::unix::fs::symlink("v1", mounted.join("..data")).expect("symlink");
+        std::os::unix::fs::symlink("..data/rules.toml", mounted.join("rules.toml")).expect("symlink");
+        let before = fingerprint(&mounted.join("rules.toml")).expect("fingerprint");
+        std::os::unix::fs::symlink("v2", mounted.join("..data_tmp")).expect("symlink");
+        std::fs::rename(mounted.join("..data_tmp"), mounted.join("..data")).expect("swap");
+        let after = fingerprint(&mounted.join("rules.toml")).expect("fingerprint");
+        assert_ne!(before, after);
+        assert_eq!(std::fs::read_to_string(mounted.join("rules.toml")).expect("read"), "b = 2\n");
+    }
+}

@@ -230,3 +230,58 @@ impl AutoscalerMetrics {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use watermarkd_engine::{decide, Reading, State, Target, Timestamp};
+
+    fn labels(name: &str) -> SeriesLabels {
+        SeriesLabels {
+            wpa_name: name.into(),
+            wpa_namespace: "prod".into(),
+            resource_name: name.into(),
+            resource_namespace: "prod".into(),
+            resource_kind: "Deployment".into(),
+        }
+    }
+
+    fn exported(registry: &Registry) -> String {
+        let mut body = Vec::new();
+        prometheus::Encoder::encode(&prometheus::TextEncoder::new(), &registry.gather(), &mut body).expect("encode");
+        String::from_utf8(body).expect("utf-8")
+    }
+
+    #[test]
+    fn series_follow_each_evaluation_and_go_with_the_autoscaler() {
+        let registry = Registry::new();
+        let metrics = AutoscalerMetrics::new(&registry).expect("register");
+        let rule = crate::rules::rule_from_json(&serde_json::json!({
+            "min_replicas": 1, "max_replicas": 10, "algorithm": "absolute",
+            "metric": [{ "name": "load", "query": "q", "high_watermark": 10, "low_watermark": 5 }]
+        }))
+        .expect("rule");
+        let target = Target { spec_replicas: 2, status_replicas: Some(2), ready_replicas: Some(2) };
+        let now = Timestamp::from_unix_millis(1_700_000_000_000);
+        let high = [Reading::Value { value: 30.0, at: now }];
+        let decision = decide(&rule, target, &high, &State::default(), now);
+        metrics.observe(&labels("web"), &rule, &decision, true);
+        let text = exported(&registry);
+        assert!(text.contains(r#"wpa_controller_value{metric_name="load",resource_kind="Deployment",resource_name="web",resource_namespace="prod",wpa_name="web",wpa_namespace="prod"} 30"#), "{text}");
+        assert!(text.contains(r#"wpa_controller_restricted_scaling{reason="upscale_capping""#), "{text}");
+        assert!(text.contains("wpa_controller_upscale_replicas_total{"), "{text}");
+
+        // No value: the value series goes (never 0), the watermarks stay.
+        let none = [Reading::Unavailable { reason: "no data".into() }];
+        let decision = decide(&rule, target, &none, &State::default(), now);
+        metrics.observe(&labels("web"), &rule, &decision, false);
+        let text = exported(&registry);
+        assert!(!text.contains("wpa_controller_value{"), "{text}");
+        assert!(text.contains("wpa_controller_high_watermark{"), "{text}");
+        assert!(text.contains("wpa_controller_scaling_active{resource_kind=\"Deployment\",resource_name=\"web\",resource_namespace=\"prod\",wpa_name=\"web\",wpa_namespace=\"prod\"} 0"), "{text}");
+
+        metrics.remove(&labels("web"));
+        let text = exported(&registry);
+        assert!(!text.contains("wpa_name=\"web\""), "every series of a removed autoscaler goes: {text}");
+    }
+}
