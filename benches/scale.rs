@@ -1,0 +1,264 @@
+//! The scale harness: `watermarkd run` (the release binary, as a process) with N autoscalers
+//! against a real kube-apiserver holding N Deployments and the local Datadog stand-in, and what
+//! it costs: resident memory, CPU per evaluation cycle, Datadog requests per cycle, and the delay
+//! from a value crossing a watermark to the scale write.
+//!
+//!     cargo bench --bench scale                 # 1,000 and 10,000 autoscalers, large budget
+//!     cargo bench --bench scale -- 1000 budget  # 1,000 on Datadog's default 1,600 requests/hour
+//!
+//! A benchmark, not a test: it prints a report (the numbers in BENCHMARKS.md come from it) and
+//! fails only when the harness itself cannot run.
+
+#[path = "../tests/support/fake_datadog.rs"]
+mod fake_datadog;
+#[path = "../tests/support/kube_cluster.rs"]
+mod kube_cluster;
+
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fake_datadog::{Behavior, Budget, FakeDatadog, SeriesSpec};
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube_cluster::{KubeCluster, ADMIN_TOKEN};
+use serde_json::json;
+use tokio::sync::Semaphore;
+
+/// Every autoscaler's interval: the daemon's default.
+const INTERVAL: Duration = Duration::from_secs(15);
+/// Cycles measured after the warm-up.
+const MEASURED_CYCLES: u32 = 4;
+/// Autoscalers whose metric crosses the high watermark, one at a time, for the reaction delay.
+const CROSSINGS: usize = 5;
+
+fn query(i: usize) -> String {
+    format!("avg:bench.load{{app:web-{i}}}")
+}
+
+fn rules(n: usize, namespace: &str, datadog: &str) -> String {
+    let mut text = format!(
+        "[backend.dd]\ntype = \"datadog\"\nurl = \"{datadog}\"\napi_key_env = \"DD_API_KEY\"\napp_key_env = \"DD_APP_KEY\"\n"
+    );
+    for i in 0..n {
+        text.push_str(&format!(
+            "\n[[autoscaler]]\nname = \"web-{i}\"\ntarget = {{ kind = \"Deployment\", namespace = \"{namespace}\", name = \"web-{i}\" }}\n\
+             min_replicas = 1\nmax_replicas = 20\nalgorithm = \"absolute\"\n\
+             [[autoscaler.metric]]\nbackend = \"dd\"\nquery = \"{}\"\nhigh_watermark = 1000\nlow_watermark = 10\n",
+            query(i)
+        ));
+    }
+    text
+}
+
+/// N Deployments with 2 ready replicas each, created 64 at a time over one client.
+async fn create_deployments(cluster: &KubeCluster, namespace: &str, n: usize) {
+    let client = cluster.client();
+    let permits = Arc::new(Semaphore::new(64));
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..n {
+        let api: Api<Deployment> = Api::namespaced(client.clone(), namespace);
+        let permit = Arc::clone(&permits).acquire_owned().await.expect("semaphore");
+        tasks.spawn(async move {
+            let _permit = permit;
+            let name = format!("web-{i}");
+            let object: Deployment = serde_json::from_value(json!({
+                "metadata": { "name": name },
+                "spec": {
+                    "replicas": 2,
+                    "selector": { "matchLabels": { "app": name } },
+                    "template": {
+                        "metadata": { "labels": { "app": name } },
+                        "spec": { "containers": [{ "name": "app", "image": "registry.invalid/app:1" }] },
+                    },
+                },
+            }))
+            .expect("deployment");
+            api.create(&PostParams::default(), &object).await.expect("create deployment");
+            let status = json!({ "status": { "replicas": 2, "readyReplicas": 2, "updatedReplicas": 2, "availableReplicas": 2 } });
+            api.patch_status(&name, &PatchParams::default(), &Patch::Merge(status)).await.expect("status");
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.expect("create task");
+    }
+}
+
+/// utime + stime of `pid`, in seconds.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("/proc/PID/stat");
+    // Fields after the command name (which may contain spaces) start after the last ')'.
+    let after = &stat[stat.rfind(')').expect("stat format") + 2..];
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks: f64 = fields[11].parse::<f64>().expect("utime") + fields[12].parse::<f64>().expect("stime");
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    ticks / hz
+}
+
+/// (VmRSS, VmHWM) of `pid`, in MiB.
+fn memory_mib(pid: u32) -> (f64, f64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc/PID/status");
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|kb| kb.parse::<f64>().ok())
+            .map_or(0.0, |kb| kb / 1024.0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn ready(listen: &str) {
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        if let Ok(response) = reqwest::get(format!("http://{listen}/readyz")).await {
+            if response.status().is_success() {
+                return;
+            }
+        }
+        assert!(Instant::now() < deadline, "the daemon did not become ready");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn spec_replicas(api: &Api<Deployment>, name: &str) -> i32 {
+    api.get(name).await.ok().and_then(|d| d.spec).and_then(|s| s.replicas).unwrap_or(-1)
+}
+
+async fn scenario(n: usize, budget: Option<Budget>) {
+    let label = if budget.is_some() { "default Datadog budget (1,600/hour)" } else { "large Datadog budget" };
+    println!("\n== {n} autoscalers, interval 15s, {label} ==");
+    let cluster = KubeCluster::start().await;
+    let namespace = cluster.unique_namespace("bench").await;
+    let started = Instant::now();
+    create_deployments(&cluster, &namespace, n).await;
+    println!("setup: {n} Deployments created in {:.1}s", started.elapsed().as_secs_f64());
+
+    let datadog = match budget {
+        Some(budget) => FakeDatadog::with_budget(budget).await,
+        None => {
+            FakeDatadog::with_budget(Budget {
+                limit: 100_000_000,
+                period: Duration::from_secs(3600),
+                offset: Duration::ZERO,
+            })
+            .await
+        }
+    };
+    // In the band [10, 1000]: every evaluation holds, so the steady state writes nothing.
+    datadog.set_default(Behavior::Series(SeriesSpec::constant(100.0)));
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("rules.toml");
+    std::fs::write(&config, rules(n, &namespace, &datadog.url)).expect("rules");
+    let kubeconfig = dir.path().join("kubeconfig");
+    cluster.write_kubeconfig(&kubeconfig, ADMIN_TOKEN);
+    let listen =
+        format!("127.0.0.1:{}", std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port());
+    let log = std::fs::File::create(dir.path().join("daemon.log")).expect("log");
+    let child = Command::new(env!("CARGO_BIN_EXE_watermarkd"))
+        .args(["run", "--config", config.to_str().unwrap(), "--kubeconfig", kubeconfig.to_str().unwrap()])
+        .args(["--listen", &listen, "--settings", "/dev/null", "--no-leader-election", "--log-level", "warn"])
+        .env("DD_API_KEY", fake_datadog::API_KEY)
+        .env("DD_APP_KEY", fake_datadog::APP_KEY)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("log"))
+        .stderr(log)
+        .spawn()
+        .expect("start watermarkd");
+    let pid = child.id();
+    let _daemon = Daemon(child);
+    let start = Instant::now();
+    ready(&listen).await;
+    let (rss, _) = memory_mib(pid);
+    println!("ready after {:.1}s, RSS {rss:.1} MiB", start.elapsed().as_secs_f64());
+
+    // Warm-up: two full cycles.
+    tokio::time::sleep(INTERVAL * 2).await;
+    let cpu_before = cpu_seconds(pid);
+    let requests_before = datadog.requests();
+    let measured = Instant::now();
+    tokio::time::sleep(INTERVAL * MEASURED_CYCLES).await;
+    let wall = measured.elapsed().as_secs_f64();
+    let cpu = cpu_seconds(pid) - cpu_before;
+    let requests = datadog.requests() - requests_before;
+    let (rss, hwm) = memory_mib(pid);
+    let cycles = wall / INTERVAL.as_secs_f64();
+    println!("resident memory: {rss:.1} MiB now, {hwm:.1} MiB peak");
+    println!(
+        "CPU: {:.3} core-seconds per 15s cycle ({:.1}% of one core), over {wall:.0}s",
+        cpu / cycles,
+        100.0 * cpu / wall
+    );
+    println!(
+        "Datadog: {:.1} requests per cycle ({} queries per cycle, at most 35 per request), {} answered 429",
+        requests as f64 / cycles,
+        n,
+        datadog.count_status(429)
+    );
+
+    // Reaction: one autoscaler at a time crosses its high watermark (value 5000 > 1000).
+    let api: Api<Deployment> = Api::namespaced(cluster.client(), &namespace);
+    let mut delays = Vec::new();
+    for k in 0..CROSSINGS {
+        let i = (k * 7919) % n;
+        let name = format!("web-{i}");
+        let crossed = Instant::now();
+        datadog.set(&query(i), Behavior::Series(SeriesSpec::constant(5000.0)));
+        loop {
+            if spec_replicas(&api, &name).await > 2 {
+                break;
+            }
+            assert!(crossed.elapsed() < INTERVAL * 8, "{name} did not scale within 8 intervals");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        delays.push(crossed.elapsed().as_secs_f64());
+    }
+    delays.sort_by(f64::total_cmp);
+    println!(
+        "crossing -> scale write: median {:.2}s, max {:.2}s over {CROSSINGS} crossings (interval {}s; polled every 20 ms)",
+        delays[delays.len() / 2],
+        delays[delays.len() - 1],
+        INTERVAL.as_secs()
+    );
+    if budget.is_some() {
+        let metrics =
+            reqwest::get(format!("http://{listen}/metrics")).await.expect("metrics").text().await.expect("body");
+        let stretched = metrics
+            .lines()
+            .find(|l| l.starts_with("watermarkd_datadog_stretched_interval_seconds"))
+            .unwrap_or("watermarkd_datadog_stretched_interval_seconds (absent)");
+        println!("{stretched}; 429 answers in total: {}", datadog.count_status(429));
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    watermarkd::backend::ensure_crypto_provider();
+    runtime.block_on(async {
+        match args.first().map(String::as_str) {
+            Some(n) => {
+                let n: usize = n.parse().expect("the number of autoscalers");
+                let budget = args.get(1).is_some_and(|a| a == "budget").then(Budget::default);
+                scenario(n, budget).await;
+            }
+            None => {
+                scenario(1_000, None).await;
+                scenario(10_000, None).await;
+                scenario(1_000, Some(Budget::default())).await;
+            }
+        }
+    });
+}
