@@ -293,6 +293,12 @@ impl Pacer {
             self.name.clone_from(&headers.name);
         }
         let (Some(remaining), Some(reset)) = (headers.remaining, headers.reset) else { return };
+        if !self.seen {
+            // The spacing after the first cycle was set from the assumed default budget; the
+            // next ask is paced from what the server just said instead (a large organisation
+            // budget would otherwise stall the first minute or more).
+            self.next_cycle_not_before = None;
+        }
         let reset_at = now + Duration::from_secs(reset) + RESET_MARGIN;
         let same_window = self.seen
             && now < self.reset_at
@@ -359,6 +365,19 @@ mod tests {
             reset: Some(reset),
             name: Some("query".into()),
         }
+    }
+
+    #[test]
+    fn the_first_answer_replaces_the_assumed_budget_for_the_next_cycle() {
+        let t0 = Instant::now();
+        let mut pacer = Pacer::new(t0);
+        // 29 requests against the assumed 1,600/hour would space the next cycle by a minute.
+        assert_eq!(pacer.admit(t0, 29), Admission::Go);
+        assert!(matches!(pacer.admit(t0 + Duration::from_secs(15), 29), Admission::Deferred { .. }));
+        let mut pacer = Pacer::new(t0);
+        assert_eq!(pacer.admit(t0, 29), Admission::Go);
+        pacer.observe(t0 + Duration::from_millis(200), &headers(1_000_000, 999_971, 3_000), true);
+        assert_eq!(pacer.admit(t0 + Duration::from_secs(15), 29), Admission::Go, "paced from the real budget");
     }
 
     #[test]
