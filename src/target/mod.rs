@@ -158,6 +158,9 @@ struct Context {
     groups: Arc<Groups>,
     /// Discovery results by (apiVersion, kind). Only kinds that resolved with a `/scale`.
     kinds: Mutex<HashMap<(String, String), Arc<Resolved>>>,
+    /// Held while a kind is being discovered: ten thousand targets of one kind added at once
+    /// make one discovery request, not ten thousand.
+    resolving: tokio::sync::Mutex<()>,
 }
 
 struct Inner {
@@ -183,7 +186,12 @@ impl Targets {
 
     /// Like `new`, with how long `read` waits for a newly watched target's first state.
     pub fn with_sync_timeout(client: Client, sync_timeout: Duration) -> Self {
-        let context = Arc::new(Context { groups: Groups::new(client.clone()), client, kinds: Mutex::default() });
+        let context = Arc::new(Context {
+            groups: Groups::new(client.clone()),
+            client,
+            kinds: Mutex::default(),
+            resolving: tokio::sync::Mutex::new(()),
+        });
         Targets { inner: Arc::new(Inner { context, entries: Mutex::default(), sync_timeout }) }
     }
 
@@ -374,8 +382,13 @@ impl Context {
     /// Resolves the target's kind through discovery (cached once it resolved with a `/scale`).
     async fn resolve(&self, target: &TargetRef) -> Result<Arc<Resolved>, TargetError> {
         let key = (target.api_version.clone(), target.kind.clone());
-        if let Some(resolved) = self.kinds.lock().unwrap_or_else(PoisonError::into_inner).get(&key) {
-            return Ok(Arc::clone(resolved));
+        let cached = || self.kinds.lock().unwrap_or_else(PoisonError::into_inner).get(&key).cloned();
+        if let Some(resolved) = cached() {
+            return Ok(resolved);
+        }
+        let _resolving = self.resolving.lock().await;
+        if let Some(resolved) = cached() {
+            return Ok(resolved);
         }
         let (group, version) = split_api_version(&target.api_version);
         let gvk = GroupVersionKind::gvk(group, version, &target.kind);
@@ -435,7 +448,9 @@ fn retry_delay(attempt: u32) -> Duration {
 async fn run_target(context: Arc<Context>, target: TargetRef, state: Arc<channel::Sender<TargetState>>) {
     let mut attempt = 0;
     loop {
-        let resolved = match context.resolve(&target).await {
+        // Boxed, here and for read_scale below: a kube request's future is large, and held
+        // inline it would make every target's idle task that large (10,000 targets, 30 MB).
+        let resolved = match Box::pin(context.resolve(&target)).await {
             Ok(resolved) => resolved,
             Err(err) => {
                 tracing::warn!(workload = %describe(&target), error = %err, "cannot resolve the target's kind; retrying");
@@ -486,7 +501,7 @@ async fn run_target(context: Arc<Context>, target: TargetRef, state: Arc<channel
                             resource_version: info.resource_version.clone(),
                             marks: info.marks.clone(),
                         }),
-                        KindPaths::Custom => read_scale(&context.client, &resolved, &target, &info).await,
+                        KindPaths::Custom => Box::pin(read_scale(&context.client, &resolved, &target, &info)).await,
                     };
                     match reading {
                         Ok(reading) => {
