@@ -2,18 +2,41 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
-use http_body_util::Full;
-use hyper::body::Bytes;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Bytes, Frame};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use prometheus::{Encoder, Registry, TextEncoder};
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
+
+use super::AutoscalerMetrics;
+
+type Body = BoxBody<Bytes, Infallible>;
+
+/// Autoscalers written per chunk of a `/metrics` answer.
+const AUTOSCALERS_PER_CHUNK: usize = 256;
+
+/// A body fed by a task, so that a large `/metrics` answer is written a chunk at a time instead
+/// of being held whole.
+struct ChunkedBody(mpsc::Receiver<Bytes>);
+
+impl hyper::body::Body for ChunkedBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.0.poll_recv(cx).map(|chunk| chunk.map(|bytes| Ok(Frame::data(bytes))))
+    }
+}
 
 /// What `/readyz` waits for. Each flag is set by the part that knows.
 #[derive(Debug, Default)]
@@ -48,6 +71,7 @@ impl Readiness {
 pub async fn serve(
     address: SocketAddr,
     registry: Registry,
+    autoscalers: Arc<AutoscalerMetrics>,
     readiness: Arc<Readiness>,
     mut shutdown: watch::Receiver<bool>,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
@@ -67,9 +91,10 @@ pub async fn serve(
             };
             let registry = registry.clone();
             let readiness = Arc::clone(&readiness);
+            let autoscalers = Arc::clone(&autoscalers);
             tokio::spawn(async move {
                 let service = service_fn(move |request| {
-                    let response = respond(&request, &registry, &readiness);
+                    let response = respond(&request, &registry, &autoscalers, &readiness);
                     async move { Ok::<_, Infallible>(response) }
                 });
                 if let Err(err) = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await {
@@ -81,8 +106,12 @@ pub async fn serve(
     Ok((bound, task))
 }
 
-fn text(status: StatusCode, body: impl Into<Bytes>, content_type: &str) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(body.into()));
+fn text(status: StatusCode, body: impl Into<Bytes>, content_type: &str) -> Response<Body> {
+    with_body(status, Full::new(body.into()).boxed(), content_type)
+}
+
+fn with_body(status: StatusCode, body: Body, content_type: &str) -> Response<Body> {
+    let mut response = Response::new(body);
     *response.status_mut() = status;
     if let Ok(value) = content_type.parse() {
         response.headers_mut().insert(hyper::header::CONTENT_TYPE, value);
@@ -90,18 +119,36 @@ fn text(status: StatusCode, body: impl Into<Bytes>, content_type: &str) -> Respo
     response
 }
 
-fn respond<B>(request: &Request<B>, registry: &Registry, readiness: &Readiness) -> Response<Full<Bytes>> {
+fn respond<B>(
+    request: &Request<B>,
+    registry: &Registry,
+    autoscalers: &AutoscalerMetrics,
+    readiness: &Readiness,
+) -> Response<Body> {
     if request.method() != hyper::Method::GET && request.method() != hyper::Method::HEAD {
         return text(StatusCode::METHOD_NOT_ALLOWED, "only GET\n", "text/plain");
     }
     match request.uri().path() {
         "/metrics" => {
             let encoder = TextEncoder::new();
-            let mut body = Vec::new();
-            match encoder.encode(&registry.gather(), &mut body) {
-                Ok(()) => text(StatusCode::OK, body, encoder.format_type()),
-                Err(err) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("{err}\n"), "text/plain"),
+            let mut own = Vec::new();
+            if let Err(err) = encoder.encode(&registry.gather(), &mut own) {
+                return text(StatusCode::INTERNAL_SERVER_ERROR, format!("{err}\n"), "text/plain");
             }
+            let snapshot = autoscalers.snapshot();
+            let (sender, receiver) = mpsc::channel(2);
+            tokio::spawn(async move {
+                if sender.send(Bytes::from(own)).await.is_err() {
+                    return;
+                }
+                for index in 0..snapshot.chunks(AUTOSCALERS_PER_CHUNK) {
+                    let chunk = snapshot.render(index, AUTOSCALERS_PER_CHUNK);
+                    if !chunk.is_empty() && sender.send(Bytes::from(chunk)).await.is_err() {
+                        return;
+                    }
+                }
+            });
+            with_body(StatusCode::OK, ChunkedBody(receiver).boxed(), encoder.format_type())
         }
         "/healthz" => text(StatusCode::OK, "ok\n", "text/plain"),
         "/readyz" => {
