@@ -102,6 +102,8 @@ fn run() -> anyhow::Result<ExitCode> {
             let settings = watermarkd::settings::Settings::load(&args, &watermarkd::settings::Environment::current())?;
             watermarkd::telemetry::logging::init(settings.log_format, &settings.log_level)
                 .map_err(anyhow::Error::msg)?;
+            // Before any worker thread exists, so that all of them share the limited arenas.
+            watermarkd::runtime::memory::limit_arenas();
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
             runtime.block_on(watermarkd::runtime::run(settings))?;
             ExitCode::SUCCESS

@@ -11,7 +11,7 @@ use kube::runtime::events::EventType;
 use watermarkd_engine::{decide, Action, Decision, Guard, Reading, State, Target};
 
 use super::{Desired, Memory, Shared};
-use crate::backend::Observation;
+use crate::backend::{Observation, QueryError};
 use crate::crd::{self, ScaleWrite, WatermarkPodAutoscaler, WatermarkPodAutoscalerStatus};
 use crate::state;
 use crate::target::{ScaleReading, TargetError};
@@ -51,6 +51,8 @@ pub async fn evaluate(
 ) -> Outcome {
     let autoscaler = &desired.autoscaler;
     let target = &autoscaler.target;
+    // Skipped by the Datadog pacing: the engine holds, but nothing failed.
+    let deferred = observations.iter().any(|o| matches!(o.detail.error, Some(QueryError::Deferred { .. })));
     let readings: Vec<Reading> = observations.into_iter().map(|o| o.reading).collect();
     let rule = if shared.dry_run { autoscaler.rule.clone().with_dry_run(true) } else { autoscaler.rule.clone() };
     let epoch = shared.epoch.load(Ordering::Acquire);
@@ -122,7 +124,7 @@ pub async fn evaluate(
         shared.autoscaler_metrics.observe(&desired.labels, &rule, &decision, scaled);
         log_decision(desired, memory, &decision, &write);
         persist(shared, desired, memory, &decision, &write, &next_state).await;
-        report_events(shared, desired, &decision, &write).await;
+        report_events(shared, desired, &decision, &write, deferred).await;
         memory.failing = None;
         return match (&write, decision.action) {
             (ScaleWrite::Failed(_), _) => Outcome::Failed,
@@ -311,7 +313,7 @@ pub async fn write_status(
     }
 }
 
-async fn report_events(shared: &Shared, desired: &Desired, decision: &Decision, write: &ScaleWrite) {
+async fn report_events(shared: &Shared, desired: &Desired, decision: &Decision, write: &ScaleWrite, deferred: bool) {
     let object = target_reference(desired);
     match write {
         ScaleWrite::Succeeded => {
@@ -325,7 +327,7 @@ async fn report_events(shared: &Shared, desired: &Desired, decision: &Decision, 
         }
         ScaleWrite::NotAttempted => {}
     }
-    if decision.guard == Some(Guard::NoData) {
+    if decision.guard == Some(Guard::NoData) && !deferred {
         // Names only, not the reasons (which carry ages): the same outage is one event.
         let names: Vec<&str> = decision.metrics.iter().map(|m| m.name.as_str()).collect();
         let note = format!("no usable metric value, holding: {}", names.join(", "));

@@ -9,6 +9,7 @@
 //! replaces by key, and one whose definition is unchanged keeps its state and its schedule.
 
 mod evaluate;
+pub mod memory;
 pub mod schedule;
 mod sources;
 pub mod systemd;
@@ -118,7 +119,7 @@ pub struct Shared {
     pub(crate) client: kube::Client,
     pub(crate) targets: Targets,
     pub(crate) events: Option<EventPublisher>,
-    pub(crate) autoscaler_metrics: AutoscalerMetrics,
+    pub(crate) autoscaler_metrics: Arc<AutoscalerMetrics>,
     pub(crate) daemon: DaemonMetrics,
     pub(crate) backend_metrics: Arc<BackendMetrics>,
     pub(crate) clock: Clock,
@@ -210,7 +211,8 @@ impl Scheduler {
                         self.shared.autoscaler_metrics.remove(&entry.desired.labels);
                     }
                     let interval = next.autoscaler.interval(self.shared.default_interval);
-                    entry.due = schedule::first_due(self.epoch, now, key, interval);
+                    entry.due =
+                        schedule::first_due(self.epoch, now, key, interval, uses_datadog(&self.backends, &next));
                     entry.interval = interval;
                     entry.desired = Arc::new(next);
                     entry.memory = Arc::new(tokio::sync::Mutex::new(Memory::default()));
@@ -228,7 +230,7 @@ impl Scheduler {
             tracing::info!(autoscaler = %next.autoscaler.name, workload = %next.autoscaler.target.name, "autoscaler started");
             self.shared.targets.watch(&next.autoscaler.target);
             let interval = next.autoscaler.interval(self.shared.default_interval);
-            let due = schedule::first_due(self.epoch, now, &key, interval);
+            let due = schedule::first_due(self.epoch, now, &key, interval, uses_datadog(&self.backends, &next));
             self.entries.insert(
                 key,
                 Entry {
@@ -277,8 +279,13 @@ impl Scheduler {
         let permits = Arc::clone(&self.permits);
         self.cycles.spawn(run_cycle(shared, backends, permits, jobs));
         // Reap finished cycles so the set does not grow.
-        while let Some(Some(_)) = self.cycles.try_join_next().map(Some) {}
+        while self.cycles.try_join_next().is_some() {}
     }
+}
+
+/// Whether any of the autoscaler's metrics goes to a Datadog backend (see `schedule`).
+fn uses_datadog(backends: &BTreeMap<String, (rules::Backend, Arc<MetricBackend>)>, desired: &Desired) -> bool {
+    desired.autoscaler.metrics.iter().any(|m| matches!(backends.get(&m.backend), Some((rules::Backend::Datadog(_), _))))
 }
 
 struct Job {
@@ -358,16 +365,18 @@ async fn run_cycle(
                 .into_iter()
                 .map(|o| o.unwrap_or_else(|| Observation::unavailable(QueryError::Configuration("no answer".into()))))
                 .collect();
+            // The permit is taken before the task exists, so at most `max_concurrency`
+            // evaluations (each with its kube request futures) are alive at once.
+            let Ok(permit) = Arc::clone(&permits).acquire_owned().await else { return };
+            if shared.is_stopping() {
+                return;
+            }
             let shared = Arc::clone(&shared);
-            let permits = Arc::clone(&permits);
             decisions.spawn(async move {
-                let Ok(_permit) = permits.acquire_owned().await else { return };
-                if shared.is_stopping() {
-                    return;
-                }
+                let _permit = permit;
                 let Job { desired, mut memory } = job;
                 let started = Instant::now();
-                let outcome = evaluate::evaluate(&shared, &desired, &mut memory, observations).await;
+                let outcome = Box::pin(evaluate::evaluate(&shared, &desired, &mut memory, observations)).await;
                 let source = if desired.wpa.is_some() { "crd" } else { "file" };
                 shared.daemon.evaluation_seconds.with_label_values(&[source]).observe(started.elapsed().as_secs_f64());
                 shared.daemon.evaluations.with_label_values(&[outcome.label()]).inc();
@@ -375,7 +384,14 @@ async fn run_cycle(
         }
     }
     while decisions.join_next().await.is_some() {}
+    if jobs.len() >= LARGE_CYCLE {
+        // A large cycle's answers and decisions were garbage the moment it ended.
+        memory::release_free();
+    }
 }
+
+/// Cycles of at least this many autoscalers hand their memory back when they end.
+const LARGE_CYCLE: usize = 500;
 
 /// Runs until SIGTERM or SIGINT.
 pub async fn run(settings: Settings) -> Result<(), RunError> {
@@ -383,13 +399,13 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
     let notifier = systemd::Notifier::from_env();
     let registry = Registry::new();
     let backend_metrics = Arc::new(BackendMetrics::new(&registry)?);
-    let autoscaler_metrics = AutoscalerMetrics::new(&registry)?;
+    let autoscaler_metrics = Arc::new(AutoscalerMetrics::new());
     let daemon = DaemonMetrics::new(&registry)?;
     let readiness = Arc::new(Readiness::default());
 
     let rules_path = settings.rules.clone();
     let rules = match &rules_path {
-        Some(path) => Some(Arc::new(rules::load_rules(path)?)),
+        Some(path) => Some(rules::load_rules(path)?),
         None => None,
     };
     readiness.rules_loaded.store(true, Ordering::Release);
@@ -400,10 +416,15 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
     let events = EventPublisher::new(client.clone(), &settings.lease.identity, Duration::from_secs(300));
 
     let (shutdown_tx, shutdown) = watch::channel(false);
-    let (bound, server) =
-        crate::telemetry::serve(settings.listen, registry.clone(), Arc::clone(&readiness), shutdown.clone())
-            .await
-            .map_err(|error| RunError::Listen { address: settings.listen.to_string(), error })?;
+    let (bound, server) = crate::telemetry::serve(
+        settings.listen,
+        registry.clone(),
+        Arc::clone(&autoscaler_metrics),
+        Arc::clone(&readiness),
+        shutdown.clone(),
+    )
+    .await
+    .map_err(|error| RunError::Listen { address: settings.listen.to_string(), error })?;
     tracing::info!(listen = %bound, "serving /metrics, /healthz and /readyz");
 
     let shared = Arc::new(Shared {
@@ -423,6 +444,8 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
 
     // Leadership.
     let (lease_stop_tx, lease_stop) = watch::channel(false);
+    // Without a Lease this daemon always leads; the sender lives as long as the loop below.
+    let (_fixed_role, fixed_role_rx) = watch::channel(Role::Leader);
     let (mut role, lease_task) = if settings.lease.enabled {
         let mut lease = LeaseSettings::new(&settings.lease.namespace, &settings.lease.name, &settings.lease.identity);
         lease.lease_duration = settings.lease.duration;
@@ -432,26 +455,36 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
         let role = elector.subscribe();
         (role, Some(tokio::spawn(elector.run(lease_stop))))
     } else {
-        let (_tx, role) = watch::channel(Role::Leader);
-        // Keep the sender alive for the life of the process.
-        std::mem::forget(_tx);
-        (role, None)
+        (fixed_role_rx, None)
     };
 
     let (commands_tx, mut commands) = mpsc::channel::<Command>(16);
-    let (rules_tx, rules_rx) = watch::channel(rules.clone());
+    let (backends, file_autoscalers) = match rules {
+        Some(rules) => {
+            let (backends, desired) = sources::split(rules);
+            (Some(backends), desired)
+        }
+        None => (None, Vec::new()),
+    };
+    let (rules_tx, rules_rx) = watch::channel(backends.clone());
     let (reload_tx, reload_rx) = mpsc::channel::<()>(4);
     let mut source_tasks = JoinSet::new();
-    if let (Some(path), Some(rules)) = (rules_path.clone(), rules.clone()) {
-        commands_tx.send(Command::Backends(Arc::clone(&rules))).await.ok();
-        commands_tx
-            .send(Command::Replace { source: SourceKind::File, desired: sources::file_desired(&rules) })
-            .await
-            .ok();
+    let mut scheduler = Scheduler {
+        shared: Arc::clone(&shared),
+        entries: HashMap::new(),
+        backends: BTreeMap::new(),
+        permits: Arc::new(Semaphore::new(settings.max_concurrency)),
+        epoch: Instant::now(),
+        cycles: JoinSet::new(),
+    };
+    let max_permits = u32::try_from(settings.max_concurrency).unwrap_or(u32::MAX);
+    if let (Some(path), Some(backends)) = (rules_path.clone(), backends) {
+        // Applied before readiness is judged, so "caches synced" covers these targets.
+        scheduler.apply(Command::Backends(backends));
+        scheduler.apply(Command::Replace { source: SourceKind::File, desired: file_autoscalers });
         source_tasks.spawn(sources::watch_rules_file(sources::RulesWatch {
             path,
             poll: settings.reload_poll,
-            current: rules,
             commands: commands_tx.clone(),
             rules: rules_tx,
             reload: reload_rx,
@@ -483,13 +516,21 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
         tokio::spawn(async move {
             let notifier = systemd::Notifier::from_env();
             let mut announced = false;
+            let mut ticks: u64 = 0;
             loop {
+                ticks += 1;
+                if ticks.is_multiple_of(300) {
+                    // Once a minute: scrapes and reloads leave freed pages behind.
+                    memory::release_free();
+                }
                 let synced = crd_synced.load(Ordering::Acquire) && targets.settled();
                 readiness.caches_synced.store(synced, Ordering::Release);
                 if !announced && readiness.is_ready() {
                     notifier.ready();
                     announced = true;
                     tracing::info!("ready");
+                    // The initial listings are done with: give their pages back.
+                    memory::release_free();
                 }
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_millis(200)) => {}
@@ -511,16 +552,6 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
             }
         });
     }
-
-    let mut scheduler = Scheduler {
-        shared: Arc::clone(&shared),
-        entries: HashMap::new(),
-        backends: BTreeMap::new(),
-        permits: Arc::new(Semaphore::new(settings.max_concurrency)),
-        epoch: Instant::now(),
-        cycles: JoinSet::new(),
-    };
-    let max_permits = u32::try_from(settings.max_concurrency).unwrap_or(u32::MAX);
 
     let mut terminate = signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut interrupt = signal(tokio::signal::unix::SignalKind::interrupt())?;

@@ -3,8 +3,14 @@
 //! Every autoscaler runs at a fixed rate on its own interval, offset by a phase taken from a
 //! hash of its key: load spreads over the interval (jitter) and a restart keeps the phases. The
 //! phase is a whole number of `GRID` steps, so autoscalers whose phases coincide fall due at the
-//! same instant and their Datadog queries share batches: with 15s intervals there are at most
-//! 15 due instants per interval, whatever the number of autoscalers.
+//! same instant: with 15s intervals there are at most 15 due instants per interval.
+//!
+//! Autoscalers that query Datadog are the exception: they have no phase, so all of those with
+//! the same interval fall due together, as one cycle. Their queries then share the fewest
+//! batched requests, and when the organisation's rate budget cannot cover every cycle, the
+//! pacing stretches that one cycle for all of them alike. With phases, the budget would be
+//! spent on whichever groups happened to fall due when it allowed, and the groups in between
+//! would never be served.
 
 use std::hash::{Hash, Hasher};
 use std::time::Duration;
@@ -26,8 +32,8 @@ pub fn phase(key: &str, interval: Duration) -> Duration {
 /// The first due instant of an autoscaler that starts at `now`: the next instant at
 /// `epoch + phase + k * interval`, where `epoch` is the daemon's start, so autoscalers with the
 /// same interval and phase line up however late they were added.
-pub fn first_due(epoch: Instant, now: Instant, key: &str, interval: Duration) -> Instant {
-    let start = epoch + phase(key, interval);
+pub fn first_due(epoch: Instant, now: Instant, key: &str, interval: Duration, aligned: bool) -> Instant {
+    let start = if aligned { epoch } else { epoch + phase(key, interval) };
     if start >= now {
         return start;
     }
@@ -72,11 +78,15 @@ mod tests {
         let epoch = Instant::now();
         let interval = Duration::from_secs(10);
         let p = phase("a", interval);
-        assert_eq!(first_due(epoch, epoch, "a", interval), epoch + p);
+        assert_eq!(first_due(epoch, epoch, "a", interval, false), epoch + p);
         let late = epoch + Duration::from_secs(95);
-        let due = first_due(epoch, late, "a", interval);
+        let due = first_due(epoch, late, "a", interval, false);
         assert!(due >= late && due < late + interval);
         assert_eq!(due.duration_since(epoch + p).as_nanos() % interval.as_nanos(), 0);
+        // Aligned: every key at the epoch's multiples.
+        for key in ["a", "b", "c"] {
+            assert_eq!(first_due(epoch, late, key, interval, true), epoch + Duration::from_secs(100));
+        }
     }
 
     #[test]

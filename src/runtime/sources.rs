@@ -20,11 +20,12 @@ use crate::crd::{self, DatadogMetric, DatadogMetricIndex, MapError, MappingOptio
 use crate::rules::{self, RulesFile};
 use crate::telemetry::SeriesLabels;
 
-/// The autoscalers of a rules file, keyed `file/NAME`.
-pub fn file_desired(rules: &RulesFile) -> Vec<Desired> {
-    rules
+/// Splits a rules file into its autoscalers, keyed `file/NAME`, and the rest (the backends,
+/// which CRD mode also needs). The autoscalers move: the daemon keeps one copy of each.
+pub fn split(rules: RulesFile) -> (Arc<RulesFile>, Vec<Desired>) {
+    let desired = rules
         .autoscalers
-        .iter()
+        .into_iter()
         .map(|autoscaler| Desired {
             key: format!("file/{}", autoscaler.name),
             labels: SeriesLabels {
@@ -34,16 +35,16 @@ pub fn file_desired(rules: &RulesFile) -> Vec<Desired> {
                 resource_namespace: autoscaler.target.namespace.clone(),
                 resource_kind: autoscaler.target.kind.clone(),
             },
-            autoscaler: autoscaler.clone(),
+            autoscaler,
             wpa: None,
         })
-        .collect()
+        .collect();
+    (Arc::new(RulesFile { backends: rules.backends, autoscalers: Vec::new() }), desired)
 }
 
 pub struct RulesWatch {
     pub path: PathBuf,
     pub poll: Duration,
-    pub current: Arc<RulesFile>,
     pub commands: mpsc::Sender<Command>,
     pub rules: watch::Sender<Option<Arc<RulesFile>>>,
     pub reload: mpsc::Receiver<()>,
@@ -117,26 +118,19 @@ pub async fn watch_rules_file(mut watch: RulesWatch) {
             Ok(next) => {
                 failed_hash = None;
                 applied_hash = Some(hash);
-                let next = Arc::new(next);
-                let changed =
-                    *next.autoscalers != *watch.current.autoscalers || next.backends != watch.current.backends;
                 watch.shared.daemon.reloads.with_label_values(&["success"]).inc();
                 watch.shared.daemon.last_reload_successful.set(1);
-                tracing::info!(
-                    file = %watch.path.display(),
-                    autoscalers = next.autoscalers.len(),
-                    changed,
-                    "rules reloaded"
-                );
-                if watch.commands.send(Command::Backends(Arc::clone(&next))).await.is_err() {
+                tracing::info!(file = %watch.path.display(), autoscalers = next.autoscalers.len(), "rules reloaded");
+                let (backends, desired) = split(next);
+                if watch.commands.send(Command::Backends(Arc::clone(&backends))).await.is_err() {
                     return;
                 }
-                let desired = file_desired(&next);
                 if watch.commands.send(Command::Replace { source: SourceKind::File, desired }).await.is_err() {
                     return;
                 }
-                watch.rules.send_replace(Some(Arc::clone(&next)));
-                watch.current = next;
+                watch.rules.send_replace(Some(backends));
+                // The parse's garbage: give it back.
+                super::memory::release_free();
             }
             Err(err) => {
                 failed_hash = Some(hash);
