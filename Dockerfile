@@ -6,9 +6,11 @@
 FROM rust:1-bookworm AS builder
 WORKDIR /src
 # Only what the build reads (.dockerignore keeps the rest out of the context). The whole
-# crates/ directory, because Cargo loads every workspace member's manifest and targets.
+# crates/ directory, because Cargo loads every workspace member's manifest and targets, and
+# benches/, because the root manifest declares the scale harness (it is not built here).
 COPY Cargo.toml Cargo.lock ./
 COPY crates/ crates/
+COPY benches/ benches/
 COPY src/ src/
 # The caches speed up rebuilds; the binary is copied out of the cached target directory in the
 # same step, since the cache mount is not part of the image.
