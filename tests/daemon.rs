@@ -214,6 +214,43 @@ async fn a_rules_file_scales_a_deployment_and_a_statefulset_from_prometheus() {
     assert!(daemon.terminate(Duration::from_secs(15)), "a clean exit on SIGTERM; log:\n{}", daemon.log());
 }
 
+/// The common scenario: namespace `PREFIX-...` with one Deployment (`replicas`, all ready), an
+/// exporter serving `load`, a real Prometheus scraping it, and a rules file with one autoscaler
+/// for the Deployment on `load` (watermarks 5..10, interval 1s), as `edit` leaves it.
+struct Setup {
+    ns: String,
+    exporter: Exporter,
+    prometheus: PrometheusServer,
+    dir: tempfile::TempDir,
+    config: std::path::PathBuf,
+    kubeconfig: String,
+    valid_rules: String,
+}
+
+impl Setup {
+    async fn start(prefix: &str, name: &str, replicas: i32, load: &str, edit: impl FnOnce(String) -> String) -> Setup {
+        let cluster = KubeCluster::shared();
+        let ns = cluster.unique_namespace(prefix).await;
+        cluster.create_deployment(&ns, name, replicas).await;
+        cluster.set_workload_status("Deployment", &ns, name, replicas, replicas).await;
+        let exporter = Exporter::start(load).await;
+        let prometheus = PrometheusServer::start(&exporter.target()).await;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let config = dir.path().join("rules.toml");
+        let valid_rules = edit(rules(&prometheus.url(), &ns, &[(name, "Deployment", "load")], ""));
+        write(&config, &valid_rules);
+        let kubeconfig = kubeconfig(cluster, dir.path(), ADMIN_TOKEN);
+        Setup { ns, exporter, prometheus, dir, config, kubeconfig, valid_rules }
+    }
+
+    /// `--config RULES --kubeconfig KUBECONFIG`, then `extra`.
+    fn args<'a>(&'a self, extra: &[&'a str]) -> Vec<&'a str> {
+        let mut args = vec!["--config", self.config.to_str().expect("utf-8"), "--kubeconfig", &self.kubeconfig];
+        args.extend_from_slice(extra);
+        args
+    }
+}
+
 /// What someone does by hand: `kubectl scale`.
 async fn manual_scale(cluster: &KubeCluster, kind: &str, namespace: &str, name: &str, replicas: i64) {
     let api: Api<DynamicObject> = Api::namespaced_with(cluster.client(), namespace, &apps_v1(kind));
@@ -234,20 +271,10 @@ async fn follow_spec(cluster: &KubeCluster, kind: &str, namespace: &str, name: &
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_manual_scale_is_kept_and_later_decisions_start_from_it() {
     let cluster = KubeCluster::shared();
-    let ns = cluster.unique_namespace("e2e-manual").await;
-    cluster.create_deployment(&ns, "api", 2).await;
-    cluster.set_workload_status("Deployment", &ns, "api", 2, 2).await;
     // 8: inside the band [5, 10], so the daemon holds whatever the count is.
-    let exporter = Exporter::start("load 8\n").await;
-    let prometheus = PrometheusServer::start(&exporter.target()).await;
-    let dir = tempfile::tempdir().expect("temp dir");
-    let config = dir.path().join("rules.toml");
-    write(&config, &rules(&prometheus.url(), &ns, &[("api", "Deployment", "load")], ""));
-    let kubeconfig = kubeconfig(cluster, dir.path(), ADMIN_TOKEN);
-    let mut daemon = DaemonProcess::start(
-        &["--config", config.to_str().expect("utf-8"), "--kubeconfig", &kubeconfig, "--no-leader-election"],
-        &[],
-    );
+    let setup = Setup::start("e2e-manual", "api", 2, "load 8\n", |r| r).await;
+    let (ns, exporter) = (setup.ns.clone(), &setup.exporter);
+    let mut daemon = DaemonProcess::start(&setup.args(&["--no-leader-election"]), &[]);
     daemon.wait_ready(STARTUP).await;
     eventually!(Duration::from_secs(10), "a decision on 8", {
         match daemon.sample("wpa_controller_value", &[("wpa_name", "api")]).await {
@@ -338,18 +365,12 @@ async fn a_custom_resource_scales_and_a_missing_target_fails_alone() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_after_kill_9_keeps_the_forbidden_window() {
     let cluster = KubeCluster::shared();
-    let ns = cluster.unique_namespace("e2e-restart").await;
-    cluster.create_deployment(&ns, "web", 2).await;
-    cluster.set_workload_status("Deployment", &ns, "web", 2, 2).await;
-    let exporter = Exporter::start("load 30\n").await;
-    let prometheus = PrometheusServer::start(&exporter.target()).await;
-    let dir = tempfile::tempdir().expect("temp dir");
-    let config = dir.path().join("rules.toml");
-    let mut text = rules(&prometheus.url(), &ns, &[("web", "Deployment", "load")], "");
-    text = text.replace("upscale_forbidden_window = \"1s\"", "upscale_forbidden_window = \"12s\"");
-    write(&config, &text);
-    let kubeconfig = kubeconfig(cluster, dir.path(), ADMIN_TOKEN);
-    let args = ["--config", config.to_str().expect("utf-8"), "--kubeconfig", &kubeconfig, "--lease-namespace", &ns];
+    let setup = Setup::start("e2e-restart", "web", 2, "load 30\n", |r| {
+        r.replace("upscale_forbidden_window = \"1s\"", "upscale_forbidden_window = \"12s\"")
+    })
+    .await;
+    let ns = setup.ns.clone();
+    let args = setup.args(&["--lease-namespace", &ns]);
     let mut daemon = DaemonProcess::start(&args, &[("WATERMARKD__LEASE__IDENTITY", "restarting")]);
     daemon.wait_ready(STARTUP).await;
     eventually!(Duration::from_secs(15), "the first scale", {
@@ -393,25 +414,9 @@ async fn a_restart_after_kill_9_keeps_the_forbidden_window() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_follower_takes_over_when_the_leader_dies() {
     let cluster = KubeCluster::shared();
-    let ns = cluster.unique_namespace("e2e-failover").await;
-    cluster.create_deployment(&ns, "web", 1).await;
-    cluster.set_workload_status("Deployment", &ns, "web", 1, 1).await;
-    let exporter = Exporter::start("load 8\n").await;
-    let prometheus = PrometheusServer::start(&exporter.target()).await;
-    let dir = tempfile::tempdir().expect("temp dir");
-    let config = dir.path().join("rules.toml");
-    write(&config, &rules(&prometheus.url(), &ns, &[("web", "Deployment", "load")], ""));
-    let kubeconfig = kubeconfig(cluster, dir.path(), ADMIN_TOKEN);
-    let args = [
-        "--config",
-        config.to_str().expect("utf-8"),
-        "--kubeconfig",
-        &kubeconfig,
-        "--lease-namespace",
-        &ns,
-        "--lease-duration",
-        "4s",
-    ];
+    let setup = Setup::start("e2e-failover", "web", 1, "load 8\n", |r| r).await;
+    let (ns, exporter) = (setup.ns.clone(), &setup.exporter);
+    let args = setup.args(&["--lease-namespace", &ns, "--lease-duration", "4s"]);
     let lease_env = [("WATERMARKD__LEASE__RENEW_DEADLINE", "3s"), ("WATERMARKD__LEASE__RETRY_PERIOD", "500ms")];
     let mut first =
         DaemonProcess::start(&args, &[lease_env[0], lease_env[1], ("WATERMARKD__LEASE__IDENTITY", "first")]);
@@ -463,16 +468,9 @@ async fn the_follower_takes_over_when_the_leader_dies() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_invalid_reload_keeps_the_old_rules_and_sighup_applies_a_valid_one() {
     let cluster = KubeCluster::shared();
-    let ns = cluster.unique_namespace("e2e-reload").await;
-    cluster.create_deployment(&ns, "web", 2).await;
-    cluster.set_workload_status("Deployment", &ns, "web", 2, 2).await;
-    let exporter = Exporter::start("load 8\n").await;
-    let prometheus = PrometheusServer::start(&exporter.target()).await;
-    let dir = tempfile::tempdir().expect("temp dir");
-    let config = dir.path().join("rules.toml");
-    let valid = rules(&prometheus.url(), &ns, &[("web", "Deployment", "load")], "");
-    write(&config, &valid);
-    let kubeconfig = kubeconfig(cluster, dir.path(), ADMIN_TOKEN);
+    let setup = Setup::start("e2e-reload", "web", 2, "load 8\n", |r| r).await;
+    let ns = setup.ns.clone();
+    let (exporter, dir, config, valid) = (&setup.exporter, &setup.dir, setup.config.clone(), &setup.valid_rules);
     // systemd's side of Type=notify: a datagram socket the daemon reports to.
     let notify_path = dir.path().join("notify.sock");
     let notify = std::os::unix::net::UnixDatagram::bind(&notify_path).expect("notify socket");
@@ -483,7 +481,7 @@ async fn an_invalid_reload_keeps_the_old_rules_and_sighup_applies_a_valid_one() 
         String::from_utf8_lossy(&buffer[..n]).to_string()
     };
     let mut daemon = DaemonProcess::start(
-        &["--config", config.to_str().expect("utf-8"), "--kubeconfig", &kubeconfig, "--no-leader-election"],
+        &setup.args(&["--no-leader-election"]),
         &[("WATERMARKD__RELOAD_POLL", "1h"), ("NOTIFY_SOCKET", notify_path.to_str().expect("utf-8"))],
     );
     daemon.wait_ready(STARTUP).await;
@@ -524,8 +522,9 @@ async fn an_invalid_reload_keeps_the_old_rules_and_sighup_applies_a_valid_one() 
     // A valid change (max 4, and a second autoscaler) applies on SIGHUP.
     cluster.create_deployment(&ns, "worker", 1).await;
     cluster.set_workload_status("Deployment", &ns, "worker", 1, 1).await;
-    let changed = rules(&prometheus.url(), &ns, &[("web", "Deployment", "load"), ("worker", "Deployment", "load")], "")
-        .replace("max_replicas = 10", "max_replicas = 4");
+    let changed =
+        rules(&setup.prometheus.url(), &ns, &[("web", "Deployment", "load"), ("worker", "Deployment", "load")], "")
+            .replace("max_replicas = 10", "max_replicas = 4");
     write(&config, &changed);
     daemon.hangup();
     eventually!(Duration::from_secs(10), "the new rules run", {
@@ -576,27 +575,9 @@ async fn an_invalid_reload_keeps_the_old_rules_and_sighup_applies_a_valid_one() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dry_run_reports_the_decision_and_writes_nothing() {
     let cluster = KubeCluster::shared();
-    let ns = cluster.unique_namespace("e2e-dry").await;
-    cluster.create_deployment(&ns, "web", 2).await;
-    cluster.set_workload_status("Deployment", &ns, "web", 2, 2).await;
-    let exporter = Exporter::start("load 30\n").await;
-    let prometheus = PrometheusServer::start(&exporter.target()).await;
-    let dir = tempfile::tempdir().expect("temp dir");
-    let config = dir.path().join("rules.toml");
-    write(&config, &rules(&prometheus.url(), &ns, &[("web", "Deployment", "load")], ""));
-    let kubeconfig = kubeconfig(cluster, dir.path(), ADMIN_TOKEN);
-    let daemon = DaemonProcess::start(
-        &[
-            "--config",
-            config.to_str().expect("utf-8"),
-            "--kubeconfig",
-            &kubeconfig,
-            "--no-leader-election",
-            "--dry-run",
-        ],
-        &[],
-    );
-    let mut daemon = daemon;
+    let setup = Setup::start("e2e-dry", "web", 2, "load 30\n", |r| r).await;
+    let ns = setup.ns.clone();
+    let mut daemon = DaemonProcess::start(&setup.args(&["--no-leader-election", "--dry-run"]), &[]);
     daemon.wait_ready(STARTUP).await;
     eventually!(Duration::from_secs(15), "the dry-run decision exported", {
         let effective = daemon.sample("wpa_controller_replicas_scaling_effective", &[("wpa_name", "web")]).await;
