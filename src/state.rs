@@ -50,20 +50,51 @@ pub fn decode_annotation(autoscaler: &str, text: &str) -> Result<Option<State>, 
 }
 
 /// Whether going from `written` to `next` changes anything a later decision depends on enough
-/// to write it now: the last scale, a since-clock, or the scale events. Recommendations ride
-/// along with those writes (see [`restore`] for what a restart does about the rest).
+/// to write it now: the last scale, a since-clock, the scale events, or what the stabilization
+/// windows can still see (see [`stabilization_profile`]).
 pub fn needs_write(written: Option<&State>, next: &State) -> bool {
     let Some(written) = written else {
         return next.last_scale_time.is_some()
             || next.above_since.is_some()
             || next.below_since.is_some()
-            || !next.scale_events.is_empty();
+            || !next.scale_events.is_empty()
+            || !next.recommendations.is_empty();
     };
     written.last_scale_time != next.last_scale_time
         || written.above_since != next.above_since
         || written.below_since != next.below_since
         || written.scale_events.len() < next.scale_events.len()
         || written.scale_events.last() != next.scale_events.last()
+        || stabilization_profile(&written.recommendations) != stabilization_profile(&next.recommendations)
+}
+
+/// Replica counts, each with its time unless it is the newest.
+type Profile = Vec<(u32, Option<Timestamp>)>;
+
+/// What of a recommendation history a stabilization window can ever use: the running maxima
+/// (the scale-down window takes the highest recommendation it holds) and the running minima
+/// (the scale-up window takes the lowest), newest last; an older entry the newer ones dominate
+/// can never be chosen again. Only their values and the times of all but the newest entry
+/// matter: while the same recommendation repeats, only the newest entry's time moves, and that
+/// is not worth a write per tick (a restart takes it as made at the restart, see [`restore`]).
+fn stabilization_profile(recommendations: &[Recommendation]) -> (Profile, Profile) {
+    let mut maxima: Vec<Recommendation> = Vec::new();
+    let mut minima: Vec<Recommendation> = Vec::new();
+    for r in recommendations {
+        while maxima.last().is_some_and(|m| m.replicas <= r.replicas) {
+            maxima.pop();
+        }
+        maxima.push(*r);
+        while minima.last().is_some_and(|m| m.replicas >= r.replicas) {
+            minima.pop();
+        }
+        minima.push(*r);
+    }
+    let profile = |entries: Vec<Recommendation>| {
+        let newest = entries.len().saturating_sub(1);
+        entries.into_iter().enumerate().map(|(i, r)| (r.replicas, (i < newest).then_some(r.at))).collect()
+    };
+    (profile(maxima), profile(minima))
 }
 
 /// The CRD-mode state in a WPA status.
@@ -86,11 +117,11 @@ pub fn from_wpa_status(status: Option<&WatermarkPodAutoscalerStatus>) -> State {
 /// - The last scale time is the later of the persisted one and the `managedFields` record. That
 ///   record has whole seconds; when it is the later one it is rounded up, so a window never
 ///   opens early.
-/// - Recommendations made between the last write and the restart are unknown. For a rule with
-///   stabilization windows, the current replica count is recorded as a recommendation made now:
-///   the windows hold at the current count for their length after a restart (possibly longer
-///   than had the daemon not stopped, never shorter).
-pub fn restore(persisted: State, marks: &Marks, spec_replicas: u32, rule: &Rule, now: Timestamp) -> State {
+/// - The recommendation history is as written, which is every change a stabilization window can
+///   see, except how long the newest recommendation went on being made: it is taken as made at
+///   the restart, so a window never opens early (it may hold the newest value up to the
+///   downtime longer).
+pub fn restore(persisted: State, marks: &Marks, rule: &Rule, now: Timestamp) -> State {
     let mut state = persisted;
     if let Some(recorded) = marks.scaled_at {
         let covers = state.last_scale_time.is_some_and(|t| t.unix_millis() >= recorded.unix_millis());
@@ -99,7 +130,9 @@ pub fn restore(persisted: State, marks: &Marks, spec_replicas: u32, rule: &Rule,
         }
     }
     if !rule.recommendation_horizon().is_zero() {
-        state.recommendations.push(Recommendation { replicas: spec_replicas, at: now });
+        if let Some(newest) = state.recommendations.last_mut() {
+            newest.at = newest.at.max(now);
+        }
     }
     state
 }
@@ -136,8 +169,14 @@ mod tests {
     fn writes_on_scales_and_clock_flips_only() {
         let written = state();
         let mut next = written.clone();
-        next.recommendations.push(Recommendation { replicas: 5, at: t(1_700_000_026_000) });
-        assert!(!needs_write(Some(&written), &next), "a new recommendation alone is not written");
+        next.recommendations.push(Recommendation { replicas: 4, at: t(1_700_000_026_000) });
+        assert!(!needs_write(Some(&written), &next), "the same recommendation again is not written");
+        let mut higher = next.clone();
+        higher.recommendations.push(Recommendation { replicas: 5, at: t(1_700_000_041_000) });
+        assert!(needs_write(Some(&next), &higher), "a new maximum is");
+        let mut expired = written.clone();
+        expired.recommendations.clear();
+        assert!(needs_write(Some(&written), &expired), "so is one leaving the window");
         next.below_since = Some(t(1_700_000_026_000));
         assert!(needs_write(Some(&written), &next));
         let mut scaled = written.clone();
@@ -145,6 +184,29 @@ mod tests {
         assert!(needs_write(Some(&written), &scaled));
         assert!(!needs_write(None, &State::default()));
         assert!(needs_write(None, &written));
+    }
+
+    #[test]
+    fn the_newest_recommendation_counts_as_made_at_the_restart() {
+        let rule = crate::rules::rule_from_json(&serde_json::json!({
+            "min_replicas": 1, "max_replicas": 10,
+            "behavior": { "scale_down": { "stabilization_window": "300s" } },
+            "metric": [{ "query": "q", "high_watermark": 10.0, "low_watermark": 5.0 }]
+        }))
+        .expect("rule");
+        let persisted = State {
+            recommendations: vec![
+                Recommendation { replicas: 8, at: t(1_700_000_000_000) },
+                Recommendation { replicas: 6, at: t(1_700_000_030_000) },
+            ],
+            ..State::default()
+        };
+        let now = t(1_700_000_100_000);
+        let restored = restore(persisted, &Marks::default(), &rule, now);
+        assert_eq!(
+            restored.recommendations,
+            vec![Recommendation { replicas: 8, at: t(1_700_000_000_000) }, Recommendation { replicas: 6, at: now }]
+        );
     }
 
     #[test]
@@ -157,13 +219,11 @@ mod tests {
         let now = t(1_700_000_100_000);
         // The daemon died after scaling at ...050.250 and before writing its state.
         let marks = Marks { state_annotation: None, scaled_at: Some(t(1_700_000_050_000)) };
-        let restored = restore(state(), &marks, 4, &rule, now);
+        let restored = restore(state(), &marks, &rule, now);
         assert_eq!(restored.last_scale_time, Some(t(1_700_000_050_999)));
         // The persisted time is exact and covers the record of the same second.
         let mut precise = state();
         precise.last_scale_time = Some(t(1_700_000_050_250));
-        assert_eq!(restore(precise, &marks, 4, &rule, now).last_scale_time, Some(t(1_700_000_050_250)));
-        // No behavior block: no recommendation history to seed.
-        assert_eq!(restore(State::default(), &Marks::default(), 4, &rule, now).recommendations, Vec::new());
+        assert_eq!(restore(precise, &marks, &rule, now).last_scale_time, Some(t(1_700_000_050_250)));
     }
 }

@@ -179,7 +179,7 @@ fn restore(desired: &Desired, memory: &mut Memory, reading: &ScaleReading, now: 
         },
     };
     memory.written = Some(persisted.clone());
-    let restored = state::restore(persisted, &reading.marks, reading.spec_replicas, &autoscaler.rule, now);
+    let restored = state::restore(persisted, &reading.marks, &autoscaler.rule, now);
     tracing::debug!(autoscaler = %autoscaler.name, state = ?restored, "state restored");
     memory.state = Some(restored);
 }
