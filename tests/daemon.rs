@@ -741,3 +741,95 @@ async fn wpa_objects_scale_their_targets_and_report_in_their_status() {
     assert!(!daemon.metrics().await.contains(fake_datadog::API_KEY), "nor the metrics");
     assert_eq!(daemon.exited(), None, "the daemon runs on");
 }
+
+/// CRD mode keeps its state in the WPA status: after `kill -9` and a restart inside the upscale
+/// forbidden window, the restarted daemon holds until the window ends, then scales.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wpa_keeps_its_forbidden_window_across_kill_9() {
+    let cluster = KubeCluster::shared();
+    cluster.create_crd(&custom_resource_definition()).await;
+    let ns = cluster.unique_namespace("e2e-wpa-restart").await;
+    cluster.create_deployment(&ns, "api", 2).await;
+    cluster.set_workload_status("Deployment", &ns, "api", 2, 2).await;
+    let datadog = fake_datadog::FakeDatadog::start().await;
+    datadog.set_default(fake_datadog::Behavior::Series(fake_datadog::SeriesSpec::constant(50.0)));
+    apply_wpa(
+        cluster,
+        &ns,
+        r#"{"apiVersion": "datadoghq.com/v1alpha1", "kind": "WatermarkPodAutoscaler",
+            "metadata": {"name": "api"},
+            "spec": {"maxReplicas": 20, "minReplicas": 1, "upscaleForbiddenWindowSeconds": 12,
+                "scaleTargetRef": {"kind": "Deployment", "apiVersion": "apps/v1", "name": "api"},
+                "metrics": [{"type": "External",
+                    "external": {"highWatermark": "10", "lowWatermark": "5", "metricName": "load",
+                        "metricSelector": {"matchLabels": {"app": "api"}}}}]}}"#,
+    )
+    .await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("rules.toml");
+    write(
+        &config,
+        &format!(
+            "[backend.datadog]\ntype = \"datadog\"\nurl = \"{}\"\napi_key_env = \"DD_API_KEY\"\napp_key_env = \"DD_APP_KEY\"\n",
+            datadog.url
+        ),
+    );
+    let kubeconfig = kubeconfig(cluster, dir.path(), ADMIN_TOKEN);
+    let args = [
+        "--config",
+        config.to_str().expect("utf-8"),
+        "--crd",
+        "--namespace",
+        &ns,
+        "--kubeconfig",
+        &kubeconfig,
+        "--no-leader-election",
+        "--default-interval",
+        "1s",
+    ];
+    let env = [("DD_API_KEY", fake_datadog::API_KEY), ("DD_APP_KEY", fake_datadog::APP_KEY)];
+    let mut daemon = DaemonProcess::start(&args, &env);
+    daemon.wait_ready(STARTUP).await;
+    eventually!(Duration::from_secs(20), "the first scale", {
+        let replicas = spec_replicas(cluster, "Deployment", &ns, "api").await;
+        if replicas > 2 {
+            Ok(())
+        } else {
+            Err(format!("{replicas} replicas"))
+        }
+    });
+    let scaled_at = std::time::Instant::now();
+    let first = spec_replicas(cluster, "Deployment", &ns, "api").await;
+    follow_spec(cluster, "Deployment", &ns, "api").await;
+    // Let the status with the scale's time be written, as it is right after the scale.
+    eventually!(Duration::from_secs(5), "lastScaleTime in the status", {
+        let status = wpa_status(cluster, &ns, "api").await;
+        if status["lastScaleTime"].is_string() {
+            Ok(())
+        } else {
+            Err(status.to_string())
+        }
+    });
+    daemon.kill9();
+
+    let mut daemon = DaemonProcess::start(&args, &env);
+    daemon.wait_ready(STARTUP).await;
+    while scaled_at.elapsed() < Duration::from_secs(10) {
+        let replicas = spec_replicas(cluster, "Deployment", &ns, "api").await;
+        assert_eq!(
+            replicas,
+            first,
+            "scaled again {:?} after the first scale, inside the 12s window",
+            scaled_at.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    eventually!(Duration::from_secs(12), "the scale after the window", {
+        let replicas = spec_replicas(cluster, "Deployment", &ns, "api").await;
+        if replicas > first {
+            Ok(())
+        } else {
+            Err(format!("{replicas} replicas"))
+        }
+    });
+}
