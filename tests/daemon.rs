@@ -593,6 +593,17 @@ async fn a_dry_run_reports_the_decision_and_writes_nothing() {
     assert!(daemon.log().contains("dry-run: nothing written"), "the log says so");
 }
 
+/// The WatermarkPodAutoscaler CRD, created once for all the tests of this binary (they share
+/// one cluster and may start together).
+async fn install_wpa_crd(cluster: &KubeCluster) {
+    static INSTALLED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    INSTALLED
+        .get_or_init(|| async {
+            cluster.create_crd(&custom_resource_definition()).await;
+        })
+        .await;
+}
+
 fn wpa_resource() -> ApiResource {
     ApiResource::erase::<WatermarkPodAutoscaler>(&())
 }
@@ -621,7 +632,7 @@ fn condition<'a>(status: &'a Value, type_: &str) -> Option<&'a Value> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wpa_objects_scale_their_targets_and_report_in_their_status() {
     let cluster = KubeCluster::shared();
-    cluster.create_crd(&custom_resource_definition()).await;
+    install_wpa_crd(cluster).await;
     let ns = cluster.unique_namespace("e2e-wpa").await;
     cluster.create_deployment(&ns, "alpine", 1).await;
     cluster.set_workload_status("Deployment", &ns, "alpine", 1, 1).await;
@@ -747,7 +758,7 @@ async fn wpa_objects_scale_their_targets_and_report_in_their_status() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wpa_keeps_its_forbidden_window_across_kill_9() {
     let cluster = KubeCluster::shared();
-    cluster.create_crd(&custom_resource_definition()).await;
+    install_wpa_crd(cluster).await;
     let ns = cluster.unique_namespace("e2e-wpa-restart").await;
     cluster.create_deployment(&ns, "api", 2).await;
     cluster.set_workload_status("Deployment", &ns, "api", 2, 2).await;
