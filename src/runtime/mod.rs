@@ -142,8 +142,16 @@ impl Shared {
 }
 
 enum Command {
-    Replace { source: SourceKind, desired: Vec<Desired> },
+    Replace {
+        source: SourceKind,
+        desired: Vec<Desired>,
+    },
     Backends(Arc<RulesFile>),
+    /// A newer version of a running WPA whose spec did not change (its status did).
+    Refresh {
+        key: String,
+        wpa: Arc<WatermarkPodAutoscaler>,
+    },
 }
 
 struct Entry {
@@ -167,6 +175,13 @@ impl Scheduler {
         match command {
             Command::Backends(rules) => self.set_backends(&rules),
             Command::Replace { source, desired } => self.replace(source, desired),
+            Command::Refresh { key, wpa } => {
+                if let Some(entry) = self.entries.get_mut(&key) {
+                    let mut desired = (*entry.desired).clone();
+                    desired.wpa = Some(wpa);
+                    entry.desired = Arc::new(desired);
+                }
+            }
         }
     }
 

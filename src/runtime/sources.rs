@@ -242,7 +242,19 @@ pub async fn watch_wpas(mut watch: WpaWatch) {
         }
         let mut dirty = rules_changed;
         rules_changed = false;
+        // WPAs whose only change is their status (mostly our own writes): nothing to map again.
+        let mut refreshed: Vec<Arc<WatermarkPodAutoscaler>> = Vec::new();
         for change in batch {
+            if let Change::Wpa(s, event) = &change {
+                if let Ok(Event::Apply(object)) = &**event {
+                    if wpas[*s].get(&key_of(&object.metadata)).is_some_and(|old| same_but_status(old, object)) {
+                        let object = Arc::new(object.clone());
+                        wpas[*s].insert(key_of(&object.metadata), Arc::clone(&object));
+                        refreshed.push(object);
+                        continue;
+                    }
+                }
+            }
             dirty = true;
             match change {
                 Change::Wpa(s, event) => match *event {
@@ -306,6 +318,15 @@ pub async fn watch_wpas(mut watch: WpaWatch) {
             continue;
         }
         if !dirty {
+            for wpa in refreshed {
+                let key = key_of(&wpa.metadata);
+                if !rejected.contains_key(&key) {
+                    let command = Command::Refresh { key: format!("crd/{}/{}", key.0, key.1), wpa };
+                    if watch.commands.send(command).await.is_err() {
+                        return;
+                    }
+                }
+            }
             continue;
         }
         let Some(rules) = watch.rules.borrow().clone() else { continue };
@@ -353,6 +374,14 @@ pub async fn watch_wpas(mut watch: WpaWatch) {
             return;
         }
     }
+}
+
+/// Whether two versions of a WPA differ at most in status and bookkeeping metadata, so that
+/// the autoscaler it maps to is the same.
+fn same_but_status(old: &WatermarkPodAutoscaler, new: &WatermarkPodAutoscaler) -> bool {
+    old.spec == new.spec
+        && old.metadata.annotations == new.metadata.annotations
+        && old.metadata.generation == new.metadata.generation
 }
 
 fn watch_failed(err: &watcher::Error, dirty: &mut bool) {
