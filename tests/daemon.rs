@@ -5,6 +5,9 @@
 //!
 //! Needs kube-apiserver, etcd and prometheus: scripts/install-test-deps installs them.
 
+#[macro_use]
+#[path = "support/eventually.rs"]
+mod eventually;
 #[path = "support/daemon_process.rs"]
 mod daemon_process;
 #[path = "support/fake_datadog.rs"]
@@ -28,23 +31,6 @@ use serde_json::{json, Value};
 use watermarkd::crd::{custom_resource_definition, WatermarkPodAutoscaler};
 
 const STARTUP: Duration = Duration::from_secs(30);
-
-/// Evaluates `$body` (may `.await`, gives `Result<T, String>`) every 100 ms until it is `Ok`, for
-/// at most `$within`; panics with the last error otherwise.
-macro_rules! eventually {
-    ($within:expr, $what:expr, $body:expr) => {{
-        let deadline = tokio::time::Instant::now() + $within;
-        loop {
-            match $body {
-                Ok(value) => break value,
-                Err(last) if tokio::time::Instant::now() >= deadline => {
-                    panic!("{}: not within {:?}; last: {}", $what, $within, last)
-                }
-                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-            }
-        }
-    }};
-}
 
 async fn spec_replicas(cluster: &KubeCluster, kind: &str, namespace: &str, name: &str) -> i64 {
     let api: Api<DynamicObject> = Api::namespaced_with(cluster.client(), namespace, &apps_v1(kind));
@@ -604,6 +590,49 @@ async fn install_wpa_crd(cluster: &KubeCluster) {
         .await;
 }
 
+/// What the daemon needs in CRD mode: a rules file with only the `datadog` backend (the local
+/// stand-in) and a kubeconfig; it runs the WPAs of one namespace every second.
+struct CrdMode {
+    _dir: tempfile::TempDir,
+    config: String,
+    kubeconfig: String,
+    namespace: String,
+}
+
+impl CrdMode {
+    const ENV: [(&'static str, &'static str); 2] =
+        [("DD_API_KEY", fake_datadog::API_KEY), ("DD_APP_KEY", fake_datadog::APP_KEY)];
+
+    fn new(cluster: &KubeCluster, datadog: &fake_datadog::FakeDatadog, namespace: &str) -> CrdMode {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let config = dir.path().join("rules.toml");
+        write(
+            &config,
+            &format!(
+                "[backend.datadog]\ntype = \"datadog\"\nurl = \"{}\"\napi_key_env = \"DD_API_KEY\"\napp_key_env = \"DD_APP_KEY\"\n",
+                datadog.url
+            ),
+        );
+        let kubeconfig = kubeconfig(cluster, dir.path(), ADMIN_TOKEN);
+        CrdMode { config: config.display().to_string(), kubeconfig, namespace: namespace.to_string(), _dir: dir }
+    }
+
+    fn args(&self) -> Vec<&str> {
+        vec![
+            "--config",
+            &self.config,
+            "--crd",
+            "--namespace",
+            &self.namespace,
+            "--kubeconfig",
+            &self.kubeconfig,
+            "--no-leader-election",
+            "--default-interval",
+            "1s",
+        ]
+    }
+}
+
 fn wpa_resource() -> ApiResource {
     ApiResource::erase::<WatermarkPodAutoscaler>(&())
 }
@@ -671,31 +700,8 @@ async fn wpa_objects_scale_their_targets_and_report_in_their_status() {
     )
     .await;
 
-    let dir = tempfile::tempdir().expect("temp dir");
-    let config = dir.path().join("rules.toml");
-    write(
-        &config,
-        &format!(
-            "[backend.datadog]\ntype = \"datadog\"\nurl = \"{}\"\napi_key_env = \"DD_API_KEY\"\napp_key_env = \"DD_APP_KEY\"\n",
-            datadog.url
-        ),
-    );
-    let kubeconfig = kubeconfig(cluster, dir.path(), ADMIN_TOKEN);
-    let mut daemon = DaemonProcess::start(
-        &[
-            "--config",
-            config.to_str().expect("utf-8"),
-            "--crd",
-            "--namespace",
-            &ns,
-            "--kubeconfig",
-            &kubeconfig,
-            "--no-leader-election",
-            "--default-interval",
-            "1s",
-        ],
-        &[("DD_API_KEY", fake_datadog::API_KEY), ("DD_APP_KEY", fake_datadog::APP_KEY)],
-    );
+    let crd_mode = CrdMode::new(cluster, &datadog, &ns);
+    let mut daemon = DaemonProcess::start(&crd_mode.args(), &CrdMode::ENV);
     daemon.wait_ready(STARTUP).await;
 
     eventually!(Duration::from_secs(20), "the sample WPA scaled alpine", {
@@ -776,29 +782,8 @@ async fn a_wpa_keeps_its_forbidden_window_across_kill_9() {
                         "metricSelector": {"matchLabels": {"app": "api"}}}}]}}"#,
     )
     .await;
-    let dir = tempfile::tempdir().expect("temp dir");
-    let config = dir.path().join("rules.toml");
-    write(
-        &config,
-        &format!(
-            "[backend.datadog]\ntype = \"datadog\"\nurl = \"{}\"\napi_key_env = \"DD_API_KEY\"\napp_key_env = \"DD_APP_KEY\"\n",
-            datadog.url
-        ),
-    );
-    let kubeconfig = kubeconfig(cluster, dir.path(), ADMIN_TOKEN);
-    let args = [
-        "--config",
-        config.to_str().expect("utf-8"),
-        "--crd",
-        "--namespace",
-        &ns,
-        "--kubeconfig",
-        &kubeconfig,
-        "--no-leader-election",
-        "--default-interval",
-        "1s",
-    ];
-    let env = [("DD_API_KEY", fake_datadog::API_KEY), ("DD_APP_KEY", fake_datadog::APP_KEY)];
+    let crd_mode = CrdMode::new(cluster, &datadog, &ns);
+    let (args, env) = (crd_mode.args(), CrdMode::ENV);
     let mut daemon = DaemonProcess::start(&args, &env);
     daemon.wait_ready(STARTUP).await;
     eventually!(Duration::from_secs(20), "the first scale", {

@@ -4,6 +4,9 @@
 //! Needs kube-apiserver and etcd: scripts/install-test-deps installs them. Missing binaries fail
 //! the tests rather than skip them.
 
+#[macro_use]
+#[path = "support/eventually.rs"]
+mod eventually;
 #[path = "support/kube_cluster.rs"]
 mod kube_cluster;
 
@@ -26,23 +29,6 @@ fn target(api_version: &str, kind: &str, namespace: &str, name: &str) -> TargetR
         namespace: namespace.to_string(),
         name: name.to_string(),
     }
-}
-
-/// Evaluates `$body` (an expression that may `.await`, giving `Result<T, String>`) every 50 ms
-/// until it is `Ok`, for at most `$within`; panics with the last error otherwise.
-macro_rules! eventually {
-    ($within:expr, $what:expr, $body:expr) => {{
-        let deadline = tokio::time::Instant::now() + $within;
-        loop {
-            match $body {
-                Ok(value) => break value,
-                Err(last) if tokio::time::Instant::now() >= deadline => {
-                    panic!("{}: not within {:?}; last: {}", $what, $within, last)
-                }
-                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-            }
-        }
-    }};
 }
 
 const WAIT: Duration = Duration::from_secs(10);
