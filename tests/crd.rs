@@ -22,7 +22,7 @@ use watermarkd::crd::{
 use watermarkd::rules::load_rules;
 use watermarkd_engine::{decide, Action, ConvergeTowards, Decimal, Reading, State, Target, Timestamp};
 
-const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/fixtures/wpa");
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/wpa");
 const DATADOG_CRD: &str = "datadoghq.com_watermarkpodautoscalers.yaml";
 /// Every object in the fixtures directory (everything but the CRD and the README).
 const OBJECTS: [&str; 4] = [

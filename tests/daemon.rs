@@ -671,7 +671,7 @@ async fn wpa_objects_scale_their_targets_and_report_in_their_status() {
         "avg:container.memory.usage{cluster_name:mycluster,kube_deployment:alpine}.rollup(30)",
         fake_datadog::Behavior::Series(fake_datadog::SeriesSpec::constant(2_000_000.0)),
     );
-    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/wpa");
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/wpa");
     let sample = std::fs::read_to_string(fixtures.join("datadoghq_v1alpha1_watermarkpodautoscaler.yaml"))
         .expect("the Datadog sample WPA");
     apply_wpa(cluster, &ns, &sample).await;

@@ -23,7 +23,7 @@ use watermarkd_engine::{Reading, Timestamp};
 
 use fake_datadog::{Behavior, Budget, FakeDatadog, SeriesSpec, API_KEY, APP_KEY};
 
-const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/fixtures/datadog");
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/datadog");
 /// The cycles' wall-clock time at the start of each test: a multiple of 30 s, so buckets align.
 const T0_MS: i64 = 1_700_000_010_000;
 

@@ -31,7 +31,7 @@ pub const APP_KEY: &str = "fake-app-key-0a1b2c3d4e5f60718293a4b5c6d7e8f9";
 
 /// The recorded 403 answer (`v1_query_403.json`), body byte for byte.
 const FORBIDDEN_FIXTURE: &str =
-    include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/fixtures/datadog/v1_query_403.json"));
+    include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/datadog/v1_query_403.json"));
 
 const RATE_LIMITED_HTML: &str = "<html><head><title>429 Too Many Requests</title></head>\
 <body><h1>429 Too Many Requests</h1>You have sent too many requests in a given amount of time.</body></html>";
