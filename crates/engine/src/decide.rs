@@ -1,4 +1,4 @@
-//! One decision, in the order ENGINE.md gives: per-metric proposals, the several-metrics rule,
+//! One decision, in the order docs/engine.md gives: per-metric proposals, the several-metrics rule,
 //! the guards, velocity (WPA knobs or `behavior`), windows and delays, then the new state.
 
 use std::time::Duration;

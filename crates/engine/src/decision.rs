@@ -80,7 +80,7 @@ pub struct Timing {
     pub downscale_delay_seconds_left: f64,
 }
 
-/// A rule that took over before or instead of the metric formulas (ENGINE.md §2 and §5).
+/// A rule that took over before or instead of the metric formulas (docs/engine.md §2 and §5).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Guard {

@@ -1,8 +1,8 @@
 //! The watermark engine: one autoscaling decision as a pure function.
 //!
 //! `decide(rule, target, readings, state, now)` reads no clock, socket or file; the daemon,
-//! the `decide` command and the simulator all drive it the same way. ENGINE.md in the design
-//! notes is the specification this crate implements.
+//! the `decide` command and the simulator all drive it the same way. `docs/engine.md` at the
+//! repository root is the specification this crate implements.
 
 mod decide;
 mod decision;

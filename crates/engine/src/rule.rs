@@ -160,7 +160,7 @@ pub struct MetricRule {
     pub max_age: Option<Duration>,
 }
 
-/// Everything a person may configure, each field optional where ENGINE.md gives a default.
+/// Everything a person may configure, each field optional where docs/engine.md gives a default.
 /// `Rule::new` turns it into a `Rule` or lists every problem.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct RuleSpec {

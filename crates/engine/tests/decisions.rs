@@ -1,4 +1,4 @@
-//! Table tests: one decision per case, through the public API, for every rule in ENGINE.md.
+//! Table tests: one decision per case, through the public API, for every rule in docs/engine.md.
 
 mod common;
 

@@ -62,7 +62,7 @@ fn rule_strategy() -> impl Strategy<Value = Rule> {
                     tolerate_zero: Some(zero),
                     ..Default::default()
                 };
-                // Delays do not apply to convergence steps (ENGINE.md §4), so a convergence step up
+                // Delays do not apply to convergence steps (docs/engine.md §4), so a convergence step up
                 // can outrun a delayed upscale: keep the two apart where monotonicity is checked.
                 if converge.is_none() {
                     spec.upscale_delay_above_watermark = Some(secs(upd));
