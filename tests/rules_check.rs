@@ -182,3 +182,21 @@ metric = [{ backend = "prom", query = "up", high_watermark = 1 }]
     );
     assert!(out.contains(&format!("{file}:17: autoscalers is not a known key (did you mean autoscaler?)\n")), "{out}");
 }
+
+#[test]
+fn run_reports_a_startup_validation_error_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), "broken.toml", BROKEN);
+    // The rules are read before any cluster is contacted, so no kubeconfig is needed to fail.
+    let output = Command::new(env!("CARGO_BIN_EXE_watermarkd"))
+        .args(["run", "--no-leader-election", "--config"])
+        .arg(&path)
+        .env_remove("KUBECONFIG")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let err = String::from_utf8(output.stderr).unwrap();
+    for problem in ["target.name is required", "backend.dd.api_key cannot be written in the rules file"] {
+        assert_eq!(err.matches(problem).count(), 1, "each problem is printed once:\n{err}");
+    }
+}

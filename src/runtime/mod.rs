@@ -38,13 +38,15 @@ pub use evaluate::Outcome;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
-    #[error("{0}")]
+    // Transparent: a wrapper that also printed its source would say everything twice in the
+    // `{:#}` chain `main` prints.
+    #[error(transparent)]
     Rules(#[from] RulesError),
     #[error(transparent)]
     Backend(#[from] BackendError),
-    #[error("kubernetes: {0}")]
+    #[error(transparent)]
     Kubernetes(#[from] TargetError),
-    #[error("metrics registry: {0}")]
+    #[error(transparent)]
     Registry(#[from] prometheus::Error),
     #[error("cannot listen on {address}: {error}")]
     Listen { address: String, error: std::io::Error },
