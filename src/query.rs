@@ -26,7 +26,7 @@ pub struct QueryArgs {
 
 #[derive(Debug, thiserror::Error)]
 pub enum QueryCommandError {
-    #[error("{0}")]
+    #[error(transparent)]
     Rules(#[from] RulesError),
     #[error("no autoscaler named {name:?} in {config} (it has: {known})")]
     UnknownAutoscaler { name: String, config: String, known: String },
@@ -124,7 +124,16 @@ pub async fn query_all<'a>(
                 rate_limits.push((name.to_string(), budget));
             }
         }
-        for ((autoscaler, metric_index), observation) in users.into_iter().zip(observations) {
+        for ((autoscaler, metric_index), mut observation) in users.into_iter().zip(observations) {
+            // The daemon's own judgement (the metric's `max_age`, not-a-number), so that a value
+            // shown here as usable is one a decision would use.
+            if let Reading::Value { value, at } = observation.reading {
+                if let Err(reason) = autoscaler.rule.metrics()[metric_index].judge(value, at, now) {
+                    let age = now.since(at).as_secs();
+                    observation.reading =
+                        Reading::Unavailable { reason: format!("{reason} (value {value} at {at}, {age}s old)") };
+                }
+            }
             answers.push(MetricAnswer { autoscaler, metric_index, observation });
         }
     }

@@ -183,3 +183,38 @@ high_watermark = 1
     assert_eq!(code, 2, "{out}");
     assert!(out.contains("environment variable WM_TEST_DD_API_KEY is not set"), "{out}");
 }
+
+/// A metric's own `max_age` is the daemon's staleness rule, and `query` applies the same one:
+/// a point the daemon would refuse is not shown as usable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn query_refuses_a_point_older_than_the_metrics_max_age() {
+    let fake = FakeDatadog::start().await;
+    // Two 10 s buckets, 60 s and 40 s before now: the penultimate one (60 s old) is chosen,
+    // well within the backend's own bound (120 s) but past the metric's 30 s.
+    fake.set("avg:old{*}", Behavior::Points { interval: 10, points: vec![(60, Some(5.0)), (40, Some(6.0))] });
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("rules.toml");
+    let rules = |max_age: &str| {
+        format!(
+            "[backend.dd]\ntype = \"datadog\"\nurl = \"{url}\"\napi_key_env = \"WM_TEST_DD_API_KEY\"\n\
+             app_key_env = \"WM_TEST_DD_APP_KEY\"\n\n[[autoscaler]]\nname = \"old\"\n\
+             target = {{ kind = \"Deployment\", namespace = \"prod\", name = \"old\" }}\nmax_replicas = 10\n\n\
+             [[autoscaler.metric]]\nname = \"aged\"\nbackend = \"dd\"\nquery = \"avg:old{{*}}\"\n\
+             high_watermark = 10\n{max_age}\n",
+            url = fake.url
+        )
+    };
+    let keys = [("WM_TEST_DD_API_KEY", fake_datadog::API_KEY), ("WM_TEST_DD_APP_KEY", fake_datadog::APP_KEY)];
+    std::fs::write(&config, rules("max_age = \"30s\"")).unwrap();
+    let (code, out) = watermarkd_query_env(&config, None, &keys);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("    unavailable: stale: the data point is 6"), "{out}");
+    assert!(out.contains("max_age is 30s (value 5 at "), "{out}");
+    assert!(!out.contains("    value 5 at"), "shown as usable: {out}");
+
+    // Without the metric's bound the same point is usable.
+    std::fs::write(&config, rules("")).unwrap();
+    let (code, out) = watermarkd_query_env(&config, None, &keys);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("    value 5 at "), "{out}");
+}

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::fmt::Write;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use watermarkd_engine::{Action, Decision, Limit, Rule};
+use watermarkd_engine::{Action, Decision, Limit, Position, Rule};
 
 /// Who an autoscaler's series are about.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -152,7 +152,9 @@ impl AutoscalerMetrics {
                 .iter()
                 .map(|m| MetricRecord {
                     name_label: format!("metric_name=\"{}\"", escape(&m.name)),
-                    value: m.value.filter(|v| v.is_finite()),
+                    // A value the decision refused (stale, negative) is not the metric's
+                    // current value: a dashboard must not plot it as one.
+                    value: m.value.filter(|v| v.is_finite() && m.position != Position::Unavailable),
                     high_watermark: m.high_watermark,
                     low_watermark: m.low_watermark,
                     proposal: m.proposal,
@@ -357,6 +359,19 @@ mod tests {
         assert!(!text.contains("wpa_controller_value{"), "{text}");
         assert!(text.contains("wpa_controller_high_watermark{"), "{text}");
         assert!(text.contains("wpa_controller_scaling_active{resource_kind=\"Deployment\",resource_name=\"web\",resource_namespace=\"prod\",wpa_name=\"web\",wpa_namespace=\"prod\"} 0"), "{text}");
+
+        // A stale value (past the metric's max_age) is refused, so it is not exported either.
+        let rule_max_age = crate::rules::rule_from_json(&serde_json::json!({
+            "min_replicas": 1, "max_replicas": 10, "algorithm": "absolute",
+            "metric": [{ "name": "load", "query": "q", "high_watermark": 10, "low_watermark": 5, "max_age": "30s" }]
+        }))
+        .expect("rule");
+        let old = [Reading::Value { value: 30.0, at: Timestamp::from_unix_millis(1_700_000_000_000 - 40_000) }];
+        let decision = decide(&rule_max_age, target, &old, &State::default(), now);
+        assert_eq!(decision.metrics[0].value, Some(30.0), "the decision still says what was read");
+        metrics.observe(&labels("web"), &rule_max_age, &decision, false);
+        let text = exported(&metrics);
+        assert!(!text.contains("wpa_controller_value{"), "{text}");
 
         // Chunked output is the same text, with one header per family.
         let snapshot = metrics.snapshot();

@@ -271,20 +271,10 @@ fn evaluate_metric(
     outcome.data_time = Some(at);
     let age = now.since(at);
     outcome.age_seconds = Some(age.as_secs_f64());
-    let Some(exact) = Decimal::from_f64(value) else {
-        return unavailable(outcome, format!("value is {value}, not a number"));
+    let exact = match metric.judge(value, at, now) {
+        Ok(exact) => exact,
+        Err(why) => return unavailable(outcome, why),
     };
-    if exact.is_negative() {
-        return unavailable(outcome, format!("negative value {value} cannot be a load"));
-    }
-    if let Some(max_age) = metric.max_age {
-        if age > max_age {
-            return unavailable(
-                outcome,
-                format!("stale: the data point is {}s old, max_age is {}s", age.as_secs(), max_age.as_secs()),
-            );
-        }
-    }
 
     // usage = value / per; load = ready * usage = ready * value / per.
     let per = match rule.algorithm() {

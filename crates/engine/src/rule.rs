@@ -5,6 +5,7 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::number::Decimal;
+use crate::time::Timestamp;
 
 /// How a metric value relates to the load on one replica.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -438,6 +439,29 @@ impl MetricRule {
     pub fn band(&self, tolerance: &Decimal) -> (Decimal, Decimal) {
         let one = Decimal::from_int(1);
         (self.low_watermark.mul(&one.sub(tolerance)), self.high_watermark.mul(&one.add(tolerance)))
+    }
+
+    /// Whether a value read at `at` may be used at `now`: the exact value, or why not (not a
+    /// number, negative, older than `max_age`). The one staleness rule: decisions and
+    /// `watermarkd query` both ask it.
+    pub fn judge(&self, value: f64, at: Timestamp, now: Timestamp) -> Result<Decimal, String> {
+        let Some(exact) = Decimal::from_f64(value) else {
+            return Err(format!("value is {value}, not a number"));
+        };
+        if exact.is_negative() {
+            return Err(format!("negative value {value} cannot be a load"));
+        }
+        if let Some(max_age) = self.max_age {
+            let age = now.since(at);
+            if age > max_age {
+                return Err(format!(
+                    "stale: the data point is {}s old, max_age is {}s",
+                    age.as_secs(),
+                    max_age.as_secs()
+                ));
+            }
+        }
+        Ok(exact)
     }
 }
 
