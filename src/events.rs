@@ -1,24 +1,49 @@
 //! Kubernetes Events on the autoscaled objects (`kubectl describe` shows them): one for each
 //! scale, and for each failure.
 //!
-//! A stuck autoscaler meets the same failure every interval. kube's recorder already folds
-//! repeats into an event series, but it still makes one API call per repeat; here an identical
-//! event (same object, type, reason and message) is sent at most once per `repeat_after`, so a
-//! thousand stuck autoscalers cost the API server nothing between those windows.
+//! Every scale is its own Event, with its sizes and reason, as the Datadog controller emits
+//! them: the scale history of a workload stays readable. kube's `Recorder` is not used because it
+//! folds every event with the same object, reason and action into one series and keeps the
+//! first note, so 27 scales would read as one "New size: 6".
+//!
+//! A stuck autoscaler meets the same failure every interval. An identical failure (same object,
+//! type, reason and message) is sent at most once per `repeat_after`, so a thousand stuck
+//! autoscalers cost the API server nothing between those windows. Scales are never suppressed.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::core::v1::ObjectReference;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::Timestamp as JiffTimestamp;
+use kube::api::{Api, PostParams};
 use kube::Client;
 use tokio::time::Instant;
 
-/// Identical events are sent again after this long (kube's recorder keeps a series for 6 min).
+/// Identical failure events are sent again after this long.
 pub const DEFAULT_REPEAT_AFTER: Duration = Duration::from_secs(300);
 /// Bounds the memory of sent events; older entries are dropped first.
 const MAX_REMEMBERED: usize = 10_000;
+const CONTROLLER: &str = "watermarkd";
+
+/// Normal or Warning, as `kubectl describe` shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventType {
+    Normal,
+    Warning,
+}
+
+/// Whether identical repeats of an event are worth sending.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Repeats {
+    /// Each one is history (a scale): always sent.
+    Keep,
+    /// A condition that persists (a failure): once per `repeat_after`.
+    Suppress,
+}
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct EventKey {
@@ -60,22 +85,26 @@ impl Suppressor {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Published {
     Sent,
-    /// The same event was sent less than `repeat_after` ago.
+    /// The same failure was sent less than `repeat_after` ago.
     Suppressed,
 }
 
 pub struct EventPublisher {
-    recorder: Recorder,
+    client: Client,
+    instance: String,
     suppressor: Mutex<Suppressor>,
+    /// Makes names unique within this process even for two events in one nanosecond.
+    sequence: AtomicU64,
 }
 
 impl EventPublisher {
     /// `instance` names this daemon in the events' reporting instance.
     pub fn new(client: Client, instance: &str, repeat_after: Duration) -> Self {
-        let reporter = Reporter { controller: "watermarkd".into(), instance: Some(instance.to_string()) };
         EventPublisher {
-            recorder: Recorder::new(client, reporter),
+            client,
+            instance: instance.to_string(),
             suppressor: Mutex::new(Suppressor::new(repeat_after)),
+            sequence: AtomicU64::new(0),
         }
     }
 
@@ -88,31 +117,71 @@ impl EventPublisher {
         reason: &str,
         note: &str,
         action: &str,
+        repeats: Repeats,
     ) -> Result<Published, kube::Error> {
-        let key = EventKey {
-            object: (object.api_version.clone(), object.kind.clone(), object.namespace.clone(), object.name.clone()),
-            warning: type_ == EventType::Warning,
-            reason: reason.to_string(),
-            note: note.to_string(),
-        };
-        let admitted = match self.suppressor.lock() {
-            Ok(mut suppressor) => suppressor.admit(key, Instant::now()),
-            // A panic elsewhere poisoned the lock: sending a duplicate beats losing the event.
-            Err(_) => true,
-        };
-        if !admitted {
-            return Ok(Published::Suppressed);
+        if repeats == Repeats::Suppress {
+            let key = EventKey {
+                object: (
+                    object.api_version.clone(),
+                    object.kind.clone(),
+                    object.namespace.clone(),
+                    object.name.clone(),
+                ),
+                warning: type_ == EventType::Warning,
+                reason: reason.to_string(),
+                note: note.to_string(),
+            };
+            let admitted = match self.suppressor.lock() {
+                Ok(mut suppressor) => suppressor.admit(key, Instant::now()),
+                // A panic elsewhere poisoned the lock: sending a duplicate beats losing the event.
+                Err(_) => true,
+            };
+            if !admitted {
+                return Ok(Published::Suppressed);
+            }
         }
-        let event = Event {
-            type_,
-            reason: reason.to_string(),
+        let sequence = self.sequence.fetch_add(1, Ordering::Relaxed);
+        let event = self.event(object, type_, reason, note, action, SystemTime::now(), sequence);
+        let namespace = event.metadata.namespace.clone().unwrap_or_else(|| "default".into());
+        Api::<Event>::namespaced(self.client.clone(), &namespace).create(&PostParams::default(), &event).await?;
+        Ok(Published::Sent)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn event(
+        &self,
+        object: &ObjectReference,
+        type_: EventType,
+        reason: &str,
+        note: &str,
+        action: &str,
+        at: SystemTime,
+        sequence: u64,
+    ) -> Event {
+        let nanos = at.duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or_default();
+        // The name client-go gives an event: the object's name and a unique suffix.
+        let name = format!("{}.{nanos:x}{sequence:x}", object.name.as_deref().unwrap_or("object"));
+        Event {
+            metadata: ObjectMeta {
+                name: Some(name),
+                // Cluster-scoped objects' events go to "default", as client-go does.
+                namespace: Some(object.namespace.clone().unwrap_or_else(|| "default".into())),
+                ..ObjectMeta::default()
+            },
+            event_time: Some(MicroTime(JiffTimestamp::try_from(at).unwrap_or(JiffTimestamp::UNIX_EPOCH))),
+            type_: Some(match type_ {
+                EventType::Normal => "Normal".into(),
+                EventType::Warning => "Warning".into(),
+            }),
+            reason: Some(reason.to_string()),
+            action: Some(action.to_string()),
             // The events API limits the message to 1 kB.
             note: Some(truncate(note, 1000)),
-            action: action.to_string(),
-            secondary: None,
-        };
-        self.recorder.publish(&event, object).await?;
-        Ok(Published::Sent)
+            regarding: Some(object.clone()),
+            reporting_controller: Some(CONTROLLER.into()),
+            reporting_instance: Some(truncate(&self.instance, 128)),
+            ..Event::default()
+        }
     }
 }
 

@@ -87,14 +87,10 @@ pub const WORKLOAD_SCALE: Permission = Permission {
 pub const POD_READ: Permission =
     Permission { namespaced_to_daemon: false, api_group: "", resources: &["pods"], verbs: &["list", "watch"] };
 
-/// [`crate::events`]: an Event on the target for each scale and each failure (`patch` when
-/// kube's recorder folds a repeat into an event series).
-pub const EVENT_WRITE: Permission = Permission {
-    namespaced_to_daemon: false,
-    api_group: "events.k8s.io",
-    resources: &["events"],
-    verbs: &["create", "patch"],
-};
+/// [`crate::events`]: an Event on the target for each scale and each failure, each its own
+/// object (never patched into a series).
+pub const EVENT_WRITE: Permission =
+    Permission { namespaced_to_daemon: false, api_group: "events.k8s.io", resources: &["events"], verbs: &["create"] };
 
 /// [`crate::lease`]: leader election with one Lease in the daemon's own namespace: read it,
 /// create it when it is missing, renew it or take it over with an update.

@@ -121,7 +121,10 @@ pub fn from_wpa_status(status: Option<&WatermarkPodAutoscalerStatus>) -> State {
 ///   see, except how long the newest recommendation went on being made: it is taken as made at
 ///   the restart, so a window never opens early (it may hold the newest value up to the
 ///   downtime longer).
-pub fn restore(persisted: State, marks: &Marks, rule: &Rule, now: Timestamp) -> State {
+/// - A time after `now` is clock skew between hosts, or an edited annotation: it is taken as
+///   `now` (and named in `future`), so no window or delay ever holds longer than its own length
+///   from the restart.
+pub fn restore(persisted: State, marks: &Marks, rule: &Rule, now: Timestamp) -> Restored {
     let mut state = persisted;
     if let Some(recorded) = marks.scaled_at {
         let covers = state.last_scale_time.is_some_and(|t| t.unix_millis() >= recorded.unix_millis());
@@ -129,12 +132,44 @@ pub fn restore(persisted: State, marks: &Marks, rule: &Rule, now: Timestamp) -> 
             state.last_scale_time = Some(Timestamp::from_unix_millis(recorded.unix_millis().saturating_add(999)));
         }
     }
+    let mut future = Vec::new();
+    let mut clamp = |time: &mut Timestamp, field: &'static str| {
+        if time.unix_millis() > now.unix_millis() {
+            *time = now;
+            if !future.contains(&field) {
+                future.push(field);
+            }
+        }
+    };
+    for (time, field) in [
+        (&mut state.last_scale_time, "last scale time"),
+        (&mut state.above_since, "above-high-watermark since"),
+        (&mut state.below_since, "below-low-watermark since"),
+    ] {
+        if let Some(time) = time {
+            clamp(time, field);
+        }
+    }
+    for recommendation in &mut state.recommendations {
+        clamp(&mut recommendation.at, "recommendation time");
+    }
+    for event in &mut state.scale_events {
+        clamp(&mut event.at, "scale event time");
+    }
     if !rule.recommendation_horizon().is_zero() {
         if let Some(newest) = state.recommendations.last_mut() {
             newest.at = newest.at.max(now);
         }
     }
-    state
+    Restored { state, future }
+}
+
+/// What [`restore`] made of the persisted state.
+#[derive(Debug)]
+pub struct Restored {
+    pub state: State,
+    /// The persisted times that lay in the future and were taken as `now`.
+    pub future: Vec<&'static str>,
 }
 
 #[cfg(test)]
@@ -202,7 +237,7 @@ mod tests {
             ..State::default()
         };
         let now = t(1_700_000_100_000);
-        let restored = restore(persisted, &Marks::default(), &rule, now);
+        let restored = restore(persisted, &Marks::default(), &rule, now).state;
         assert_eq!(
             restored.recommendations,
             vec![Recommendation { replicas: 8, at: t(1_700_000_000_000) }, Recommendation { replicas: 6, at: now }]
@@ -219,11 +254,45 @@ mod tests {
         let now = t(1_700_000_100_000);
         // The daemon died after scaling at ...050.250 and before writing its state.
         let marks = Marks { state_annotation: None, scaled_at: Some(t(1_700_000_050_000)) };
-        let restored = restore(state(), &marks, &rule, now);
+        let restored = restore(state(), &marks, &rule, now).state;
         assert_eq!(restored.last_scale_time, Some(t(1_700_000_050_999)));
         // The persisted time is exact and covers the record of the same second.
         let mut precise = state();
         precise.last_scale_time = Some(t(1_700_000_050_250));
-        assert_eq!(restore(precise, &marks, &rule, now).last_scale_time, Some(t(1_700_000_050_250)));
+        assert_eq!(restore(precise, &marks, &rule, now).state.last_scale_time, Some(t(1_700_000_050_250)));
+    }
+
+    #[test]
+    fn times_from_the_future_are_taken_as_now() {
+        let rule = crate::rules::rule_from_json(&serde_json::json!({
+            "min_replicas": 1, "max_replicas": 10,
+            "metric": [{ "query": "q", "high_watermark": 10.0, "low_watermark": 5.0 }]
+        }))
+        .expect("rule");
+        let now = t(1_700_000_100_000);
+        let year = 365 * 24 * 3_600_000;
+        let persisted = State {
+            last_scale_time: Some(t(1_700_000_100_000 + year)),
+            above_since: Some(t(1_700_000_050_000)),
+            below_since: Some(t(1_700_000_100_001)),
+            recommendations: vec![Recommendation { replicas: 4, at: t(1_700_000_100_000 + year) }],
+            scale_events: vec![ScaleEvent { from: 3, to: 4, at: t(1_700_000_200_000) }],
+        };
+        let restored = restore(persisted, &Marks::default(), &rule, now);
+        assert_eq!(restored.state.last_scale_time, Some(now));
+        assert_eq!(restored.state.above_since, Some(t(1_700_000_050_000)), "a past time is kept");
+        assert_eq!(restored.state.below_since, Some(now));
+        assert_eq!(restored.state.recommendations[0].at, now);
+        assert_eq!(restored.state.scale_events[0].at, now);
+        assert_eq!(
+            restored.future,
+            ["last scale time", "below-low-watermark since", "recommendation time", "scale event time"]
+        );
+        // The API server's record of a scale, from a skewed clock, is no exception.
+        let marks = Marks { state_annotation: None, scaled_at: Some(t(1_700_000_500_000)) };
+        let restored = restore(State::default(), &marks, &rule, now);
+        assert_eq!(restored.state.last_scale_time, Some(now));
+        assert_eq!(restored.future, ["last scale time"]);
+        assert!(restore(state(), &Marks::default(), &rule, now).future.is_empty());
     }
 }

@@ -289,6 +289,27 @@ async fn a_manual_scale_is_kept_and_later_decisions_start_from_it() {
     let reaction = crossed.elapsed();
     assert_eq!(replicas, 9, "6 + 50%, not 2 + 50%");
     assert!(reaction < Duration::from_secs(4), "scaled {reaction:?} after the value crossed");
+
+    // Once the workload runs 9, the next scale goes to the maximum: each scale is its own event
+    // with its own sizes, not a series that keeps the first note.
+    follow_spec(cluster, "Deployment", &ns, "api").await;
+    let notes = eventually!(Duration::from_secs(15), "one ScaledUp event per scale", {
+        let mut notes: Vec<String> = events_about(cluster, &ns, "api")
+            .await
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some("ScaledUp"))
+            .map(|e| e.note.unwrap_or_default())
+            .collect();
+        notes.sort();
+        if notes.len() >= 2 {
+            Ok(notes)
+        } else {
+            Err(format!("{notes:?}"))
+        }
+    });
+    assert_eq!(notes.len(), 2, "{notes:?}");
+    assert!(notes[0].starts_with("New size: 10; old size: 9; reason: "), "{notes:?}");
+    assert!(notes[1].starts_with("New size: 9; old size: 6; reason: "), "{notes:?}");
 }
 
 /// A custom resource with a scale subresource is scaled like a Deployment, and an autoscaler

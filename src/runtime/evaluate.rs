@@ -7,12 +7,12 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::events::EventType;
 use watermarkd_engine::{decide, Action, Decision, Guard, Reading, State, Target};
 
 use super::{Desired, Memory, Shared};
 use crate::backend::{Observation, QueryError};
 use crate::crd::{self, ScaleWrite, WatermarkPodAutoscaler, WatermarkPodAutoscalerStatus};
+use crate::events::{EventType, Repeats};
 use crate::state;
 use crate::target::{ScaleReading, TargetError};
 
@@ -121,8 +121,14 @@ pub async fn evaluate(
         };
         memory.state = Some(next_state.clone());
         let scaled = decision.action != Action::Hold && (decision.dry_run || write == ScaleWrite::Succeeded);
-        shared.autoscaler_metrics.observe(&desired.labels, &rule, &decision, scaled);
         log_decision(desired, memory, &decision, &write);
+        if paced_hold(deferred, &decision) {
+            // Skipped to stay within the Datadog budget: nothing failed and nothing is known
+            // that was not known last time, so the series, the WPA conditions and the persisted
+            // state stay as the last real evaluation left them.
+            return Outcome::Held;
+        }
+        shared.autoscaler_metrics.observe(&desired.labels, &rule, &decision, scaled);
         persist(shared, desired, memory, &decision, &write, &next_state).await;
         report_events(shared, desired, &decision, &write, deferred).await;
         memory.failing = None;
@@ -133,6 +139,12 @@ pub async fn evaluate(
             _ => Outcome::Scaled,
         };
     }
+}
+
+/// A hold only because Datadog pacing deferred the queries this turn (no metric was usable and
+/// at least one was deferred): not a failure, and not news.
+fn paced_hold(deferred: bool, decision: &Decision) -> bool {
+    deferred && decision.guard == Some(Guard::NoData) && decision.action == Action::Hold
 }
 
 fn describe(target: &crate::rules::TargetRef) -> String {
@@ -180,8 +192,17 @@ fn restore(desired: &Desired, memory: &mut Memory, reading: &ScaleReading, now: 
     };
     memory.written = Some(persisted.clone());
     let restored = state::restore(persisted, &reading.marks, &autoscaler.rule, now);
-    tracing::debug!(autoscaler = %autoscaler.name, state = ?restored, "state restored");
-    memory.state = Some(restored);
+    if !restored.future.is_empty() {
+        tracing::warn!(
+            autoscaler = %autoscaler.name,
+            workload = %describe(&autoscaler.target),
+            fields = %restored.future.join(", "),
+            "the persisted state holds times after now (clock skew, or an edited annotation or status): \
+             taking them as now, so no window holds longer than its length from here"
+        );
+    }
+    tracing::debug!(autoscaler = %autoscaler.name, state = ?restored.state, "state restored");
+    memory.state = Some(restored.state);
 }
 
 fn log_decision(desired: &Desired, memory: &mut Memory, decision: &Decision, write: &ScaleWrite) {
@@ -200,8 +221,11 @@ fn log_decision(desired: &Desired, memory: &mut Memory, decision: &Decision, wri
         (_, Action::Hold) => "held",
         _ => "dry run",
     };
-    let changed = memory.last_reason.as_deref() != Some(decision.reason.as_str());
-    memory.last_reason = Some(decision.reason.clone());
+    // Reasons carry countdowns and ages ("resets in 12s", "40s old") that change every turn:
+    // only a change in what the reason says, not in its numbers, is news.
+    let shape = reason_shape(&decision.reason);
+    let changed = memory.last_reason.as_deref() != Some(shape.as_str());
+    memory.last_reason = Some(shape);
     let error = match write {
         ScaleWrite::Failed(err) => Some(err.as_str()),
         _ => None,
@@ -229,6 +253,24 @@ fn log_decision(desired: &Desired, memory: &mut Memory, decision: &Decision, wri
     } else {
         line!(debug);
     }
+}
+
+/// The reason with every number replaced by `#`.
+fn reason_shape(reason: &str) -> String {
+    let mut shape = String::with_capacity(reason.len());
+    let mut in_number = false;
+    for c in reason.chars() {
+        let part_of_number = c.is_ascii_digit() || (in_number && c == '.');
+        if part_of_number {
+            if !in_number {
+                shape.push('#');
+            }
+        } else {
+            shape.push(c);
+        }
+        in_number = part_of_number;
+    }
+    shape
 }
 
 /// Writes the state (rules-file mode: the target's annotation) or the status (CRD mode) when
@@ -318,12 +360,15 @@ async fn report_events(shared: &Shared, desired: &Desired, decision: &Decision, 
     match write {
         ScaleWrite::Succeeded => {
             let reason = if decision.action == Action::ScaleUp { "ScaledUp" } else { "ScaledDown" };
-            let note = format!("New size: {}; reason: {}", decision.replicas, decision.reason);
-            publish(shared, &object, EventType::Normal, reason, &note, "Scale").await;
+            let note = format!(
+                "New size: {}; old size: {}; reason: {}",
+                decision.replicas, decision.spec_replicas, decision.reason
+            );
+            publish(shared, &object, EventType::Normal, reason, &note, "Scale", Repeats::Keep).await;
         }
         ScaleWrite::Failed(err) => {
             let note = format!("could not scale to {}: {err}", decision.replicas);
-            publish(shared, &object, EventType::Warning, "FailedRescale", &note, "Scale").await;
+            publish(shared, &object, EventType::Warning, "FailedRescale", &note, "Scale", Repeats::Suppress).await;
         }
         ScaleWrite::NotAttempted => {}
     }
@@ -331,7 +376,7 @@ async fn report_events(shared: &Shared, desired: &Desired, decision: &Decision, 
         // Names only, not the reasons (which carry ages): the same outage is one event.
         let names: Vec<&str> = decision.metrics.iter().map(|m| m.name.as_str()).collect();
         let note = format!("no usable metric value, holding: {}", names.join(", "));
-        publish(shared, &object, EventType::Warning, "FailedGetMetrics", &note, "Decide").await;
+        publish(shared, &object, EventType::Warning, "FailedGetMetrics", &note, "Decide", Repeats::Suppress).await;
     }
 }
 
@@ -354,7 +399,7 @@ async fn target_failed(shared: &Shared, desired: &Desired, memory: &mut Memory, 
     // A missing target has no object to carry an event; the WPA does (CRD mode), or the log.
     if let Some(wpa) = &desired.wpa {
         let note = format!("cannot read the target: {message}");
-        publish(shared, &wpa_reference(wpa), EventType::Warning, reason, &note, "GetScale").await;
+        publish(shared, &wpa_reference(wpa), EventType::Warning, reason, &note, "GetScale", Repeats::Suppress).await;
         let previous = memory.status.clone().or_else(|| wpa.status.clone());
         let mut next = previous.clone().unwrap_or_default();
         crd::set_condition(
@@ -370,7 +415,8 @@ async fn target_failed(shared: &Shared, desired: &Desired, memory: &mut Memory, 
         }
     } else if !matches!(err, TargetError::NotFound { .. }) {
         let note = format!("cannot scale: {message}");
-        publish(shared, &target_reference(desired), EventType::Warning, reason, &note, "GetScale").await;
+        publish(shared, &target_reference(desired), EventType::Warning, reason, &note, "GetScale", Repeats::Suppress)
+            .await;
     }
 }
 
@@ -381,9 +427,10 @@ pub async fn publish(
     reason: &str,
     note: &str,
     action: &str,
+    repeats: Repeats,
 ) {
     let Some(events) = &shared.events else { return };
-    match events.publish(object, type_, reason, note, action).await {
+    match events.publish(object, type_, reason, note, action, repeats).await {
         Ok(crate::events::Published::Sent) => shared.daemon.write("event", "ok"),
         Ok(crate::events::Published::Suppressed) => {}
         Err(err) => {
@@ -412,5 +459,39 @@ pub fn wpa_reference(wpa: &WatermarkPodAutoscaler) -> ObjectReference {
         name: wpa.metadata.name.clone(),
         uid: wpa.metadata.uid.clone(),
         ..ObjectReference::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use watermarkd_engine::{Reading, Target, Timestamp};
+
+    #[test]
+    fn reasons_differing_only_in_numbers_have_one_shape() {
+        let a = reason_shape("latency unavailable: rate limited: the budget resets in 12s");
+        let b = reason_shape("latency unavailable: rate limited: the budget resets in 9s");
+        assert_eq!(a, b);
+        assert_eq!(reason_shape("value 0.52 > 0.40 (+1%), 40s old."), "value # > # (+#%), #s old.");
+        assert_ne!(reason_shape("above high watermark: 5"), reason_shape("below low watermark: 5"));
+    }
+
+    #[test]
+    fn only_a_hold_for_want_of_data_while_deferred_is_a_paced_hold() {
+        let rule = crate::rules::rule_from_json(&serde_json::json!({
+            "min_replicas": 1, "max_replicas": 10,
+            "metric": [{ "query": "q", "high_watermark": 10.0, "low_watermark": 5.0 }]
+        }))
+        .expect("rule");
+        let target = Target { spec_replicas: 2, status_replicas: Some(2), ready_replicas: Some(2) };
+        let now = Timestamp::from_unix_millis(1_700_000_000_000);
+        let deferred = QueryError::Deferred { stretched_interval_seconds: 30 };
+        let none = [Reading::Unavailable { reason: deferred.to_string() }];
+        let held = decide(&rule, target, &none, &State::default(), now);
+        assert!(paced_hold(true, &held));
+        assert!(!paced_hold(false, &held), "an outage is news");
+        let high = [Reading::Value { value: 30.0, at: now }];
+        let scaled = decide(&rule, target, &high, &State::default(), now);
+        assert!(!paced_hold(true, &scaled));
     }
 }

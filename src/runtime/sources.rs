@@ -9,7 +9,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube::runtime::events::EventType;
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Client};
@@ -17,6 +16,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::{evaluate, Command, Desired, Shared, SourceKind};
 use crate::crd::{self, DatadogMetric, DatadogMetricIndex, MapError, MappingOptions, WatermarkPodAutoscaler};
+use crate::events::{EventType, Repeats};
 use crate::rules::{self, RulesFile};
 use crate::telemetry::SeriesLabels;
 
@@ -409,7 +409,16 @@ async fn reject(
         MapError::Invalid { .. } => ("FailedSpecCheck", error.to_string()),
         MapError::Unsupported(_) => ("NotSupported", error.to_string()),
     };
-    evaluate::publish(shared, &evaluate::wpa_reference(wpa), EventType::Warning, reason, &note, "Validate").await;
+    evaluate::publish(
+        shared,
+        &evaluate::wpa_reference(wpa),
+        EventType::Warning,
+        reason,
+        &note,
+        "Validate",
+        Repeats::Suppress,
+    )
+    .await;
 }
 
 #[cfg(test)]
