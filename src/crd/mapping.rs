@@ -11,7 +11,7 @@ use std::fmt;
 
 use serde_json::{Map, Value};
 
-use super::annotation::{annotation_path, read_overrides, QueryOverride};
+use super::annotation::{annotation_path, read_overrides, QueryOverride, QUERIES_ANNOTATION};
 use super::query::{
     datadog_query, metric_reference, tag_scope, DatadogMetricQueries, MetricReference, DEFAULT_AGGREGATOR,
     DEFAULT_ROLLUP_SECONDS,
@@ -69,11 +69,25 @@ impl MappingOptions {
         if self.rollup_seconds == 0 {
             return Err("the rollup must be at least 1 second".into());
         }
+        Ok(())
+    }
+
+    /// The default backend's configuration, when the backends are known and it is one of them.
+    fn default_backend_type(&self) -> Option<&Backend> {
+        self.backends.as_ref()?.get(&self.default_backend)?.as_ref()
+    }
+
+    /// Why the default backend cannot answer a query built from an External metric's name (the
+    /// Cluster Agent's Datadog query), if it cannot. Only WPAs with such a metric need it: one
+    /// whose every metric has a query in the `watermarkd.io/queries` annotation runs on any
+    /// backend, so a Prometheus-only daemon may name its Prometheus backend here.
+    pub fn default_backend_problem(&self) -> Option<String> {
         match self.backends.as_ref().map(|b| b.get(&self.default_backend)) {
-            None | Some(Some(Some(Backend::Datadog(_)))) => Ok(()),
-            Some(None) => Err(format!("the default backend {:?} names no [backend.{0}] table", self.default_backend)),
-            Some(Some(_)) => Err(format!(
-                "the default backend {:?} must be a datadog backend: External metrics are Datadog metrics",
+            None | Some(Some(Some(Backend::Datadog(_)))) => None,
+            Some(None) => Some(format!("the default backend {:?} names no [backend.{0}] table", self.default_backend)),
+            Some(Some(_)) => Some(format!(
+                "the default backend {:?} is not a datadog backend, and a query built from metricName is a Datadog \
+                 query",
                 self.default_backend
             )),
         }
@@ -482,6 +496,17 @@ impl Mapper {
     ) {
         self.path(&format!("{engine}.query"), &format!("{at}.external.metricName"));
         self.path(&format!("{engine}.backend"), at);
+        // A default backend that does not exist is reported by the rules reader, as for any
+        // metric; one of another type would take the Datadog query without complaint.
+        if let (Some(problem), Some(_)) = (options.default_backend_problem(), options.default_backend_type()) {
+            self.problem(
+                &format!("{at}.external.metricName"),
+                format!(
+                    "has no query in the {QUERIES_ANNOTATION} annotation, and {problem}: give this metric a query \
+                     there, or set default_backend to a datadog backend"
+                ),
+            );
+        }
         entry.insert("backend".into(), Value::String(options.default_backend.clone()));
         let name = &external.metric_name;
         let query = match metric_reference(name) {

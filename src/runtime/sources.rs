@@ -170,6 +170,8 @@ pub struct WpaWatch {
 enum Change {
     Wpa(usize, Box<Result<Event<WatermarkPodAutoscaler>, watcher::Error>>),
     Metric(usize, Box<Result<Event<DatadogMetric>, watcher::Error>>),
+    /// The cluster does not serve the DatadogMetric resource (checked by discovery).
+    MetricsAbsent(usize),
 }
 
 type Key = (String, String);
@@ -197,22 +199,15 @@ pub async fn watch_wpas(mut watch: WpaWatch) {
         };
         let to = sender.clone();
         tasks.spawn(async move {
-            let mut stream = std::pin::pin!(watcher::watcher(wpas, watcher::Config::default()).default_backoff());
+            let config = watcher::Config::default();
+            let mut stream = std::pin::pin!(watcher::watcher(wpas, config).backoff(crate::target::watch_backoff()));
             while let Some(event) = crate::target::next_event(&mut stream).await {
                 if to.send(Change::Wpa(scope_index, Box::new(event))).await.is_err() {
                     return;
                 }
             }
         });
-        let to = sender.clone();
-        tasks.spawn(async move {
-            let mut stream = std::pin::pin!(watcher::watcher(metrics, watcher::Config::default()).default_backoff());
-            while let Some(event) = crate::target::next_event(&mut stream).await {
-                if to.send(Change::Metric(scope_index, Box::new(event))).await.is_err() {
-                    return;
-                }
-            }
-        });
+        tasks.spawn(watch_datadog_metrics(watch.client.clone(), metrics, scope_index, sender.clone()));
     }
     drop(sender);
 
@@ -225,6 +220,10 @@ pub async fn watch_wpas(mut watch: WpaWatch) {
     let mut rejected: BTreeMap<Key, String> = BTreeMap::new();
     let mut statuses: HashMap<Key, crd::WatermarkPodAutoscalerStatus> = HashMap::new();
     let mut rules_changed = false;
+    // Whether the DatadogMetric resource was found missing (logged once, not per re-check).
+    let mut metrics_absent = false;
+    // The last problem of the mapping options that was logged: said once, not per re-map.
+    let mut options_problem: Option<String> = None;
     loop {
         let first = tokio::select! {
             change = changes.recv() => match change { Some(c) => Some(c), None => return },
@@ -255,62 +254,72 @@ pub async fn watch_wpas(mut watch: WpaWatch) {
                     }
                 }
             }
-            dirty = true;
-            match change {
+            // Only a change to what is live makes a re-map: a listing in progress, or a failed
+            // watch that is retrying, changes nothing yet.
+            dirty |= match change {
                 Change::Wpa(s, event) => match *event {
-                    Ok(Event::Init) => wpa_listings[s] = Some(HashMap::new()),
+                    Ok(Event::Init) => {
+                        wpa_listings[s] = Some(HashMap::new());
+                        false
+                    }
                     Ok(Event::InitApply(object)) => {
                         let key = key_of(&object.metadata);
                         wpa_listings[s].get_or_insert_with(HashMap::new).insert(key, Arc::new(object));
+                        false
                     }
                     Ok(Event::InitDone) => {
                         wpas[s] = wpa_listings[s].take().unwrap_or_default();
                         initialized[s][0] = true;
+                        true
                     }
                     Ok(Event::Apply(object)) => {
                         wpas[s].insert(key_of(&object.metadata), Arc::new(object));
+                        true
                     }
                     Ok(Event::Delete(object)) => {
                         let key = key_of(&object.metadata);
                         wpas[s].remove(&key);
                         rejected.remove(&key);
                         statuses.remove(&key);
+                        true
                     }
-                    Err(err) => watch_failed(&err, &mut dirty),
+                    Err(err) => watch_failed(&err),
                 },
                 Change::Metric(s, event) => match *event {
-                    Ok(Event::Init) => metric_listings[s] = Some(HashMap::new()),
+                    Ok(Event::Init) => {
+                        metric_listings[s] = Some(HashMap::new());
+                        false
+                    }
                     Ok(Event::InitApply(object)) => {
                         metric_listings[s].get_or_insert_with(HashMap::new).insert(key_of(&object.metadata), object);
+                        false
                     }
                     Ok(Event::InitDone) => {
                         metrics[s] = metric_listings[s].take().unwrap_or_default();
                         initialized[s][1] = true;
+                        if metrics_absent {
+                            tracing::info!("the DatadogMetric resource is served now; datadogmetric@ references resolve");
+                            metrics_absent = false;
+                        }
+                        true
                     }
                     Ok(Event::Apply(object)) => {
                         metrics[s].insert(key_of(&object.metadata), object);
+                        true
                     }
                     Ok(Event::Delete(object)) => {
                         metrics[s].remove(&key_of(&object.metadata));
+                        true
                     }
-                    // DatadogMetric comes with the Datadog Cluster Agent's CRDs, which a
-                    // cluster that never ran it lacks: then there are none, and only WPAs that
-                    // reference one fail (each says so in its status).
                     Err(watcher::Error::InitialListFailed(kube::Error::Api(status))) if status.code == 404 => {
-                        if !initialized[s][1] {
-                            tracing::info!(
-                                "the DatadogMetric resource is not served by this cluster; datadogmetric@ references \
-                                 cannot resolve until it is"
-                            );
-                            metrics[s].clear();
-                            initialized[s][1] = true;
-                        } else {
-                            dirty = false;
-                        }
+                        datadog_metrics_absent(s, &mut metrics, &mut initialized, &mut metrics_absent)
                     }
-                    Err(err) => watch_failed(&err, &mut dirty),
+                    Err(err) => watch_failed(&err),
                 },
-            }
+                Change::MetricsAbsent(s) => {
+                    datadog_metrics_absent(s, &mut metrics, &mut initialized, &mut metrics_absent)
+                }
+            };
         }
         if initialized.iter().all(|both| both[0] && both[1]) {
             watch.synced.store(true, Ordering::Release);
@@ -331,8 +340,20 @@ pub async fn watch_wpas(mut watch: WpaWatch) {
         }
         let Some(rules) = watch.rules.borrow().clone() else { continue };
         let options = MappingOptions::new(watch.default_backend.clone()).with_backends(&rules.backends);
-        if let Err(problem) = options.check() {
-            tracing::error!(problem = %problem, "WatermarkPodAutoscaler objects cannot run");
+        let problem = options.check().err().or_else(|| options.default_backend_problem());
+        if problem != options_problem {
+            match (&problem, options.check()) {
+                (Some(problem), Err(_)) => {
+                    tracing::error!(problem = %problem, "WatermarkPodAutoscaler objects cannot run")
+                }
+                (Some(problem), Ok(())) => tracing::info!(
+                    problem = %problem,
+                    "WatermarkPodAutoscaler metrics without a query in the watermarkd.io/queries annotation cannot \
+                     run; the others do"
+                ),
+                (None, _) => {}
+            }
+            options_problem = problem;
         }
         let index = DatadogMetricIndex::from_objects(metrics.iter().flat_map(HashMap::values));
         let mut desired = Vec::new();
@@ -384,9 +405,84 @@ fn same_but_status(old: &WatermarkPodAutoscaler, new: &WatermarkPodAutoscaler) -
         && old.metadata.generation == new.metadata.generation
 }
 
-fn watch_failed(err: &watcher::Error, dirty: &mut bool) {
-    *dirty = false;
+/// A failed watch keeps what it had; it changes nothing to re-map.
+fn watch_failed(err: &watcher::Error) -> bool {
     tracing::warn!(error = %err, "watch of WatermarkPodAutoscaler/DatadogMetric objects failed; retrying");
+    false
+}
+
+/// DatadogMetric comes with the Datadog Cluster Agent's CRDs, which a cluster that never ran it
+/// lacks: then there are none, and only WPAs that reference one fail (each says so in its
+/// status). Said once; whether there is anything to re-map is returned.
+fn datadog_metrics_absent(
+    scope: usize,
+    metrics: &mut [HashMap<Key, DatadogMetric>],
+    initialized: &mut [[bool; 2]],
+    absent: &mut bool,
+) -> bool {
+    if !*absent {
+        tracing::info!(
+            "the DatadogMetric resource is not served by this cluster; datadogmetric@ references cannot resolve \
+             until it is (checked again every {}s)",
+            DATADOG_METRIC_RECHECK.as_secs()
+        );
+        *absent = true;
+    }
+    let had_objects = !metrics[scope].is_empty();
+    metrics[scope].clear();
+    let first_answer = !initialized[scope][1];
+    initialized[scope][1] = true;
+    had_objects || first_answer
+}
+
+/// How often a cluster without the DatadogMetric resource is asked again whether it has it.
+const DATADOG_METRIC_RECHECK: Duration = Duration::from_secs(300);
+
+/// Whether the API server serves `datadogmetrics.datadoghq.com/v1alpha1`.
+async fn datadog_metrics_served(client: &Client) -> Result<bool, kube::Error> {
+    match client.list_api_group_resources("datadoghq.com/v1alpha1").await {
+        Ok(list) => Ok(list.resources.iter().any(|r| r.name == "datadogmetrics")),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(false),
+        Err(err) => Err(err),
+    }
+}
+
+/// Watches DatadogMetrics in one scope while the resource is served. While it is not, asks
+/// again every `DATADOG_METRIC_RECHECK` instead of retrying a watch that can only answer 404.
+async fn watch_datadog_metrics(client: Client, api: Api<DatadogMetric>, scope: usize, to: mpsc::Sender<Change>) {
+    loop {
+        match datadog_metrics_served(&client).await {
+            Ok(true) => {
+                let config = watcher::Config::default();
+                let mut stream =
+                    std::pin::pin!(watcher::watcher(api.clone(), config).backoff(crate::target::watch_backoff()));
+                while let Some(event) = crate::target::next_event(&mut stream).await {
+                    let gone = matches!(
+                        &event,
+                        Err(watcher::Error::InitialListFailed(kube::Error::Api(status))) if status.code == 404
+                    );
+                    if to.send(Change::Metric(scope, Box::new(event))).await.is_err() {
+                        return;
+                    }
+                    if gone {
+                        break;
+                    }
+                }
+            }
+            Ok(false) => {
+                if to.send(Change::MetricsAbsent(scope)).await.is_err() {
+                    return;
+                }
+            }
+            Err(err) => {
+                // The API server is not answering: ask again soon, as a watch would.
+                tracing::debug!(error = %err, "cannot tell whether DatadogMetric is served; asking again");
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                continue;
+            }
+        }
+        tokio::time::sleep(DATADOG_METRIC_RECHECK).await;
+    }
 }
 
 /// Reports a WPA that does not run: its status (when it changed) and a Warning event.

@@ -34,6 +34,24 @@ use tokio::sync::watch;
 use super::error::{Request, TargetError};
 use super::object::{pod_is_ready, KindPaths, ObjectInfo};
 
+/// The retry policy of every watch: from 250 ms, doubling, jittered, at most 5 s apart, never
+/// giving up. kube's default waits up to 30 s between tries and forgets its backoff only after
+/// two quiet minutes, which left watches down for a minute after a 20 s API server restart; at
+/// 5 s, every watch is back within a few seconds of the API server answering again. The cost
+/// while it is down stays small: one watch per (kind, namespace), not per target.
+pub fn backoff() -> watcher::ExponentialBackoff {
+    backon::ExponentialBuilder::new()
+        .with_min_delay(Duration::from_millis(250))
+        // The jitter adds up to as much again.
+        .with_max_delay(MAX_RETRY_DELAY / 2)
+        .with_jitter()
+        .without_max_times()
+        .into()
+}
+
+/// The longest pause between two tries of a failed watch.
+pub const MAX_RETRY_DELAY: Duration = Duration::from_secs(5);
+
 /// `StreamExt::next` without a dependency on `futures`: `WatchStreamExt` has `Stream` as its
 /// supertrait, so a bound on it makes `poll_next` callable here.
 pub async fn next<S: WatchStreamExt + Unpin>(stream: &mut S) -> Option<S::Item> {
@@ -250,7 +268,7 @@ async fn run_group(client: Client, spec: GroupSpec, shared: Arc<GroupShared>, de
             _ => watcher::Config::default(),
         };
         drop(names);
-        let mut stream = Box::pin(watcher::watcher(api.clone(), config).default_backoff());
+        let mut stream = Box::pin(watcher::watcher(api.clone(), config).backoff(backoff()));
         // Objects of the list in progress, by name (referenced names only).
         let mut listing: Option<HashMap<String, ObjectInfo>> = None;
         loop {
@@ -371,7 +389,7 @@ async fn run_pods(client: Client, namespace: String, selector: String, sender: w
         collection: true,
     };
     let config = watcher::Config::default().labels(&selector);
-    let mut stream = Box::pin(watcher::watcher(api, config).default_backoff());
+    let mut stream = Box::pin(watcher::watcher(api, config).backoff(backoff()));
     // Pod name -> ready. Names and a flag only, never the pods.
     let mut ready: HashMap<String, bool> = HashMap::new();
     let mut listing: Option<HashMap<String, bool>> = None;
@@ -411,5 +429,20 @@ async fn run_pods(client: Client, namespace: String, selector: String, sender: w
                 });
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_watch_is_retried_forever_and_never_more_than_five_seconds_apart() {
+        let mut delays = backoff();
+        let first: Vec<Duration> = delays.by_ref().take(200).collect();
+        assert_eq!(first.len(), 200, "the backoff never ends the watch");
+        assert!(first.iter().all(|d| *d <= MAX_RETRY_DELAY), "{first:?}");
+        assert!(first[0] <= Duration::from_millis(500), "the first retry is quick: {:?}", first[0]);
+        assert!(first[50..].iter().any(|d| *d > Duration::from_secs(2)), "it does back off: {first:?}");
     }
 }

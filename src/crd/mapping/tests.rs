@@ -512,14 +512,33 @@ fn backends_are_checked_when_known() {
     );
     assert_eq!(ok.unwrap().autoscaler.metrics[0].backend, "prom");
 
+    // A default backend that cannot answer a built Datadog query fails only the WPAs that need
+    // one; a WPA whose metrics all have an annotated query runs on it.
+    let nope = MappingOptions::new("nope").with_backends(&rules.backends);
+    assert_eq!(nope.check(), Ok(()), "not a problem of the daemon as a whole");
     assert_eq!(
-        MappingOptions::new("nope").with_backends(&rules.backends).check(),
-        Err("the default backend \"nope\" names no [backend.nope] table".into())
+        nope.default_backend_problem().as_deref(),
+        Some("the default backend \"nope\" names no [backend.nope] table")
     );
     assert_eq!(
-        MappingOptions::new("prom").with_backends(&rules.backends).check(),
-        Err("the default backend \"prom\" must be a datadog backend: External metrics are Datadog metrics".into())
+        problems_with(BASE, &nope, &NoDatadogMetrics),
+        ["spec.metrics[0] (\"nope\") names no [backend.nope] table (defined: dd, prom)"]
     );
+    let prom = MappingOptions::new("prom").with_backends(&rules.backends);
+    assert_eq!(prom.check(), Ok(()));
+    let problem = "the default backend \"prom\" is not a datadog backend, and a query built from metricName is a \
+                   Datadog query";
+    assert_eq!(prom.default_backend_problem().as_deref(), Some(problem));
+    assert_eq!(
+        problems_with(BASE, &prom, &NoDatadogMetrics),
+        [format!(
+            "spec.metrics[0].external.metricName has no query in the watermarkd.io/queries annotation, and \
+             {problem}: give this metric a query there, or set default_backend to a datadog backend"
+        )]
+    );
+    let annotated = map_wpa(&wpa(&with_annotation(BASE, r#"[{"metric": 0, "query": "up"}]"#)), &prom, &NoDatadogMetrics);
+    assert_eq!(annotated.unwrap().autoscaler.metrics[0].backend, "prom");
+    assert_eq!(known.default_backend_problem(), None);
     let mut bad = MappingOptions::new("dd");
     bad.rollup_seconds = 0;
     assert!(bad.check().is_err());
