@@ -529,6 +529,7 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
         let readiness = Arc::clone(&readiness);
         let targets = targets.clone();
         let crd_synced = Arc::clone(&crd_synced);
+        let watch_health = targets.watch_health();
         let mut shutdown = shutdown.clone();
         tokio::spawn(async move {
             let notifier = systemd::Notifier::from_env();
@@ -540,7 +541,10 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
                     // Once a minute: scrapes and reloads leave freed pages behind.
                     memory::release_free();
                 }
-                let synced = crd_synced.load(Ordering::Acquire) && targets.settled();
+                // Not ready while a watch is failing: its cache may be stale (the API server is
+                // down or restarting). Writes stay safe meanwhile: each carries the
+                // resourceVersion it was decided on.
+                let synced = crd_synced.load(Ordering::Acquire) && targets.settled() && !watch_health.failing();
                 readiness.caches_synced.store(synced, Ordering::Release);
                 if !announced && readiness.is_ready() {
                     notifier.ready();

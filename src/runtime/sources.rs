@@ -220,6 +220,7 @@ pub async fn watch_wpas(mut watch: WpaWatch) {
     let mut rejected: BTreeMap<Key, String> = BTreeMap::new();
     let mut statuses: HashMap<Key, crd::WatermarkPodAutoscalerStatus> = HashMap::new();
     let mut rules_changed = false;
+    let health = watch.shared.targets.watch_health();
     // Whether the DatadogMetric resource was found missing (logged once, not per re-check).
     let mut metrics_absent = false;
     // The last problem of the mapping options that was logged: said once, not per re-map.
@@ -283,7 +284,7 @@ pub async fn watch_wpas(mut watch: WpaWatch) {
                         statuses.remove(&key);
                         true
                     }
-                    Err(err) => watch_failed(&err),
+                    Err(err) => watch_failed(&err, &health),
                 },
                 Change::Metric(s, event) => match *event {
                     Ok(Event::Init) => {
@@ -298,7 +299,9 @@ pub async fn watch_wpas(mut watch: WpaWatch) {
                         metrics[s] = metric_listings[s].take().unwrap_or_default();
                         initialized[s][1] = true;
                         if metrics_absent {
-                            tracing::info!("the DatadogMetric resource is served now; datadogmetric@ references resolve");
+                            tracing::info!(
+                                "the DatadogMetric resource is served now; datadogmetric@ references resolve"
+                            );
                             metrics_absent = false;
                         }
                         true
@@ -314,7 +317,7 @@ pub async fn watch_wpas(mut watch: WpaWatch) {
                     Err(watcher::Error::InitialListFailed(kube::Error::Api(status))) if status.code == 404 => {
                         datadog_metrics_absent(s, &mut metrics, &mut initialized, &mut metrics_absent)
                     }
-                    Err(err) => watch_failed(&err),
+                    Err(err) => watch_failed(&err, &health),
                 },
                 Change::MetricsAbsent(s) => {
                     datadog_metrics_absent(s, &mut metrics, &mut initialized, &mut metrics_absent)
@@ -405,9 +408,10 @@ fn same_but_status(old: &WatermarkPodAutoscaler, new: &WatermarkPodAutoscaler) -
         && old.metadata.generation == new.metadata.generation
 }
 
-/// A failed watch keeps what it had; it changes nothing to re-map.
-fn watch_failed(err: &watcher::Error) -> bool {
+/// A failed watch keeps what it had; it changes nothing to re-map, but its cache may be stale.
+fn watch_failed(err: &watcher::Error, health: &crate::target::WatchHealth) -> bool {
     tracing::warn!(error = %err, "watch of WatermarkPodAutoscaler/DatadogMetric objects failed; retrying");
+    health.failed();
     false
 }
 

@@ -49,7 +49,7 @@ use crate::rules::TargetRef;
 use error::Request;
 pub use object::Marks;
 use object::{kind_paths, split_api_version, KindPaths, ObjectInfo};
-pub use watch::{backoff as watch_backoff, next as next_event};
+pub use watch::{backoff as watch_backoff, next as next_event, WatchHealth};
 use watch::{AbortOnDrop, GroupSpec, Groups, ObjState, PodState, PodWatch};
 
 /// The field manager named in the managed fields of every write.
@@ -156,6 +156,7 @@ struct Entry {
 struct Context {
     client: Client,
     groups: Arc<Groups>,
+    health: Arc<WatchHealth>,
     /// Discovery results by (apiVersion, kind). Only kinds that resolved with a `/scale`.
     kinds: Mutex<HashMap<(String, String), Arc<Resolved>>>,
     /// Held while a kind is being discovered: ten thousand targets of one kind added at once
@@ -186,8 +187,10 @@ impl Targets {
 
     /// Like `new`, with how long `read` waits for a newly watched target's first state.
     pub fn with_sync_timeout(client: Client, sync_timeout: Duration) -> Self {
+        let health = Arc::new(WatchHealth::default());
         let context = Arc::new(Context {
-            groups: Groups::new(client.clone()),
+            groups: Groups::new(client.clone(), Arc::clone(&health)),
+            health,
             client,
             kinds: Mutex::default(),
             resolving: tokio::sync::Mutex::new(()),
@@ -241,6 +244,12 @@ impl Targets {
             .get(&Key::of(target))
             .map(|entry| Arc::clone(&entry.state))
             .ok_or_else(|| TargetError::NotWatched(describe(target)))
+    }
+
+    /// The health of every watch of the process: the targets' own, and any other that reports
+    /// into it (the WPA watches).
+    pub fn watch_health(&self) -> Arc<WatchHealth> {
+        Arc::clone(&self.inner.context.health)
     }
 
     /// Whether every watched target has had its first answer (found, missing or failed).
@@ -509,8 +518,12 @@ async fn run_target(context: Arc<Context>, target: TargetRef, state: Arc<channel
                             let pod_state = match (&reading.ready_replicas, &reading.selector) {
                                 (None, Some(selector)) => {
                                     if pods.as_ref().is_none_or(|p| p.selector != *selector) {
-                                        pods =
-                                            Some(PodWatch::start(context.client.clone(), &target.namespace, selector));
+                                        pods = Some(PodWatch::start(
+                                            context.client.clone(),
+                                            &target.namespace,
+                                            selector,
+                                            Arc::clone(&context.health),
+                                        ));
                                     }
                                     pods.as_ref().map(|p| p.state.clone())
                                 }

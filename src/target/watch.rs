@@ -52,6 +52,43 @@ pub fn backoff() -> watcher::ExponentialBackoff {
 /// The longest pause between two tries of a failed watch.
 pub const MAX_RETRY_DELAY: Duration = Duration::from_secs(5);
 
+/// Whether any watch of the process is failing for a reason that passes (connection lost, API
+/// server restarting, a resourceVersion too old): its cache may be stale, and `/readyz` says
+/// so. A failing watch fails again at least every `MAX_RETRY_DELAY`, so a watch with no
+/// failure for twice that is back (a watch that resumes needs not send any event to be
+/// healthy). Refusals that stay (403, an unknown kind) are each autoscaler's own error, not
+/// staleness, and are not counted.
+#[derive(Debug)]
+pub struct WatchHealth {
+    origin: tokio::time::Instant,
+    /// Milliseconds after `origin` of the last passing failure, plus one (0: none yet).
+    last_failure: std::sync::atomic::AtomicU64,
+}
+
+impl Default for WatchHealth {
+    fn default() -> Self {
+        WatchHealth { origin: tokio::time::Instant::now(), last_failure: std::sync::atomic::AtomicU64::new(0) }
+    }
+}
+
+impl WatchHealth {
+    pub fn failed(&self) {
+        let millis = u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX - 1);
+        self.last_failure.store(millis + 1, std::sync::atomic::Ordering::Release);
+    }
+
+    /// True while some watch failed within the last `2 x MAX_RETRY_DELAY`.
+    pub fn failing(&self) -> bool {
+        match self.last_failure.load(std::sync::atomic::Ordering::Acquire) {
+            0 => false,
+            at => {
+                let since = Duration::from_millis(at - 1);
+                self.origin.elapsed().saturating_sub(since) < MAX_RETRY_DELAY * 2
+            }
+        }
+    }
+}
+
 /// `StreamExt::next` without a dependency on `futures`: `WatchStreamExt` has `Stream` as its
 /// supertrait, so a bound on it makes `poll_next` callable here.
 pub async fn next<S: WatchStreamExt + Unpin>(stream: &mut S) -> Option<S::Item> {
@@ -127,6 +164,7 @@ struct Group {
 /// All group watches of one `Targets`.
 pub(crate) struct Groups {
     client: Client,
+    health: Arc<WatchHealth>,
     groups: Mutex<HashMap<GroupKey, Group>>,
     /// How long additions must pause before the watch lists again.
     debounce: Duration,
@@ -141,8 +179,8 @@ pub(crate) struct Subscription {
 }
 
 impl Groups {
-    pub(crate) fn new(client: Client) -> Arc<Self> {
-        Arc::new(Groups { client, groups: Mutex::new(HashMap::new()), debounce: Duration::from_millis(50) })
+    pub(crate) fn new(client: Client, health: Arc<WatchHealth>) -> Arc<Self> {
+        Arc::new(Groups { client, health, groups: Mutex::new(HashMap::new()), debounce: Duration::from_millis(50) })
     }
 
     /// Subscribes to `name` in the group watch for `spec`, starting it if needed.
@@ -178,7 +216,13 @@ impl Groups {
         let mut slots = Slots::default();
         slots.by_name.insert(name.to_string(), (1, sender));
         let shared = Arc::new(GroupShared { slots: Mutex::new(slots), added: watch::Sender::new(0) });
-        let task = tokio::spawn(run_group(self.client.clone(), spec.clone(), Arc::clone(&shared), self.debounce));
+        let task = tokio::spawn(run_group(
+            self.client.clone(),
+            spec.clone(),
+            Arc::clone(&shared),
+            self.debounce,
+            Arc::clone(&self.health),
+        ));
         groups.insert(key.clone(), Group { shared, _task: AbortOnDrop(task) });
         (Subscription { groups: Arc::clone(self), key, name: name.to_string() }, receiver)
     }
@@ -240,7 +284,13 @@ fn is_definitive(err: &TargetError) -> bool {
     matches!(err, TargetError::Forbidden { .. } | TargetError::UnknownKind { .. })
 }
 
-async fn run_group(client: Client, spec: GroupSpec, shared: Arc<GroupShared>, debounce: Duration) {
+async fn run_group(
+    client: Client,
+    spec: GroupSpec,
+    shared: Arc<GroupShared>,
+    debounce: Duration,
+    health: Arc<WatchHealth>,
+) {
     let api: Api<DynamicObject> = if spec.namespaced {
         Api::namespaced_with(client, &spec.namespace, &spec.resource)
     } else {
@@ -329,6 +379,9 @@ async fn run_group(client: Client, spec: GroupSpec, shared: Arc<GroupShared>, de
                             "watch of the targets failed; retrying"
                         );
                         let definitive = is_definitive(&error);
+                        if !definitive {
+                            health.failed();
+                        }
                         for (_, sender) in shared.all() {
                             sender.send_if_modified(|state| {
                                 let replace = definitive || matches!(state, ObjState::Starting | ObjState::Failed(_));
@@ -369,15 +422,21 @@ pub(crate) struct PodWatch {
 }
 
 impl PodWatch {
-    pub(crate) fn start(client: Client, namespace: &str, selector: &str) -> PodWatch {
+    pub(crate) fn start(client: Client, namespace: &str, selector: &str, health: Arc<WatchHealth>) -> PodWatch {
         let sender = watch::Sender::new(PodState::Starting);
         let state = sender.subscribe();
-        let task = tokio::spawn(run_pods(client, namespace.to_string(), selector.to_string(), sender));
+        let task = tokio::spawn(run_pods(client, namespace.to_string(), selector.to_string(), sender, health));
         PodWatch { selector: selector.to_string(), state, _task: AbortOnDrop(task) }
     }
 }
 
-async fn run_pods(client: Client, namespace: String, selector: String, sender: watch::Sender<PodState>) {
+async fn run_pods(
+    client: Client,
+    namespace: String,
+    selector: String,
+    sender: watch::Sender<PodState>,
+    health: Arc<WatchHealth>,
+) {
     let api: Api<Pod> = Api::namespaced(client, &namespace);
     let request = Request {
         verb: "list",
@@ -418,6 +477,9 @@ async fn run_pods(client: Client, namespace: String, selector: String, sender: w
                 let error = request.watch_error(&err);
                 tracing::warn!(namespace = %namespace, selector = %selector, error = %error, "pod watch failed; retrying");
                 let definitive = is_definitive(&error);
+                if !definitive {
+                    health.failed();
+                }
                 sender.send_if_modified(|state| {
                     let replace = definitive || !matches!(state, PodState::Counted(_));
                     if replace && *state != PodState::Failed(error.clone()) {
@@ -444,5 +506,19 @@ mod tests {
         assert!(first.iter().all(|d| *d <= MAX_RETRY_DELAY), "{first:?}");
         assert!(first[0] <= Duration::from_millis(500), "the first retry is quick: {:?}", first[0]);
         assert!(first[50..].iter().any(|d| *d > Duration::from_secs(2)), "it does back off: {first:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_watch_counts_as_failing_until_it_has_not_failed_for_two_retry_periods() {
+        let health = WatchHealth::default();
+        assert!(!health.failing());
+        health.failed();
+        assert!(health.failing());
+        tokio::time::advance(MAX_RETRY_DELAY).await;
+        health.failed();
+        tokio::time::advance(MAX_RETRY_DELAY * 2 - Duration::from_millis(1)).await;
+        assert!(health.failing(), "a retry period after its last failure it may still be down");
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(!health.failing());
     }
 }

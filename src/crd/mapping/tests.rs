@@ -536,7 +536,8 @@ fn backends_are_checked_when_known() {
              {problem}: give this metric a query there, or set default_backend to a datadog backend"
         )]
     );
-    let annotated = map_wpa(&wpa(&with_annotation(BASE, r#"[{"metric": 0, "query": "up"}]"#)), &prom, &NoDatadogMetrics);
+    let annotated =
+        map_wpa(&wpa(&with_annotation(BASE, r#"[{"metric": 0, "query": "up"}]"#)), &prom, &NoDatadogMetrics);
     assert_eq!(annotated.unwrap().autoscaler.metrics[0].backend, "prom");
     assert_eq!(known.default_backend_problem(), None);
     let mut bad = MappingOptions::new("dd");
