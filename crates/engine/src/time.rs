@@ -8,14 +8,24 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Timestamp(i64);
 
+/// The last millisecond of 9999. Read times stay within 1970 and this: RFC 3339 as `Display`
+/// writes it (humantime) has no other years, and a time read that cannot be written back would
+/// fail, or panic before 1970, when the decision or the state is written.
+const MAX_READ_MILLIS: i64 = 253_402_300_799_999;
+
 impl Timestamp {
     pub const fn from_unix_millis(ms: i64) -> Self {
         Timestamp(ms)
     }
 
+    /// `None` outside 1970 to 9999 (see `MAX_READ_MILLIS`).
     pub fn from_unix_seconds_f64(s: f64) -> Option<Self> {
         let ms = (s * 1000.0).round();
-        (ms.is_finite() && ms.abs() < 9.0e15).then_some(Timestamp(ms as i64))
+        (0.0..=MAX_READ_MILLIS as f64).contains(&ms).then_some(Timestamp(ms as i64))
+    }
+
+    fn from_unix_seconds(s: i64) -> Option<Self> {
+        s.checked_mul(1000).filter(|ms| (0..=MAX_READ_MILLIS).contains(ms)).map(Timestamp)
     }
 
     pub const fn unix_millis(self) -> i64 {
@@ -65,6 +75,8 @@ impl serde::Serialize for Timestamp {
     }
 }
 
+const OUT_OF_RANGE: &str = "time out of range: Unix seconds from 0 to the end of 9999";
+
 impl<'de> serde::Deserialize<'de> for Timestamp {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         struct Visitor;
@@ -77,13 +89,13 @@ impl<'de> serde::Deserialize<'de> for Timestamp {
                 Timestamp::parse_rfc3339(v).ok_or_else(|| E::custom(format!("{v:?} is not an RFC 3339 time")))
             }
             fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Timestamp, E> {
-                Ok(Timestamp(v.saturating_mul(1000)))
+                Timestamp::from_unix_seconds(v).ok_or_else(|| E::custom(OUT_OF_RANGE))
             }
             fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Timestamp, E> {
-                Ok(Timestamp(i64::try_from(v).unwrap_or(i64::MAX).saturating_mul(1000)))
+                i64::try_from(v).ok().and_then(Timestamp::from_unix_seconds).ok_or_else(|| E::custom(OUT_OF_RANGE))
             }
             fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Timestamp, E> {
-                Timestamp::from_unix_seconds_f64(v).ok_or_else(|| E::custom("time out of range"))
+                Timestamp::from_unix_seconds_f64(v).ok_or_else(|| E::custom(OUT_OF_RANGE))
             }
         }
         deserializer.deserialize_any(Visitor)
@@ -102,5 +114,21 @@ mod tests {
         assert_eq!(Timestamp(1_714_564_830_250).to_string(), "2024-05-01T12:00:30.250Z");
         assert_eq!(t.since(Timestamp(t.0 + 5)), Duration::ZERO);
         assert_eq!(t.plus(Duration::from_secs(30)).since(t), Duration::from_secs(30));
+    }
+
+    #[test]
+    fn reads_only_times_it_can_write() {
+        let read = |json: &str| serde_json::from_str::<Timestamp>(json);
+        for json in ["-1", "-0.001", "253402300800", "9223372036854775807", "18446744073709551615", "1e300"] {
+            assert!(read(json).is_err(), "{json}");
+        }
+        for (json, written) in [
+            ("0", "\"1970-01-01T00:00:00Z\""),
+            ("253402300799.999", "\"9999-12-31T23:59:59.999Z\""),
+            ("\"9999-12-31T23:59:59Z\"", "\"9999-12-31T23:59:59Z\""),
+        ] {
+            let t = read(json).unwrap();
+            assert_eq!(serde_json::to_string(&t).unwrap(), written, "{json}");
+        }
     }
 }
