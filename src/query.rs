@@ -118,7 +118,9 @@ pub async fn query_all<'a>(
                 MetricQuery { query: source.query.clone(), reducer: source.reducer }
             })
             .collect();
-        let observations = backend.evaluate(&queries, now).await;
+        // No cycle to fit in: as long as a cycle of the daemon with retries used to take.
+        let deadline = tokio::time::Instant::now() + backend.timeout().saturating_mul(2);
+        let observations = backend.evaluate(&queries, now, deadline).await;
         if let MetricBackend::Datadog(client) = &backend {
             if let Some(budget) = client.rate_limit() {
                 rate_limits.push((name.to_string(), budget));

@@ -41,6 +41,11 @@ fn build(config: &PrometheusBackend) -> (PrometheusClient, Arc<BackendMetrics>) 
     (client, metrics)
 }
 
+/// The deadline a cycle starting now gets in these tests: twice the client's timeout.
+fn by(client: &PrometheusClient) -> tokio::time::Instant {
+    tokio::time::Instant::now() + client.timeout() * 2
+}
+
 fn now() -> Timestamp {
     Timestamp::from_system_time(SystemTime::now())
 }
@@ -54,7 +59,7 @@ fn reduced(query: &str, reducer: Reducer) -> MetricQuery {
 }
 
 async fn one(client: &PrometheusClient, query: MetricQuery) -> Observation {
-    client.evaluate(&[query], now()).await.pop().expect("one observation per query")
+    client.evaluate(&[query], now(), by(client)).await.pop().expect("one observation per query")
 }
 
 fn value(obs: &Observation) -> f64 {
@@ -105,7 +110,7 @@ async fn reads_a_gauge_and_follows_its_changes() {
 
     // An instant query's sample is dated at the evaluation time we asked for, to the millisecond.
     let at = now();
-    let obs = client.evaluate(&[q("wm_test_gauge")], at).await.remove(0);
+    let obs = client.evaluate(&[q("wm_test_gauge")], at, by(&client)).await.remove(0);
     assert_eq!(obs.reading, Reading::Value { value: 5.0, at });
     // And the scrape that produced it happened within the last seconds.
     let scraped = value(&one(&client, q("timestamp(wm_test_gauge)")).await);
@@ -139,7 +144,7 @@ async fn no_data_several_series_reducers_and_nan() {
         reduced("wm_test_load", Reducer::Avg),
     ];
     let at = now();
-    let obs = client.evaluate(&queries, at).await;
+    let obs = client.evaluate(&queries, at, by(&client)).await;
     assert_eq!(requests(&metrics, "ok") - before, 1);
     assert_eq!(error(&obs[0]), QueryError::SeveralSeries { count: 3 });
     let values: Vec<f64> = obs[1..].iter().map(value).collect();
@@ -169,7 +174,7 @@ async fn scalars_query_errors_and_long_queries() {
     eventually(&client, q("count(wm_test_load)"), is_value(2.0)).await;
 
     let at = now();
-    let obs = client.evaluate(&[q("1+1"), q("scalar(sum(wm_test_load))")], at).await;
+    let obs = client.evaluate(&[q("1+1"), q("scalar(sum(wm_test_load))")], at, by(&client)).await;
     assert_eq!(obs[0].reading, Reading::Value { value: 2.0, at });
     assert_eq!(value(&obs[1]), 5.0);
 
@@ -246,7 +251,7 @@ async fn credentials_tenant_headers_and_params_reach_the_server() {
     let (client, _) = build(&settings);
 
     let at = Timestamp::from_unix_millis(1_700_000_000_123);
-    let obs = client.evaluate(&[q("up")], at).await;
+    let obs = client.evaluate(&[q("up")], at, by(&client)).await;
     assert_eq!(value(&obs[0]), 1.0);
     let requests = fake.requests();
     assert_eq!(requests.len(), 1);
@@ -290,7 +295,7 @@ async fn a_long_query_goes_as_a_form_post() {
     let (client, _) = build(&config(&fake.url()));
     let long = format!("sum(up{{job=~\"{}\"}})", "a|".repeat(1_200));
     let short = "sum(up)";
-    let obs = client.evaluate(&[q(short), q(&long)], Timestamp::from_unix_millis(5_000)).await;
+    let obs = client.evaluate(&[q(short), q(&long)], Timestamp::from_unix_millis(5_000), by(&client)).await;
     assert_eq!(obs.iter().map(value).collect::<Vec<_>>(), [2.0, 2.0]);
     let mut requests = fake.requests();
     requests.sort_by_key(|r| r.method.clone());
@@ -407,11 +412,11 @@ async fn concurrency_is_bounded_and_identical_queries_go_once() {
     settings.max_in_flight = 2;
     let (client, _) = build(&settings);
     let queries: Vec<_> = [1, 2, 3, 1, 4, 5, 6, 2].iter().map(|n| q(&format!("q{n}"))).collect();
-    let obs = client.evaluate(&queries, now()).await;
+    let obs = client.evaluate(&queries, now(), by(&client)).await;
     assert_eq!(obs.iter().map(value).collect::<Vec<_>>(), [1.0, 2.0, 3.0, 1.0, 4.0, 5.0, 6.0, 2.0]);
     assert_eq!(fake.requests().len(), 6);
     assert_eq!(fake.max_in_flight(), 2);
-    assert!(client.evaluate(&[], now()).await.is_empty());
+    assert!(client.evaluate(&[], now(), by(&client)).await.is_empty());
 }
 
 #[tokio::test]
@@ -479,4 +484,67 @@ async fn bad_tls_files_fail_the_build_naming_the_file() {
         PrometheusClient::new(NAME, &settings, Arc::new(BackendMetrics::detached())),
         Err(BackendError::Invalid { .. })
     ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cycle_ends_by_its_deadline_whatever_the_retries() {
+    use tokio::time::Instant as Clock;
+    // A 10 s timeout and a cycle deadline of 14 s (an autoscaler every 15 s); the server answers
+    // after 12 s: the first attempt times out, the retry gets what is left, and the cycle is over
+    // by its deadline with a timeout.
+    let slow = FakeServer::start(|_, _| Reply::vector(1.0, &["1"]).after(Duration::from_secs(12))).await;
+    let mut settings = config(&slow.url());
+    settings.timeout = Duration::from_secs(10);
+    let (client, _) = build(&settings);
+    let deadline = Clock::now() + Duration::from_secs(14);
+    let obs = client.evaluate(&[q("up")], now(), deadline).await;
+    assert!(Clock::now() <= deadline, "the cycle ran {:?} past its deadline", Clock::now() - deadline);
+    assert!(matches!(error(&obs[0]), QueryError::Timeout(_)), "{obs:?}");
+    assert_eq!(slow.requests().len(), 2, "a retry with the time that was left");
+
+    // Instant 503s and a short interval: retried while time is left, over by the deadline.
+    let down = FakeServer::start(|_, _| Reply::text(503, "Service Unavailable")).await;
+    let (client, _) = build(&config(&down.url()));
+    let deadline = Clock::now() + Duration::from_millis(1_800);
+    let obs = client.evaluate(&[q("up")], now(), deadline).await;
+    assert!(Clock::now() <= deadline);
+    assert!(matches!(error(&obs[0]), QueryError::Server(_)), "{obs:?}");
+    assert!(down.requests().len() >= 2, "retried");
+
+    // Deadline-based, not count-based: eight failures in a row, then an answer, all in time.
+    let flaky =
+        FakeServer::start(
+            |i, _| {
+                if i < 8 {
+                    Reply::text(503, "Service Unavailable")
+                } else {
+                    Reply::vector(1.0, &["7"])
+                }
+            },
+        )
+        .await;
+    let (client, _) = build(&config(&flaky.url()));
+    let obs = client.evaluate(&[q("up")], now(), Clock::now() + Duration::from_secs(60)).await;
+    assert_eq!(value(&obs[0]), 7.0);
+    assert_eq!(flaky.requests().len(), 9);
+
+    // A cycle whose deadline has passed sends nothing.
+    let (client, _) = build(&config(&flaky.url()));
+    let obs = client.evaluate(&[q("up")], now(), Clock::now()).await;
+    assert!(matches!(error(&obs[0]), QueryError::Timeout(_)), "{obs:?}");
+    assert_eq!(flaky.requests().len(), 9);
+}
+
+#[tokio::test]
+async fn an_error_status_in_a_200_is_the_servers_unless_it_is_bad_data() {
+    let fake = FakeServer::start(|_, r| match r.param("query").as_deref() {
+        Some("bad") => Reply::json(200, r#"{"status":"error","errorType":"bad_data","error":"parse error"}"#),
+        _ => Reply::json(200, r#"{"status":"error","errorType":"execution","error":"out of memory"}"#),
+    })
+    .await;
+    let (client, metrics) = build(&config(&fake.url()));
+    let obs = client.evaluate(&[q("bad"), q("heavy")], now(), by(&client)).await;
+    assert_eq!(error(&obs[0]), QueryError::BadQuery("parse error".into()));
+    assert!(matches!(error(&obs[1]), QueryError::Server(m) if m.contains("out of memory")), "{obs:?}");
+    assert_eq!(requests(&metrics, "server_error"), 1, "not retried: nothing says it would pass");
 }

@@ -83,7 +83,9 @@ async fn query_shows_what_prometheus_answers_now() {
     let query = MetricQuery { query: "wm_query_queue_depth".into(), reducer: None };
     loop {
         let now = Timestamp::from_system_time(SystemTime::now());
-        let answer = client.evaluate(std::slice::from_ref(&query), now).await;
+        let answer = client
+            .evaluate(std::slice::from_ref(&query), now, tokio::time::Instant::now() + client.timeout() * 2)
+            .await;
         if matches!(answer[0].reading, Reading::Value { .. }) {
             break;
         }

@@ -5,13 +5,24 @@
 //! the time of its data point, or "unavailable" with a reason. Batching, pacing, retries and
 //! every protocol quirk stay in here; the engine never sees HTTP, and nothing that went wrong
 //! ever reaches it as a number.
+//!
+//! # The cycle deadline
+//! Each `evaluate` gets the moment its cycle must be over, and everything in it (waiting for a
+//! request slot, every attempt, every backoff sleep) fits before it: an attempt is given
+//! `min(timeout, time left)`, a retry whose backoff would end too close to the deadline is not
+//! made, and what could not be answered in time is `QueryError::Timeout` for this cycle. The
+//! bound is a moment, not a number of retries, so a slow or failing backend costs the same
+//! whatever the interval: the daemon sets it just before the next cycle of the most frequent
+//! autoscaler in the batch, so one cycle never runs into the next.
 
 pub mod datadog;
 pub mod prometheus;
 mod secret;
 
 use std::sync::Arc;
+use std::time::Duration;
 
+use tokio::time::Instant;
 use watermarkd_engine::{Reading, Timestamp};
 
 use crate::rules::{self, Reducer};
@@ -93,9 +104,12 @@ pub enum QueryError {
     /// Skipped this cycle to keep within the rate limit: the effective interval is stretched.
     #[error("deferred: Datadog's remaining rate budget allows a cycle every {stretched_interval_seconds}s")]
     Deferred { stretched_interval_seconds: u64 },
-    /// HTTP 5xx or a Prometheus `timeout`/`execution` error, after retries.
+    /// HTTP 5xx, a `status: "error"` in a 200 answer, or a Prometheus server-side error, after
+    /// retries.
     #[error("server error: {0}")]
     Server(String),
+    /// No answer before the request's timeout or the cycle's deadline (seconds: the time the
+    /// request or the cycle had).
     #[error("timed out after {0}s")]
     Timeout(u64),
     /// Connection refused, reset, DNS or TLS failure.
@@ -115,12 +129,14 @@ pub enum BackendError {
     Invalid { backend: String, message: String },
 }
 
-/// "Evaluate these queries now": one call per cycle, answers in the order of `queries`.
+/// "Evaluate these queries now": one call per cycle, answers in the order of `queries`, all of
+/// them by `deadline` (see "The cycle deadline" above).
 pub trait QueryBackend {
     fn evaluate(
         &self,
         queries: &[MetricQuery],
         now: Timestamp,
+        deadline: Instant,
     ) -> impl std::future::Future<Output = Vec<Observation>> + Send;
 }
 
@@ -143,11 +159,21 @@ impl MetricBackend {
     }
 }
 
-impl QueryBackend for MetricBackend {
-    async fn evaluate(&self, queries: &[MetricQuery], now: Timestamp) -> Vec<Observation> {
+impl MetricBackend {
+    /// The configured timeout of one request.
+    pub fn timeout(&self) -> Duration {
         match self {
-            MetricBackend::Datadog(c) => c.evaluate(queries, now).await,
-            MetricBackend::Prometheus(c) => c.evaluate(queries, now).await,
+            MetricBackend::Datadog(c) => c.timeout(),
+            MetricBackend::Prometheus(c) => c.timeout(),
+        }
+    }
+}
+
+impl QueryBackend for MetricBackend {
+    async fn evaluate(&self, queries: &[MetricQuery], now: Timestamp, deadline: Instant) -> Vec<Observation> {
+        match self {
+            MetricBackend::Datadog(c) => c.evaluate(queries, now, deadline).await,
+            MetricBackend::Prometheus(c) => c.evaluate(queries, now, deadline).await,
         }
     }
 }

@@ -31,6 +31,7 @@ const DATADOG_KEYS: &[&str] = &[
     "max_age",
     "timeout",
     "max_in_flight",
+    "bad_query_retry",
 ];
 const PROMETHEUS_KEYS: &[&str] = &[
     "type",
@@ -51,6 +52,10 @@ const PROMETHEUS_KEYS: &[&str] = &[
 const BASIC_AUTH_KEYS: &[&str] = &["username", "password_env", "password_file"];
 const DEFAULT_DATADOG_WINDOW: Duration = Duration::from_secs(300);
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+/// A query's text only changes with the rules file; ten minutes keeps a rejected one from
+/// costing a request (or a split batch) every cycle, and a fix on Datadog's side (a metric
+/// that starts to exist, a tag that appears) is still picked up soon.
+pub const DEFAULT_BAD_QUERY_RETRY: Duration = Duration::from_secs(600);
 const DEFAULT_DATADOG_IN_FLIGHT: u32 = 4;
 const DEFAULT_PROMETHEUS_IN_FLIGHT: u32 = 8;
 
@@ -106,10 +111,21 @@ fn read_datadog(table: &mut Table<'_>, sink: &mut Sink) -> Option<DatadogBackend
     let max_age = positive_duration(table, sink, "max_age");
     let timeout = positive_duration(table, sink, "timeout").unwrap_or(DEFAULT_TIMEOUT);
     let max_in_flight = in_flight(table, sink).unwrap_or(DEFAULT_DATADOG_IN_FLIGHT);
+    let bad_query_retry = positive_duration(table, sink, "bad_query_retry").unwrap_or(DEFAULT_BAD_QUERY_RETRY);
     if !url_ok || !site_ok {
         return None;
     }
-    Some(DatadogBackend { site, url, api_key: api_key?, app_key: app_key?, window, max_age, timeout, max_in_flight })
+    Some(DatadogBackend {
+        site,
+        url,
+        api_key: api_key?,
+        app_key: app_key?,
+        window,
+        max_age,
+        timeout,
+        max_in_flight,
+        bad_query_retry,
+    })
 }
 
 fn read_prometheus(table: &mut Table<'_>, sink: &mut Sink) -> Option<PrometheusBackend> {

@@ -76,6 +76,8 @@ pub struct DatadogBackend {
     pub timeout: Duration,
     /// Requests in flight at once (default 4).
     pub max_in_flight: u32,
+    /// How long a query Datadog rejected (HTTP 400) is not asked again (default 10 minutes).
+    pub bad_query_retry: Duration,
 }
 
 /// Where a secret is read from when the daemon starts; never the secret itself.

@@ -74,6 +74,7 @@ fn a_valid_file_yields_backends_targets_and_rules() {
             max_age: None,
             timeout: Duration::from_secs(10),
             max_in_flight: 4,
+            bad_query_retry: Duration::from_secs(600),
         })
     );
     assert_eq!(
@@ -654,6 +655,7 @@ window = "10m"
 max_age = "3m"
 timeout = "20s"
 max_in_flight = 6
+bad_query_retry = "2m"
 "#,
     );
     let Backend::Prometheus(mimir) = &rules.backends["mimir"] else { panic!("not prometheus") };
@@ -671,8 +673,8 @@ max_in_flight = 6
     assert_eq!(mimir.tls.client_key_file, Some(PathBuf::from("/etc/watermarkd/client.key")));
     let Backend::Datadog(dd) = &rules.backends["dd"] else { panic!("not datadog") };
     assert_eq!(
-        (dd.window, dd.max_age, dd.max_in_flight),
-        (Duration::from_secs(600), Some(Duration::from_secs(180)), 6)
+        (dd.window, dd.max_age, dd.max_in_flight, dd.bad_query_retry),
+        (Duration::from_secs(600), Some(Duration::from_secs(180)), 6, Duration::from_secs(120))
     );
 
     let problems = problems(
@@ -702,6 +704,21 @@ client_cert_file = "/c.pem"
         assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
     }
     assert!(!text.contains("inline!"), "a secret was echoed: {text}");
+}
+
+#[test]
+fn bad_query_retry_is_a_positive_duration_of_datadog_backends_only() {
+    let base = "[backend.dd]\ntype = \"datadog\"\napi_key_env = \"A\"\napp_key_env = \"B\"\n";
+    for (value, expected) in [
+        ("\"0s\"", "backend.dd.bad_query_retry must be longer than 0s"),
+        ("\"soon\"", "backend.dd.bad_query_retry"),
+        ("600", "backend.dd.bad_query_retry"),
+    ] {
+        let problems = problems(&format!("{base}bad_query_retry = {value}\n"));
+        assert!(problems.iter().any(|p| p.contains(expected)), "{value}: {problems:?}");
+    }
+    let problems = problems("[backend.p]\ntype = \"prometheus\"\nurl = \"http://p:9090\"\nbad_query_retry = \"1m\"\n");
+    assert!(problems.iter().any(|p| p.contains("backend.p.bad_query_retry")), "{problems:?}");
 }
 
 #[test]

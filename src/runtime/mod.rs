@@ -310,6 +310,13 @@ struct Job {
     memory: OwnedMutexGuard<Memory>,
 }
 
+/// When a cycle's queries must be answered: before the next cycle of its most frequent
+/// autoscaler, less a tenth of that interval (at most a second) for the decisions and writes.
+fn cycle_deadline(started: Instant, intervals: impl Iterator<Item = Duration>) -> Instant {
+    let interval = intervals.min().unwrap_or(Duration::ZERO);
+    started + interval.saturating_sub((interval / 10).min(Duration::from_secs(1)))
+}
+
 /// Queries every backend the jobs use once, concurrently; each autoscaler is decided as soon as
 /// all of its backends answered.
 async fn run_cycle(
@@ -334,6 +341,8 @@ async fn run_cycle(
             users.entry(metric.backend.clone()).or_default().push((j, i));
         }
     }
+    let deadline =
+        cycle_deadline(Instant::now(), jobs.iter().map(|j| j.desired.autoscaler.interval(shared.default_interval)));
     let mut queries = JoinSet::new();
     for (name, pairs) in users {
         let batch: Vec<MetricQuery> = pairs
@@ -348,7 +357,7 @@ async fn run_cycle(
         queries.spawn(async move {
             let started = Instant::now();
             let observations = match client {
-                Some(client) => client.evaluate(&batch, now).await,
+                Some(client) => client.evaluate(&batch, now, deadline).await,
                 None => batch
                     .iter()
                     .map(|_| {

@@ -28,6 +28,9 @@ pub struct BackendMetrics {
     pub deferred_queries: IntCounterVec,
     /// Warnings attached to Prometheus answers.
     pub warnings: IntCounterVec,
+    /// Queries a backend rejected that are not asked again for a while (Datadog's
+    /// `bad_query_retry`).
+    pub suppressed_queries: IntGaugeVec,
 }
 
 impl BackendMetrics {
@@ -65,7 +68,15 @@ impl BackendMetrics {
         registry.register(Box::new(rate_limit.clone()))?;
         registry.register(Box::new(stretched_interval_seconds.clone()))?;
         registry.register(Box::new(deferred_queries.clone()))?;
+        let suppressed_queries = IntGaugeVec::new(
+            Opts::new(
+                "watermarkd_backend_suppressed_queries",
+                "Queries the backend rejected (HTTP 400) that are not asked again until their retry time",
+            ),
+            &["backend"],
+        )?;
         registry.register(Box::new(warnings.clone()))?;
+        registry.register(Box::new(suppressed_queries.clone()))?;
         Ok(BackendMetrics {
             requests,
             request_seconds,
@@ -73,6 +84,7 @@ impl BackendMetrics {
             stretched_interval_seconds,
             deferred_queries,
             warnings,
+            suppressed_queries,
         })
     }
 

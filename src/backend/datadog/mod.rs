@@ -6,7 +6,9 @@
 //! Cluster Agent's bounds allow (35 queries, URL under 7,000 characters; `batch`), sent
 //! concurrently (at most `max_in_flight` at once), and each returned series is mapped back to its
 //! query by `query_index`. Per query, the value is the penultimate non-null point of exactly one
-//! series, dated by that point, and refused when older than `max_age` (`parse`).
+//! series (a lone one only if its bucket is complete), dated by that point, and refused when
+//! older than `max_age` (`parse`). Each series is read on its own, so a value that is not a
+//! number spoils only its own query.
 //!
 //! # Pacing (why a cycle may be deferred)
 //! The query endpoint's budget (1,600 requests per hour by default) is per organisation and
@@ -35,13 +37,21 @@
 //! - A cycle asked for earlier is answered with `QueryError::Deferred` for every query without
 //!   any request: the engine holds its replicas, the effective interval is stretched, the
 //!   `stretched_interval_seconds` gauge says by how much, `deferred_queries` counts them, and a
-//!   warning is logged when the stretch appears, changes by 10 % or more, or goes away.
+//!   warning is logged when the stretch appears, changes by 10 % or more, or goes away. It goes
+//!   away only after a whole stretched interval and several asks in a row were all admitted:
+//!   a stretched schedule alternates admitted and deferred asks, which is not "fits again".
 //! - Concurrent answers arrive in any order; within one window the lowest `remaining` seen (or our
 //!   own debit, when lower) is kept. Windows are calendar aligned, and the estimated reset is
 //!   taken one second later than announced, so a fresh budget is never assumed early.
-//! - After a 429 nothing at all is sent until its reset (`X-RateLimit-Reset`, else its period,
-//!   else 60 s); queries meanwhile get `QueryError::RateLimited`, requests waiting for a slot in
-//!   the same cycle are not sent.
+//! - After a 429 nothing at all is sent until its reset (`X-RateLimit-Reset`, else its period
+//!   when shorter than 60 s, else 60 s); queries meanwhile get `QueryError::RateLimited`,
+//!   requests waiting for a slot in the same cycle are not sent.
+//! - Numbers that cannot be right are not believed: a limit of 0, a period or reset beyond an
+//!   hour, a reset beyond the period, counts beyond 10^15, a 429 whose reset is 0. Whatever the
+//!   numbers, pacing cannot stop for good: a cycle refused again and again is let through as a
+//!   probe of one request (its first batch; the rest are deferred) a minute after the last
+//!   request, or at the end of the window that request fell in when an answer said when that
+//!   is. The probe's answer then sets the numbers right, or the next probe follows.
 //!
 //! Pacing is per client (one per `[backend.NAME]`), on `tokio::time::Instant`, so tests drive it
 //! with a paused clock. One `evaluate` at a time is the expected use; concurrent calls stay
@@ -49,11 +59,18 @@
 //!
 //! # Failures
 //! Never assumed JSON on a non-2xx answer. 5xx, 408, timeouts and connection failures are
-//! retried with jittered exponential backoff, all within a cycle deadline of 2 x `timeout`, so a
-//! cycle never runs into the next. Retries and split batches are requests no admission paid
-//! for: they are debited from the reserve, and not made when only half of it is left. 403 is a configuration error (no hot retry), 400 a bad query
+//! retried with jittered exponential backoff until the cycle's deadline, which the caller
+//! gives (`backend::QueryBackend`): waiting for a request slot, every attempt (each given
+//! `min(timeout, time left)`) and every backoff sleep fit before it, and what is not answered
+//! by then is `QueryError::Timeout`, so a cycle never runs into the next. The v2 requests have
+//! no cycle: theirs ends 2 x `timeout` after they start. Retries and split batches are requests
+//! no admission paid for: they are debited from the reserve, and not made when only half of it
+//! is left. 403 is a configuration error (no hot retry), 400 a bad query
 //! (a batch of several is re-sent one query per request, once, so only the bad query fails, and
-//! that query is then kept out of batches for `BAD_QUERY_TTL`), 422 no data, 429 rate limited.
+//! that query is then not asked at all for `bad_query_retry`, 10 minutes by default: its text is
+//! fixed by the rules file, and re-splitting a batch every cycle would cost up to 35 requests).
+//! Such a suppression is logged when it starts and when the query is asked again, and
+//! `watermarkd_backend_suppressed_queries` counts the queries suppressed now, 422 no data, 429 rate limited.
 //! Keys travel only in headers marked sensitive; every error text is scrubbed of them anyway.
 
 mod batch;
@@ -85,23 +102,22 @@ pub use parse::{
 
 use pacing::{Admission, Pacer};
 
-/// The whole cycle, retries included, ends within this many request timeouts.
+/// A v2 request (`watermarkd query`, backtests: no cycle to fit in), retries included, ends
+/// within this many request timeouts.
 const RETRY_BUDGET_TIMEOUTS: u32 = 2;
 /// An attempt with less time than this left before the deadline is not started.
 const MIN_ATTEMPT: Duration = Duration::from_millis(50);
-/// A query Datadog rejected alone is not sent again (nor batched) for this long: its text is
-/// fixed by the rules file, and re-splitting a batch every cycle would cost up to 35 requests.
-const BAD_QUERY_TTL: Duration = Duration::from_secs(600);
 const API_KEY_HEADER: &str = "dd-api-key";
 const APP_KEY_HEADER: &str = "dd-application-key";
 
-/// Retries: 250 ms, 500 ms, 1 s, each plus up to 100 % jitter, so many clients hit by the same
-/// outage do not come back in lockstep.
+/// Retries: 250 ms, 500 ms, 1 s, ... up to 4 s, each plus up to 100 % jitter, so many clients
+/// hit by the same outage do not come back in lockstep. No count: the cycle deadline ends them
+/// (and each retry is paid from the reserve, which ends them too).
 const BACKOFF: ExponentialBuilder = ExponentialBuilder::new()
     .with_jitter()
     .with_min_delay(Duration::from_millis(250))
     .with_max_delay(Duration::from_secs(4))
-    .with_max_times(3);
+    .without_max_times();
 
 /// A Datadog backend: one connection pool, one rate budget.
 pub struct DatadogClient {
@@ -119,6 +135,8 @@ struct Inner {
     window: Duration,
     max_age: Option<Duration>,
     timeout: Duration,
+    /// How long a query Datadog rejected alone is not asked again.
+    bad_query_retry: Duration,
     permits: Semaphore,
     pacer: Mutex<Pacer>,
     /// Whether the last answer was a 403, so that it is logged once, not once per request.
@@ -192,6 +210,7 @@ impl DatadogClient {
                 window: config.window,
                 max_age: config.max_age,
                 timeout: config.timeout,
+                bad_query_retry: config.bad_query_retry,
                 permits: Semaphore::new(usize::try_from(config.max_in_flight.max(1)).unwrap_or(1)),
                 pacer: Mutex::new(Pacer::new(Instant::now())),
                 forbidden: AtomicBool::new(false),
@@ -206,8 +225,13 @@ impl DatadogClient {
         lock(&self.inner.pacer).snapshot(Instant::now())
     }
 
-    /// One cycle: every query, answered in order (see the module comment).
-    pub async fn evaluate(&self, queries: &[MetricQuery], now: Timestamp) -> Vec<Observation> {
+    /// The configured timeout of one request.
+    pub fn timeout(&self) -> Duration {
+        self.inner.timeout
+    }
+
+    /// One cycle: every query, answered in order by `deadline` (see the module comment).
+    pub async fn evaluate(&self, queries: &[MetricQuery], now: Timestamp, deadline: Instant) -> Vec<Observation> {
         let inner = &self.inner;
         let started = Instant::now();
         let mut distinct: Vec<&str> = Vec::new();
@@ -231,36 +255,53 @@ impl DatadogClient {
         let texts: Vec<&str> = pending.iter().map(|&d| distinct[d]).collect();
         let to = now.unix_millis().div_euclid(1000);
         let from = to - i64::try_from(inner.window.as_secs()).unwrap_or(i64::MAX / 2);
-        let (planned, too_long) = batch::plan(&inner.v1_endpoint(), from, to, &texts);
+        let (mut planned, too_long) = batch::plan(&inner.v1_endpoint(), from, to, &texts);
         for t in too_long {
             answers[pending[t.query]] = Some(Observation::unavailable(QueryError::BadQuery(format!(
                 "the query is too long: its request URL alone would have {} characters, the limit is {MAX_URL_CHARS}",
                 t.url_chars
             ))));
         }
+        // A cycle that has no time left spends no budget.
+        if !planned.is_empty() && deadline.saturating_duration_since(started) < MIN_ATTEMPT {
+            for request in planned.drain(..) {
+                for q in request.queries {
+                    answers[pending[q]] = Some(Observation::unavailable(QueryError::Timeout(0)));
+                }
+            }
+        }
         if !planned.is_empty() {
             let admission = lock(&inner.pacer).admit(started, planned.len() as u64);
             inner.report_stretch();
-            let refused = match admission {
-                Admission::Go => None,
+            let (send, refused) = match admission {
+                Admission::Go => (planned.len(), None),
+                // One request only: its answer corrects the budget; the rest wait their turn.
+                Admission::Probe { stretched_interval_seconds } => {
+                    tracing::info!(
+                        backend = %inner.name,
+                        "Datadog rate budget: nothing was sent for a while, so one request goes out to read the \
+                         budget afresh"
+                    );
+                    (1, Some(QueryError::Deferred { stretched_interval_seconds }))
+                }
                 Admission::Deferred { stretched_interval_seconds } => {
-                    Some(QueryError::Deferred { stretched_interval_seconds })
+                    (0, Some(QueryError::Deferred { stretched_interval_seconds }))
                 }
-                Admission::RateLimited { reset_in_seconds } => Some(QueryError::RateLimited { reset_in_seconds }),
+                Admission::RateLimited { reset_in_seconds } => (0, Some(QueryError::RateLimited { reset_in_seconds })),
             };
-            match refused {
-                Some(error) => {
-                    for request in &planned {
-                        for &q in &request.queries {
-                            answers[pending[q]] = Some(Observation::unavailable(error.clone()));
-                        }
+            let mut planned = planned;
+            let held = planned.split_off(send.min(planned.len()));
+            if let Some(error) = refused {
+                for request in &held {
+                    for &q in &request.queries {
+                        answers[pending[q]] = Some(Observation::unavailable(error.clone()));
                     }
                 }
-                None => {
-                    let cx = CycleContext { from, to, now, deadline: started + inner.retry_budget() };
-                    for (q, observation) in self.run(planned, &texts, cx).await {
-                        answers[pending[q]] = Some(observation);
-                    }
+            }
+            if !planned.is_empty() {
+                let cx = CycleContext { from, to, now, started, deadline };
+                for (q, observation) in self.run(planned, &texts, cx).await {
+                    answers[pending[q]] = Some(observation);
                 }
             }
         }
@@ -344,8 +385,8 @@ impl DatadogClient {
 }
 
 impl super::QueryBackend for DatadogClient {
-    async fn evaluate(&self, queries: &[MetricQuery], now: Timestamp) -> Vec<Observation> {
-        DatadogClient::evaluate(self, queries, now).await
+    async fn evaluate(&self, queries: &[MetricQuery], now: Timestamp, deadline: Instant) -> Vec<Observation> {
+        DatadogClient::evaluate(self, queries, now, deadline).await
     }
 }
 
@@ -355,6 +396,8 @@ struct CycleContext {
     from: i64,
     to: i64,
     now: Timestamp,
+    /// When the cycle started: a timeout says how long the cycle had.
+    started: Instant,
     deadline: Instant,
 }
 
@@ -363,6 +406,7 @@ impl Inner {
         format!("{}/api/v1/query", self.base)
     }
 
+    /// The deadline of a v2 request, which has no cycle of its own.
     fn retry_budget(&self) -> Duration {
         self.timeout.saturating_mul(RETRY_BUDGET_TIMEOUTS)
     }
@@ -386,8 +430,29 @@ impl Inner {
             ));
         }
         let mut bad = lock(&self.bad_queries);
-        bad.retain(|_, (_, until)| *until > now);
+        let before = bad.len();
+        bad.retain(|text, (_, until)| {
+            let keep = *until > now;
+            if !keep {
+                tracing::info!(
+                    backend = %self.name,
+                    query = %self.scrub_text(text),
+                    "asking Datadog again for a query it rejected earlier"
+                );
+            }
+            keep
+        });
+        if bad.len() != before {
+            self.set_suppressed(bad.len());
+        }
         bad.get(query).map(|(error, _)| error.clone())
+    }
+
+    fn set_suppressed(&self, count: usize) {
+        self.metrics
+            .suppressed_queries
+            .with_label_values(&[self.name.as_str()])
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
     }
 
     /// One planned request; a 400 on several queries re-sends each alone, once.
@@ -454,8 +519,20 @@ impl Inner {
         }
     }
 
+    /// Keeps a query Datadog rejected from being asked again for `bad_query_retry`.
     fn remember_bad(&self, query: &str, error: &QueryError) {
-        lock(&self.bad_queries).insert(query.to_string(), (error.clone(), Instant::now() + BAD_QUERY_TTL));
+        let mut bad = lock(&self.bad_queries);
+        let until = Instant::now() + self.bad_query_retry;
+        if bad.insert(query.to_string(), (error.clone(), until)).is_none() {
+            tracing::warn!(
+                backend = %self.name,
+                query = %self.scrub_text(query),
+                error = %self.scrub_error(error.clone()),
+                retry_in = %humantime::format_duration(self.bad_query_retry),
+                "Datadog rejected the query (HTTP 400): it is not asked again until the retry time"
+            );
+        }
+        self.set_suppressed(bad.len());
     }
 
     async fn send_v1(&self, url: &str, queries: usize, cx: CycleContext) -> Result<Vec<Observation>, Failure> {
@@ -468,7 +545,7 @@ impl Inner {
                 }
             };
         tracing::debug!(backend = %self.name, queries, url_chars = url.len(), "Datadog query");
-        self.exchange(|| self.http.get(url), true, cx.deadline, read).await
+        self.exchange(|| self.http.get(url), true, cx.started, cx.deadline, read).await
     }
 
     async fn post_v2<T>(
@@ -494,16 +571,20 @@ impl Inner {
             }
         };
         let request = || self.http.post(&url).header(CONTENT_TYPE, "application/json").body(body.clone());
-        let deadline = Instant::now() + self.retry_budget();
-        self.exchange(request, false, deadline, read).await.map_err(|failure| self.scrub_error(failure.error))
+        let started = Instant::now();
+        self.exchange(request, false, started, started + self.retry_budget(), read)
+            .await
+            .map_err(|failure| self.scrub_error(failure.error))
     }
 
-    /// Sends one request, retrying what is worth retrying until the deadline. `paced`: the v1
-    /// query endpoint, whose headers feed the pacer and whose 429 blocks everything.
+    /// Sends one request, retrying what is worth retrying until the deadline (however many
+    /// attempts that is). `paced`: the v1 query endpoint, whose headers feed the pacer and
+    /// whose 429 blocks everything. `started`: when the cycle began, for the timeout's text.
     async fn exchange<T>(
         &self,
         request: impl Fn() -> reqwest::RequestBuilder,
         paced: bool,
+        started: Instant,
         deadline: Instant,
         read: impl Fn(u16, &RateLimitHeaders, &[u8]) -> Result<T, Failure>,
     ) -> Result<T, Failure> {
@@ -528,7 +609,7 @@ impl Inner {
                     status: None,
                 })
             }
-            Err(_) => return Err(timed_out(self.retry_budget())),
+            Err(_) => return Err(timed_out(deadline.saturating_duration_since(started))),
         };
         let mut backoff = BACKOFF.build();
         let mut last: Option<Failure> = None;
@@ -545,7 +626,7 @@ impl Inner {
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left < MIN_ATTEMPT {
-                return Err(last.unwrap_or_else(|| timed_out(self.retry_budget())));
+                return Err(last.unwrap_or_else(|| timed_out(deadline.saturating_duration_since(started))));
             }
             let result = self.attempt(&request, self.timeout.min(left), paced, &read).await;
             let failure = match result {
@@ -746,6 +827,7 @@ mod tests {
             max_age: None,
             timeout: Duration::from_secs(10),
             max_in_flight: 4,
+            bad_query_retry: Duration::from_secs(600),
         }
     }
 
@@ -799,7 +881,11 @@ mod tests {
         .unwrap();
         let q = |s: &str| MetricQuery { query: s.into(), reducer: None };
         let out = client
-            .evaluate(&[q(""), q("a{*},b{*}"), q(&"x".repeat(MAX_URL_CHARS))], Timestamp::from_unix_millis(0))
+            .evaluate(
+                &[q(""), q("a{*},b{*}"), q(&"x".repeat(MAX_URL_CHARS))],
+                Timestamp::from_unix_millis(0),
+                Instant::now() + Duration::from_secs(20),
+            )
             .await;
         assert!(out.iter().all(|o| matches!(o.detail.error, Some(QueryError::BadQuery(_)))), "{out:?}");
     }

@@ -18,6 +18,20 @@ pub const RESERVE_PERCENT: u64 = 5;
 const RESET_MARGIN: Duration = Duration::from_secs(1);
 /// Two answers whose reset moments differ by less than this describe the same window.
 const SAME_WINDOW: Duration = Duration::from_secs(3);
+/// The longest rate-limit window believed. Datadog's windows are an hour at most; a reset or a
+/// period beyond this is a broken header (or a proxy's invention), and trusting it would stop
+/// every request for that long.
+pub const MAX_WINDOW: Duration = Duration::from_secs(3_600);
+/// A request is sent at least this often, whatever the budget seems to say: when the numbers
+/// we hold are wrong (a limit of 0, a cycle larger than the whole budget), only an answer can
+/// correct them, and without this nothing would ever be asked again.
+pub const PROBE_AFTER: Duration = Duration::from_secs(60);
+/// Admitted asks in a row (besides a whole stretched interval) before the stretch is reported
+/// gone: a spacing that hovers around the requested interval admits two asks in a row now and
+/// then, which is not "fits again".
+const CALM_ASKS: u32 = 4;
+/// Counts above this are not believed either (and could overflow the arithmetic).
+const MAX_COUNT: u64 = 1_000_000_000_000_000;
 
 /// The `X-RateLimit-*` headers of one answer (each may be missing).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -58,12 +72,42 @@ impl RateLimitHeaders {
     }
 }
 
-/// Whole numbers, also when written as `3600.0`; anything else is absent.
+/// Whole numbers, also when written as `3600.0`; anything else (negative, garbage, beyond
+/// `MAX_COUNT`) is absent.
 fn number(text: &str) -> Option<u64> {
-    text.parse::<u64>().ok().or_else(|| {
+    let parsed = text.parse::<u64>().ok().or_else(|| {
         let f: f64 = text.parse().ok()?;
         (0.0..1.0e15).contains(&f).then(|| f.round() as u64)
-    })
+    });
+    parsed.filter(|n| *n <= MAX_COUNT)
+}
+
+/// Used for the 429 wait when the answer gives no believable reset.
+pub const FALLBACK_RATE_LIMIT_WAIT: Duration = Duration::from_secs(60);
+
+impl RateLimitHeaders {
+    /// How long to send nothing after a 429 with these headers: its reset when believable and
+    /// not 0 (a 429 whose window "ends now" would be asked again at once, every cycle), else
+    /// its period if shorter than `FALLBACK_RATE_LIMIT_WAIT`, else that fallback. Never more
+    /// than `MAX_WINDOW`, so that one broken header cannot stop the client for good.
+    pub fn wait_after_429(&self) -> Duration {
+        self.sane_reset()
+            .filter(|r| !r.is_zero())
+            .unwrap_or_else(|| self.sane_period().map_or(FALLBACK_RATE_LIMIT_WAIT, |p| p.min(FALLBACK_RATE_LIMIT_WAIT)))
+    }
+
+    /// The window length when it is believable: 1 s to `MAX_WINDOW`.
+    pub fn sane_period(&self) -> Option<Duration> {
+        self.period.filter(|p| (1..=MAX_WINDOW.as_secs()).contains(p)).map(Duration::from_secs)
+    }
+
+    /// Seconds until the window ends, when believable: never beyond the period (or
+    /// `MAX_WINDOW` when the period is unknown or absurd). A reset beyond that is a broken
+    /// header, not a long wait.
+    pub fn sane_reset(&self) -> Option<Duration> {
+        let bound = self.sane_period().unwrap_or(MAX_WINDOW);
+        self.reset.map(Duration::from_secs).filter(|r| *r <= bound)
+    }
 }
 
 /// The budget as the client sees it now (for `watermarkd query` and logs).
@@ -86,8 +130,18 @@ pub struct RateLimitSnapshot {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Admission {
     Go,
-    Deferred { stretched_interval_seconds: u64 },
-    RateLimited { reset_in_seconds: u64 },
+    /// The budget as we know it does not allow the cycle, but nothing was sent for
+    /// `PROBE_AFTER` or since the window it was planned in ended: send one request (the first
+    /// of the cycle), so that its answer's headers set the numbers right; defer the rest.
+    Probe {
+        stretched_interval_seconds: u64,
+    },
+    Deferred {
+        stretched_interval_seconds: u64,
+    },
+    RateLimited {
+        reset_in_seconds: u64,
+    },
 }
 
 /// The pacing state of one Datadog backend.
@@ -114,7 +168,22 @@ pub struct Pacer {
     next_cycle_not_before: Option<Instant>,
     /// Spacing imposed after the last admitted cycle.
     last_spacing: Duration,
-    last_ask_deferred: bool,
+    /// When the last cycle (or probe) was let through.
+    last_sent: Instant,
+    /// Whether `reset_at` comes from the last answer's headers (or from them and a period they
+    /// gave) rather than from an assumption.
+    reset_known: bool,
+    period_known: bool,
+    /// Whether the last cycle asked for needs more requests than a whole window allows: it
+    /// would never be admitted, so probes go out every `PROBE_AFTER`, reset or not.
+    oversized: bool,
+    /// When a deferral is turned into a probe: `PROBE_AFTER` after the last request, or the end
+    /// of the window it was sent in, whichever is later.
+    probe_due: Instant,
+    /// The last ask that was deferred, and the asks admitted since; the stretch is reported
+    /// until both a whole stretched interval and `CALM_ASKS` admitted asks have passed.
+    last_deferral: Option<Instant>,
+    admitted_since_deferral: u32,
     /// Current value of the stretched-interval gauge, and the last one logged.
     stretched: u64,
     logged_stretch: u64,
@@ -145,7 +214,13 @@ impl Pacer {
             blocked_until: None,
             next_cycle_not_before: None,
             last_spacing: Duration::ZERO,
-            last_ask_deferred: false,
+            last_sent: now,
+            reset_known: false,
+            period_known: false,
+            oversized: false,
+            probe_due: now,
+            last_deferral: None,
+            admitted_since_deferral: 0,
             stretched: 0,
             logged_stretch: 0,
         }
@@ -164,6 +239,8 @@ impl Pacer {
         self.remaining = self.limit;
         self.server_remaining = None;
         self.ours_answered = 0;
+        // The next window's end is extrapolated: known only if the period is.
+        self.reset_known &= self.period_known;
     }
 
     /// What the organisation's other users are expected to spend from our last answer until the
@@ -196,16 +273,54 @@ impl Pacer {
 
     /// Decides whether a cycle needing `n` requests may start at `now`; when it may, its
     /// requests are debited at once and the next cycle is pushed back by `n` request spacings.
+    /// A cycle that keeps being refused past `probe_due` is let through as a probe of one
+    /// request: the budget we hold may be wrong, and only an answer can say so.
     pub fn admit(&mut self, now: Instant, n: u64) -> Admission {
         if let Some(reset_in_seconds) = self.blocked(now) {
             return Admission::RateLimited { reset_in_seconds };
         }
         self.roll(now);
+        self.oversized = n > self.limit.saturating_sub(reserve(self.limit));
+        match self.plan(now, n) {
+            Ok(()) => {
+                self.sent(now);
+                self.note(now, None);
+                Admission::Go
+            }
+            Err(stretched_interval_seconds) if now >= self.probe_due => {
+                self.remaining = self.remaining.saturating_sub(1);
+                self.sent(now);
+                // The next ask is planned from what the probe's answer says.
+                self.next_cycle_not_before = None;
+                self.note(now, Some(stretched_interval_seconds));
+                Admission::Probe { stretched_interval_seconds }
+            }
+            Err(stretched_interval_seconds) => {
+                self.note(now, Some(stretched_interval_seconds));
+                Admission::Deferred { stretched_interval_seconds }
+            }
+        }
+    }
+
+    /// A request left at `now`: the next probe is due `PROBE_AFTER` later, or when the window
+    /// ends if the server told us when, whichever is later (a cycle waiting for a known reset is
+    /// admitted then, no probe needed; an assumed one is no reason to wait).
+    fn sent(&mut self, now: Instant) {
+        self.last_sent = now;
+        self.reschedule_probe();
+    }
+
+    fn reschedule_probe(&mut self) {
+        let after = self.last_sent + PROBE_AFTER;
+        self.probe_due = if self.reset_known && !self.oversized { after.max(self.reset_at) } else { after };
+    }
+
+    /// Whether a cycle of `n` requests fits now (debiting it when it does), else the spacing it
+    /// would need, in whole seconds.
+    fn plan(&mut self, now: Instant, n: u64) -> Result<(), u64> {
         if let Some(not_before) = self.next_cycle_not_before {
             if now < not_before {
-                let stretched_interval_seconds = ceil_secs(self.last_spacing).max(1);
-                self.note(Some(stretched_interval_seconds));
-                return Admission::Deferred { stretched_interval_seconds };
+                return Err(ceil_secs(self.last_spacing).max(1));
             }
         }
         let spendable = self.remaining.saturating_sub(reserve(self.limit));
@@ -214,9 +329,7 @@ impl Pacer {
             // Not enough left in this window: the next cycle runs when it ends.
             self.next_cycle_not_before = Some(self.reset_at);
             self.last_spacing = until_reset;
-            let stretched_interval_seconds = ceil_secs(until_reset).max(1);
-            self.note(Some(stretched_interval_seconds));
-            return Admission::Deferred { stretched_interval_seconds };
+            return Err(ceil_secs(until_reset).max(1));
         }
         // Leave the other users what they are expected to spend. Early in a window that is a
         // guess from little data (a burst right after the reset looks like a flood), and a wrong
@@ -233,15 +346,12 @@ impl Pacer {
         if n as f64 > usable {
             // The cycle would eat into the others' expected share: skip this ask only, the
             // projection is revised at the next one.
-            let stretched_interval_seconds = ceil_secs(spacing).max(1);
-            self.note(Some(stretched_interval_seconds));
-            return Admission::Deferred { stretched_interval_seconds };
+            return Err(ceil_secs(spacing).max(1));
         }
         self.next_cycle_not_before = Some(now + spacing);
         self.last_spacing = spacing;
         self.remaining -= n;
-        self.note(None);
-        Admission::Go
+        Ok(())
     }
 
     /// Requests beyond an admitted cycle (retries, a batch split to find a bad query) come out
@@ -256,19 +366,34 @@ impl Pacer {
         }
     }
 
-    /// Updates the stretched-interval gauge value after an ask. Two admitted asks in a row mean
-    /// the requested interval fits; a deferral sets the spacing. Returns the new value when it
-    /// changed enough (to or from zero, or by 10 %) to be worth a log line.
-    fn note(&mut self, deferred: Option<u64>) {
-        self.stretched = match deferred {
-            Some(s) => s,
-            None if !self.last_ask_deferred => 0,
-            None => self.stretched,
-        };
-        self.last_ask_deferred = deferred.is_some();
+    /// Updates the stretched-interval gauge value after an ask. A deferral sets it; it goes
+    /// back to 0 only once a whole stretched interval and `CALM_ASKS` asks have passed with
+    /// every ask admitted, so that the alternation of admitted and deferred asks of a
+    /// stretched schedule (or the admissions right after a window's reset) does not read as
+    /// "fits again".
+    fn note(&mut self, now: Instant, deferred: Option<u64>) {
+        match deferred {
+            Some(seconds) => {
+                self.stretched = seconds;
+                self.last_deferral = Some(now);
+                self.admitted_since_deferral = 0;
+            }
+            None => {
+                self.admitted_since_deferral = self.admitted_since_deferral.saturating_add(1);
+                let calm = self.last_deferral.is_none_or(|at| {
+                    now.saturating_duration_since(at) >= Duration::from_secs(self.stretched)
+                        && self.admitted_since_deferral >= CALM_ASKS
+                });
+                if calm {
+                    self.stretched = 0;
+                    self.last_deferral = None;
+                }
+            }
+        }
     }
 
-    /// The gauge value, and whether it changed enough since the last log line to log again.
+    /// The gauge value, and whether it changed enough since the last log line to log again:
+    /// to or from zero, or by 10 % or more.
     pub fn stretch_to_log(&mut self) -> (u64, Option<u64>) {
         let (old, new) = (self.logged_stretch, self.stretched);
         let significant = (old == 0) != (new == 0) || new.abs_diff(old) * 10 >= old.max(1);
@@ -282,24 +407,31 @@ impl Pacer {
 
     /// Takes in the headers of any answer (ok or not). `counted`: the server counted the
     /// request against the budget (every answer but a 429).
+    /// Numbers that cannot be right are ignored, never trusted: a limit of 0 (nothing could
+    /// ever be sent again), a period or reset beyond `MAX_WINDOW` or a reset beyond the period.
     pub fn observe(&mut self, now: Instant, headers: &RateLimitHeaders, counted: bool) {
-        if let Some(limit) = headers.limit {
+        if let Some(limit) = headers.limit.filter(|l| *l > 0) {
             self.limit = limit;
         }
-        if let Some(period) = headers.period.filter(|p| *p > 0) {
-            self.period = Duration::from_secs(period);
+        if let Some(period) = headers.sane_period() {
+            self.period = period;
+            self.period_known = true;
         }
         if headers.name.is_some() {
             self.name.clone_from(&headers.name);
         }
-        let (Some(remaining), Some(reset)) = (headers.remaining, headers.reset) else { return };
+        let (Some(remaining), Some(reset)) = (headers.remaining, headers.sane_reset()) else {
+            self.reset_known = false;
+            self.reschedule_probe();
+            return;
+        };
         if !self.seen {
             // The spacing after the first cycle was set from the assumed default budget; the
             // next ask is paced from what the server just said instead (a large organisation
             // budget would otherwise stall the first minute or more).
             self.next_cycle_not_before = None;
         }
-        let reset_at = now + Duration::from_secs(reset) + RESET_MARGIN;
+        let reset_at = now + reset + RESET_MARGIN;
         let same_window = self.seen
             && now < self.reset_at
             && reset_at.max(self.reset_at) - reset_at.min(self.reset_at) <= SAME_WINDOW;
@@ -315,6 +447,7 @@ impl Pacer {
             self.ours_answered += u64::from(counted);
         } else if self.seen && reset_at + SAME_WINDOW < self.reset_at && now < self.reset_at {
             // A late answer from a window we already left behind: nothing to learn.
+            return;
         } else {
             self.remaining = remaining;
             self.reset_at = reset_at;
@@ -323,12 +456,19 @@ impl Pacer {
             self.ours_answered = u64::from(counted);
         }
         self.seen = true;
+        // The answer tells which window our last request fell in: a cycle waiting for its end
+        // is admitted then, so no probe is due before it (nor, were it sooner, later).
+        self.reset_known = true;
+        self.reschedule_probe();
     }
 
-    /// After a 429: block every request for `wait`, and treat the window as spent.
+    /// After a 429: block every request for `wait` (at most `MAX_WINDOW`), and treat the
+    /// window as spent.
     pub fn rate_limited(&mut self, now: Instant, wait: Duration) {
+        let wait = wait.min(MAX_WINDOW);
         let until = self.blocked_until.map_or(now + wait, |b| b.max(now + wait));
         self.blocked_until = Some(until);
+        self.probe_due = self.probe_due.max(until);
         // The 429's reset is when the server's window ends: a whole budget is expected then.
         self.remaining = 0;
         self.reset_at = until;
@@ -410,8 +550,13 @@ mod tests {
         assert_eq!(p.admit(t0, 29), Admission::Go);
         // 29 requests x 3600 s / (1600 - 80) = 68.7 s.
         assert!(matches!(
-            p.admit(t0 + Duration::from_secs(68), 29),
+            p.admit(t0 + Duration::from_secs(59), 29),
             Admission::Deferred { stretched_interval_seconds: 69 }
+        ));
+        // An answer without headers leaves the budget a guess: a probe goes out after a minute.
+        assert!(matches!(
+            p.admit(t0 + Duration::from_secs(60), 29),
+            Admission::Probe { stretched_interval_seconds: 69 }
         ));
         assert_eq!(p.admit(t0 + Duration::from_secs(69), 29), Admission::Go);
         assert!(p.snapshot(t0).is_none(), "no snapshot before the first answer");
@@ -512,14 +657,190 @@ mod tests {
     #[test]
     fn the_stretch_is_logged_only_when_it_changes_enough() {
         let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
         let mut p = Pacer::new(t0);
-        p.note(Some(60));
+        p.note(at(0), Some(60));
         assert_eq!(p.stretch_to_log(), (60, Some(60)));
-        p.note(Some(62));
+        p.note(at(15), Some(62));
         assert_eq!(p.stretch_to_log(), (62, None));
-        p.note(None);
-        assert_eq!(p.stretch_to_log(), (62, None), "one admitted ask after a deferral: still stretched");
-        p.note(None);
+        for s in [30, 45, 60, 75] {
+            p.note(at(s), None);
+            assert_eq!(p.stretch_to_log(), (62, None), "admitted at {s}s, 62s not yet over: still stretched");
+        }
+        p.note(at(90), None);
         assert_eq!(p.stretch_to_log(), (0, Some(0)));
+    }
+
+    #[test]
+    fn a_spacing_hovering_around_the_interval_stays_stretched_without_flapping() {
+        // Asks every 15 s against a spacing of about 16 s: two admitted asks in a row now and
+        // then, but cycles keep being deferred. The gauge must not drop to 0 in between, and
+        // the appearance is logged once.
+        let t0 = Instant::now();
+        let mut p = Pacer::new(t0);
+        let mut logs = Vec::new();
+        let mut gauge = Vec::new();
+        for k in 0..40u64 {
+            let deferred = (k % 3 == 2).then_some(16);
+            p.note(t0 + Duration::from_secs(15 * k), deferred);
+            let (value, logged) = p.stretch_to_log();
+            gauge.push(value);
+            logs.extend(logged);
+        }
+        assert!(gauge[2..].iter().all(|v| *v == 16), "{gauge:?}");
+        assert_eq!(logs, [16]);
+        // Then everything fits: "fits again" once, after CALM_ASKS admitted asks.
+        for k in 40..50u64 {
+            p.note(t0 + Duration::from_secs(15 * k), None);
+            logs.extend(p.stretch_to_log().1);
+        }
+        assert_eq!(logs, [16, 0]);
+    }
+
+    #[test]
+    fn the_stretch_does_not_flap_across_window_resets_while_cycles_are_deferred() {
+        // A budget that runs out before each reset: at every reset a few cycles are admitted
+        // back to back, then the spacing returns. Over several windows the gauge never reads 0
+        // and "fits again" is never logged.
+        let t0 = Instant::now();
+        let mut p = Pacer::new(t0);
+        let period = 300;
+        p.observe(t0, &headers_with_period(100, 100, period, period), true);
+        let mut spent_in_window = 0;
+        let mut window = 0;
+        let mut logs = Vec::new();
+        let mut zero_after_stretch = false;
+        let mut t = t0;
+        while t < t0 + Duration::from_secs(period * 4) {
+            let elapsed = (t - t0).as_secs();
+            if elapsed / period != window {
+                window = elapsed / period;
+                spent_in_window = 0;
+            }
+            // Another user spends steadily.
+            let others = (elapsed % period) / 4;
+            if p.admit(t, 10) == Admission::Go {
+                spent_in_window += 10;
+                let remaining = 100u64.saturating_sub(spent_in_window + others);
+                p.observe(t, &headers_with_period(100, remaining, period - elapsed % period, period), true);
+            }
+            let (value, logged) = p.stretch_to_log();
+            if logs.contains(&value) && value == 0 {
+                zero_after_stretch = true;
+            }
+            logs.extend(logged);
+            t += Duration::from_secs(15);
+        }
+        assert!(!logs.is_empty() && logs[0] > 0, "the budget is tight enough to stretch: {logs:?}");
+        assert!(!logs.contains(&0), "never logged as fitting again: {logs:?}");
+        assert!(!zero_after_stretch);
+    }
+
+    fn headers_with_period(limit: u64, remaining: u64, reset: u64, period: u64) -> RateLimitHeaders {
+        RateLimitHeaders {
+            limit: Some(limit),
+            period: Some(period),
+            remaining: Some(remaining),
+            reset: Some(reset),
+            name: None,
+        }
+    }
+
+    #[test]
+    fn absurd_numbers_are_not_believed() {
+        let h = RateLimitHeaders::from_pairs([
+            ("x-ratelimit-limit", "18446744073709551615"),
+            ("x-ratelimit-remaining", "-3"),
+            ("x-ratelimit-reset", "1e300"),
+            ("x-ratelimit-period", "1e16"),
+        ]);
+        assert_eq!(h, RateLimitHeaders::default(), "beyond MAX_COUNT, negative or absurd: absent");
+        let h = RateLimitHeaders { reset: Some(7_200), period: Some(3_600), ..RateLimitHeaders::default() };
+        assert_eq!(h.sane_reset(), None, "a reset beyond the period");
+        assert_eq!(h.wait_after_429(), FALLBACK_RATE_LIMIT_WAIT);
+        let h = RateLimitHeaders { reset: Some(0), period: Some(10), ..RateLimitHeaders::default() };
+        assert_eq!(h.wait_after_429(), Duration::from_secs(10), "a 429 that resets 'now' waits its short period");
+        let h = RateLimitHeaders { reset: Some(42), ..RateLimitHeaders::default() };
+        assert_eq!(h.wait_after_429(), Duration::from_secs(42));
+    }
+
+    /// The longest a pacer may go without letting a request through after answers with these
+    /// headers: their reset (when it is a number, clamped to the period, or to an hour), or a
+    /// minute, whichever is longer; plus the reset margin and one ask step.
+    fn allowed_silence(limit: &str, remaining: &str, reset: &str, period: &str) -> Duration {
+        let _ = (limit, remaining);
+        let period = period.parse::<u64>().ok().filter(|p| (1..=3_600).contains(p)).unwrap_or(3_600);
+        let reset = reset.parse::<u64>().ok().map_or(0, |r| r.min(period));
+        Duration::from_secs(reset).max(PROBE_AFTER) + RESET_MARGIN + ASK_STEP
+    }
+
+    /// How often the walk asks (coarser than a real schedule's asks, to keep the walk short).
+    const ASK_STEP: Duration = Duration::from_secs(5);
+
+    #[test]
+    fn pacing_never_stops_for_good_whatever_the_headers() {
+        // Every combination of missing, zero, negative, garbage, normal and huge headers, after
+        // ok answers and after 429s, for a one-request cycle, a usual one and one larger than
+        // the whole default budget. Each answer that follows says the same again (the server
+        // stays broken): a request must still be let through within the allowed silence, every
+        // time.
+        let limits = ["", "0", "-1", "abc", "1", "1600", "1000000000000"];
+        let remainings = ["", "0", "-5", "x", "1", "1500", "1000000000000"];
+        let resets = ["", "0", "-3", "soon", "42", "3000", "1000000000000"];
+        let periods = ["", "0", "-60", "1h", "60", "3600", "1000000000000"];
+        let mut checked = 0;
+        for limit in limits {
+            for remaining in remainings {
+                for reset in resets {
+                    for period in periods {
+                        let pairs = [
+                            ("x-ratelimit-limit", limit),
+                            ("x-ratelimit-remaining", remaining),
+                            ("x-ratelimit-reset", reset),
+                            ("x-ratelimit-period", period),
+                        ];
+                        let headers = RateLimitHeaders::from_pairs(pairs.into_iter().filter(|(_, v)| !v.is_empty()));
+                        let allowed = allowed_silence(limit, remaining, reset, period);
+                        for status in [200u16, 429] {
+                            for n in [1u64, 29, 5_000] {
+                                let case = format!(
+                                    "limit {limit:?} remaining {remaining:?} reset {reset:?} period {period:?}, \
+                                     HTTP {status}, cycle of {n}"
+                                );
+                                walk(&headers, status, n, allowed, &case);
+                                checked += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(checked, 7 * 7 * 7 * 7 * 2 * 3);
+    }
+
+    /// Three rounds of: a request is let through, the answer carries `headers` (with `status`),
+    /// then asks every `ASK_STEP` until the next request is let through.
+    fn walk(headers: &RateLimitHeaders, status: u16, n: u64, allowed: Duration, case: &str) {
+        let t0 = Instant::now();
+        let mut p = Pacer::new(t0);
+        let mut t = t0;
+        let first = p.admit(t, n);
+        assert!(matches!(first, Admission::Go | Admission::Probe { .. }), "{case}: first ask {first:?}");
+        for round in 0..3 {
+            let answered = t + Duration::from_millis(200);
+            p.observe(answered, headers, status != 429);
+            if status == 429 {
+                p.rate_limited(answered, headers.wait_after_429());
+            }
+            let sent_at = t;
+            loop {
+                t += ASK_STEP;
+                match p.admit(t, n) {
+                    Admission::Go | Admission::Probe { .. } => break,
+                    Admission::Deferred { .. } | Admission::RateLimited { .. } => {}
+                }
+                assert!(t - sent_at <= allowed, "{case}: round {round}, nothing sent for {:?}", t - sent_at);
+            }
+        }
     }
 }

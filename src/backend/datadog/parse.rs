@@ -11,6 +11,8 @@ use serde::Deserialize;
 use watermarkd_engine::Timestamp;
 
 use super::pacing::RateLimitHeaders;
+#[cfg(test)]
+use super::pacing::FALLBACK_RATE_LIMIT_WAIT;
 use crate::backend::{Observation, ObservationDetail, QueryError};
 
 /// The floor of the default staleness bound, as the Cluster Agent.
@@ -19,8 +21,6 @@ const MIN_MAX_AGE: Duration = Duration::from_secs(120);
 const MAX_AGE_ROLLUPS: u32 = 3;
 /// Longest server-provided text kept in an error message.
 const MAX_ERROR_TEXT: usize = 300;
-/// Used for the 429 wait when the answer says nothing about its reset or period.
-pub(crate) const FALLBACK_RATE_LIMIT_WAIT: Duration = Duration::from_secs(60);
 
 /// How one HTTP request ended, as the `outcome` label of `metrics.requests`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -108,9 +108,9 @@ pub fn read_v1_answer(status: u16, rate: &RateLimitHeaders, body: &[u8], cx: &V1
     }
 }
 
-/// How long to send nothing after a 429: its `X-RateLimit-Reset`, else its period, else 60 s.
+/// How long to send nothing after a 429: see `RateLimitHeaders::wait_after_429`.
 pub fn rate_limit_wait(rate: &RateLimitHeaders) -> Duration {
-    rate.reset.or(rate.period).map(Duration::from_secs).unwrap_or(FALLBACK_RATE_LIMIT_WAIT)
+    rate.wait_after_429()
 }
 
 fn forbidden_advice(status: u16, body: &[u8], site: &str) -> String {
@@ -126,17 +126,110 @@ fn forbidden_advice(status: u16, body: &[u8], site: &str) -> String {
 struct V1Body {
     status: Option<String>,
     error: Option<String>,
-    series: Option<Vec<V1Series>>,
+    /// Each series is read on its own (`read_series`), so that one that cannot be read spoils
+    /// only its own query.
+    series: Option<Vec<serde_json::Value>>,
 }
 
-/// One series of a v1 answer; fields we do not use are ignored.
+/// One series of a v1 answer; fields we do not use are ignored (`query_index` is read before,
+/// from the raw series, so that a series that cannot be read is still mapped to its query).
 #[derive(Deserialize)]
 struct V1Series {
-    query_index: Option<usize>,
     /// Seconds; observed as an integer, accepted as any number.
     interval: Option<f64>,
     /// `[ms, value|null]`; ms may be written as an integer or a float.
-    pointlist: Vec<(f64, Option<f64>)>,
+    pointlist: Vec<(f64, PointValue)>,
+}
+
+/// A point's value: a number, null, or one of the marks `mark_non_numbers` leaves where the
+/// body had a token that is not a JSON number.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum PointValue {
+    Number(Option<f64>),
+    Marked(String),
+}
+
+/// What a series' points hold once read: the non-null values, or the first token that is not
+/// a number.
+enum PointValues {
+    Numbers(Vec<(f64, f64)>),
+    NotANumber(String),
+}
+
+/// Starts every mark, as read back: a value position never holds a string in a real answer,
+/// let alone one starting with a NUL, so a mark cannot be mistaken for data.
+const MARK: &str = "\u{0}watermarkd-not-a-number:";
+/// `MARK` as written into the body (JSON escapes the NUL).
+const MARK_JSON: &str = "\\u0000watermarkd-not-a-number:";
+
+/// Python's `json` (and so some proxies and Datadog's own stack now and then) writes `NaN`,
+/// `Infinity` and `-Infinity` as bare tokens, and a number beyond f64 (`1e999`) is valid JSON
+/// that serde_json refuses. Either would make the whole body unreadable, failing every query of
+/// the request for one bad value. So, outside strings, each such token is replaced by a JSON
+/// string holding `MARK` and the token as written, which `PointValue::Marked` then reads as
+/// "not a number" for that point only. Everything else, numbers included, is kept byte for byte;
+/// `None` when nothing needed replacing. The token is taken as the longest run of characters
+/// that may continue a JSON number or literal (`[A-Za-z0-9+-.]`) after a `-` or a letter or digit.
+fn mark_non_numbers(body: &[u8]) -> Option<Vec<u8>> {
+    let mut out: Option<Vec<u8>> = None;
+    let mut copied = 0;
+    let mut i = 0;
+    let mut in_string = false;
+    while i < body.len() {
+        let byte = body[i];
+        if in_string {
+            match byte {
+                b'\\' => i += 2,
+                b'"' => {
+                    in_string = false;
+                    i += 1;
+                }
+                _ => i += 1,
+            }
+            continue;
+        }
+        if byte == b'"' {
+            in_string = true;
+            i += 1;
+            continue;
+        }
+        if !(byte == b'-' || byte.is_ascii_alphanumeric()) {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < body.len() && (body[i].is_ascii_alphanumeric() || matches!(body[i], b'+' | b'-' | b'.')) {
+            i += 1;
+        }
+        let token = &body[start..i];
+        if !is_non_number(token) {
+            continue;
+        }
+        let out = out.get_or_insert_with(|| Vec::with_capacity(body.len() + 64));
+        out.extend_from_slice(&body[copied..start]);
+        out.push(b'"');
+        out.extend_from_slice(MARK_JSON.as_bytes());
+        // Only ASCII letters, digits, `+`, `-` and `.`: nothing to escape.
+        out.extend_from_slice(token);
+        out.push(b'"');
+        copied = i;
+    }
+    let mut out = out?;
+    out.extend_from_slice(&body[copied..]);
+    Some(out)
+}
+
+/// `NaN`, `Infinity` and their signed forms, or a number too large for f64.
+fn is_non_number(token: &[u8]) -> bool {
+    let unsigned = token.strip_prefix(b"-").or_else(|| token.strip_prefix(b"+")).unwrap_or(token);
+    if matches!(unsigned, b"NaN" | b"nan" | b"Infinity" | b"inf" | b"Inf") {
+        return true;
+    }
+    let looks_numeric = unsigned.first().is_some_and(u8::is_ascii_digit)
+        && unsigned.iter().all(|b| b.is_ascii_digit() || matches!(b, b'.' | b'e' | b'E' | b'+' | b'-'));
+    looks_numeric
+        && std::str::from_utf8(token).ok().and_then(|t| t.parse::<f64>().ok()).is_some_and(|f| f.is_infinite())
 }
 
 fn read_v1_ok(body: &[u8], cx: &V1Context<'_>) -> V1Answer {
@@ -145,31 +238,47 @@ fn read_v1_ok(body: &[u8], cx: &V1Context<'_>) -> V1Answer {
         outcome: Outcome::Protocol,
         retryable: false,
     };
-    let parsed: V1Body = match serde_json::from_slice(body) {
+    let marked = mark_non_numbers(body);
+    let parsed: V1Body = match serde_json::from_slice(marked.as_deref().unwrap_or(body)) {
         Ok(parsed) => parsed,
         Err(err) => {
             return protocol(format!("HTTP 200 with a body that is not a v1 query answer ({err}){}", snippet(body)))
         }
     };
     if parsed.status.as_deref() == Some("error") {
+        // A 200 that says "error" is Datadog failing to run a query it accepted (a malformed
+        // query is a 400): a server-side error, not a bad query, so the query is not
+        // suppressed. Not retried within the cycle: what made it fail (a query too heavy for
+        // the window, an internal error) is not known to pass in a second, and each retry is
+        // paid from the reserve; the next cycle asks again.
         let text = parsed.error.filter(|e| !e.trim().is_empty()).unwrap_or_else(|| "status \"error\"".to_string());
         return V1Answer::Failed {
-            error: QueryError::BadQuery(truncate(&text)),
-            outcome: Outcome::BadQuery,
+            error: QueryError::Server(truncate(&format!("HTTP 200 with status \"error\": {text}"))),
+            outcome: Outcome::ServerError,
             retryable: false,
         };
     }
     let Some(series) = parsed.series else { return protocol("HTTP 200 without `series`".to_string()) };
-    // Per sub-query, its series. A series without `query_index` can only belong to a lone query.
-    let mut by_index: Vec<Vec<&V1Series>> = (0..cx.queries).map(|_| Vec::new()).collect();
-    for s in &series {
-        let index = match (s.query_index, cx.queries) {
+    // Per sub-query, its series (or why one of them could not be read). A series without
+    // `query_index` can only belong to a lone query.
+    let mut by_index: Vec<Vec<Result<V1Series, QueryError>>> = (0..cx.queries).map(|_| Vec::new()).collect();
+    for value in series {
+        let query_index = match value.get("query_index") {
+            None | Some(serde_json::Value::Null) => None,
+            Some(index) => match index.as_u64().and_then(|i| usize::try_from(i).ok()) {
+                Some(i) => Some(i),
+                None => return protocol(format!("a series with query_index {index}")),
+            },
+        };
+        let index = match (query_index, cx.queries) {
             (Some(i), _) => i,
             (None, 1) => 0,
             (None, _) => return protocol("a series without `query_index` in a batched answer".to_string()),
         };
+        let read = serde_json::from_value::<V1Series>(value)
+            .map_err(|err| QueryError::Protocol(format!("a series of the answer cannot be read ({err})")));
         match by_index.get_mut(index) {
-            Some(slot) => slot.push(s),
+            Some(slot) => slot.push(read),
             None => {
                 return protocol(format!("a series with query_index {index} for a request of {} queries", cx.queries))
             }
@@ -192,16 +301,48 @@ fn not_one_series((error, series): (QueryError, usize)) -> Observation {
     Observation::unavailable_with(error, ObservationDetail { series: Some(series), ..ObservationDetail::default() })
 }
 
-fn observe_v1(found: &[&V1Series], cx: &V1Context<'_>) -> Observation {
+fn observe_v1(found: &[Result<V1Series, QueryError>], cx: &V1Context<'_>) -> Observation {
     let series = match exactly_one(found) {
-        Ok(series) => series,
+        Ok(Ok(series)) => series,
+        Ok(Err(error)) => {
+            return Observation::unavailable_with(
+                error.clone(),
+                ObservationDetail { series: Some(1), ..ObservationDetail::default() },
+            )
+        }
         Err(why) => return not_one_series(why),
     };
     let interval_seconds = series.interval.filter(|i| i.is_finite() && *i >= 0.0).map(|i| i.round() as u64);
     let max_age = cx.max_age.unwrap_or_else(|| default_max_age(interval_seconds));
-    let points: Vec<(f64, f64)> = series.pointlist.iter().filter_map(|&(t, v)| v.map(|v| (t, v))).collect();
     let detail = ObservationDetail { series: Some(1), interval_seconds, ..ObservationDetail::default() };
-    choose(&points, detail, cx.now, max_age)
+    let points = match non_null_points(&series.pointlist) {
+        PointValues::Numbers(points) => points,
+        PointValues::NotANumber(token) => return Observation::unavailable_with(QueryError::NotANumber(token), detail),
+    };
+    let buckets = Buckets {
+        interval_ms: series.interval.filter(|i| i.is_finite()).map(|i| i * 1000.0),
+        window_end_ms: cx.now.unix_millis() as f64,
+        last_ms: series.pointlist.last().map(|p| p.0),
+    };
+    choose(&points, buckets, detail, cx.now, max_age)
+}
+
+/// The non-null points, unless one of them is not a number: then the series as a whole has no
+/// usable value (a NaN or an overflow anywhere in the window means the query's arithmetic
+/// breaks on this data, and its neighbours are not to be trusted either).
+fn non_null_points(pointlist: &[(f64, PointValue)]) -> PointValues {
+    let mut points = Vec::with_capacity(pointlist.len());
+    for (ms, value) in pointlist {
+        match value {
+            PointValue::Number(Some(v)) => points.push((*ms, *v)),
+            PointValue::Number(None) => {}
+            PointValue::Marked(text) => {
+                let token = text.strip_prefix(MARK).unwrap_or(text);
+                return PointValues::NotANumber(token.to_string());
+            }
+        }
+    }
+    PointValues::Numbers(points)
 }
 
 /// `max(120s, 3 x rollup)`: a value older than three buckets means the metric stopped
@@ -213,7 +354,8 @@ pub fn default_max_age(interval_seconds: Option<u64>) -> Duration {
 
 /// Which non-null point an autoscaler uses: the penultimate one, because the newest bucket may
 /// still be filling (a partial sum or average would scale on a fraction of the traffic); the
-/// only one when there is one. Returns its position among the non-null points.
+/// only one when there is one (`choose` then checks that it is not the newest bucket). Returns
+/// its position among the non-null points.
 pub fn penultimate(non_null: usize) -> Option<usize> {
     match non_null {
         0 => None,
@@ -222,12 +364,55 @@ pub fn penultimate(non_null: usize) -> Option<usize> {
     }
 }
 
+/// Where the series' buckets end, for telling whether a point is in the newest bucket.
+#[derive(Clone, Copy, Debug)]
+struct Buckets {
+    /// The rollup interval in ms, when the answer gave one.
+    interval_ms: Option<f64>,
+    /// The query window's end (`to`), in ms.
+    window_end_ms: f64,
+    /// The time of the series' last bucket, null or not, in ms.
+    last_ms: Option<f64>,
+}
+
+impl Buckets {
+    /// Whether the bucket starting at `ms` is the newest one, the one that may still be
+    /// filling: it does not end before the window does (with a known interval), or it is the
+    /// series' last bucket (without one). A point in a complete bucket is not.
+    fn is_newest(&self, ms: f64) -> bool {
+        match self.interval_ms.filter(|i| *i > 0.0) {
+            Some(interval) => ms + interval > self.window_end_ms,
+            None => self.last_ms.is_none_or(|last| ms >= last),
+        }
+    }
+}
+
 /// From the non-null `(ms, value)` points of the one series: the chosen value, or why not.
-fn choose(points: &[(f64, f64)], mut detail: ObservationDetail, now: Timestamp, max_age: Duration) -> Observation {
+/// As the Cluster Agent, a lone point in the newest bucket is not used: it may be a fraction of
+/// what the bucket will hold, and there is no complete bucket to fall back on.
+fn choose(
+    points: &[(f64, f64)],
+    buckets: Buckets,
+    mut detail: ObservationDetail,
+    now: Timestamp,
+    max_age: Duration,
+) -> Observation {
     detail.points = Some(points.len());
     let Some(chosen) = penultimate(points.len()) else {
         return Observation::unavailable_with(QueryError::NoData("every point in the window is null".into()), detail);
     };
+    if let [(ms, _)] = points {
+        if buckets.is_newest(*ms) {
+            return Observation::unavailable_with(
+                QueryError::NoData(
+                    "the only non-null point is in the newest bucket, which may still be filling; no complete \
+                     bucket has a value"
+                        .into(),
+                ),
+                detail,
+            );
+        }
+    }
     detail.chosen_point = Some(chosen);
     let (ms, value) = points[chosen];
     if !value.is_finite() {
@@ -461,7 +646,13 @@ impl V2Timeseries {
         };
         let points: Vec<(f64, f64)> =
             series.points.iter().filter_map(|&(t, v)| v.map(|v| (t.unix_millis() as f64, v))).collect();
-        choose(&points, ObservationDetail { series: Some(1), ..ObservationDetail::default() }, now, max_age)
+        // v2 gives no interval: the newest bucket is the last of the answer's times.
+        let buckets = Buckets {
+            interval_ms: None,
+            window_end_ms: now.unix_millis() as f64,
+            last_ms: series.points.last().map(|p| p.0.unix_millis() as f64),
+        };
+        choose(&points, buckets, ObservationDetail { series: Some(1), ..ObservationDetail::default() }, now, max_age)
     }
 }
 
@@ -529,8 +720,13 @@ mod tests {
         };
         assert!(matches!(failed(200, "<html>oops</html>"), (QueryError::Protocol(_), Outcome::Protocol, false)));
         assert_eq!(
-            failed(200, r#"{"status":"error","error":"Error parsing query"}"#),
-            (QueryError::BadQuery("Error parsing query".into()), Outcome::BadQuery, false)
+            failed(200, r#"{"status":"error","error":"Internal error while running the query"}"#),
+            (
+                QueryError::Server("HTTP 200 with status \"error\": Internal error while running the query".into()),
+                Outcome::ServerError,
+                false
+            ),
+            "a 200 with status error is the server failing, not the query being bad"
         );
         assert_eq!(
             failed(400, r#"{"errors":["Error parsing query: x"]}"#).0,
@@ -570,10 +766,77 @@ mod tests {
     #[test]
     fn non_finite_values_are_not_numbers() {
         let detail = ObservationDetail::default();
-        let obs = choose(&[(0.0, f64::NAN), (1.0, 1.0)], detail.clone(), Timestamp::from_unix_millis(1), MIN_MAX_AGE);
+        let buckets = Buckets { interval_ms: Some(1.0), window_end_ms: 10.0, last_ms: Some(2.0) };
+        let at = Timestamp::from_unix_millis(10);
+        let obs = choose(&[(0.0, f64::NAN), (1.0, 1.0)], buckets, detail.clone(), at, MIN_MAX_AGE);
         assert_eq!(obs.detail.error, Some(QueryError::NotANumber("NaN".into())));
-        let obs = choose(&[(0.0, f64::INFINITY)], detail, Timestamp::from_unix_millis(1), MIN_MAX_AGE);
+        let obs = choose(&[(0.0, f64::INFINITY)], buckets, detail, at, MIN_MAX_AGE);
         assert_eq!(obs.detail.error, Some(QueryError::NotANumber("inf".into())));
+    }
+
+    #[test]
+    fn a_lone_point_in_the_newest_bucket_is_not_used() {
+        // Window end 1,150 s, 30 s buckets: the bucket at 1,140 s is still filling, the one at
+        // 1,110 s ended at 1,140 s.
+        let answer = |points: &str| {
+            let body =
+                format!(r#"{{"status":"ok","series":[{{"query_index":0,"interval":30,"pointlist":[{points}]}}]}}"#);
+            let V1Answer::Answered(mut obs) = read(200, &body, &cx(1, 1_150_000)) else { panic!() };
+            obs.remove(0)
+        };
+        let newest = answer("[1080000,null],[1110000,null],[1140000,5.0]");
+        assert!(
+            matches!(&newest.detail.error, Some(QueryError::NoData(m)) if m.contains("newest bucket")),
+            "{newest:?}"
+        );
+        assert_eq!(newest.detail.points, Some(1));
+        // The same lone point when its bucket is complete (the series' last bucket is null).
+        let complete = answer("[1080000,null],[1110000,5.0],[1140000,null]");
+        assert_eq!(complete.reading, Reading::Value { value: 5.0, at: Timestamp::from_unix_millis(1_110_000) });
+        // A series that ends before the window does: its last bucket is complete too.
+        let early = answer("[1050000,null],[1080000,7.0]");
+        assert_eq!(early.reading, Reading::Value { value: 7.0, at: Timestamp::from_unix_millis(1_080_000) });
+        // Two points: the penultimate one, as before, even when the newest bucket has a value.
+        let two = answer("[1110000,4.0],[1140000,5.0]");
+        assert_eq!(two.reading, Reading::Value { value: 4.0, at: Timestamp::from_unix_millis(1_110_000) });
+        // Without an interval, the newest bucket is the series' last one.
+        let body = r#"{"status":"ok","series":[{"query_index":0,"pointlist":[[1110000,null],[1140000,5.0]]}]}"#;
+        let V1Answer::Answered(obs) = read(200, body, &cx(1, 1_150_000)) else { panic!() };
+        assert!(matches!(&obs[0].detail.error, Some(QueryError::NoData(_))), "{obs:?}");
+    }
+
+    #[test]
+    fn a_token_that_is_not_a_number_spoils_only_its_own_series() {
+        for token in ["NaN", "Infinity", "-Infinity", "1e999", "-1E+400", "123456789e999"] {
+            let body = format!(
+                r#"{{"status":"ok","message":"NaN is fine in a string, \"Infinity\" too","series":[
+                {{"query_index":0,"interval":30,"pointlist":[[1080000,1.0],[1110000,2.0],[1140000,null]]}},
+                {{"query_index":1,"interval":30,"pointlist":[[1080000,{token}],[1110000,3.0],[1140000,null]]}},
+                {{"query_index":2,"interval":30,"pointlist":[[1080000,4.5e2],[1110000,-0.25],[1140000,1e308]]}}]}}"#
+            );
+            let V1Answer::Answered(obs) = read(200, &body, &cx(3, 1_150_000)) else { panic!("{token}: not answered") };
+            assert_eq!(obs[0].reading, Reading::Value { value: 1.0, at: Timestamp::from_unix_millis(1_080_000) });
+            assert_eq!(obs[1].detail.error, Some(QueryError::NotANumber(token.to_string())), "{token}");
+            assert!(matches!(obs[1].reading, Reading::Unavailable { .. }));
+            assert_eq!(obs[2].reading, Reading::Value { value: -0.25, at: Timestamp::from_unix_millis(1_110_000) });
+        }
+    }
+
+    #[test]
+    fn marking_keeps_everything_else_byte_for_byte() {
+        let clean = br#"{"a":[1,-2.5e3,null,true,false],"s":"NaN \" Infinity 1e999"}"#;
+        assert_eq!(mark_non_numbers(clean), None, "nothing to replace: no copy");
+        let marked = mark_non_numbers(br#"[NaN,-Infinity,1e999,"1e999",2]"#).unwrap();
+        assert_eq!(
+            String::from_utf8(marked).unwrap(),
+            r#"["\u0000watermarkd-not-a-number:NaN","\u0000watermarkd-not-a-number:-Infinity","\u0000watermarkd-not-a-number:1e999","1e999",2]"#
+        );
+        // A series that cannot be read at all fails its own query only.
+        let body = r#"{"status":"ok","series":[{"query_index":0,"pointlist":"oops"},
+            {"query_index":1,"interval":30,"pointlist":[[1080000,1.0],[1110000,2.0]]}]}"#;
+        let V1Answer::Answered(obs) = read(200, body, &cx(2, 1_150_000)) else { panic!() };
+        assert!(matches!(obs[0].detail.error, Some(QueryError::Protocol(_))), "{obs:?}");
+        assert_eq!(obs[1].reading, Reading::Value { value: 1.0, at: Timestamp::from_unix_millis(1_080_000) });
     }
 
     #[test]

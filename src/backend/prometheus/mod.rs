@@ -2,7 +2,10 @@
 //! queried with instant queries over its HTTP API.
 //!
 //! One call to `evaluate` is one cycle: identical queries are sent once, at most `max_in_flight`
-//! at a time, each retried on server and connection errors within twice the configured timeout.
+//! at a time, each retried on server and connection errors until the cycle's deadline (see
+//! `backend::QueryBackend`): the wait for a slot, every attempt (each given `min(timeout, time
+//! left)`) and every backoff sleep fit before it, and a query not answered by then is
+//! `QueryError::Timeout` for this cycle.
 //! What cannot be a number (no data, several series, NaN, errors) comes back as "unavailable"
 //! with a reason, never as 0.
 
@@ -38,7 +41,6 @@ const MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
 
 /// The first retry waits about this long (jittered up to twice as long), doubling each time.
 const FIRST_RETRY_DELAY: Duration = Duration::from_millis(100);
-const MAX_RETRIES: usize = 6;
 
 /// A client for one `[backend.NAME]` of type `prometheus`. Cheap to share: one connection pool,
 /// built once, kept across errors.
@@ -84,8 +86,13 @@ impl PrometheusClient {
         })
     }
 
-    /// Evaluates every query as of `now`: one observation per query, in order.
-    pub async fn evaluate(&self, queries: &[MetricQuery], now: Timestamp) -> Vec<Observation> {
+    /// The configured timeout of one request.
+    pub fn timeout(&self) -> Duration {
+        self.inner.timeout
+    }
+
+    /// Evaluates every query as of `now`: one observation per query, in order, by `deadline`.
+    pub async fn evaluate(&self, queries: &[MetricQuery], now: Timestamp, deadline: Instant) -> Vec<Observation> {
         // The same query text is sent once, however many metrics (with whatever reducers) use it.
         let mut unique: Vec<&str> = Vec::new();
         let mut index_of: HashMap<&str, usize> = HashMap::new();
@@ -103,7 +110,7 @@ impl PrometheusClient {
         for (i, query) in unique.iter().enumerate() {
             let inner = Arc::clone(&self.inner);
             let query = query.to_string();
-            tasks.spawn(async move { (i, inner.fetch(&query, now).await) });
+            tasks.spawn(async move { (i, inner.fetch(&query, now, deadline).await) });
         }
         let mut answers: Vec<Option<Result<Answer, QueryError>>> = vec![None; unique.len()];
         while let Some(joined) = tasks.join_next().await {
@@ -130,23 +137,30 @@ impl PrometheusClient {
 }
 
 impl Inner {
-    /// One query, with retries, within twice the timeout.
-    async fn fetch(&self, query: &str, now: Timestamp) -> Result<Answer, QueryError> {
+    /// One query, with retries, by the cycle's deadline.
+    async fn fetch(&self, query: &str, now: Timestamp, deadline: Instant) -> Result<Answer, QueryError> {
+        let started = Instant::now();
+        let timed_out = || QueryError::Timeout(deadline.saturating_duration_since(started).as_secs_f64().ceil() as u64);
         let prepared = self.prepare(query, now);
-        let Ok(_permit) = self.limiter.acquire().await else {
+        // Waiting behind other queries counts against the cycle: a query that cannot start
+        // before the deadline is not sent.
+        let _permit = match tokio::time::timeout_at(deadline, self.limiter.acquire()).await {
+            Ok(Ok(permit)) => permit,
             // Only a closed semaphore fails, and this one is never closed.
-            return Err(QueryError::Server("the backend is shutting down".into()));
+            Ok(Err(_)) => return Err(QueryError::Server("the backend is shutting down".into())),
+            Err(_) => return Err(timed_out()),
         };
-        // The budget starts once the query may go, so that waiting behind other queries does not
-        // eat into it.
-        let deadline = Instant::now() + self.timeout * 2;
         // An attempt with less time than this left is not worth starting.
         let min_attempt = (self.timeout / 10).max(Duration::from_millis(50));
+        if deadline.saturating_duration_since(Instant::now()) < min_attempt {
+            return Err(timed_out());
+        }
         let backoff = ExponentialBuilder::new()
             .with_min_delay(FIRST_RETRY_DELAY)
             .with_max_delay((self.timeout / 2).max(FIRST_RETRY_DELAY))
             .with_factor(2.0)
-            .with_max_times(MAX_RETRIES)
+            // No count: the deadline ends the retries.
+            .without_max_times()
             .with_jitter()
             .with_jitter_seed(self.jitter.hash_one((query, now.unix_millis())));
 

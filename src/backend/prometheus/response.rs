@@ -99,7 +99,7 @@ pub(super) fn classify(status: u16, body: &[u8], endpoint: &str) -> Result<Answe
     match status {
         200..=299 => match parsed {
             Some(b) if b.status.as_deref() == Some("success") => success(b),
-            Some(b) if b.status.as_deref() == Some("error") => Err(api_error(status, b)),
+            Some(b) if b.status.as_deref() == Some("error") => Err(error_in_success(status, b)),
             _ => {
                 Err(Failure::protocol(format!("HTTP {status} with a body that is not Prometheus' JSON{}", said(body))))
             }
@@ -140,6 +140,31 @@ pub(super) fn classify(status: u16, body: &[u8], endpoint: &str) -> Result<Answe
             Some(b) if b.error_type.is_some() || b.error.is_some() => Err(api_error(status, b)),
             _ => Err(by_status(status, body)),
         },
+    }
+}
+
+/// A 2xx that says `"status": "error"`. Prometheus answers a query it cannot parse with a 400,
+/// so an error inside a success status comes from the server side (a proxy or a compatible
+/// store answering 200 whatever happened), unless it says `bad_data`: then it is the query.
+/// What would be retried with an error status is retried here too; the rest is not, as
+/// nothing says another attempt would fare better.
+fn error_in_success(status: u16, body: Body) -> Failure {
+    if body.error_type.as_deref() == Some("bad_data") {
+        return api_error(status, body);
+    }
+    let error_type = body.error_type.clone().unwrap_or_default();
+    let failure = api_error(status, body);
+    match failure.error {
+        QueryError::Server(_) => failure,
+        QueryError::BadQuery(message) | QueryError::Protocol(message) | QueryError::Configuration(message) => {
+            let kind = if error_type.is_empty() { String::new() } else { format!("{error_type}: ") };
+            Failure::new(
+                QueryError::Server(format!("HTTP {status} with status \"error\": {kind}{message}")),
+                "server_error",
+                false,
+            )
+        }
+        _ => failure,
     }
 }
 
@@ -449,9 +474,17 @@ mod tests {
         assert_eq!(f.outcome, "timeout");
         let f = fail(500, r#"{"status":"error","errorType":"internal","error":"storage error"}"#);
         assert!(f.retry && matches!(f.error, QueryError::Server(_)), "{f:?}");
-        // A 200 that says "error" is still an error.
+        // A 200 that says "error" is still an error: the query's when it says bad_data...
         let f = fail(200, r#"{"status":"error","errorType":"bad_data","error":"nope"}"#);
         assert_eq!(f.error, QueryError::BadQuery("nope".into()));
+        // ...else the server's, never a bad query.
+        let f = fail(200, r#"{"status":"error","errorType":"execution","error":"out of memory"}"#);
+        assert_eq!(f.error, QueryError::Server("HTTP 200 with status \"error\": execution: out of memory".into()));
+        assert_eq!(f.outcome, "server_error");
+        let f = fail(200, r#"{"status":"error","error":"something broke"}"#);
+        assert!(matches!(f.error, QueryError::Server(ref m) if m.contains("something broke")), "{f:?}");
+        let f = fail(200, r#"{"status":"error","errorType":"unavailable","error":"ingester down"}"#);
+        assert!(f.retry && matches!(f.error, QueryError::Server(_)), "{f:?}");
     }
 
     #[test]
