@@ -416,9 +416,10 @@ proptest! {
         body in datadog_bodies(""),
     ) {
         let rate = read_headers(&headers);
-        if let Some(reset) = rate.reset {
-            prop_assert_eq!(rate_limit_wait(&rate), Duration::from_secs(reset));
-        }
+        // A 429 is waited out, never for longer than its reset or a minute, whichever is longer.
+        let wait = rate_limit_wait(&rate);
+        let bound = Duration::from_secs(rate.reset.unwrap_or(0)).max(Duration::from_secs(60));
+        prop_assert!(!wait.is_zero() && wait <= bound, "{rate:?}: {wait:?}");
         let _ = read_v2_error(status, &rate, &body, "datadoghq.eu");
         let text = error_text(status, &body);
         // At most 300 bytes of what the server said, after the status.
@@ -493,7 +494,8 @@ proptest! {
             .into_iter()
             .map(|reducer| MetricQuery { query: "up".into(), reducer })
             .collect();
-        let observations = fake.runtime.block_on(fake.client.evaluate(&queries, Timestamp::from_unix_millis(1_700_000_000_000)));
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        let observations = fake.runtime.block_on(fake.client.evaluate(&queries, Timestamp::from_unix_millis(1_700_000_000_000), deadline));
         prop_assert_eq!(observations.len(), queries.len());
         for observation in &observations {
             check_observation(observation, true)?;
@@ -627,19 +629,18 @@ fn times_before_1970_are_refused_where_they_are_read() {
     assert!(state::decode_annotation("billing", annotation).is_err());
 }
 
-/// A Datadog point dated before 1970 (or after 9999, when it is in the future of the cycle) is
-/// read as a value; `watermarkd query` then panics (or fails) printing its time. Reported, not
-/// fixed here: src/backend/datadog is being changed elsewhere.
+/// Found by `datadog_answers_observe_or_fail`: a Datadog point dated before 1970 (or after 9999)
+/// was read as a value, and `watermarkd query` then panicked printing its time.
 #[test]
-#[ignore = "reported: Datadog point times outside 1970..=9999 become values"]
 fn datadog_point_times_outside_1970_to_9999_are_no_values() {
     let cx = V1Context { queries: 1, now: Timestamp::from_unix_millis(1_000), max_age: None, site: "datadoghq.com" };
     for time in ["-5000", "2.6e14"] {
-        let body = format!(r#"{{"status":"ok","series":[{{"pointlist":[[{time},1.5]]}}]}}"#);
+        let body = format!(r#"{{"status":"ok","series":[{{"pointlist":[[{time},1.5],[{time},2.5]]}}]}}"#);
         let V1Answer::Answered(observations) = read_v1_answer(200, &RateLimitHeaders::default(), body.as_bytes(), &cx)
         else {
             panic!("{body}: not answered")
         };
+        assert!(matches!(observations[0].reading, Reading::Unavailable { .. }), "{body}: {observations:?}");
         assert!(check_observation(&observations[0], true).is_ok(), "{body}: {observations:?}");
     }
 }

@@ -712,7 +712,7 @@ fn bad_query_retry_is_a_positive_duration_of_datadog_backends_only() {
     for (value, expected) in [
         ("\"0s\"", "backend.dd.bad_query_retry must be longer than 0s"),
         ("\"soon\"", "backend.dd.bad_query_retry"),
-        ("600", "backend.dd.bad_query_retry"),
+        ("-600", "backend.dd.bad_query_retry (-600) must be a duration"),
     ] {
         let problems = problems(&format!("{base}bad_query_retry = {value}\n"));
         assert!(problems.iter().any(|p| p.contains(expected)), "{value}: {problems:?}");

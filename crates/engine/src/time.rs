@@ -24,6 +24,13 @@ impl Timestamp {
         (0.0..=MAX_READ_MILLIS as f64).contains(&ms).then_some(Timestamp(ms as i64))
     }
 
+    /// A time given as (fractional) Unix milliseconds, as backends send them; `None` outside
+    /// 1970 to 9999 or when not a number.
+    pub fn from_unix_millis_f64(ms: f64) -> Option<Self> {
+        let ms = ms.round();
+        (0.0..=MAX_READ_MILLIS as f64).contains(&ms).then_some(Timestamp(ms as i64))
+    }
+
     fn from_unix_seconds(s: i64) -> Option<Self> {
         s.checked_mul(1000).filter(|ms| (0..=MAX_READ_MILLIS).contains(ms)).map(Timestamp)
     }

@@ -418,10 +418,12 @@ fn choose(
     if !value.is_finite() {
         return Observation::unavailable_with(QueryError::NotANumber(value.to_string()), detail);
     }
-    if !ms.is_finite() || ms.abs() >= 9.0e15 {
-        return Observation::unavailable_with(QueryError::Protocol(format!("point time {ms} is not a time")), detail);
-    }
-    let at = Timestamp::from_unix_millis(ms.round() as i64);
+    let Some(at) = Timestamp::from_unix_millis_f64(ms) else {
+        return Observation::unavailable_with(
+            QueryError::Protocol(format!("point time {ms} is not a time from 1970 to 9999")),
+            detail,
+        );
+    };
     let age = now.since(at);
     if age > max_age {
         return Observation::unavailable_with(
@@ -582,10 +584,9 @@ pub fn parse_v2_timeseries(body: &[u8]) -> Result<V2Timeseries, QueryError> {
     let attributes = parsed.data.attributes;
     let mut times = Vec::with_capacity(attributes.times.len());
     for ms in &attributes.times {
-        if !ms.is_finite() || ms.abs() >= 9.0e15 {
-            return Err(QueryError::Protocol(format!("time {ms} is not a time")));
-        }
-        times.push(Timestamp::from_unix_millis(ms.round() as i64));
+        let at = Timestamp::from_unix_millis_f64(*ms)
+            .ok_or_else(|| QueryError::Protocol(format!("time {ms} is not a time from 1970 to 9999")))?;
+        times.push(at);
     }
     if attributes.values.len() != attributes.series.len() {
         return Err(QueryError::Protocol(format!(
