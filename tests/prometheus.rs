@@ -528,6 +528,14 @@ async fn a_cycle_ends_by_its_deadline_whatever_the_retries() {
     assert_eq!(value(&obs[0]), 7.0);
     assert_eq!(flaky.requests().len(), 9);
 
+    // A short interval with the default 10 s timeout: a cycle 900 ms long still asks.
+    let quick = FakeServer::start(|_, _| Reply::vector(1.0, &["3"])).await;
+    let mut settings = config(&quick.url());
+    settings.timeout = Duration::from_secs(10);
+    let (client, _) = build(&settings);
+    let obs = client.evaluate(&[q("up")], now(), Clock::now() + Duration::from_millis(900)).await;
+    assert_eq!(value(&obs[0]), 3.0);
+
     // A cycle whose deadline has passed sends nothing.
     let (client, _) = build(&config(&flaky.url()));
     let obs = client.evaluate(&[q("up")], now(), Clock::now()).await;

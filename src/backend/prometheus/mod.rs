@@ -39,6 +39,10 @@ const MAX_GET_URL_CHARS: usize = 2_000;
 /// far more than an autoscaler can use, and is not worth holding in memory.
 const MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
 
+/// An attempt with less time than this left before the deadline is not started. Not a share of
+/// the timeout: a 10 s timeout with a 1 s interval must still query every cycle.
+const MIN_ATTEMPT: Duration = Duration::from_millis(50);
+
 /// The first retry waits about this long (jittered up to twice as long), doubling each time.
 const FIRST_RETRY_DELAY: Duration = Duration::from_millis(100);
 
@@ -150,9 +154,7 @@ impl Inner {
             Ok(Err(_)) => return Err(QueryError::Server("the backend is shutting down".into())),
             Err(_) => return Err(timed_out()),
         };
-        // An attempt with less time than this left is not worth starting.
-        let min_attempt = (self.timeout / 10).max(Duration::from_millis(50));
-        if deadline.saturating_duration_since(Instant::now()) < min_attempt {
+        if deadline.saturating_duration_since(Instant::now()) < MIN_ATTEMPT {
             return Err(timed_out());
         }
         let backoff = ExponentialBuilder::new()
@@ -167,7 +169,7 @@ impl Inner {
         let result = (|| self.attempt(&prepared, deadline))
             .retry(backoff)
             .when(|failure: &Failure| failure.retry)
-            .adjust(|_, delay| delay.filter(|d| Instant::now() + *d + min_attempt <= deadline))
+            .adjust(|_, delay| delay.filter(|d| Instant::now() + *d + MIN_ATTEMPT <= deadline))
             .notify(|failure, delay| {
                 tracing::debug!(backend = %self.name, query, error = %failure.error, ?delay, "retrying");
             })
