@@ -5,11 +5,20 @@
 //! clock (the two hosts' clocks may disagree): it notes when it last saw the lease record
 //! change, on its own monotonic clock, and takes over only when the record has not changed for a
 //! whole lease duration. Every write carries the `resourceVersion` it read, so two candidates
-//! racing for an expired lease cannot both win. A leader that cannot renew within the renew
-//! deadline stops acting as leader before its lease can expire, and a leader that shuts down
-//! releases the lease so the other daemon takes over at its next retry instead of a full
-//! duration later.
+//! racing for an expired lease cannot both win. A leader that shuts down releases the lease so
+//! the other daemon takes over at its next retry instead of a full duration later.
+//!
+//! # Writing only while the lease is provably held
+//! A follower may take over a whole lease duration after it first saw our last renewal, and
+//! that renewal was written after we sent it. So this process counts its right to write,
+//! [`Authority`], from the moment it *sent* its last successful renewal, for the renew
+//! deadline (shorter than the lease duration), on its own monotonic clock. Every attempt to
+//! renew is bounded by that same moment, so a hanging API server (etcd down) cannot keep a
+//! leader believing it leads; and every write the daemon makes is bounded by the time left
+//! ([`Authority::write_budget`]), so none can still be in flight, as far as this process
+//! knows, when another daemon may start writing.
 
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -59,12 +68,70 @@ impl LeaseSettings {
     }
 }
 
+/// Without a lease, a write is still bounded: a request that hangs must not hold its
+/// autoscaler's evaluation (and its next cycle) forever.
+pub const UNLEASED_WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A write is not started with less time than this left: it could hardly complete.
+const MIN_WRITE_BUDGET: Duration = Duration::from_millis(200);
+
+/// Whether, and for how long, this process may write to the cluster as the one that scales.
+/// Shared by the elector, which extends it at each successful renewal, and every writer.
+#[derive(Clone, Debug)]
+pub struct Authority(AuthorityKind);
+
+#[derive(Clone, Debug)]
+enum AuthorityKind {
+    /// No leader election: this process always scales.
+    Unleased,
+    /// Until the instant held, or not at all.
+    Leased(Arc<Mutex<Option<Instant>>>),
+}
+
+impl Authority {
+    /// For a daemon that runs without a lease.
+    pub fn unleased() -> Self {
+        Authority(AuthorityKind::Unleased)
+    }
+
+    fn leased() -> Self {
+        Authority(AuthorityKind::Leased(Arc::new(Mutex::new(None))))
+    }
+
+    /// How long a write started now may take: `None` when this process may not write now.
+    pub fn write_budget(&self) -> Option<Duration> {
+        match &self.0 {
+            AuthorityKind::Unleased => Some(UNLEASED_WRITE_TIMEOUT),
+            AuthorityKind::Leased(_) => {
+                let left = self.until()?.checked_duration_since(Instant::now())?;
+                (left >= MIN_WRITE_BUDGET).then_some(left)
+            }
+        }
+    }
+
+    /// The end of the right to write (`None`: none, or unleased).
+    fn until(&self) -> Option<Instant> {
+        match &self.0 {
+            AuthorityKind::Unleased => None,
+            AuthorityKind::Leased(until) => *until.lock().unwrap_or_else(PoisonError::into_inner),
+        }
+    }
+
+    fn set(&self, value: Option<Instant>) {
+        if let AuthorityKind::Leased(until) = &self.0 {
+            *until.lock().unwrap_or_else(PoisonError::into_inner) = value;
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum LeaseError {
     #[error("lease {namespace}/{name}: the API server refused to {verb} it (forbidden): grant {verb} on leases.coordination.k8s.io")]
     Forbidden { namespace: String, name: String, verb: &'static str },
     #[error("lease {namespace}/{name}: {source}")]
     Api { namespace: String, name: String, source: kube::Error },
+    #[error("lease {namespace}/{name}: no answer from the API server within {seconds:.1}s")]
+    Timeout { namespace: String, name: String, seconds: f64 },
 }
 
 /// What to do about the lease as last read.
@@ -114,7 +181,7 @@ pub struct LeaderElector {
     api: Api<Lease>,
     settings: LeaseSettings,
     observed: Option<(Observed, Instant)>,
-    last_renewed: Option<Instant>,
+    authority: Authority,
     role: watch::Sender<Role>,
 }
 
@@ -122,7 +189,12 @@ impl LeaderElector {
     pub fn new(client: Client, settings: LeaseSettings) -> Self {
         let api = Api::namespaced(client, &settings.namespace);
         let (role, _) = watch::channel(Role::Unknown);
-        LeaderElector { api, settings, observed: None, last_renewed: None, role }
+        LeaderElector { api, settings, observed: None, authority: Authority::leased(), role }
+    }
+
+    /// The right to write that this elector maintains, for the writers.
+    pub fn authority(&self) -> Authority {
+        self.authority.clone()
     }
 
     /// Follows the role as it changes.
@@ -138,27 +210,40 @@ impl LeaderElector {
         }
     }
 
-    /// One attempt to acquire or renew; publishes and returns the resulting role.
+    /// One attempt to acquire or renew; publishes and returns the resulting role. A leader's
+    /// attempt is given only until its right to write ends; anyone else's, the renew deadline.
     pub async fn step(&mut self) -> Result<Role, LeaseError> {
-        let result = self.try_step().await;
+        let started = Instant::now();
+        let bound =
+            self.authority.until().filter(|until| *until > started).unwrap_or(started + self.settings.renew_deadline);
+        let result = match tokio::time::timeout_at(bound, self.try_step(started)).await {
+            Ok(result) => result,
+            Err(_) => Err(LeaseError::Timeout {
+                namespace: self.settings.namespace.clone(),
+                name: self.settings.name.clone(),
+                seconds: bound.duration_since(started).as_secs_f64(),
+            }),
+        };
+        // A leader keeps its role through short API trouble, but only while its right to write
+        // lasts; a renewal whose answer came too late to leave any does not make a leader.
+        let holds = self.authority.write_budget().is_some();
         let role = match &result {
-            Ok(role) => role.clone(),
-            // A leader keeps its role through short API trouble, but never past the renew
-            // deadline: by then another daemon may be about to take over.
-            Err(_) if self.is_leader() && self.renewed_within(self.settings.renew_deadline) => Role::Leader,
+            Ok(Role::Leader) if holds => Role::Leader,
+            Err(_) if holds && self.is_leader() => Role::Leader,
+            Ok(Role::Leader) => Role::Follower { holder: None },
             Err(_) if self.is_leader() => Role::Follower { holder: None },
+            Ok(role) => role.clone(),
             Err(_) => self.role.borrow().clone(),
         };
+        if role != Role::Leader {
+            self.authority.set(None);
+        }
         self.publish(role.clone());
         result.map(|_| role)
     }
 
     fn is_leader(&self) -> bool {
         *self.role.borrow() == Role::Leader
-    }
-
-    fn renewed_within(&self, deadline: Duration) -> bool {
-        self.last_renewed.is_some_and(|at| at.elapsed() < deadline)
     }
 
     fn publish(&self, role: Role) {
@@ -172,7 +257,8 @@ impl LeaderElector {
         });
     }
 
-    async fn try_step(&mut self) -> Result<Role, LeaseError> {
+    /// `started`: when this attempt began, before anything was sent.
+    async fn try_step(&mut self, started: Instant) -> Result<Role, LeaseError> {
         let current = self.api.get_opt(&self.settings.name).await.map_err(|e| self.error("get", e))?;
         let spec = current.as_ref().and_then(|l| l.spec.as_ref());
         let unchanged_for = self.note(spec);
@@ -187,7 +273,8 @@ impl LeaderElector {
                     },
                     spec: Some(self.held(None, 0)),
                 };
-                self.write(self.api.create(&PostParams::default(), &lease).await, "create")
+                let result = self.api.create(&PostParams::default(), &lease).await;
+                self.write(result, "create", started)
             }
             Claim::Renew | Claim::TakeOver => {
                 let Some(mut lease) = current else { return Ok(Role::Follower { holder: None }) };
@@ -198,7 +285,7 @@ impl LeaderElector {
                 lease.spec = Some(self.held(acquired, transitions));
                 // `lease` still carries the resourceVersion we read: a racing write gets a 409.
                 let result = self.api.replace(&self.settings.name, &PostParams::default(), &lease).await;
-                self.write(result, "update")
+                self.write(result, "update", started)
             }
         }
     }
@@ -231,10 +318,17 @@ impl LeaderElector {
         }
     }
 
-    fn write(&mut self, result: Result<Lease, kube::Error>, verb: &'static str) -> Result<Role, LeaseError> {
+    fn write(
+        &mut self,
+        result: Result<Lease, kube::Error>,
+        verb: &'static str,
+        sent: Instant,
+    ) -> Result<Role, LeaseError> {
         match result {
             Ok(_) => {
-                self.last_renewed = Some(Instant::now());
+                // Counted from before the request went out: the record others time us by was
+                // written after that.
+                self.authority.set(Some(sent + self.settings.renew_deadline));
                 Ok(Role::Leader)
             }
             // Someone else wrote first (409) or created it first: they hold it now.
@@ -249,6 +343,7 @@ impl LeaderElector {
             return Ok(());
         }
         self.publish(Role::Follower { holder: None });
+        self.authority.set(None);
         let Some(mut lease) = self.api.get_opt(&self.settings.name).await.map_err(|e| self.error("get", e))? else {
             return Ok(());
         };
@@ -273,8 +368,14 @@ impl LeaderElector {
             if let Err(err) = self.step().await {
                 tracing::warn!(error = %err, "leader election attempt failed");
             }
+            // A leader whose renewals keep failing wakes when its right to write ends, so that
+            // it stops saying it leads then, not a retry period later.
+            let mut next = Instant::now() + self.settings.retry_period;
+            if let Some(until) = self.authority.until().filter(|_| self.is_leader()) {
+                next = next.min(until);
+            }
             tokio::select! {
-                _ = tokio::time::sleep(self.settings.retry_period) => {}
+                _ = tokio::time::sleep_until(next) => {}
                 changed = shutdown.changed() => {
                     if changed.is_err() || *shutdown.borrow() {
                         break;
@@ -329,6 +430,57 @@ mod tests {
             claim(Some(&held_by("b", 40)), "a", Duration::from_secs(30), DEFAULT),
             Claim::Wait { holder: Some("b".into()) }
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_right_to_write_ends_at_its_deadline_and_bounds_each_write() {
+        assert_eq!(Authority::unleased().write_budget(), Some(UNLEASED_WRITE_TIMEOUT));
+        let authority = Authority::leased();
+        assert_eq!(authority.write_budget(), None, "nothing before the first renewal");
+        authority.set(Some(Instant::now() + Duration::from_secs(10)));
+        assert_eq!(authority.write_budget(), Some(Duration::from_secs(10)));
+        tokio::time::advance(Duration::from_millis(9_700)).await;
+        assert_eq!(authority.write_budget(), Some(Duration::from_millis(300)));
+        // Too little left for a write to complete: none is started.
+        tokio::time::advance(Duration::from_millis(150)).await;
+        assert_eq!(authority.write_budget(), None);
+        tokio::time::advance(Duration::from_secs(60)).await;
+        assert_eq!(authority.write_budget(), None);
+    }
+
+    /// An API server that accepts connections and never answers (etcd down).
+    async fn hanging_api_server() -> Client {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("address"));
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                held.push(stream);
+            }
+        });
+        let config = kube::Config::new(url.parse().expect("url"));
+        Client::try_from(config).expect("client")
+    }
+
+    #[tokio::test]
+    async fn a_leader_whose_api_server_hangs_stops_leading_at_its_deadline() {
+        let mut settings = LeaseSettings::new("default", "watermarkd", "a");
+        settings.renew_deadline = Duration::from_millis(1_500);
+        let mut elector = LeaderElector::new(hanging_api_server().await, settings);
+        // As after a renewal sent 500 ms ago.
+        let sent = Instant::now() - Duration::from_millis(500);
+        elector.authority.set(Some(sent + Duration::from_millis(1_500)));
+        elector.publish(Role::Leader);
+        let authority = elector.authority();
+        let role = elector.subscribe();
+
+        let step = elector.step().await;
+        let deadline = sent + Duration::from_millis(1_500);
+        assert!(matches!(step, Err(LeaseError::Timeout { .. })), "{step:?}");
+        // The attempt was cut at the deadline, not at some request timeout after it.
+        assert!(Instant::now() >= deadline && Instant::now() < deadline + Duration::from_millis(500));
+        assert_eq!(*role.borrow(), Role::Follower { holder: None });
+        assert_eq!(authority.write_budget(), None);
     }
 
     #[test]

@@ -126,12 +126,7 @@ pub fn from_wpa_status(status: Option<&WatermarkPodAutoscalerStatus>) -> State {
 ///   from the restart.
 pub fn restore(persisted: State, marks: &Marks, rule: &Rule, now: Timestamp) -> Restored {
     let mut state = persisted;
-    if let Some(recorded) = marks.scaled_at {
-        let covers = state.last_scale_time.is_some_and(|t| t.unix_millis() >= recorded.unix_millis());
-        if !covers {
-            state.last_scale_time = Some(Timestamp::from_unix_millis(recorded.unix_millis().saturating_add(999)));
-        }
-    }
+    merge_recorded_scale(&mut state, marks);
     let mut future = Vec::new();
     let mut clamp = |time: &mut Timestamp, field: &'static str| {
         if time.unix_millis() > now.unix_millis() {
@@ -162,6 +157,38 @@ pub fn restore(persisted: State, marks: &Marks, rule: &Rule, now: Timestamp) -> 
         }
     }
     Restored { state, future }
+}
+
+/// Takes the time the API server recorded for watermarkd's last scale write (`managedFields`,
+/// whole seconds, so the end of that second) as the last scale when the state does not already
+/// cover it: a write that landed after its request timed out, or another daemon's.
+fn merge_recorded_scale(state: &mut State, marks: &Marks) {
+    if let Some(recorded) = marks.scaled_at {
+        let covers = state.last_scale_time.is_some_and(|t| t.unix_millis() >= recorded.unix_millis());
+        if !covers {
+            state.last_scale_time = Some(Timestamp::from_unix_millis(recorded.unix_millis().saturating_add(999)));
+        }
+    }
+}
+
+/// Before each decision: the target's record of watermarkd's last scale, merged as at a restore
+/// and never later than `now` (the API server's clock may run ahead of ours).
+pub fn note_recorded_scale(state: &mut State, marks: &Marks, now: Timestamp) {
+    merge_recorded_scale(state, marks);
+    if let Some(time) = state.last_scale_time.as_mut() {
+        *time = (*time).min(now);
+    }
+}
+
+/// A decision stamps its scale with the time it was made; the write is known to have landed
+/// only at `confirmed`, and the windows count from then.
+pub fn stamp_confirmed_scale(state: &mut State, decided: Timestamp, confirmed: Timestamp) {
+    if state.last_scale_time == Some(decided) {
+        state.last_scale_time = Some(confirmed);
+    }
+    for event in state.scale_events.iter_mut().filter(|e| e.at == decided) {
+        event.at = confirmed;
+    }
 }
 
 /// What [`restore`] made of the persisted state.
@@ -260,6 +287,49 @@ mod tests {
         let mut precise = state();
         precise.last_scale_time = Some(t(1_700_000_050_250));
         assert_eq!(restore(precise, &marks, &rule, now).state.last_scale_time, Some(t(1_700_000_050_250)));
+    }
+
+    #[test]
+    fn a_scale_recorded_on_the_target_that_the_state_misses_starts_the_window() {
+        let now = t(1_700_000_100_000);
+        // Our own confirmed write: its record (same second, apiserver clock) is covered.
+        let mut known = State { last_scale_time: Some(t(1_700_000_090_400)), ..State::default() };
+        let marks = Marks { state_annotation: None, scaled_at: Some(t(1_700_000_090_000)) };
+        note_recorded_scale(&mut known, &marks, now);
+        assert_eq!(known.last_scale_time, Some(t(1_700_000_090_400)));
+        // A write that timed out here and landed at ...095 is taken, to the end of its second.
+        let later = Marks { state_annotation: None, scaled_at: Some(t(1_700_000_095_000)) };
+        note_recorded_scale(&mut known, &later, now);
+        assert_eq!(known.last_scale_time, Some(t(1_700_000_095_999)));
+        // A record ahead of our clock is taken as now.
+        let ahead = Marks { state_annotation: None, scaled_at: Some(t(1_700_000_100_000)) };
+        let mut fresh = State::default();
+        note_recorded_scale(&mut fresh, &ahead, now);
+        assert_eq!(fresh.last_scale_time, Some(now));
+    }
+
+    #[test]
+    fn a_scale_counts_from_when_its_write_was_confirmed() {
+        let decided = t(1_700_000_100_000);
+        let confirmed = t(1_700_000_108_500);
+        let mut next = State {
+            last_scale_time: Some(decided),
+            scale_events: vec![
+                ScaleEvent { from: 2, to: 3, at: t(1_700_000_050_000) },
+                ScaleEvent { from: 3, to: 5, at: decided },
+            ],
+            ..State::default()
+        };
+        stamp_confirmed_scale(&mut next, decided, confirmed);
+        assert_eq!(next.last_scale_time, Some(confirmed));
+        assert_eq!(
+            next.scale_events,
+            vec![ScaleEvent { from: 2, to: 3, at: t(1_700_000_050_000) }, ScaleEvent { from: 3, to: 5, at: confirmed }]
+        );
+        // A state that did not scale at this decision keeps its times.
+        let mut held = State { last_scale_time: Some(t(1_700_000_050_000)), ..State::default() };
+        stamp_confirmed_scale(&mut held, decided, confirmed);
+        assert_eq!(held.last_scale_time, Some(t(1_700_000_050_000)));
     }
 
     #[test]

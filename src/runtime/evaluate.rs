@@ -57,6 +57,12 @@ pub async fn evaluate(
     let rule = if shared.dry_run { autoscaler.rule.clone().with_dry_run(true) } else { autoscaler.rule.clone() };
     let epoch = shared.epoch.load(Ordering::Acquire);
 
+    if memory.unconfirmed_write.is_some() {
+        if let Some(outcome) = reconcile_unconfirmed_write(shared, desired, memory).await {
+            return outcome;
+        }
+    }
+
     let mut attempt = 0;
     loop {
         attempt += 1;
@@ -77,7 +83,10 @@ pub async fn evaluate(
             restore(desired, memory, &reading, now);
             memory.epoch = epoch;
         }
-        let current = memory.state.clone().unwrap_or_default();
+        let mut current = memory.state.clone().unwrap_or_default();
+        // A scale of ours this process does not know of (a write that timed out and landed
+        // anyway, or another daemon's while it led) starts the window from when it landed.
+        state::note_recorded_scale(&mut current, &reading.marks, now);
         let observed = Target {
             spec_replicas: reading.spec_replicas,
             status_replicas: Some(reading.status_replicas),
@@ -85,14 +94,24 @@ pub async fn evaluate(
         };
         let decision = decide(&rule, observed, &readings, &current, now);
 
+        let mut confirmed_at = None;
         let write = if decision.write {
-            if !shared.is_leader() {
-                // Leadership was lost during this evaluation: the new leader decides.
+            let Some(budget) = shared.write_budget() else {
+                // Leadership was lost, or can no longer be proven: the leader decides.
                 return Outcome::Held;
-            }
-            match shared.targets.scale(target, &reading, decision.replicas).await {
+            };
+            let written = tokio::time::timeout(budget, shared.targets.scale(target, &reading, decision.replicas)).await;
+            let written = written.unwrap_or_else(|_| {
+                Err(TargetError::Connection(format!(
+                    "no answer within {:.1}s (the time this daemon could still prove its lease, or the write timeout)",
+                    budget.as_secs_f64()
+                )))
+            });
+            match written {
                 Ok(()) => {
                     shared.daemon.write("scale", "ok");
+                    // The forbidden window starts when the write is known to have landed.
+                    confirmed_at = Some(shared.clock.now());
                     ScaleWrite::Succeeded
                 }
                 Err(TargetError::Conflict { .. }) if attempt < CONFLICT_ATTEMPTS => {
@@ -108,6 +127,11 @@ pub async fn evaluate(
                 Err(err) => {
                     let outcome = if matches!(err, TargetError::Conflict { .. }) { "conflict" } else { "error" };
                     shared.daemon.write("scale", outcome);
+                    if err.outcome_unknown() {
+                        // It may land yet: the next evaluation first finds out what the API
+                        // server has.
+                        memory.unconfirmed_write = Some(reading.resource_version.clone());
+                    }
                     ScaleWrite::Failed(err.to_string())
                 }
             }
@@ -115,10 +139,13 @@ pub async fn evaluate(
             ScaleWrite::NotAttempted
         };
 
-        let next_state = match write {
+        let mut next_state = match write {
             ScaleWrite::Failed(_) => decision.state_if_not_written.clone(),
             _ => decision.state.clone(),
         };
+        if let Some(confirmed) = confirmed_at {
+            state::stamp_confirmed_scale(&mut next_state, now, confirmed);
+        }
         memory.state = Some(next_state.clone());
         let scaled = decision.action != Action::Hold && (decision.dry_run || write == ScaleWrite::Succeeded);
         log_decision(desired, memory, &decision, &write);
@@ -145,6 +172,57 @@ pub async fn evaluate(
 /// at least one was deferred): not a failure, and not news.
 fn paced_hold(deferred: bool, decision: &Decision) -> bool {
     deferred && decision.guard == Some(Guard::NoData) && decision.action == Action::Hold
+}
+
+/// After a scale write whose outcome is unknown (it timed out, or the API server failed), finds
+/// out from the API server whether the object changed, and waits for the cache to show it, so
+/// the next decision is made on what landed. `Some`: the evaluation ends here.
+async fn reconcile_unconfirmed_write(shared: &Shared, desired: &Desired, memory: &mut Memory) -> Option<Outcome> {
+    let target = &desired.autoscaler.target;
+    let Some(budget) = shared.write_budget() else { return Some(Outcome::Held) };
+    let reading = match shared.targets.read(target).await {
+        Ok(reading) => reading,
+        Err(err) => {
+            target_failed(shared, desired, memory, &err).await;
+            return Some(Outcome::Failed);
+        }
+    };
+    let current = match tokio::time::timeout(budget, shared.targets.current_version(target)).await {
+        Ok(result) => result.map_err(|err| err.to_string()),
+        Err(_) => Err(format!("no answer within {:.1}s", budget.as_secs_f64())),
+    };
+    let current = match current {
+        Ok(version) => version,
+        Err(why) => {
+            let err = TargetError::Connection(format!(
+                "the last scale write may or may not have landed, and the API server cannot say which yet: {why}"
+            ));
+            target_failed(shared, desired, memory, &err).await;
+            return Some(Outcome::Failed);
+        }
+    };
+    if current != reading.resource_version && !cache_reaches(shared, target, &current).await {
+        let err = TargetError::Connection(format!(
+            "the last scale write may have landed and the watch does not show resourceVersion {current} yet"
+        ));
+        target_failed(shared, desired, memory, &err).await;
+        return Some(Outcome::Failed);
+    }
+    memory.unconfirmed_write = None;
+    None
+}
+
+/// Waits (up to `CONFLICT_REFRESH`) for the cache to show `version` of the object.
+async fn cache_reaches(shared: &Shared, target: &crate::rules::TargetRef, version: &str) -> bool {
+    let deadline = tokio::time::Instant::now() + CONFLICT_REFRESH;
+    loop {
+        match shared.targets.read(target).await {
+            Ok(reading) if reading.resource_version == version => return true,
+            Err(_) => return false,
+            Ok(_) if tokio::time::Instant::now() >= deadline => return false,
+            Ok(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
 }
 
 fn describe(target: &crate::rules::TargetRef) -> String {
@@ -293,7 +371,12 @@ async fn persist(
                 return;
             }
             let value = state::encode_annotation(&desired.autoscaler.name, next_state);
-            match shared.targets.write_state(&desired.autoscaler.target, &value).await {
+            let Some(budget) = shared.write_budget() else { return };
+            let written = tokio::time::timeout(budget, shared.targets.write_state(&desired.autoscaler.target, &value));
+            let written = written.await.unwrap_or_else(|_| {
+                Err(TargetError::Connection(format!("no answer within {:.1}s", budget.as_secs_f64())))
+            });
+            match written {
                 Ok(()) => {
                     shared.daemon.write("state", "ok");
                     memory.written = Some(next_state.clone());
@@ -342,14 +425,21 @@ pub async fn write_status(
     let api: Api<WatermarkPodAutoscaler> = Api::namespaced(shared.client.clone(), namespace);
     let patch = serde_json::json!({ "status": status });
     let params = PatchParams { field_manager: Some("watermarkd".into()), ..PatchParams::default() };
-    match api.patch_status(name, &params, &Patch::Merge(&patch)).await {
-        Ok(_) => {
+    let Some(budget) = shared.write_budget() else { return false };
+    match tokio::time::timeout(budget, api.patch_status(name, &params, &Patch::Merge(&patch))).await {
+        Ok(Ok(_)) => {
             shared.daemon.write("status", "ok");
             true
         }
-        Err(err) => {
+        Ok(Err(err)) => {
             shared.daemon.write("status", "error");
             tracing::warn!(wpa = %format!("{namespace}/{name}"), error = %err, "could not write the WPA status");
+            false
+        }
+        Err(_) => {
+            shared.daemon.write("status", "error");
+            let error = format!("no answer within {:.1}s", budget.as_secs_f64());
+            tracing::warn!(wpa = %format!("{namespace}/{name}"), error, "could not write the WPA status");
             false
         }
     }

@@ -28,7 +28,7 @@ use watermarkd_engine::{State, Timestamp};
 use crate::backend::{BackendError, MetricBackend, MetricQuery, Observation, QueryBackend, QueryError};
 use crate::crd::{WatermarkPodAutoscaler, WatermarkPodAutoscalerStatus};
 use crate::events::EventPublisher;
-use crate::lease::{LeaderElector, LeaseSettings, Role};
+use crate::lease::{Authority, LeaderElector, LeaseSettings, Role};
 use crate::rules::{self, Autoscaler, RulesError, RulesFile};
 use crate::settings::Settings;
 use crate::target::{TargetError, Targets};
@@ -114,6 +114,9 @@ pub struct Memory {
     last_reason: Option<String>,
     /// The target error last reported, so a stuck target logs once.
     failing: Option<String>,
+    /// The resourceVersion a scale write was based on whose outcome is unknown (timed out,
+    /// or the API server failed): it may have landed, or may yet.
+    unconfirmed_write: Option<String>,
 }
 
 /// What every evaluation shares.
@@ -130,12 +133,23 @@ pub struct Shared {
     /// Incremented on every gain of leadership.
     pub(crate) epoch: AtomicU64,
     leader: AtomicBool,
+    /// Whether and how long a write may take now (see `crate::lease`).
+    authority: Authority,
     stopping: AtomicBool,
 }
 
 impl Shared {
     pub(crate) fn is_leader(&self) -> bool {
         self.leader.load(Ordering::Acquire)
+    }
+
+    /// How long a write to the cluster started now may take; `None`: this daemon may not write
+    /// (it follows, or it cannot prove its lease any more).
+    pub(crate) fn write_budget(&self) -> Option<Duration> {
+        if !self.is_leader() {
+            return None;
+        }
+        self.authority.write_budget()
     }
 
     fn is_stopping(&self) -> bool {
@@ -453,6 +467,23 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
     .map_err(|error| RunError::Listen { address: settings.listen.to_string(), error })?;
     tracing::info!(listen = %bound, "serving /metrics, /healthz and /readyz");
 
+    // Leadership.
+    let (lease_stop_tx, lease_stop) = watch::channel(false);
+    // Without a Lease this daemon always leads; the sender lives as long as the loop below.
+    let (_fixed_role, fixed_role_rx) = watch::channel(Role::Leader);
+    let (mut role, elector) = if settings.lease.enabled {
+        let mut lease = LeaseSettings::new(&settings.lease.namespace, &settings.lease.name, &settings.lease.identity);
+        lease.lease_duration = settings.lease.duration;
+        lease.renew_deadline = settings.lease.renew_deadline;
+        lease.retry_period = settings.lease.retry_period;
+        let elector = LeaderElector::new(client.clone(), lease);
+        (elector.subscribe(), Some(elector))
+    } else {
+        (fixed_role_rx, None)
+    };
+    let authority = elector.as_ref().map_or_else(Authority::unleased, LeaderElector::authority);
+    let lease_task = elector.map(|elector| tokio::spawn(elector.run(lease_stop)));
+
     let shared = Arc::new(Shared {
         client: client.clone(),
         targets: targets.clone(),
@@ -465,24 +496,9 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
         default_interval: settings.default_interval,
         epoch: AtomicU64::new(0),
         leader: AtomicBool::new(false),
+        authority,
         stopping: AtomicBool::new(false),
     });
-
-    // Leadership.
-    let (lease_stop_tx, lease_stop) = watch::channel(false);
-    // Without a Lease this daemon always leads; the sender lives as long as the loop below.
-    let (_fixed_role, fixed_role_rx) = watch::channel(Role::Leader);
-    let (mut role, lease_task) = if settings.lease.enabled {
-        let mut lease = LeaseSettings::new(&settings.lease.namespace, &settings.lease.name, &settings.lease.identity);
-        lease.lease_duration = settings.lease.duration;
-        lease.renew_deadline = settings.lease.renew_deadline;
-        lease.retry_period = settings.lease.retry_period;
-        let elector = LeaderElector::new(client.clone(), lease);
-        let role = elector.subscribe();
-        (role, Some(tokio::spawn(elector.run(lease_stop))))
-    } else {
-        (fixed_role_rx, None)
-    };
 
     let (commands_tx, mut commands) = mpsc::channel::<Command>(16);
     let (backends, file_autoscalers) = match rules {

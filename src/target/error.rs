@@ -39,6 +39,18 @@ pub enum TargetError {
     NotWatched(String),
 }
 
+impl TargetError {
+    /// Whether a write that ended in this error may still have been applied: the API server
+    /// failed or never answered, so the request may have reached etcd (or may yet).
+    pub fn outcome_unknown(&self) -> bool {
+        match self {
+            TargetError::Connection(_) => true,
+            TargetError::Api { code, .. } => *code >= 500,
+            _ => false,
+        }
+    }
+}
+
 fn group_text(group: &str) -> String {
     if group.is_empty() {
         "core API group".to_string()

@@ -35,7 +35,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::core::discovery::Scope;
 use kube::core::GroupVersionKind;
@@ -357,6 +357,25 @@ impl Targets {
 }
 
 impl Targets {
+    /// The object's resourceVersion as the API server has it now (a quorum read, not the
+    /// cache): after a write whose outcome is unknown, it tells whether anything changed.
+    /// A list of the one name, so that it needs no verb beyond the watch's.
+    pub async fn current_version(&self, target: &TargetRef) -> Result<String, TargetError> {
+        let resolved = resolved_kind(&*self.state_of(target)?, target)?;
+        let api = api_for(&self.inner.context.client, &resolved, &target.namespace);
+        let request = Request::for_target("list", &resolved.resource.plural, target);
+        let params = ListParams::default().fields(&format!("metadata.name={}", target.name));
+        let list = api.list_metadata(&params).await.map_err(|err| request.error(&err))?;
+        match list.items.into_iter().next() {
+            Some(object) => Ok(object.metadata.resource_version.unwrap_or_default()),
+            None => Err(TargetError::NotFound {
+                kind: target.kind.clone(),
+                namespace: target.namespace.clone(),
+                name: target.name.clone(),
+            }),
+        }
+    }
+
     /// Writes `value` as the target's [`STATE_ANNOTATION`] with a merge patch that touches
     /// nothing else (no resourceVersion: the annotation is watermarkd's alone, and a workload
     /// controller's concurrent status update must not make it fail).
