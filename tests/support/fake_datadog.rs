@@ -6,12 +6,19 @@
 //! the `X-RateLimit-*` headers on every authenticated answer and an HTML 429 when exhausted.
 //! It records every request (URL length, sub-queries, status) for the tests to inspect.
 //!
+//! Faults for the daemon's fault matrix (tests/faults.rs), switchable while it runs: a
+//! request-level `Fault` answering every query request (a 5xx, a 429 with any headers, a 403, a
+//! slow, HTML, truncated, empty or `status: error` 200), per-query `Behavior`s (no data, all-null,
+//! non-finite tokens, several series, stale points, a 400), and refusing connections
+//! (`refuse_connections`: the port is closed until `accept_connections`).
+//!
 //! Include it with `#[path = "support/fake_datadog.rs"] mod fake_datadog;`.
 
 #![allow(dead_code)]
 
 use std::collections::HashMap;
 use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -23,7 +30,7 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
-use tokio::task::JoinHandle;
+use tokio::task::{AbortHandle, JoinHandle};
 use tokio::time::Instant;
 
 pub const API_KEY: &str = "fake-api-key-5f1e2d3c4b5a69788796a5b4";
@@ -32,6 +39,12 @@ pub const APP_KEY: &str = "fake-app-key-0a1b2c3d4e5f60718293a4b5c6d7e8f9";
 /// The recorded 403 answer (`v1_query_403.json`), body byte for byte.
 const FORBIDDEN_FIXTURE: &str =
     include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/datadog/v1_query_403.json"));
+
+/// Starts a raw point token in the JSON built for `Behavior::RawPoints`, before it is written
+/// out raw; a NUL-led string never occurs in a real answer.
+const RAW_MARK: &str = "\u{0}raw:";
+/// `RAW_MARK` as serde_json writes it.
+const RAW_MARK_JSON: &str = "\\u0000raw:";
 
 const RATE_LIMITED_HTML: &str = "<html><head><title>429 Too Many Requests</title></head>\
 <body><h1>429 Too Many Requests</h1>You have sent too many requests in a given amount of time.</body></html>";
@@ -64,6 +77,33 @@ pub enum Behavior {
     Delay(Duration),
     /// 400 whose body quotes the keys it received: a client must never pass them on.
     EchoKeys,
+    /// One series whose points are written as these raw JSON tokens (`"12.5"`, `"null"`, and
+    /// what JSON cannot hold: `"NaN"`, `"Infinity"`, `"1e999"`): (seconds before `to`, aligned
+    /// down to `interval`; token).
+    RawPoints { interval: u64, points: Vec<(i64, String)> },
+}
+
+/// What every request to `/api/v1/query` gets while it is set (`FakeDatadog::set_fault`),
+/// whatever its sub-queries: the faults of a server, an edge or a proxy rather than of a query.
+#[derive(Clone, Debug)]
+pub enum Fault {
+    /// This status with an HTML body (a 5xx from Datadog's edge or a proxy).
+    Status(u16),
+    /// 429 with exactly these headers (none of the budget's own) and an HTML or a JSON body.
+    /// Not counted against the budget.
+    RateLimited { headers: Vec<(String, String)>, html: bool },
+    /// The recorded 403 answer, as after the keys were revoked.
+    Forbidden,
+    /// Waits this long (tokio time), then answers normally.
+    Delay(Duration),
+    /// 200 with an HTML page.
+    Html,
+    /// 200 with the normal JSON answer cut in the middle.
+    Truncated,
+    /// 200 with an empty body.
+    EmptyBody,
+    /// 200 with `{"status":"error","error":...}`.
+    StatusError(String),
 }
 
 /// Dense buckets over `[from, to]` aligned to `interval`; bucket `k` (oldest first) has value
@@ -87,6 +127,11 @@ impl Default for SeriesSpec {
 impl SeriesSpec {
     pub fn constant(value: f64) -> Self {
         SeriesSpec { base: value, step: 0.0, ..SeriesSpec::default() }
+    }
+
+    /// A series whose every bucket is null.
+    pub fn all_null() -> Self {
+        SeriesSpec { trailing_nulls: 1_000_000, ..SeriesSpec::default() }
     }
 }
 
@@ -138,6 +183,7 @@ struct State {
     max_in_flight: usize,
     v2_timeseries: Option<(u16, String)>,
     v2_scalar: Option<(u16, String)>,
+    fault: Option<Fault>,
 }
 
 impl State {
@@ -153,14 +199,45 @@ impl State {
 pub struct FakeDatadog {
     /// Base URL, e.g. `http://127.0.0.1:41234`.
     pub url: String,
+    addr: SocketAddr,
     state: Arc<Mutex<State>>,
-    server: JoinHandle<()>,
+    /// The accept loop, while connections are accepted.
+    server: Mutex<Option<JoinHandle<()>>>,
+    /// Every connection's task, so that refusing connections also closes the open ones.
+    connections: Arc<Mutex<Vec<AbortHandle>>>,
 }
 
 impl Drop for FakeDatadog {
     fn drop(&mut self) {
-        self.server.abort();
+        self.close();
     }
+}
+
+/// Accepts connections on `listener` and serves each in a task recorded in `connections`.
+fn spawn_server(
+    listener: TcpListener,
+    state: Arc<Mutex<State>>,
+    base: String,
+    connections: Arc<Mutex<Vec<AbortHandle>>>,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else { continue };
+            let state = state.clone();
+            let base = base.clone();
+            let task = tokio::spawn(async move {
+                let service = service_fn(move |req| {
+                    let state = state.clone();
+                    let base = base.clone();
+                    async move { Ok::<_, Infallible>(handle(state, &base, req).await) }
+                });
+                let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+            });
+            let mut open = connections.lock().unwrap();
+            open.retain(|t| !t.is_finished());
+            open.push(task.abort_handle());
+        }
+    })
 }
 
 impl FakeDatadog {
@@ -170,7 +247,8 @@ impl FakeDatadog {
 
     pub async fn with_budget(budget: Budget) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
+        let addr = listener.local_addr().unwrap();
+        let url = format!("http://{addr}");
         let state = Arc::new(Mutex::new(State {
             started: Instant::now(),
             budget,
@@ -184,25 +262,49 @@ impl FakeDatadog {
             max_in_flight: 0,
             v2_timeseries: None,
             v2_scalar: None,
+            fault: None,
         }));
-        let shared = state.clone();
-        let base = url.clone();
-        let server = tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else { continue };
-                let state = shared.clone();
-                let base = base.clone();
-                tokio::spawn(async move {
-                    let service = service_fn(move |req| {
-                        let state = state.clone();
-                        let base = base.clone();
-                        async move { Ok::<_, Infallible>(handle(state, &base, req).await) }
-                    });
-                    let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
-                });
-            }
-        });
-        FakeDatadog { url, state, server }
+        let connections = Arc::new(Mutex::new(Vec::new()));
+        let server = spawn_server(listener, state.clone(), url.clone(), connections.clone());
+        FakeDatadog { url, addr, state, server: Mutex::new(Some(server)), connections }
+    }
+
+    /// Stops accepting and closes every open connection.
+    fn close(&self) {
+        if let Some(server) = self.server.lock().unwrap().take() {
+            server.abort();
+        }
+        for connection in self.connections.lock().unwrap().drain(..) {
+            connection.abort();
+        }
+    }
+
+    /// Closes the port: open connections are closed and new ones refused (nothing listens),
+    /// until `accept_connections`.
+    pub async fn refuse_connections(&self) {
+        self.close();
+        // The aborted tasks drop their sockets at their next poll.
+        tokio::task::yield_now().await;
+    }
+
+    /// Listens again on the same port.
+    pub async fn accept_connections(&self) {
+        if self.server.lock().unwrap().is_some() {
+            return;
+        }
+        let listener = TcpListener::bind(self.addr).await.unwrap_or_else(|e| panic!("bind {} again: {e}", self.addr));
+        let server = spawn_server(listener, self.state.clone(), self.url.clone(), self.connections.clone());
+        *self.server.lock().unwrap() = Some(server);
+    }
+
+    /// What every query request gets from now on (`None`: the normal answers again).
+    pub fn set_fault(&self, fault: Option<Fault>) {
+        self.state.lock().unwrap().fault = fault;
+    }
+
+    /// When the server started (`Recorded::at` counts from here).
+    pub fn started(&self) -> Instant {
+        self.state.lock().unwrap().started
     }
 
     /// How a sub-query with this exact text is answered.
@@ -439,6 +541,27 @@ async fn answer(state: &Arc<Mutex<State>>, base: &str, req: Request<Incoming>) -
         return json_response(403, &[], fixture["response"]["body"].clone());
     }
 
+    let fault = if path == "/api/v1/query" { state.lock().unwrap().fault.clone() } else { None };
+    // Faults answered before the budget counts the request.
+    match &fault {
+        Some(Fault::Forbidden) => {
+            let window = state.lock().unwrap().calendar().0;
+            record(403, window);
+            let fixture: Value = serde_json::from_str(FORBIDDEN_FIXTURE).unwrap();
+            return json_response(403, &[], fixture["response"]["body"].clone());
+        }
+        Some(Fault::RateLimited { headers, html }) => {
+            let window = state.lock().unwrap().calendar().0;
+            record(429, window);
+            return if *html {
+                respond(429, "text/html", headers, RATE_LIMITED_HTML.to_string())
+            } else {
+                json_response(429, headers, json!({"errors": ["Rate limit of 1600 requests in 3600 seconds reached."]}))
+            };
+        }
+        _ => {}
+    }
+
     // The budget: calendar-aligned windows, counted per organisation.
     let (window, headers, exhausted) = {
         let mut s = state.lock().unwrap();
@@ -506,8 +629,23 @@ async fn answer(state: &Arc<Mutex<State>>, base: &str, req: Request<Incoming>) -
 
     // Request-level behaviours, in sub-query order; a delay (the longest asked for) comes first.
     let delay = behaviors.iter().filter_map(|b| if let Behavior::Delay(d) = b { Some(*d) } else { None }).max();
-    if let Some(delay) = delay {
+    let fault_delay = if let Some(Fault::Delay(d)) = &fault { Some(*d) } else { None };
+    if let Some(delay) = delay.max(fault_delay) {
         tokio::time::sleep(delay).await;
+    }
+    let fault_failure = match &fault {
+        Some(Fault::Status(status)) => {
+            Some((*status, format!("<html><body><h1>{status} Server Error</h1></body></html>"), "text/html"))
+        }
+        Some(Fault::Html) => Some((200, "<html><body>Maintenance</body></html>".to_string(), "text/html")),
+        Some(Fault::StatusError(message)) => {
+            Some((200, json!({"status": "error", "error": message}).to_string(), "application/json"))
+        }
+        _ => None,
+    };
+    if let Some((status, text, content_type)) = fault_failure {
+        record(status, window);
+        return respond(status, content_type, &headers, text);
     }
     for (q, behavior) in sub_queries.iter().zip(&behaviors) {
         let failure = match behavior {
@@ -561,14 +699,21 @@ async fn answer(state: &Arc<Mutex<State>>, base: &str, req: Request<Incoming>) -
                 }
             }
             Behavior::Series(spec) => series.push(series_json(index, q, "*", spec.interval, dense(spec, from, to))),
+            Behavior::RawPoints { interval, points } => {
+                let step = (*interval).max(1) as i64;
+                let mut tokens: Vec<(i64, &String)> =
+                    points.iter().map(|(ago, token)| ((to - ago).div_euclid(step) * step * 1000, token)).collect();
+                tokens.sort_by_key(|p| p.0);
+                let mut one = series_json(index, q, "*", *interval, tokens.iter().map(|(ms, _)| (*ms, None)).collect());
+                // Each token goes in as a marked string, written out raw below.
+                one["pointlist"] =
+                    tokens.iter().map(|(ms, token)| json!([*ms as f64, format!("{RAW_MARK}{token}")])).collect();
+                series.push(one);
+            }
             _ => series.push(series_json(index, q, "*", 30, dense(&SeriesSpec::default(), from, to))),
         }
     }
-    record(200, window);
-    json_response(
-        200,
-        &headers,
-        json!({
+    let answer = json!({
             "status": "ok",
             "res_type": "time_series",
             "resp_version": 1,
@@ -580,6 +725,26 @@ async fn answer(state: &Arc<Mutex<State>>, base: &str, req: Request<Incoming>) -
             "group_by": [],
             "values": [],
             "times": [],
-        }),
-    )
+    });
+    // Raw tokens: `"<mark>NaN"` becomes `NaN`.
+    let mut text = answer.to_string();
+    while let Some(start) = text.find(&format!("\"{RAW_MARK_JSON}")) {
+        let token_start = start + 1 + RAW_MARK_JSON.len();
+        let end = token_start + text[token_start..].find('"').unwrap();
+        let token = text[token_start..end].to_string();
+        text.replace_range(start..=end, &token);
+    }
+    let text = match fault {
+        Some(Fault::Truncated) => {
+            let mut cut = text.len() / 2;
+            while !text.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            text[..cut].to_string()
+        }
+        Some(Fault::EmptyBody) => String::new(),
+        _ => text,
+    };
+    record(200, window);
+    respond(200, "application/json", &headers, text)
 }
