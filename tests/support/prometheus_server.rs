@@ -6,8 +6,12 @@
 //!   a real Prometheus cannot show (auth headers, 503s, warnings).
 //! - `TlsServer` and `TestCerts`: a mutual-TLS server built on rustls, with certificates made by
 //!   the `openssl` CLI.
+//! - `PrometheusProxy`: forwards to a real Prometheus, and injects per query what a real one
+//!   cannot be made to answer (5xx, slow, HTML, truncated, `status: error`, old samples); it can
+//!   also close its port (connection refused) and open it again.
 #![allow(dead_code)]
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener as StdListener};
@@ -24,7 +28,7 @@ use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
-use tokio::task::JoinHandle;
+use tokio::task::{AbortHandle, JoinHandle};
 
 const INSTALL_HINT: &str = "run scripts/install-test-deps (as root) to install it";
 
@@ -389,6 +393,199 @@ async fn record(req: Request<Incoming>) -> Recorded {
         .collect();
     let body = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
     Recorded { method, path, query, headers, body: String::from_utf8_lossy(&body).into_owned() }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Proxy
+
+/// What the proxy does with the requests for one query text.
+#[derive(Clone, Debug)]
+pub enum Injected {
+    /// Answers this instead of forwarding.
+    Reply(Reply),
+    /// Forwards after this delay.
+    Slow(Duration),
+    /// Forwards, and cuts the answer's body in the middle.
+    Truncated,
+    /// A one-sample vector of `value`, dated `age` before the query's `time` (as a lagging
+    /// replica or a stale cache would answer).
+    Old { age: Duration, value: String },
+}
+
+#[derive(Default)]
+struct ProxyState {
+    faults: HashMap<String, Injected>,
+    /// Answers injected, per query text.
+    injected: HashMap<String, usize>,
+    /// Requests seen, per query text.
+    seen: HashMap<String, usize>,
+}
+
+/// A proxy in front of a Prometheus (`upstream`, its base URL): every request is forwarded as
+/// it came, unless `inject` set a fault for its `query`.
+pub struct PrometheusProxy {
+    addr: SocketAddr,
+    upstream: String,
+    state: Arc<Mutex<ProxyState>>,
+    /// The accept loop, while connections are accepted.
+    server: Mutex<Option<JoinHandle<()>>>,
+    connections: Arc<Mutex<Vec<AbortHandle>>>,
+}
+
+impl PrometheusProxy {
+    pub async fn start(upstream: &str) -> Self {
+        watermarkd::backend::ensure_crypto_provider();
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind the proxy");
+        let addr = listener.local_addr().expect("proxy address");
+        let proxy = PrometheusProxy {
+            addr,
+            upstream: upstream.trim_end_matches('/').to_string(),
+            state: Arc::new(Mutex::new(ProxyState::default())),
+            server: Mutex::new(None),
+            connections: Arc::new(Mutex::new(Vec::new())),
+        };
+        proxy.listen(listener);
+        proxy
+    }
+
+    fn listen(&self, listener: TcpListener) {
+        let client = reqwest::Client::builder().timeout(Duration::from_secs(30)).build().expect("proxy client");
+        let (upstream, state, connections) =
+            (self.upstream.clone(), Arc::clone(&self.state), Arc::clone(&self.connections));
+        let server = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else { continue };
+                let (client, upstream, state) = (client.clone(), upstream.clone(), Arc::clone(&state));
+                let task = tokio::spawn(async move {
+                    let service = service_fn(move |req| {
+                        let (client, upstream, state) = (client.clone(), upstream.clone(), Arc::clone(&state));
+                        async move { Ok::<_, Infallible>(proxy(req, &client, &upstream, &state).await) }
+                    });
+                    let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+                });
+                let mut open = connections.lock().expect("connections");
+                open.retain(|t| !t.is_finished());
+                open.push(task.abort_handle());
+            }
+        });
+        *self.server.lock().expect("server") = Some(server);
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// From now on, requests for `query` get `fault` (`None`: forwarded again).
+    pub fn inject(&self, query: &str, fault: Option<Injected>) {
+        let mut state = self.state.lock().expect("proxy state");
+        match fault {
+            Some(fault) => state.faults.insert(query.to_string(), fault),
+            None => state.faults.remove(query),
+        };
+    }
+
+    /// How many answers for `query` were injected so far.
+    pub fn injected(&self, query: &str) -> usize {
+        self.state.lock().expect("proxy state").injected.get(query).copied().unwrap_or(0)
+    }
+
+    /// How many requests for `query` arrived so far.
+    pub fn seen(&self, query: &str) -> usize {
+        self.state.lock().expect("proxy state").seen.get(query).copied().unwrap_or(0)
+    }
+
+    fn close(&self) {
+        if let Some(server) = self.server.lock().expect("server").take() {
+            server.abort();
+        }
+        for connection in self.connections.lock().expect("connections").drain(..) {
+            connection.abort();
+        }
+    }
+
+    /// Closes the port: open connections are closed and new ones refused, until
+    /// `accept_connections`.
+    pub async fn refuse_connections(&self) {
+        self.close();
+        tokio::task::yield_now().await;
+    }
+
+    /// Listens again on the same port.
+    pub async fn accept_connections(&self) {
+        if self.server.lock().expect("server").is_some() {
+            return;
+        }
+        let listener = TcpListener::bind(self.addr).await.unwrap_or_else(|e| panic!("bind {} again: {e}", self.addr));
+        self.listen(listener);
+    }
+}
+
+impl Drop for PrometheusProxy {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+async fn proxy(
+    req: Request<Incoming>,
+    client: &reqwest::Client,
+    upstream: &str,
+    state: &Mutex<ProxyState>,
+) -> Response<Full<Bytes>> {
+    let path_and_query = req.uri().path_and_query().map(|p| p.as_str().to_string()).unwrap_or_default();
+    let recorded = record(req).await;
+    let query = recorded.param("query").unwrap_or_default();
+    let fault = {
+        let mut state = state.lock().expect("proxy state");
+        *state.seen.entry(query.clone()).or_default() += 1;
+        let fault = state.faults.get(&query).cloned();
+        if fault.is_some() {
+            *state.injected.entry(query.clone()).or_default() += 1;
+        }
+        fault
+    };
+    match &fault {
+        Some(Injected::Reply(reply)) => {
+            tokio::time::sleep(reply.delay).await;
+            return response(reply.status, reply.content_type, reply.body.clone());
+        }
+        Some(Injected::Old { age, value }) => {
+            let time = recorded.param("time").and_then(|t| t.parse::<f64>().ok()).unwrap_or(0.0);
+            let reply = Reply::vector(time - age.as_secs_f64(), &[value.as_str()]);
+            return response(reply.status, reply.content_type, reply.body);
+        }
+        Some(Injected::Slow(delay)) => tokio::time::sleep(*delay).await,
+        Some(Injected::Truncated) | None => {}
+    }
+    let method = reqwest::Method::from_bytes(recorded.method.as_bytes()).unwrap_or(reqwest::Method::GET);
+    let mut forward = client.request(method, format!("{upstream}{path_and_query}"));
+    if let Some(content_type) = recorded.header("content-type") {
+        forward = forward.header("content-type", content_type).body(recorded.body.clone());
+    }
+    let answer = async {
+        let answer = forward.send().await?;
+        let status = answer.status().as_u16();
+        let content_type = answer
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("application/json")
+            .to_string();
+        Ok::<_, reqwest::Error>((status, content_type, answer.text().await?))
+    };
+    match answer.await {
+        Ok((status, content_type, mut body)) => {
+            if matches!(fault, Some(Injected::Truncated)) {
+                let mut cut = body.len() / 2;
+                while !body.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                body.truncate(cut);
+            }
+            response(status, &content_type, body)
+        }
+        Err(e) => response(502, "text/plain", format!("proxy: {e}")),
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
