@@ -465,14 +465,15 @@ async fn every_backend_fault_holds_the_replicas_and_recovers_at_the_first_interv
         let query = case.query();
         match &case.fault {
             FaultKind::Datadog(fault) | FaultKind::RateLimited { fault, .. } => {
+                // The fault first: no answer may carry the new value before it.
                 let fake = &own[case.name];
-                fake.set_default(Behavior::Series(SeriesSpec::constant(OVER)));
                 fake.set_fault(Some(fault.clone()));
+                fake.set_default(Behavior::Series(SeriesSpec::constant(OVER)));
             }
             FaultKind::DatadogRefused => {
                 let fake = &own[case.name];
-                fake.set_default(Behavior::Series(SeriesSpec::constant(OVER)));
                 fake.refuse_connections().await;
+                fake.set_default(Behavior::Series(SeriesSpec::constant(OVER)));
             }
             FaultKind::DatadogQuery(behavior) => batch.set(&query, behavior.clone()),
             FaultKind::Proxy(injected) => {
@@ -481,8 +482,8 @@ async fn every_backend_fault_holds_the_replicas_and_recovers_at_the_first_interv
             }
             FaultKind::Exported(lines) => exported.set(case.name, lines.clone()),
             FaultKind::PrometheusRefused => {
-                exported.set_value(case.name, OVER);
                 refusing_proxy.refuse_connections().await;
+                exported.set_value(case.name, OVER);
             }
         }
     }
@@ -530,7 +531,23 @@ async fn every_backend_fault_holds_the_replicas_and_recovers_at_the_first_interv
             Err(pending.join("; "))
         }
     });
-    tokio::time::sleep((fault_on + FAULT_PHASE).saturating_duration_since(Instant::now())).await;
+    // For the rest of the fault: every evaluation of a healthy autoscaler read its value, and
+    // none of a faulty one did.
+    let mut samples = 0;
+    while Instant::now() < fault_on + FAULT_PHASE {
+        let text = daemon.metrics().await;
+        for healthy in [HEALTHY_DATADOG, HEALTHY_PROMETHEUS] {
+            let value = daemon_process::sample_in(&text, "wpa_controller_value", &[("wpa_name", healthy)]);
+            assert_eq!(value, Some(OVER), "{healthy} reads its value throughout the faults");
+        }
+        for case in &cases {
+            let value = daemon_process::sample_in(&text, "wpa_controller_value", &[("wpa_name", case.name)]);
+            assert_eq!(value, None, "{} shows no value while its fault lasts", case.name);
+        }
+        samples += 1;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(samples >= 2, "sampled the metrics {samples} times while the faults lasted");
     // The faulty queries were in the same requests as the healthy one (answered, or a 400 for
     // the whole batch that was then asked query by query).
     let log: Vec<_> = batch.log().into_iter().filter(|r| batch.started() + r.at >= fault_on).collect();
@@ -653,6 +670,11 @@ async fn every_backend_fault_holds_the_replicas_and_recovers_at_the_first_interv
                 ));
             }
         }
+    }
+    // Nothing stalled: no autoscaler's evaluation ran into its next turn.
+    let skipped = daemon.sample("watermarkd_evaluations_total", &[("result", "skipped")]).await;
+    if skipped.unwrap_or(0.0) > 0.0 {
+        failures.push(format!("{skipped:?} evaluations skipped because the previous one still ran"));
     }
     eprintln!("recovery after each fault (interval {INTERVAL:?}):\n{report}");
     assert!(failures.is_empty(), "{}\n{report}", failures.join("\n"));
