@@ -10,7 +10,7 @@
 //! request-level `Fault` answering every query request (a 5xx, a 429 with any headers, a 403, a
 //! slow, HTML, truncated, empty or `status: error` 200), per-query `Behavior`s (no data, all-null,
 //! non-finite tokens, several series, stale points, a 400), and refusing connections
-//! (`refuse_connections`: the port is closed until `accept_connections`).
+//! (`refuse_connections`: nothing listens on the port until `accept_connections`).
 //!
 //! Include it with `#[path = "support/fake_datadog.rs"] mod fake_datadog;`.
 
@@ -29,7 +29,7 @@ use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 use tokio::task::{AbortHandle, JoinHandle};
 use tokio::time::Instant;
 
@@ -205,6 +205,24 @@ pub struct FakeDatadog {
     server: Mutex<Option<JoinHandle<()>>>,
     /// Every connection's task, so that refusing connections also closes the open ones.
     connections: Arc<Mutex<Vec<AbortHandle>>>,
+    /// While connections are refused: the port, bound but not listening.
+    held: Mutex<Option<TcpSocket>>,
+}
+
+/// Binds `addr` without listening: a connection attempt is refused, and the port stays ours.
+fn hold_port(addr: SocketAddr) -> TcpSocket {
+    let socket = TcpSocket::new_v4().unwrap();
+    socket.set_reuseaddr(true).unwrap();
+    socket.bind(addr).unwrap_or_else(|e| panic!("hold {addr}: {e}"));
+    socket
+}
+
+/// Listens on `addr` again (after `hold_port`).
+fn listen_on(addr: SocketAddr) -> TcpListener {
+    let socket = TcpSocket::new_v4().unwrap();
+    socket.set_reuseaddr(true).unwrap();
+    socket.bind(addr).unwrap_or_else(|e| panic!("bind {addr} again: {e}"));
+    socket.listen(1024).unwrap()
 }
 
 impl Drop for FakeDatadog {
@@ -266,7 +284,7 @@ impl FakeDatadog {
         }));
         let connections = Arc::new(Mutex::new(Vec::new()));
         let server = spawn_server(listener, state.clone(), url.clone(), connections.clone());
-        FakeDatadog { url, addr, state, server: Mutex::new(Some(server)), connections }
+        FakeDatadog { url, addr, state, server: Mutex::new(Some(server)), connections, held: Mutex::new(None) }
     }
 
     /// Stops accepting and closes every open connection.
@@ -279,20 +297,25 @@ impl FakeDatadog {
         }
     }
 
-    /// Closes the port: open connections are closed and new ones refused (nothing listens),
-    /// until `accept_connections`.
+    /// Closes the port: open connections are closed and new ones refused, until
+    /// `accept_connections`. The port stays bound (not listening, so a connection attempt is
+    /// refused) and no other socket can take it meanwhile.
     pub async fn refuse_connections(&self) {
+        let server = self.server.lock().unwrap().take();
+        if let Some(server) = server {
+            server.abort();
+            // Cancelled once dropped, and the listener with it.
+            let _ = server.await;
+        }
         self.close();
-        // The aborted tasks drop their sockets at their next poll.
-        tokio::task::yield_now().await;
+        *self.held.lock().unwrap() = Some(hold_port(self.addr));
     }
 
     /// Listens again on the same port.
     pub async fn accept_connections(&self) {
-        if self.server.lock().unwrap().is_some() {
-            return;
-        }
-        let listener = TcpListener::bind(self.addr).await.unwrap_or_else(|e| panic!("bind {} again: {e}", self.addr));
+        let Some(held) = self.held.lock().unwrap().take() else { return };
+        drop(held);
+        let listener = listen_on(self.addr);
         let server = spawn_server(listener, self.state.clone(), self.url.clone(), self.connections.clone());
         *self.server.lock().unwrap() = Some(server);
     }

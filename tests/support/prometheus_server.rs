@@ -27,7 +27,7 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 use tokio::task::{AbortHandle, JoinHandle};
 
 const INSTALL_HINT: &str = "run scripts/install-test-deps (as root) to install it";
@@ -430,6 +430,8 @@ pub struct PrometheusProxy {
     /// The accept loop, while connections are accepted.
     server: Mutex<Option<JoinHandle<()>>>,
     connections: Arc<Mutex<Vec<AbortHandle>>>,
+    /// While connections are refused: the port, bound but not listening.
+    held: Mutex<Option<TcpSocket>>,
 }
 
 impl PrometheusProxy {
@@ -443,6 +445,7 @@ impl PrometheusProxy {
             state: Arc::new(Mutex::new(ProxyState::default())),
             server: Mutex::new(None),
             connections: Arc::new(Mutex::new(Vec::new())),
+            held: Mutex::new(None),
         };
         proxy.listen(listener);
         proxy
@@ -504,20 +507,34 @@ impl PrometheusProxy {
     }
 
     /// Closes the port: open connections are closed and new ones refused, until
-    /// `accept_connections`.
+    /// `accept_connections`. The port stays bound (not listening, so a connection attempt is
+    /// refused) and no other socket can take it meanwhile.
     pub async fn refuse_connections(&self) {
+        let server = self.server.lock().expect("server").take();
+        if let Some(server) = server {
+            server.abort();
+            // Cancelled once dropped, and the listener with it.
+            let _ = server.await;
+        }
         self.close();
-        tokio::task::yield_now().await;
+        *self.held.lock().expect("held") = Some(bind_reusable(self.addr));
     }
 
     /// Listens again on the same port.
     pub async fn accept_connections(&self) {
-        if self.server.lock().expect("server").is_some() {
-            return;
-        }
-        let listener = TcpListener::bind(self.addr).await.unwrap_or_else(|e| panic!("bind {} again: {e}", self.addr));
+        let Some(held) = self.held.lock().expect("held").take() else { return };
+        drop(held);
+        let listener = bind_reusable(self.addr).listen(1024).expect("listen again");
         self.listen(listener);
     }
+}
+
+/// A socket bound to `addr` (with SO_REUSEADDR), not listening yet: connections are refused.
+fn bind_reusable(addr: SocketAddr) -> TcpSocket {
+    let socket = TcpSocket::new_v4().expect("socket");
+    socket.set_reuseaddr(true).expect("SO_REUSEADDR");
+    socket.bind(addr).unwrap_or_else(|e| panic!("bind {addr}: {e}"));
+    socket
 }
 
 impl Drop for PrometheusProxy {
