@@ -571,6 +571,15 @@ async fn every_backend_fault_holds_the_replicas_and_recovers_at_the_first_interv
         let changes = values_since(&history, case.name, fault_on);
         assert!(changes.is_empty(), "{} changed while its fault lasted: {changes:?}", case.name);
     }
+    // A closed port is refused, not reset or timed out.
+    let log = daemon.log();
+    for refused in ["dd-refused", "prom-refused"] {
+        let autoscaler = format!("autoscaler={refused} ");
+        assert!(
+            log.lines().any(|l| l.contains(&autoscaler) && l.contains("Connection refused")),
+            "{refused} held because the connection was refused"
+        );
+    }
 
     // The faults clear.
     let fault_off = Instant::now();
