@@ -244,6 +244,16 @@ fn scaling_limited(decision: &Decision) -> Option<Update> {
         (_, Limit::TooMany) => {
             limited("TooManyReplicas", "the desired replica count is above the maximum replica count")
         }
+        // Guards have no normalized count, so they were answered above.
+        (
+            _,
+            Limit::Paused
+            | Limit::NoData
+            | Limit::AboveMax
+            | Limit::BelowMin
+            | Limit::MinAvailable
+            | Limit::NoReadyReplicas,
+        ) => None,
         (_, Limit::NotReady) => limited(
             "ScaleDownLimit",
             "scaling down is held: some replicas are not ready and the scale-down limit is above the ready count",

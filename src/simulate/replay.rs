@@ -143,9 +143,11 @@ impl Restriction {
             Limit::WithinRange => None,
             Limit::UpscaleCapping => Some(Restriction::UpscaleCapping),
             Limit::DownscaleCapping => Some(Restriction::DownscaleCapping),
-            Limit::TooFew => Some(Restriction::MinReplicas),
-            Limit::TooMany => Some(Restriction::MaxReplicas),
+            Limit::TooFew | Limit::BelowMin => Some(Restriction::MinReplicas),
+            Limit::TooMany | Limit::AboveMax => Some(Restriction::MaxReplicas),
             Limit::NotReady => Some(Restriction::NotReady),
+            Limit::NoData => Some(Restriction::NoData),
+            Limit::Paused | Limit::MinAvailable | Limit::NoReadyReplicas => Some(Restriction::Guarded),
         }
     }
 

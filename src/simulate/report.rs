@@ -125,11 +125,11 @@ pub fn summarize(autoscaler: &str, replay: &Replay) -> Summary {
 
         let counts = &mut summary.restricted;
         match decision.limit {
-            Limit::WithinRange => {}
+            Limit::WithinRange | Limit::Paused | Limit::NoData | Limit::MinAvailable | Limit::NoReadyReplicas => {}
             Limit::UpscaleCapping => counts.upscale_capping += 1,
             Limit::DownscaleCapping => counts.downscale_capping += 1,
-            Limit::TooFew => counts.too_few += 1,
-            Limit::TooMany => counts.too_many += 1,
+            Limit::TooFew | Limit::BelowMin => counts.too_few += 1,
+            Limit::TooMany | Limit::AboveMax => counts.too_many += 1,
             Limit::NotReady => counts.not_ready += 1,
         }
         match Restriction::timing_block(decision) {

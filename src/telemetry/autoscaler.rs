@@ -132,8 +132,10 @@ impl AutoscalerMetrics {
         let active = match decision.limit {
             Limit::UpscaleCapping => 1,
             Limit::DownscaleCapping | Limit::NotReady => 2,
-            Limit::TooFew | Limit::TooMany => 0,
-            Limit::WithinRange => usize::MAX,
+            Limit::TooFew | Limit::TooMany | Limit::AboveMax | Limit::BelowMin => 0,
+            Limit::WithinRange | Limit::Paused | Limit::NoData | Limit::MinAvailable | Limit::NoReadyReplicas => {
+                usize::MAX
+            }
         };
         let timing = &decision.timing;
         let up = timing.upscale_window_seconds_left.max(timing.upscale_delay_seconds_left).max(0.0);

@@ -80,6 +80,7 @@ pub fn decide(rule: &Rule, target: Target, readings: &[Reading], state: &State, 
     if spec == 0 {
         decision.metrics = evaluated.into_iter().map(|e| e.outcome).collect();
         decision.guard = Some(Guard::Paused);
+        decision.limit = Limit::Paused;
         decision.reason = "spec.replicas is 0: the workload is paused by a person; doing nothing".into();
         return decision;
     }
@@ -115,7 +116,9 @@ pub fn decide(rule: &Rule, target: Target, readings: &[Reading], state: &State, 
             ));
             proposal = spec;
         }
-        if proposal != spec {
+        // Above the band, an off-grid `spec` is itself rounded up, as the WPA does: the
+        // formula only gives `spec` there while replicas are unready (docs/engine.md §1).
+        if proposal != spec || evaluated[winner].outcome.position == Position::Above {
             proposal = round_up_to_modulo(proposal, rule.replica_modulo(), spec);
         }
         decision.proposal = Some(proposal);
@@ -145,6 +148,7 @@ pub fn decide(rule: &Rule, target: Target, readings: &[Reading], state: &State, 
     let (replicas, action, verdict) = match guard {
         Some((guard, replicas)) => {
             decision.guard = Some(guard);
+            decision.limit = Limit::of_guard(guard);
             let verdict = guard_verdict(guard, rule, spec, ready, &decision.metrics);
             (replicas, action_for(spec, replicas), verdict)
         }
@@ -712,7 +716,14 @@ fn velocity_verdict(decision: &Decision, proposal: u32, normalized: &Normalized,
             Limit::TooFew => "min_replicas".into(),
             Limit::TooMany => "max_replicas".into(),
             Limit::NotReady => "unready replicas (not scaling below the ready count)".into(),
-            Limit::WithinRange => "the bounds".into(),
+            // Guards decide before normalization and never reach here.
+            Limit::WithinRange
+            | Limit::Paused
+            | Limit::NoData
+            | Limit::AboveMax
+            | Limit::BelowMin
+            | Limit::MinAvailable
+            | Limit::NoReadyReplicas => "the bounds".into(),
         };
         text.push_str(&format!(", limited to {} by {by}", normalized.replicas));
     }

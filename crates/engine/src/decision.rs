@@ -55,6 +55,27 @@ pub enum Limit {
     TooMany,
     /// Scaling down was held because replicas are not ready and the floor is above ready.
     NotReady,
+    /// A guard decided (§5), not the velocity model: which one.
+    Paused,
+    NoData,
+    AboveMax,
+    BelowMin,
+    MinAvailable,
+    NoReadyReplicas,
+}
+
+impl Limit {
+    /// The limit a decision reports when `guard` decided it.
+    pub fn of_guard(guard: Guard) -> Limit {
+        match guard {
+            Guard::Paused => Limit::Paused,
+            Guard::NoData => Limit::NoData,
+            Guard::AboveMax => Limit::AboveMax,
+            Guard::BelowMin => Limit::BelowMin,
+            Guard::MinAvailable => Limit::MinAvailable,
+            Guard::NoReadyReplicas => Limit::NoReadyReplicas,
+        }
+    }
 }
 
 /// `behavior` stabilization: the band of recent recommendations the current spec is held in.

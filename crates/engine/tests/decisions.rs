@@ -129,6 +129,29 @@ fn modulo_rounds_up_in_both_directions_without_passing_spec() {
 }
 
 #[test]
+fn above_the_band_an_off_grid_spec_rounds_up_to_the_modulo() {
+    // docs/engine.md §1: 4 ready of 5 at 1.2 against 1 (tolerance 0.1) asks ceil(4 x 1.2) = 5,
+    // which is spec; above the band it still rounds up to 8 and scales, as the WPA does.
+    let r = rule(|s| {
+        s.replica_modulo = Some(4);
+        s.tolerance = Some(dec("0.1"));
+        s.scale_up_limit_factor = Some(dec("100"));
+    });
+    let d = decide(&r, target_ready(5, 4), &[value(1.2)], &State::default(), now());
+    assert_eq!(d.metrics[0].position, Position::Above);
+    assert_eq!((d.metrics[0].proposal, d.proposal), (Some(5), Some(8)));
+    assert_eq!((d.replicas, d.action), (8, Action::ScaleUp));
+    // The case: spec 5, modulo 2 -> 6.
+    let r = rule(|s| {
+        s.replica_modulo = Some(2);
+        s.tolerance = Some(dec("0.1"));
+    });
+    assert_eq!(decide(&r, target_ready(5, 4), &[value(1.2)], &State::default(), now()).replicas, 6);
+    // Inside the band the off-grid spec stays: nothing asks for a change.
+    assert_eq!(decide(&r, target(5), &[value(0.8)], &State::default(), now()).replicas, 5);
+}
+
+#[test]
 fn a_zero_reading_holds_unless_tolerated() {
     let r = rule(|_| {});
     let d = decide(&r, target(10), &[value(0.0)], &State::default(), now());
@@ -507,6 +530,7 @@ fn a_paused_workload_is_left_alone() {
     let state = State { above_since: Some(ago(5)), ..Default::default() };
     let d = decide(&r, target(0), &[value(5.0)], &state, now());
     assert_eq!((d.guard, d.replicas, d.write), (Some(Guard::Paused), 0, false));
+    assert_eq!(d.limit, Limit::Paused, "the guard that decided, not within_range");
     assert_eq!(d.state, state);
 }
 
@@ -521,10 +545,12 @@ fn out_of_bounds_spec_goes_to_the_bound_only_with_data() {
     let recent = State { last_scale_time: Some(ago(1)), ..Default::default() };
     let d = decide(&r, target(15), &[value(0.7)], &recent, now());
     assert_eq!((d.guard, d.replicas, d.action), (Some(Guard::AboveMax), 9, Action::ScaleDown));
+    assert_eq!(d.limit, Limit::AboveMax);
     let d = decide(&r, target(1), &[value(0.7)], &recent, now());
     assert_eq!((d.guard, d.replicas, d.action), (Some(Guard::BelowMin), 3, Action::ScaleUp));
+    assert_eq!(d.limit, Limit::BelowMin);
     let d = decide(&r, target(15), &[unavailable("down")], &recent, now());
-    assert_eq!((d.replicas, d.action), (15, Action::Hold));
+    assert_eq!((d.replicas, d.action, d.limit), (15, Action::Hold, Limit::NoData));
     let d = decide(&r, target(1), &[unavailable("down")], &recent, now());
     assert_eq!((d.replicas, d.action), (1, Action::Hold));
 }
@@ -533,7 +559,7 @@ fn out_of_bounds_spec_goes_to_the_bound_only_with_data() {
 fn too_few_available_replicas_hold() {
     let r = rule(|s| s.min_available_replica_percentage = Some(50));
     let d = decide(&r, target_ready(10, 4), &[value(5.0)], &State::default(), now());
-    assert_eq!((d.guard, d.action), (Some(Guard::MinAvailable), Action::Hold));
+    assert_eq!((d.guard, d.action, d.limit), (Some(Guard::MinAvailable), Action::Hold, Limit::MinAvailable));
     assert_eq!(decide(&r, target_ready(10, 5), &[value(5.0)], &State::default(), now()).action, Action::ScaleUp);
 }
 
@@ -541,7 +567,7 @@ fn too_few_available_replicas_hold() {
 fn no_ready_replica_holds_instead_of_scaling_to_one() {
     let r = rule(|_| {});
     let d = decide(&r, target_ready(10, 0), &[value(0.1)], &State::default(), now());
-    assert_eq!((d.guard, d.replicas), (Some(Guard::NoReadyReplicas), 10));
+    assert_eq!((d.guard, d.replicas, d.limit), (Some(Guard::NoReadyReplicas), 10, Limit::NoReadyReplicas));
 }
 
 // ---- §6 output ---------------------------------------------------------------------------
