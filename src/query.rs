@@ -170,7 +170,7 @@ fn write_answer(out: &mut impl Write, answer: &MetricAnswer<'_>, now: Timestamp)
                 )?,
                 watermarkd_engine::Algorithm::Absolute => {
                     // The engine's own band, compared exactly as a decision compares it.
-                    let (band_low, band_high) = rule_metric.band(answer.autoscaler.rule.tolerance());
+                    let (band_low, band_high) = answer.autoscaler.rule.band(rule_metric);
                     let position = match Decimal::from_f64(*value) {
                         Some(v) if v > band_high => "above the band",
                         Some(v) if v < band_low => "below the band",

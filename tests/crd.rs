@@ -111,7 +111,8 @@ fn the_datadog_sample_maps_with_its_convergence_and_tolerance() {
     );
     let rule = &autoscaler.rule;
     assert_eq!(rule.converge_towards_watermark(), Some(ConvergeTowards::High));
-    assert_eq!(rule.tolerance(), &Decimal::parse("0.01").unwrap(), "tolerance \"10m\"");
+    assert_eq!(rule.upscale_tolerance(), &Decimal::parse("0.01").unwrap(), "tolerance \"10m\"");
+    assert_eq!(rule.downscale_tolerance(), &Decimal::parse("0.01").unwrap(), "tolerance \"10m\"");
     assert_eq!((rule.min_replicas(), rule.max_replicas()), (1, 5));
     assert_eq!(rule.metrics()[0].high_watermark, Decimal::parse("900000").unwrap());
     assert_eq!(rule.metrics()[0].low_watermark, Decimal::parse("500000").unwrap());

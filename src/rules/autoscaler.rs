@@ -27,6 +27,8 @@ const AUTOSCALER_KEYS: &[&str] = &[
     "max_replicas",
     "algorithm",
     "tolerance",
+    "upscale_tolerance",
+    "downscale_tolerance",
     "scale_up_limit_factor",
     "scale_down_limit_factor",
     "upscale_forbidden_window",
@@ -44,7 +46,7 @@ const AUTOSCALER_KEYS: &[&str] = &[
 const TARGET_KEYS: &[&str] = &["api_version", "kind", "namespace", "name"];
 const METRIC_KEYS: &[&str] = &["name", "backend", "query", "high_watermark", "low_watermark", "max_age", "reducer"];
 const BEHAVIOR_KEYS: &[&str] = &["scale_up", "scale_down"];
-const SCALING_RULES_KEYS: &[&str] = &["stabilization_window", "select_policy", "policies"];
+const SCALING_RULES_KEYS: &[&str] = &["tolerance", "stabilization_window", "select_policy", "policies"];
 const POLICY_KEYS: &[&str] = &["type", "value", "period"];
 
 /// Where an autoscaler entry comes from, which decides what it must contain.
@@ -185,6 +187,8 @@ fn read_rule_spec(table: &mut Table<'_>, sink: &mut Sink, metrics: &[MetricEntry
         max_replicas: table.count(sink, "max_replicas"),
         algorithm: table.choice(sink, "algorithm", Algorithm::parse, "\"absolute\" or \"average\""),
         tolerance: table.number(sink, "tolerance"),
+        upscale_tolerance: table.number(sink, "upscale_tolerance"),
+        downscale_tolerance: table.number(sink, "downscale_tolerance"),
         // Metric `i` of the rule is metric `i` of the entry, also when some metric had a
         // problem, so that engine problems map back to the right table.
         metrics: metrics.iter().map(|m| m.spec.clone()).collect(),
@@ -350,6 +354,7 @@ fn read_behavior(table: &mut Table<'_>, sink: &mut Sink) -> Option<BehaviorSpec>
 fn read_scaling_rules(behavior: &mut Table<'_>, sink: &mut Sink, key: &str) -> Option<ScalingRulesSpec> {
     let mut rules = behavior.table(sink, key)?;
     let spec = ScalingRulesSpec {
+        tolerance: rules.number(sink, "tolerance"),
         stabilization_window: rules.duration(sink, "stabilization_window"),
         select_policy: rules.choice(sink, "select_policy", SelectPolicy::parse, "\"max\", \"min\" or \"disabled\""),
         policies: read_policies(&mut rules, sink),

@@ -161,7 +161,7 @@ reducer = "sum"
     assert_eq!(a.interval_set, Some(Duration::from_secs(90)));
     let rule = &a.rule;
     assert_eq!(rule.algorithm(), Algorithm::Average);
-    assert_eq!(rule.tolerance(), &d("0.05"));
+    assert_eq!(rule.upscale_tolerance(), &d("0.05"));
     let Velocity::Watermark(v) = rule.velocity() else { panic!("expected watermark velocity") };
     assert_eq!(v.scale_up_limit_factor, d("29"));
     assert_eq!(v.scale_down_limit_factor, d("30.5"));
@@ -602,13 +602,13 @@ fn the_demo_rules_are_what_the_simulator_expects() {
             a
         };
     let daily = check("daily", "rps", Algorithm::Average, "60", "120", (2, 20), 30);
-    assert_eq!(daily.rule.tolerance(), &d("0.05"));
+    assert_eq!(daily.rule.upscale_tolerance(), &d("0.05"));
     let v = watermark(daily);
     assert_eq!((v.scale_up_limit_factor, v.scale_down_limit_factor), (d("50"), d("20")));
     assert_eq!((v.upscale_forbidden_window.as_secs(), v.downscale_forbidden_window.as_secs()), (60, 300));
 
     let spike = check("spike", "latency_seconds", Algorithm::Absolute, "0.15", "0.4", (3, 30), 15);
-    assert_eq!(spike.rule.tolerance(), &d("0.01"));
+    assert_eq!(spike.rule.upscale_tolerance(), &d("0.01"));
     let v = watermark(spike);
     assert_eq!((v.scale_up_limit_factor, v.scale_down_limit_factor), (d("100"), d("20")));
     assert_eq!((v.upscale_forbidden_window.as_secs(), v.downscale_forbidden_window.as_secs()), (30, 300));
@@ -756,4 +756,32 @@ fn problems_of_site(site: &str) -> Vec<String> {
     problems(&format!(
         "[backend.dd]\ntype = \"datadog\"\nsite = \"{site}\"\napi_key_env = \"A\"\napp_key_env = \"B\"\n"
     ))
+}
+
+#[test]
+fn tolerances_may_differ_per_direction_and_default_to_tolerance() {
+    let rule = |extra: serde_json::Value| {
+        let mut doc = json!({ "max_replicas": 20, "tolerance": 0.05, "metric": [{ "name": "m", "high_watermark": 10, "low_watermark": 5 }] });
+        if let (Some(doc), Some(extra)) = (doc.as_object_mut(), extra.as_object()) {
+            doc.extend(extra.clone());
+        }
+        rule_from_json(&doc)
+    };
+    let both = rule(json!({})).unwrap();
+    assert_eq!((both.upscale_tolerance(), both.downscale_tolerance()), (&d("0.05"), &d("0.05")));
+    let knobs = rule(json!({ "upscale_tolerance": 0, "downscale_tolerance": "0.2" })).unwrap();
+    assert_eq!((knobs.upscale_tolerance(), knobs.downscale_tolerance()), (&d("0"), &d("0.2")));
+    let behavior = rule(json!({ "behavior": { "scale_up": { "tolerance": 0.01 } } })).unwrap();
+    assert_eq!((behavior.upscale_tolerance(), behavior.downscale_tolerance()), (&d("0.01"), &d("0.05")));
+
+    let problems = |extra| -> Vec<String> { rule(extra).unwrap_err().iter().map(ToString::to_string).collect() };
+    let found = problems(json!({ "upscale_tolerance": 0.1, "behavior": { "scale_up": { "tolerance": 0.2 } } }));
+    assert!(
+        found.iter().any(|p| p.contains("upscale_tolerance") && p.contains("behavior.scale_up.tolerance")),
+        "{found:?}"
+    );
+    let found = problems(json!({ "behavior": { "scale_down": { "tolerance": 1.5 } } }));
+    assert!(found.iter().any(|p| p.contains("behavior.scale_down.tolerance (1.5) must be a fraction")), "{found:?}");
+    let found = problems(json!({ "downscale_tolerance": -0.1 }));
+    assert!(found.iter().any(|p| p.contains("downscale_tolerance")), "{found:?}");
 }

@@ -364,7 +364,12 @@ fn metric_panel(
             (panel.y(low), format!("low {}", format_value(low)), LOW_COLOR),
         ],
     );
-    let tolerance = format_value(rule.tolerance().to_f64() * 100.0);
+    let (up, down) = (rule.upscale_tolerance().to_f64() * 100.0, rule.downscale_tolerance().to_f64() * 100.0);
+    let tolerance = if up == down {
+        format!("±{}", format_value(up))
+    } else {
+        format!("+{}/−{}", format_value(up), format_value(down))
+    };
     legend(
         svg,
         right,
@@ -375,7 +380,7 @@ fn metric_panel(
             (Mark::Line { color: LOW_COLOR, width: 1.4, dash: "7 4" }, "low watermark".to_string()),
             (
                 Mark::Box { color: BAND_COLOR, opacity: 0.35 },
-                format!("hold band (±{tolerance}%: {} – {})", format_value(band_low), format_value(band_high)),
+                format!("hold band ({tolerance}%: {} – {})", format_value(band_low), format_value(band_high)),
             ),
         ],
     );

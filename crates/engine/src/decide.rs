@@ -235,7 +235,7 @@ fn evaluate_metric(
     ready: u32,
     now: Timestamp,
 ) -> Evaluated {
-    let (band_low, band_high) = metric.band(rule.tolerance());
+    let (band_low, band_high) = rule.band(metric);
     let mut outcome = MetricOutcome {
         name: metric.name.clone(),
         value: None,
@@ -604,26 +604,24 @@ pub(crate) fn human(v: f64) -> String {
     }
 }
 
-fn tolerance_percent(rule: &Rule) -> String {
-    human(rule.tolerance().to_f64() * 100.0)
+fn percent(tolerance: &Decimal) -> String {
+    human(tolerance.to_f64() * 100.0)
 }
 
 /// What the metrics say, in one clause: the crossings (or the band when nothing crossed) and
 /// the unavailable ones.
 fn describe_metrics(rule: &Rule, evaluated: &[Evaluated]) -> Option<String> {
-    let tol = tolerance_percent(rule);
+    let (up, down) = (percent(rule.upscale_tolerance()), percent(rule.downscale_tolerance()));
     let mut clauses = Vec::new();
     for e in evaluated {
         let m = &e.outcome;
         let usage = m.usage.map(human).unwrap_or_else(|| "?".into());
         match m.position {
-            Position::Above if m.usage.is_some() => clauses.push(format!(
-                "{} above high watermark: {usage} > {} (+{tol}%)",
-                m.name,
-                human(m.high_watermark)
-            )),
+            Position::Above if m.usage.is_some() => {
+                clauses.push(format!("{} above high watermark: {usage} > {} (+{up}%)", m.name, human(m.high_watermark)))
+            }
             Position::Below if m.usage.is_some() => {
-                clauses.push(format!("{} below low watermark: {usage} < {} (-{tol}%)", m.name, human(m.low_watermark)))
+                clauses.push(format!("{} below low watermark: {usage} < {} (-{down}%)", m.name, human(m.low_watermark)))
             }
             Position::Above | Position::Below => {
                 clauses.push(format!("{}: {}", m.name, m.note.clone().unwrap_or_default()))

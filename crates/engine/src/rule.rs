@@ -96,6 +96,8 @@ pub struct Policy {
 /// One direction of a `behavior` block as configured; `None` means the HPA default.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ScalingRulesSpec {
+    /// This direction's tolerance (Kubernetes 1.33+ HPA); unset: the rule's own.
+    pub tolerance: Option<Decimal>,
     pub stabilization_window: Option<Duration>,
     pub select_policy: Option<SelectPolicy>,
     pub policies: Option<Vec<Policy>>,
@@ -169,6 +171,10 @@ pub struct RuleSpec {
     pub max_replicas: Option<u32>,
     pub algorithm: Option<Algorithm>,
     pub tolerance: Option<Decimal>,
+    /// The tolerance above the high watermark only; unset: `tolerance`.
+    pub upscale_tolerance: Option<Decimal>,
+    /// The tolerance below the low watermark only; unset: `tolerance`.
+    pub downscale_tolerance: Option<Decimal>,
     pub metrics: Vec<MetricSpec>,
     pub scale_up_limit_factor: Option<Decimal>,
     pub scale_down_limit_factor: Option<Decimal>,
@@ -190,7 +196,10 @@ pub struct Rule {
     min_replicas: u32,
     max_replicas: u32,
     algorithm: Algorithm,
-    tolerance: Decimal,
+    /// Above iff usage > high x (1 + upscale_tolerance).
+    upscale_tolerance: Decimal,
+    /// Below iff usage < low x (1 - downscale_tolerance).
+    downscale_tolerance: Decimal,
     metrics: Vec<MetricRule>,
     velocity: Velocity,
     #[serde(with = "crate::serde_secs")]
@@ -227,6 +236,40 @@ pub const DEFAULT_DOWNSCALE_FORBIDDEN_WINDOW: Duration = Duration::from_secs(300
 /// KEP-853 limits.
 pub const MAX_STABILIZATION_WINDOW: Duration = Duration::from_secs(3600);
 pub const MAX_POLICY_PERIOD: Duration = Duration::from_secs(1800);
+
+fn check_tolerance(field: &str, tolerance: &Decimal, errors: &mut Vec<RuleError>) {
+    if tolerance.is_negative() || tolerance >= &Decimal::from_int(1) {
+        errors.push(RuleError::new(
+            field,
+            format!("({tolerance}) must be a fraction from 0 (inclusive) to 1 (exclusive), e.g. 0.1 for 10%"),
+        ));
+    }
+}
+
+/// One direction's tolerance: the WPA-style knob or the `behavior` field (not both), else the
+/// rule's `tolerance`, as the HPA falls back to the cluster-wide one.
+fn directional_tolerance(
+    (knob, knob_value): (&str, Option<Decimal>),
+    (behavior, behavior_value): (&str, Option<Decimal>),
+    fallback: &Decimal,
+    errors: &mut Vec<RuleError>,
+) -> Decimal {
+    match (knob_value, behavior_value) {
+        (Some(_), Some(_)) => {
+            errors.push(RuleError::new(knob, format!("cannot be combined with {behavior}: set one of them")));
+            fallback.clone()
+        }
+        (Some(value), None) => {
+            check_tolerance(knob, &value, errors);
+            value
+        }
+        (None, Some(value)) => {
+            check_tolerance(behavior, &value, errors);
+            value
+        }
+        (None, None) => fallback.clone(),
+    }
+}
 
 fn default_scale_up() -> ScalingRules {
     ScalingRules {
@@ -268,13 +311,23 @@ impl Rule {
                 format!("({min_replicas}) must not exceed max_replicas ({max_replicas})"),
             ));
         }
-        let tolerance = spec.tolerance.unwrap_or(Decimal::from_parts(DEFAULT_TOLERANCE_PERCENT, -2));
-        if tolerance.is_negative() || tolerance >= Decimal::from_int(1) {
-            errors.push(RuleError::new(
-                "tolerance",
-                format!("({tolerance}) must be a fraction from 0 (inclusive) to 1 (exclusive), e.g. 0.1 for 10%"),
-            ));
-        }
+        let tolerance = spec.tolerance.clone().unwrap_or(Decimal::from_parts(DEFAULT_TOLERANCE_PERCENT, -2));
+        check_tolerance("tolerance", &tolerance, &mut errors);
+        let behavior_tolerance = |direction: fn(&BehaviorSpec) -> Option<&ScalingRulesSpec>| {
+            spec.behavior.as_ref().and_then(direction).and_then(|rules| rules.tolerance.clone())
+        };
+        let upscale_tolerance = directional_tolerance(
+            ("upscale_tolerance", spec.upscale_tolerance.clone()),
+            ("behavior.scale_up.tolerance", behavior_tolerance(|b| b.scale_up.as_ref())),
+            &tolerance,
+            &mut errors,
+        );
+        let downscale_tolerance = directional_tolerance(
+            ("downscale_tolerance", spec.downscale_tolerance.clone()),
+            ("behavior.scale_down.tolerance", behavior_tolerance(|b| b.scale_down.as_ref())),
+            &tolerance,
+            &mut errors,
+        );
         if spec.metrics.is_empty() {
             errors.push(RuleError::new("metric", "at least one metric is required"));
         }
@@ -354,7 +407,8 @@ impl Rule {
             min_replicas,
             max_replicas,
             algorithm: spec.algorithm.unwrap_or(Algorithm::Absolute),
-            tolerance,
+            upscale_tolerance,
+            downscale_tolerance,
             metrics,
             velocity,
             upscale_delay_above_watermark: spec.upscale_delay_above_watermark.unwrap_or(Duration::ZERO),
@@ -376,8 +430,17 @@ impl Rule {
     pub fn algorithm(&self) -> Algorithm {
         self.algorithm
     }
-    pub fn tolerance(&self) -> &Decimal {
-        &self.tolerance
+    /// `metric`'s band under this rule's tolerances (see [`MetricRule::band`]).
+    pub fn band(&self, metric: &MetricRule) -> (Decimal, Decimal) {
+        metric.band(&self.downscale_tolerance, &self.upscale_tolerance)
+    }
+    /// The fraction above the high watermark that still counts as inside.
+    pub fn upscale_tolerance(&self) -> &Decimal {
+        &self.upscale_tolerance
+    }
+    /// The fraction below the low watermark that still counts as inside.
+    pub fn downscale_tolerance(&self) -> &Decimal {
+        &self.downscale_tolerance
     }
     pub fn metrics(&self) -> &[MetricRule] {
         &self.metrics
@@ -434,11 +497,11 @@ impl Rule {
 }
 
 impl MetricRule {
-    /// The band after tolerance, `(low x (1 - t), high x (1 + t))`: a usage is below iff it is
-    /// under the first, above iff it is over the second (both strict).
-    pub fn band(&self, tolerance: &Decimal) -> (Decimal, Decimal) {
+    /// The band after tolerance, `(low x (1 - down), high x (1 + up))`: a usage is below iff it
+    /// is under the first, above iff it is over the second (both strict).
+    pub fn band(&self, down: &Decimal, up: &Decimal) -> (Decimal, Decimal) {
         let one = Decimal::from_int(1);
-        (self.low_watermark.mul(&one.sub(tolerance)), self.high_watermark.mul(&one.add(tolerance)))
+        (self.low_watermark.mul(&one.sub(down)), self.high_watermark.mul(&one.add(up)))
     }
 
     /// Whether a value read at `at` may be used at `now`: the exact value, or why not (not a

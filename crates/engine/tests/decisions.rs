@@ -50,6 +50,38 @@ fn tolerance_comparisons_are_strict_and_multiplicative() {
 }
 
 #[test]
+fn each_direction_has_its_own_tolerance() {
+    // As the HPA's behavior.scaleUp.tolerance / scaleDown.tolerance: 0% up, 20% down.
+    let r = rule(|s| {
+        s.tolerance = Some(dec("0.1"));
+        s.upscale_tolerance = Some(dec("0"));
+        s.downscale_tolerance = Some(dec("0.2"));
+    });
+    let d = decide(&r, target(10), &[value(1.01)], &State::default(), now());
+    assert_eq!((d.metrics[0].position, d.metrics[0].band_high), (Position::Above, 1.0));
+    assert!(d.reason.contains("(+0%)"), "{}", d.reason);
+    let d = decide(&r, target(10), &[value(0.41)], &State::default(), now());
+    assert_eq!((d.metrics[0].position, d.metrics[0].band_low), (Position::Inside, 0.4));
+    let d = decide(&r, target(10), &[value(0.39)], &State::default(), now());
+    assert_eq!(d.metrics[0].position, Position::Below);
+    assert!(d.reason.contains("(-20%)"), "{}", d.reason);
+
+    // Through behavior, and the unset direction keeps the rule's tolerance.
+    let r = rule(|s| {
+        s.tolerance = Some(dec("0.1"));
+        s.scale_up_limit_factor = None;
+        s.scale_down_limit_factor = None;
+        s.behavior = Some(BehaviorSpec {
+            scale_up: Some(ScalingRulesSpec { tolerance: Some(dec("0.05")), ..Default::default() }),
+            scale_down: None,
+        });
+    });
+    assert_eq!((r.upscale_tolerance(), r.downscale_tolerance()), (&dec("0.05"), &dec("0.1")));
+    let d = decide(&r, target(10), &[value(1.06)], &State::default(), now());
+    assert_eq!(d.metrics[0].position, Position::Above);
+}
+
+#[test]
 fn above_uses_ceil_on_the_raw_high_watermark() {
     let r = rule(|s| s.tolerance = Some(dec("0.1")));
     // 10 x 1.15 / 1 = 11.5 -> 12 (not divided by the widened 1.1).
@@ -378,6 +410,7 @@ fn policies(select: SelectPolicy, list: &[(PolicyKind, u32, u64)]) -> ScalingRul
         stabilization_window: Some(secs(0)),
         select_policy: Some(select),
         policies: Some(list.iter().map(|&(kind, value, p)| Policy { kind, value, period: secs(p) }).collect()),
+        ..Default::default()
     }
 }
 

@@ -232,7 +232,7 @@ fn two_metric_copy(rule: &Rule) -> Rule {
         min_replicas: Some(rule.min_replicas()),
         max_replicas: Some(rule.max_replicas()),
         algorithm: Some(rule.algorithm()),
-        tolerance: Some(rule.tolerance().clone()),
+        tolerance: Some(rule.upscale_tolerance().clone()),
         metrics: vec![metric("a"), metric("b")],
         ..Default::default()
     })

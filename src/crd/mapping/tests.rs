@@ -122,7 +122,7 @@ fn a_complete_wpa_becomes_an_autoscaler() {
     assert_eq!(rule.metrics()[0].low_watermark, d("0.15"));
     // Every other knob has the Datadog controller's default.
     assert_eq!(rule.algorithm(), Algorithm::Absolute);
-    assert_eq!(rule.tolerance(), &d("0.1"));
+    assert_eq!(rule.upscale_tolerance(), &d("0.1"));
     let Velocity::Watermark(v) = rule.velocity() else { panic!("{:?}", rule.velocity()) };
     assert_eq!((v.scale_up_limit_factor.clone(), v.scale_down_limit_factor.clone()), (d("50"), d("20")));
     assert_eq!(v.upscale_forbidden_window, Duration::from_secs(60));
@@ -153,7 +153,7 @@ fn every_field_maps_onto_the_rule() {
     let MappedWpa { autoscaler, notes } = mapped(&yaml);
     let rule = &autoscaler.rule;
     assert_eq!(rule.algorithm(), Algorithm::Average);
-    assert_eq!(rule.tolerance(), &d("0.05"));
+    assert_eq!(rule.upscale_tolerance(), &d("0.05"));
     let Velocity::Watermark(v) = rule.velocity() else { panic!() };
     assert_eq!((v.scale_up_limit_factor.clone(), v.scale_down_limit_factor.clone()), (d("25"), d("7.5")));
     assert_eq!(
@@ -185,7 +185,7 @@ fn the_datadog_controllers_zero_values_mean_its_defaults() {
         ("convergeTowardsWatermark", Some("\"\"")),
     ]);
     let rule = mapped(&yaml).autoscaler.rule;
-    assert_eq!(rule.tolerance(), &d("0.1"));
+    assert_eq!(rule.upscale_tolerance(), &d("0.1"));
     let Velocity::Watermark(v) = rule.velocity() else { panic!() };
     assert_eq!(
         (v.upscale_forbidden_window, v.downscale_forbidden_window),
@@ -193,7 +193,7 @@ fn the_datadog_controllers_zero_values_mean_its_defaults() {
     );
     assert_eq!(rule.algorithm(), Algorithm::Absolute);
     assert_eq!(rule.converge_towards_watermark(), None);
-    assert_eq!(mapped(&with(&[("tolerance", Some("\"0m\""))])).autoscaler.rule.tolerance(), &d("0.1"));
+    assert_eq!(mapped(&with(&[("tolerance", Some("\"0m\""))])).autoscaler.rule.upscale_tolerance(), &d("0.1"));
 }
 
 #[test]
