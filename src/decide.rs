@@ -43,17 +43,32 @@ struct ReadingInput {
     at: Option<Timestamp>,
     unavailable: Option<String>,
     replicas: Option<u32>,
+    /// With `replicas`, what a recommender's reply adds (docs/engine.md §1).
+    lower_bound: Option<u32>,
+    upper_bound: Option<u32>,
+    observed: Option<f64>,
 }
 
 impl ReadingInput {
     fn into_reading(self, metric: &str) -> Result<Reading, String> {
+        let recommender_extras = self.lower_bound.is_some() || self.upper_bound.is_some() || self.observed.is_some();
+        if recommender_extras && self.replicas.is_none() {
+            return Err(format!(
+                "readings.{metric}: \"lower_bound\", \"upper_bound\" and \"observed\" go with \"replicas\" only"
+            ));
+        }
         match (self.value, self.at, self.unavailable, self.replicas) {
             (Some(value), Some(at), None, None) => Ok(Reading::Value { value, at }),
             (Some(_), None, None, None) => {
                 Err(format!("readings.{metric}: a value needs \"at\", the time of its data point"))
             }
             (None, None, Some(reason), None) => Ok(Reading::Unavailable { reason }),
-            (None, None, None, Some(replicas)) => Ok(Reading::Replicas { replicas }),
+            (None, None, None, Some(replicas)) => Ok(Reading::Replicas {
+                replicas,
+                lower_bound: self.lower_bound,
+                upper_bound: self.upper_bound,
+                observed: self.observed,
+            }),
             _ => Err(format!(
                 "readings.{metric}: give exactly one of {{\"value\", \"at\"}}, {{\"unavailable\"}} or {{\"replicas\"}}"
             )),

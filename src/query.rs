@@ -181,7 +181,7 @@ fn write_answer(out: &mut impl Write, answer: &MetricAnswer<'_>, now: Timestamp)
                 }
             }
         }
-        Reading::Replicas { replicas } => writeln!(out, "    recommends {replicas} replicas")?,
+        Reading::Replicas { replicas, .. } => writeln!(out, "    recommends {replicas} replicas")?,
         Reading::Unavailable { reason } => writeln!(out, "    unavailable: {reason}")?,
     }
     let mut how = Vec::new();

@@ -258,16 +258,8 @@ fn evaluate_metric(
     let (value, at) = match reading {
         None => return unavailable(outcome, "no reading".into()),
         Some(Reading::Unavailable { reason }) => return unavailable(outcome, reason.clone()),
-        Some(Reading::Replicas { replicas }) => {
-            let replicas = *replicas;
-            outcome.position = match replicas.cmp(&spec) {
-                std::cmp::Ordering::Greater => Position::Above,
-                std::cmp::Ordering::Less => Position::Below,
-                std::cmp::Ordering::Equal => Position::Inside,
-            };
-            outcome.proposal = (ready > 0).then_some(replicas);
-            outcome.note = Some(format!("the source recommends {replicas} replicas"));
-            return Evaluated { outcome, usable: true, converging: false };
+        Some(Reading::Replicas { replicas, lower_bound, upper_bound, observed }) => {
+            return evaluate_replicas(rule, outcome, *replicas, (*lower_bound, *upper_bound), *observed, spec, ready);
         }
         Some(Reading::Value { value, at }) => (*value, *at),
     };
@@ -337,6 +329,84 @@ fn evaluate_metric(
     if ready == 0 {
         outcome.proposal = None;
     }
+    Evaluated { outcome, usable: true, converging }
+}
+
+/// §1 for a replica count from the source (a recommender), judged as the WPA judges its
+/// recommender's reply: with bounds, `spec` under the lower bound is above the band, over the
+/// upper bound below it; a recommendation equal to `spec` is always inside, where it may
+/// converge within the bounds. A recommendation that differs from `spec` while `spec` is
+/// inside the bounds is a convergence step: it moves without the delays, as there.
+fn evaluate_replicas(
+    rule: &Rule,
+    mut outcome: MetricOutcome,
+    replicas: u32,
+    bounds: (Option<u32>, Option<u32>),
+    observed: Option<f64>,
+    spec: u32,
+    ready: u32,
+) -> Evaluated {
+    let (lower, upper) = bounds;
+    outcome.value = observed.filter(|v| v.is_finite());
+    let unavailable = |mut outcome: MetricOutcome, why: String| {
+        outcome.value = None;
+        outcome.note = Some(why);
+        Evaluated { outcome, usable: false, converging: false }
+    };
+    if replicas == 0 && !rule.tolerate_zero() {
+        return unavailable(
+            outcome,
+            "the source recommends 0 replicas, which is read as no data: tolerate_zero is off".into(),
+        );
+    }
+    if let (Some(low), Some(high)) = (lower, upper) {
+        if low > high {
+            return unavailable(outcome, format!("the source's bounds are inverted: lower {low} > upper {high}"));
+        }
+    }
+    let bounded = lower.is_some() || upper.is_some();
+    outcome.position = if replicas == spec {
+        Position::Inside
+    } else if !bounded {
+        if replicas > spec {
+            Position::Above
+        } else {
+            Position::Below
+        }
+    } else if lower.is_some_and(|low| spec < low) {
+        Position::Above
+    } else if upper.is_some_and(|high| spec > high) {
+        Position::Below
+    } else {
+        Position::Inside
+    };
+    let mut proposal = replicas;
+    let mut converging = bounded && outcome.position == Position::Inside && replicas != spec;
+    if replicas == spec && bounded {
+        let step = rule.replica_modulo();
+        let candidate = match rule.converge_towards_watermark() {
+            Some(ConvergeTowards::High) => {
+                let c = if spec.is_multiple_of(step) { spec.saturating_sub(step) } else { spec - spec % step };
+                (c >= 1 && lower.is_some_and(|low| c >= low)).then_some(c)
+            }
+            Some(ConvergeTowards::Low) => {
+                let c = (spec / step).saturating_add(1).saturating_mul(step);
+                upper.is_some_and(|high| c <= high).then_some(c)
+            }
+            None => None,
+        };
+        if let Some(c) = candidate {
+            proposal = c;
+            converging = true;
+        }
+    }
+    let shown = |b: Option<u32>| b.map_or_else(|| "-".to_string(), |b| b.to_string());
+    let mut note = format!("the source recommends {replicas} replicas");
+    if bounded {
+        note.push_str(&format!(" (bounds {}..{}, spec {spec})", shown(lower), shown(upper)));
+    }
+    outcome.note = Some(note);
+    outcome.proposal = (ready > 0).then_some(proposal);
     Evaluated { outcome, usable: true, converging }
 }
 

@@ -39,8 +39,31 @@ pub enum Reading {
     Value { value: f64, at: Timestamp },
     /// No usable value: the backend failed, had no data, or the data was stale or garbage.
     Unavailable { reason: String },
-    /// A source that answers with a replica count directly.
-    Replicas { replicas: u32 },
+    /// A source that answers with a replica count directly (a recommender). It may also say
+    /// which replica counts would keep its observed value at its lower and upper bound: then
+    /// whether the workload is above, inside or below its band is judged by where `spec`
+    /// stands between them (docs/engine.md §1).
+    Replicas {
+        replicas: u32,
+        /// The count below which the observed value would go above the upper bound: `spec`
+        /// under it is *above* the band.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        lower_bound: Option<u32>,
+        /// The count above which the observed value would go below the lower bound: `spec`
+        /// over it is *below* the band.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        upper_bound: Option<u32>,
+        /// The value the source observed, in its own unit (reported, never computed with).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        observed: Option<f64>,
+    },
+}
+
+impl Reading {
+    /// A replica count with nothing else known.
+    pub fn replicas(replicas: u32) -> Self {
+        Reading::Replicas { replicas, lower_bound: None, upper_bound: None, observed: None }
+    }
 }
 
 /// A past recommendation, kept for the `behavior` stabilization windows.

@@ -225,8 +225,78 @@ fn garbage_and_stale_values_are_unavailable() {
 #[test]
 fn a_direct_replica_recommendation_is_a_proposal() {
     let r = rule(|_| {});
-    assert_eq!(replicas(&r, target(4), &[Reading::Replicas { replicas: 7 }]), 7);
-    assert_eq!(replicas(&r, target(4), &[Reading::Replicas { replicas: 2 }]), 2);
+    assert_eq!(replicas(&r, target(4), &[Reading::replicas(7)]), 7);
+    assert_eq!(replicas(&r, target(4), &[Reading::replicas(2)]), 2);
+}
+
+fn bounded(replicas: u32, lower: u32, upper: u32) -> Reading {
+    Reading::Replicas { replicas, lower_bound: Some(lower), upper_bound: Some(upper), observed: Some(0.7) }
+}
+
+#[test]
+fn a_recommendation_with_bounds_is_judged_by_where_spec_stands_between_them() {
+    let r = rule(|_| {});
+    // spec under the lower bound: above the band.
+    let d = decide(&r, target(4), &[bounded(7, 6, 9)], &State::default(), now());
+    assert_eq!((d.metrics[0].position, d.proposal, d.replicas), (Position::Above, Some(7), 7));
+    assert!(d.above_high_watermark && !d.converging);
+    assert_eq!(d.metrics[0].value, Some(0.7), "the observed value is reported");
+    assert_eq!(d.metrics[0].usage, None, "and never compared with the watermarks");
+    // spec over the upper bound: below.
+    let d = decide(&r, target(10), &[bounded(7, 5, 8)], &State::default(), now());
+    assert_eq!((d.metrics[0].position, d.replicas), (Position::Below, 7));
+    assert!(d.below_low_watermark);
+    // spec between the bounds: inside, and the move is a convergence step.
+    let d = decide(&r, target(6), &[bounded(7, 5, 8)], &State::default(), now());
+    assert_eq!((d.metrics[0].position, d.replicas), (Position::Inside, 7));
+    assert!(d.converging && !d.above_high_watermark);
+    // Without bounds, the recommendation against spec decides, as before.
+    let d = decide(&r, target(6), &[Reading::replicas(7)], &State::default(), now());
+    assert_eq!((d.metrics[0].position, d.converging), (Position::Above, false));
+}
+
+#[test]
+fn inside_the_bounds_the_delays_do_not_hold_a_recommendation() {
+    let r = rule(|s| s.upscale_delay_above_watermark = Some(secs(300)));
+    // Above the band the delay holds, as for a metric.
+    let d = decide(&r, target(4), &[bounded(7, 6, 9)], &State::default(), now());
+    assert_eq!((d.action, d.replicas), (Action::Hold, 4));
+    // Inside it, the WPA's stable regime: no delay.
+    let d = decide(&r, target(6), &[bounded(7, 5, 9)], &State::default(), now());
+    assert_eq!((d.action, d.replicas), (Action::ScaleUp, 7));
+}
+
+#[test]
+fn a_recommendation_equal_to_spec_converges_within_the_bounds() {
+    let high = rule(|s| s.converge_towards_watermark = Some(ConvergeTowards::High));
+    let d = decide(&high, target(6), &[bounded(6, 3, 8)], &State::default(), now());
+    assert_eq!((d.metrics[0].position, d.proposal, d.converging), (Position::Inside, Some(5), true));
+    // The step would leave the bounds: hold.
+    let d = decide(&high, target(6), &[bounded(6, 6, 8)], &State::default(), now());
+    assert_eq!((d.proposal, d.converging), (Some(6), false));
+    let low = rule(|s| s.converge_towards_watermark = Some(ConvergeTowards::Low));
+    assert_eq!(decide(&low, target(6), &[bounded(6, 3, 8)], &State::default(), now()).proposal, Some(7));
+    assert_eq!(decide(&low, target(6), &[bounded(6, 3, 6)], &State::default(), now()).proposal, Some(6));
+    // Without the feature, equal is a hold.
+    let d = decide(&rule(|_| {}), target(6), &[bounded(6, 3, 8)], &State::default(), now());
+    assert_eq!((d.proposal, d.action), (Some(6), Action::Hold));
+}
+
+#[test]
+fn a_recommendation_of_zero_is_no_data_unless_zero_is_tolerated() {
+    let r = rule(|_| {});
+    let d = decide(&r, target(5), &[bounded(0, 0, 2)], &State::default(), now());
+    assert_eq!((d.metrics[0].position, d.guard, d.replicas), (Position::Unavailable, Some(Guard::NoData), 5));
+    assert!(d.reason.contains("tolerate_zero"), "{}", d.reason);
+    let r = rule(|s| s.tolerate_zero = Some(true));
+    assert_eq!(replicas(&r, target(5), &[Reading::replicas(0)]), 1, "0 is clamped to min_replicas");
+}
+
+#[test]
+fn inverted_bounds_are_no_data() {
+    let d = decide(&rule(|_| {}), target(5), &[bounded(7, 9, 6)], &State::default(), now());
+    assert_eq!((d.guard, d.replicas), (Some(Guard::NoData), 5));
+    assert!(d.reason.contains("inverted"), "{}", d.reason);
 }
 
 // ---- §2 several metrics -----------------------------------------------------------------
@@ -637,7 +707,7 @@ fn with_unready_replicas_no_scale_down_stops_above_the_ready_count() {
     let r = limited("50", "50");
     // 10 spec, 8 ready: 9 would remove only an unready pod's worth but rests on partial
     // readiness; hold. Going to 8 (the ready count) or below is allowed.
-    let d = decide(&r, target_ready(10, 8), &[Reading::Replicas { replicas: 9 }], &State::default(), now());
+    let d = decide(&r, target_ready(10, 8), &[Reading::replicas(9)], &State::default(), now());
     assert_eq!(d.proposal, Some(9));
     assert_eq!((d.replicas, d.limit), (10, Limit::NotReady));
     let d = decide(&r, target_ready(10, 8), &[value(0.3)], &State::default(), now());
