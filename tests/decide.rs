@@ -87,3 +87,29 @@ fn a_syntax_error_stops_the_stream_with_exit_1() {
     assert!(!ok);
     assert!(out[0]["error"].as_str().unwrap().contains("not valid JSON"));
 }
+
+#[test]
+fn a_recommenders_reply_is_decided_against_its_bounds() {
+    // The rule's one reading is named as the Datadog controller names a recommender.
+    let rule = r#"{"max_replicas":20,"recommender":{"target_type":"cpu","high_watermark":0.8,"low_watermark":0.6}}"#;
+    let input = |reading: &str| {
+        format!(
+            r#"{{"rule":{rule},"now":0,"target":{{"spec_replicas":6}},"readings":{{"recommender{{targetType:cpu}}":{reading}}}}}"#
+        )
+    };
+    // spec 6 is under the lower bound 7: above the band.
+    let (ok, out) = decide(&input(r#"{"replicas":8,"lower_bound":7,"upper_bound":9,"observed":0.93}"#));
+    assert!(ok, "{out:?}");
+    assert_eq!((out[0]["replicas"].as_u64(), out[0]["metrics"][0]["position"].as_str()), (Some(8), Some("above")));
+    assert_eq!(out[0]["metrics"][0]["value"], 0.93);
+    // spec 6 between the bounds 5..9: inside, and the move is a convergence step.
+    let (_, out) = decide(&input(r#"{"replicas":8,"lower_bound":5,"upper_bound":9}"#));
+    assert_eq!(
+        (out[0]["metrics"][0]["position"].as_str(), out[0]["converging"].as_bool()),
+        (Some("inside"), Some(true))
+    );
+    // Bounds belong to a recommendation only.
+    let (ok, out) = decide(&input(r#"{"value":0.9,"at":0,"lower_bound":7}"#));
+    assert!(!ok);
+    assert!(out[0]["error"].as_str().unwrap().contains("go with \"replicas\" only"), "{out:?}");
+}

@@ -10,10 +10,11 @@ use watermarkd_engine::{
     ScalingRulesSpec, SelectPolicy,
 };
 
+use super::backend::{checked_url, positive_duration, read_tls, string_map, DEFAULT_TIMEOUT};
 use super::problem::{Scope, Sink};
 use super::reader::Table;
 use super::tree::{Kind, Node};
-use super::{Backend, MetricSource, Reducer, TargetRef};
+use super::{Backend, MetricSource, Recommender, Reducer, TargetRef};
 
 pub(crate) const DEFAULT_INTERVAL: Duration = Duration::from_secs(15);
 const MIN_INTERVAL: Duration = Duration::from_secs(1);
@@ -42,9 +43,23 @@ const AUTOSCALER_KEYS: &[&str] = &[
     "min_available_replica_percentage",
     "dry_run",
     "metric",
+    "recommender",
 ];
 const TARGET_KEYS: &[&str] = &["api_version", "kind", "namespace", "name"];
 const METRIC_KEYS: &[&str] = &["name", "backend", "query", "high_watermark", "low_watermark", "max_age", "reducer"];
+const RECOMMENDER_KEYS: &[&str] = &[
+    "url",
+    "target_type",
+    "settings",
+    "high_watermark",
+    "low_watermark",
+    "timeout",
+    "cluster_name",
+    "ca_file",
+    "client_cert_file",
+    "client_key_file",
+    "insecure_skip_verify",
+];
 const BEHAVIOR_KEYS: &[&str] = &["scale_up", "scale_down"];
 const SCALING_RULES_KEYS: &[&str] = &["tolerance", "stabilization_window", "select_policy", "policies"];
 const POLICY_KEYS: &[&str] = &["type", "value", "period"];
@@ -87,6 +102,7 @@ pub(crate) struct Parsed {
     pub interval: Option<Duration>,
     pub rule: Option<Rule>,
     pub metrics: Vec<MetricSource>,
+    pub recommender: Option<Recommender>,
     /// The line of the entry's name (for duplicate-name problems).
     pub name_line: Option<usize>,
 }
@@ -103,7 +119,15 @@ struct MetricEntry {
 
 pub(crate) fn read_autoscaler(node: &Node, form: Form<'_>, sink: &mut Sink) -> Parsed {
     let name_line = node.entry("name").and_then(|e| e.line).or(node.line);
-    let mut parsed = Parsed { name: None, target: None, interval: None, rule: None, metrics: Vec::new(), name_line };
+    let mut parsed = Parsed {
+        name: None,
+        target: None,
+        interval: None,
+        rule: None,
+        metrics: Vec::new(),
+        recommender: None,
+        name_line,
+    };
     if node.entries().is_none() {
         let message = match form {
             Form::File { .. } => format!("must be a table ([[autoscaler]]), not {}", node.kind.describe()),
@@ -128,7 +152,24 @@ pub(crate) fn read_autoscaler(node: &Node, form: Form<'_>, sink: &mut Sink) -> P
     parsed.target = if complete { table.require(&mut own, "target", target) } else { target };
     parsed.interval = read_interval(&mut table, &mut own);
 
-    let metrics = read_metrics(&mut table, form, &mut own);
+    let mut metrics = read_metrics(&mut table, form, &mut own);
+    let recommender = read_recommender(&mut table, form, &mut own);
+    if let Some((_, entry)) = &recommender {
+        if metrics.is_empty() {
+            metrics.push(MetricEntry {
+                scope: entry.scope.clone(),
+                source: entry.source.clone(),
+                spec: entry.spec.clone(),
+                name_line: entry.name_line,
+            });
+        } else {
+            table.report(
+                &mut own,
+                "recommender",
+                "cannot be combined with metrics: the recommender replaces them (remove one or the other)",
+            );
+        }
+    }
     let spec = read_rule_spec(&mut table, &mut own, &metrics);
     table.finish(&mut own, AUTOSCALER_KEYS);
 
@@ -138,7 +179,10 @@ pub(crate) fn read_autoscaler(node: &Node, form: Form<'_>, sink: &mut Sink) -> P
     }
     if !own.has_problems() {
         parsed.rule = rule.ok();
-        parsed.metrics = metrics.into_iter().map(|m| m.source).collect();
+        match recommender {
+            Some((recommender, _)) => parsed.recommender = Some(recommender),
+            None => parsed.metrics = metrics.into_iter().map(|m| m.source).collect(),
+        }
     }
     if let Form::Crd { field, .. } = form {
         own.rename_fields(field);
@@ -210,6 +254,57 @@ fn read_rule_spec(table: &mut Table<'_>, sink: &mut Sink, metrics: &[MetricEntry
         min_available_replica_percentage: table.count(sink, "min_available_replica_percentage"),
         dry_run: table.flag(sink, "dry_run"),
     }
+}
+
+/// `[autoscaler.recommender]`: the recommender and the one engine metric that stands for it
+/// (its name and watermarks; the engine checks the watermarks as a metric's).
+fn read_recommender(table: &mut Table<'_>, form: Form<'_>, sink: &mut Sink) -> Option<(Recommender, MetricEntry)> {
+    let mut rec = table.table(sink, "recommender")?;
+    let url = rec.text(sink, "url");
+    let url = if form.is_complete() { rec.require(sink, "url", url) } else { url };
+    let url = url.and_then(|url| checked_url(&rec, sink, url)).and_then(|url| match reqwest::Url::parse(&url) {
+        // Checked here rather than at the first request, so that `check` and a WPA's status say it.
+        Ok(parsed) if parsed.host_str().is_some_and(|h| !h.is_empty()) => Some(url),
+        Ok(_) => {
+            rec.report(sink, "url", format!("({}) has no host", Recommender::redact(&url)));
+            None
+        }
+        Err(e) => {
+            rec.report(sink, "url", format!("({}) is not a URL: {e}", Recommender::redact(&url)));
+            None
+        }
+    });
+    let target_type = rec.text(sink, "target_type").unwrap_or_default();
+    let settings = string_map(&mut rec, sink, "settings");
+    let low = rec.number(sink, "low_watermark");
+    let high = rec.number(sink, "high_watermark");
+    let timeout = positive_duration(&mut rec, sink, "timeout").unwrap_or(DEFAULT_TIMEOUT);
+    let cluster_name = rec.text(sink, "cluster_name");
+    let tls = read_tls(&mut rec, sink);
+    rec.finish(sink, RECOMMENDER_KEYS);
+    let recommender = Recommender {
+        url: url.unwrap_or_default(),
+        target_type,
+        settings: settings.unwrap_or_default(),
+        lower_bound: low.as_ref().map_or(0.0, |d| d.to_f64()),
+        upper_bound: high.as_ref().map_or(0.0, |d| d.to_f64()),
+        timeout,
+        cluster_name,
+        tls,
+    };
+    let name = recommender.metric_name();
+    let entry = MetricEntry {
+        scope: rec.scope.clone(),
+        source: MetricSource {
+            name: name.clone(),
+            backend: String::new(),
+            query: recommender.url.clone(),
+            reducer: None,
+        },
+        spec: MetricSpec { name, low_watermark: low, high_watermark: high, max_age: None },
+        name_line: rec.line,
+    };
+    Some((recommender, entry))
 }
 
 fn read_metrics(table: &mut Table<'_>, form: Form<'_>, sink: &mut Sink) -> Vec<MetricEntry> {
@@ -392,7 +487,7 @@ fn report_engine_errors(errors: &[RuleError], node: &Node, scope: &Scope, metric
         if sink.covers(&error.field) || echoes_lone_watermark(node, &error.field) {
             continue;
         }
-        let line = locate(node, &error.field);
+        let line = locate(node, &document_path(node, &error.field));
         let (field_scope, key) =
             match split_metric_path(&error.field).and_then(|(i, rest)| Some((metrics.get(i)?, rest))) {
                 Some((metric, rest)) => (&metric.scope, rest),
@@ -413,9 +508,22 @@ fn echoes_lone_watermark(node: &Node, path: &str) -> bool {
     };
     let metric = match node.entry("metric").map(|e| &e.value.kind) {
         Some(Kind::Array(items)) => items.get(index),
+        // The recommender's watermarks are the rule's only metric's.
+        None if index == 0 => node.entry("recommender").map(|e| &e.value),
         _ => None,
     };
     metric.is_some_and(|m| m.entry(key).is_none() && m.entry(sibling).is_some())
+}
+
+/// Where an engine path is written in the document: `metric[0].X` is `recommender.X` in an
+/// autoscaler whose one metric stands for its recommender.
+fn document_path(node: &Node, path: &str) -> String {
+    match path.strip_prefix("metric[0].") {
+        Some(key) if node.entry("metric").is_none() && node.entry("recommender").is_some() => {
+            format!("recommender.{key}")
+        }
+        _ => path.to_string(),
+    }
 }
 
 /// `metric[3].low_watermark` -> (3, `low_watermark`).

@@ -51,7 +51,7 @@ const PROMETHEUS_KEYS: &[&str] = &[
 ];
 const BASIC_AUTH_KEYS: &[&str] = &["username", "password_env", "password_file"];
 const DEFAULT_DATADOG_WINDOW: Duration = Duration::from_secs(300);
-const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+pub(super) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 /// A query's text only changes with the rules file; ten minutes keeps a rejected one from
 /// costing a request (or a split batch) every cycle, and a fix on Datadog's side (a metric
 /// that starts to exist, a tag that appears) is still picked up soon.
@@ -162,16 +162,7 @@ fn read_prometheus(table: &mut Table<'_>, sink: &mut Sink) -> Option<PrometheusB
     if basic_auth.is_some() && bearer_token.is_some() {
         table.report(sink, "basic_auth", "cannot be combined with a bearer token: choose one way to authenticate");
     }
-    let tls = TlsSettings {
-        ca_file: table.text(sink, "ca_file").map(PathBuf::from),
-        client_cert_file: table.text(sink, "client_cert_file").map(PathBuf::from),
-        client_key_file: table.text(sink, "client_key_file").map(PathBuf::from),
-        insecure_skip_verify: table.flag(sink, "insecure_skip_verify").unwrap_or(false),
-    };
-    if tls.client_cert_file.is_some() != tls.client_key_file.is_some() {
-        let missing = if tls.client_cert_file.is_some() { "client_key_file" } else { "client_cert_file" };
-        table.report(sink, missing, "is required when the other half of the client certificate is set");
-    }
+    let tls = read_tls(table, sink);
     Some(PrometheusBackend {
         url: url?,
         timeout,
@@ -188,7 +179,22 @@ fn read_prometheus(table: &mut Table<'_>, sink: &mut Sink) -> Option<PrometheusB
     })
 }
 
-fn positive_duration(table: &mut Table<'_>, sink: &mut Sink, key: &str) -> Option<Duration> {
+/// `ca_file`, `client_cert_file`, `client_key_file`, `insecure_skip_verify`.
+pub(super) fn read_tls(table: &mut Table<'_>, sink: &mut Sink) -> TlsSettings {
+    let tls = TlsSettings {
+        ca_file: table.text(sink, "ca_file").map(PathBuf::from),
+        client_cert_file: table.text(sink, "client_cert_file").map(PathBuf::from),
+        client_key_file: table.text(sink, "client_key_file").map(PathBuf::from),
+        insecure_skip_verify: table.flag(sink, "insecure_skip_verify").unwrap_or(false),
+    };
+    if tls.client_cert_file.is_some() != tls.client_key_file.is_some() {
+        let missing = if tls.client_cert_file.is_some() { "client_key_file" } else { "client_cert_file" };
+        table.report(sink, missing, "is required when the other half of the client certificate is set");
+    }
+    tls
+}
+
+pub(super) fn positive_duration(table: &mut Table<'_>, sink: &mut Sink, key: &str) -> Option<Duration> {
     let value = table.duration(sink, key)?;
     if value.is_zero() {
         table.report(sink, key, "must be longer than 0s");
@@ -207,7 +213,7 @@ fn in_flight(table: &mut Table<'_>, sink: &mut Sink) -> Option<u32> {
 }
 
 /// A table of strings (`headers`, `params`). `None` when any entry is not a string.
-fn string_map(table: &mut Table<'_>, sink: &mut Sink, key: &str) -> Option<BTreeMap<String, String>> {
+pub(super) fn string_map(table: &mut Table<'_>, sink: &mut Sink, key: &str) -> Option<BTreeMap<String, String>> {
     let Some(mut map) = table.table(sink, key) else {
         return if table.has(key) { None } else { Some(BTreeMap::new()) };
     };
@@ -225,7 +231,7 @@ fn string_map(table: &mut Table<'_>, sink: &mut Sink, key: &str) -> Option<BTree
     ok.then_some(out)
 }
 
-fn checked_url(table: &Table<'_>, sink: &mut Sink, url: String) -> Option<String> {
+pub(super) fn checked_url(table: &Table<'_>, sink: &mut Sink, url: String) -> Option<String> {
     if url.starts_with("http://") || url.starts_with("https://") {
         Some(url)
     } else {

@@ -49,11 +49,15 @@ pub(crate) fn summary(autoscaler: &Autoscaler) -> String {
             format!("{} via {}: {low}..{high}{per_replica}", metric.name, source.backend)
         })
         .collect();
+    let sources = match &autoscaler.recommender {
+        Some(recommender) => format!("recommender {} ({})", recommender.display_url(), recommender.metric_name()),
+        None => format!("{} ({})", plural(metrics.len(), "metric"), metrics.join(", ")),
+    };
     let mut parts = vec![
         format!("{}: {} {}/{}", autoscaler.name, target.kind, target.namespace, target.name),
         format!("{}..{} replicas", rule.min_replicas(), rule.max_replicas()),
         format!("every {}", seconds(autoscaler.interval(super::DEFAULT_INTERVAL))),
-        format!("{} ({})", plural(metrics.len(), "metric"), metrics.join(", ")),
+        sources,
         velocity(rule.velocity()),
     ];
     let (up_delay, down_delay) = (rule.upscale_delay_above_watermark(), rule.downscale_delay_below_watermark());

@@ -136,8 +136,67 @@ pub struct Autoscaler {
     /// How often it is evaluated (at least 1s), when the rule says; see [`Autoscaler::interval`].
     pub interval_set: Option<Duration>,
     pub rule: Rule,
-    /// Metric `i` here is metric `i` of `rule.metrics()`.
+    /// Metric `i` here is metric `i` of `rule.metrics()`. Empty with a recommender.
     pub metrics: Vec<MetricSource>,
+    /// The replica source that replaces the metrics (`[autoscaler.recommender]`, a WPA's
+    /// `spec.recommender`); the rule then has one metric, named after it, carrying its watermarks.
+    pub recommender: Option<Recommender>,
+}
+
+/// An HTTP service that recommends a replica count, asked with the request and read with the
+/// reply of the Datadog WPA controller's recommender client.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Recommender {
+    /// Where the request is POSTed (`http://` or `https://`).
+    pub url: String,
+    /// `targets[0].type` of the request (e.g. `cpu`); may be empty.
+    pub target_type: String,
+    /// Sent as `settings`, every value a string.
+    pub settings: BTreeMap<String, String>,
+    /// `targets[0].lowerBound` / `upperBound`: the watermarks, 0 when not given (as there).
+    pub lower_bound: f64,
+    pub upper_bound: f64,
+    /// Per request (default 10s, the Datadog controller's fixed timeout).
+    pub timeout: Duration,
+    /// `targetRef.cluster`; `None`: the daemon's `K8S_CLUSTER_NAME`, else empty.
+    pub cluster_name: Option<String>,
+    pub tls: TlsSettings,
+}
+
+impl Recommender {
+    /// The URL as it may be shown in logs, events, series labels and errors: without the
+    /// credentials (`user:password@`) or the query string a URL may carry, which could be secrets.
+    pub fn display_url(&self) -> String {
+        Self::redact(&self.url)
+    }
+
+    pub(crate) fn redact(url: &str) -> String {
+        match reqwest::Url::parse(url) {
+            Ok(mut parsed) => {
+                // Both only fail for URLs that cannot have credentials, which then have none.
+                let _ = parsed.set_username("");
+                let _ = parsed.set_password(None);
+                parsed.set_query(None);
+                parsed.set_fragment(None);
+                parsed.to_string()
+            }
+            // Not a URL at all: show where it points, never what follows.
+            Err(_) => match url.split_once("://") {
+                Some((scheme, _)) => format!("{scheme}://(unparsable URL)"),
+                None => "(unparsable URL)".into(),
+            },
+        }
+    }
+
+    /// The metric name the Datadog controller gives a recommender:
+    /// `recommender{targetType:cpu,key:value,...}`, settings sorted by key.
+    pub fn metric_name(&self) -> String {
+        let mut args = format!("targetType:{}", self.target_type);
+        for (key, value) in &self.settings {
+            args.push_str(&format!(",{key}:{value}"));
+        }
+        format!("recommender{{{args}}}")
+    }
 }
 
 /// A resource with a `/scale` subresource.
@@ -220,7 +279,14 @@ fn read_autoscalers(
         }
         first_line_of.insert(name.clone(), parsed.name_line);
         if let (Some(target), Some(rule)) = (parsed.target, parsed.rule) {
-            autoscalers.push(Autoscaler { name, target, interval_set: parsed.interval, rule, metrics: parsed.metrics });
+            autoscalers.push(Autoscaler {
+                name,
+                target,
+                interval_set: parsed.interval,
+                rule,
+                metrics: parsed.metrics,
+                recommender: parsed.recommender,
+            });
         }
     }
     autoscalers
@@ -278,9 +344,14 @@ pub(crate) fn autoscaler_from_document(
     let mut sink = Sink::default();
     let parsed = read_autoscaler(&node, Form::Crd { backends, field }, &mut sink);
     match (parsed.name, parsed.target, parsed.rule) {
-        (Some(name), Some(target), Some(rule)) if !sink.has_problems() => {
-            Ok(Autoscaler { name, target, interval_set: parsed.interval, rule, metrics: parsed.metrics })
-        }
+        (Some(name), Some(target), Some(rule)) if !sink.has_problems() => Ok(Autoscaler {
+            name,
+            target,
+            interval_set: parsed.interval,
+            rule,
+            metrics: parsed.metrics,
+            recommender: parsed.recommender,
+        }),
         _ if sink.has_problems() => Err(sink.into_sorted()),
         // Not reachable (a missing part is always reported), but never return Err(empty).
         (name, _, _) => Err(vec![Problem {

@@ -785,3 +785,129 @@ fn tolerances_may_differ_per_direction_and_default_to_tolerance() {
     let found = problems(json!({ "downscale_tolerance": -0.1 }));
     assert!(found.iter().any(|p| p.contains("downscale_tolerance")), "{found:?}");
 }
+
+const RECOMMENDED: &str = r#"
+[[autoscaler]]
+name = "web"
+target = { kind = "Deployment", namespace = "prod", name = "web" }
+max_replicas = 20
+
+[autoscaler.recommender]
+url = "https://reco.example/recommend"
+target_type = "cpu"
+settings = { window = "1h" }
+high_watermark = "800m"
+low_watermark = "600m"
+timeout = "3s"
+cluster_name = "eu-1"
+ca_file = "/etc/reco/ca.pem"
+client_cert_file = "/etc/reco/client.pem"
+client_key_file = "/etc/reco/client.key"
+"#;
+
+#[test]
+fn a_recommender_replaces_the_metrics() {
+    let rules = parse(RECOMMENDED);
+    let web = &rules.autoscalers[0];
+    assert!(web.metrics.is_empty());
+    let recommender = web.recommender.as_ref().expect("a recommender");
+    assert_eq!(
+        recommender,
+        &Recommender {
+            url: "https://reco.example/recommend".into(),
+            target_type: "cpu".into(),
+            settings: BTreeMap::from([("window".to_string(), "1h".to_string())]),
+            lower_bound: 0.6,
+            upper_bound: 0.8,
+            timeout: Duration::from_secs(3),
+            cluster_name: Some("eu-1".into()),
+            tls: TlsSettings {
+                ca_file: Some(PathBuf::from("/etc/reco/ca.pem")),
+                client_cert_file: Some(PathBuf::from("/etc/reco/client.pem")),
+                client_key_file: Some(PathBuf::from("/etc/reco/client.key")),
+                insecure_skip_verify: false,
+            },
+        }
+    );
+    let metric = &web.rule.metrics()[0];
+    assert_eq!(metric.name, "recommender{targetType:cpu,window:1h}");
+    assert_eq!((metric.low_watermark.clone(), metric.high_watermark.clone()), (d("0.6"), d("0.8")));
+    assert!(summary(web).contains("recommender https://reco.example/recommend"), "{}", summary(web));
+    // The timeout defaults to the Datadog controller's 10s.
+    let minimal = "[[autoscaler]]\nname = \"w\"\ntarget = { kind = \"Deployment\", namespace = \"p\", name = \"w\" }\n\
+                   max_replicas = 3\nrecommender = { url = \"http://reco\", high_watermark = 1 }\n";
+    let recommender = parse(minimal).autoscalers[0].recommender.clone().expect("a recommender");
+    assert_eq!(
+        (recommender.timeout, recommender.lower_bound, recommender.upper_bound),
+        (Duration::from_secs(10), 0.0, 1.0)
+    );
+}
+
+#[test]
+fn recommender_problems_name_their_field() {
+    let text = format!("{BACKENDS}{}", RECOMMENDED.replace("https://reco.example/recommend", "reco:80"));
+    let found = problems(&text);
+    assert_has(
+        &found,
+        &format!(
+            "rules.toml:{}: autoscaler \"web\": recommender.url (\"reco:80\") must start with http:// or https://",
+            line_of(&text, "reco:80")
+        ),
+    );
+    let text = RECOMMENDED.replace("client_key_file = \"/etc/reco/client.key\"\n", "colour = 1\n");
+    let found = problems(&text);
+    assert_has(
+        &found,
+        &format!(
+            "rules.toml:{}: autoscaler \"web\": recommender.client_key_file is required when the other half of the \
+             client certificate is set",
+            line_of(&text, "[autoscaler.recommender]")
+        ),
+    );
+    assert!(found.iter().any(|p| p.contains("recommender.colour is not a known key")), "{found:?}");
+    let text = RECOMMENDED.replace("low_watermark = \"600m\"", "low_watermark = \"900m\"");
+    assert_has(
+        &problems(&text),
+        &format!(
+            "rules.toml:{}: autoscaler \"web\": recommender.low_watermark (0.9) must not exceed high_watermark (0.8)",
+            line_of(&text, "low_watermark = \"900m\"")
+        ),
+    );
+    let both = format!(
+        "{BACKENDS}{RECOMMENDED}\n[[autoscaler.metric]]\nbackend = \"prom\"\nquery = \"up\"\nhigh_watermark = 1\n"
+    );
+    assert!(
+        problems(&both).iter().any(|p| p.contains("recommender cannot be combined with metrics")),
+        "{:?}",
+        problems(&both)
+    );
+    let no_url = "[[autoscaler]]\nname = \"w\"\ntarget = { kind = \"Deployment\", namespace = \"p\", name = \"w\" }\n\
+                  max_replicas = 3\nrecommender = { high_watermark = 1 }\n";
+    assert!(problems(no_url).iter().any(|p| p.ends_with("recommender.url is required")), "{:?}", problems(no_url));
+}
+
+#[test]
+fn a_recommender_url_is_checked_and_shown_without_its_secrets() {
+    let text =
+        RECOMMENDED.replace("https://reco.example/recommend", "https://ops:hunter2@reco.example:8443/r?key=abc#x");
+    let web = parse(&text).autoscalers.into_iter().next().expect("web");
+    let recommender = web.recommender.as_ref().expect("a recommender");
+    // Sent as written (reqwest turns the credentials into basic auth)...
+    assert_eq!(recommender.url, "https://ops:hunter2@reco.example:8443/r?key=abc#x");
+    // ...shown without them wherever a person or a scraper sees it.
+    assert_eq!(recommender.display_url(), "https://reco.example:8443/r");
+    assert!(!summary(&web).contains("hunter2") && !summary(&web).contains("key=abc"), "{}", summary(&web));
+
+    let text = RECOMMENDED.replace("https://reco.example/recommend", "http://reco.example:99999/");
+    let found = problems(&text);
+    assert!(
+        found.iter().any(|p| p.contains("recommender.url (http://(unparsable URL)) is not a URL: invalid port number")),
+        "{found:?}"
+    );
+    let text = RECOMMENDED.replace("https://reco.example/recommend", "https://");
+    assert!(
+        problems(&text).iter().any(|p| p.contains("recommender.url") && p.contains("host")),
+        "{:?}",
+        problems(&text)
+    );
+}
