@@ -56,6 +56,10 @@ pub struct Settings {
     /// The backend (a `[backend.NAME]` of the rules file) that WPA metrics without an
     /// annotation are sent to.
     pub default_backend: String,
+    /// The cluster named in replica recommender requests (`targetRef.cluster`) whose recommender
+    /// names none: this setting, else the `K8S_CLUSTER_NAME` environment variable the Datadog
+    /// controller reads, else none.
+    pub cluster_name: Option<String>,
     pub lease: LeaseSettingsFile,
 }
 
@@ -87,6 +91,7 @@ struct Layer {
     max_concurrency: Option<usize>,
     reload_poll: Option<String>,
     default_backend: Option<String>,
+    cluster_name: Option<String>,
     lease: Option<LeaseLayer>,
 }
 
@@ -184,6 +189,8 @@ pub struct Environment {
     pub pod_name: Option<String>,
     pub pod_namespace: Option<String>,
     pub hostname: Option<String>,
+    /// `K8S_CLUSTER_NAME`, the default of `cluster_name`.
+    pub cluster_name: Option<String>,
 }
 
 impl Environment {
@@ -198,7 +205,13 @@ impl Environment {
             .ok()
             .and_then(non_empty)
             .or_else(|| std::env::var("HOSTNAME").ok().and_then(non_empty));
-        Environment { variables, pod_name: std::env::var("POD_NAME").ok().and_then(non_empty), pod_namespace, hostname }
+        Environment {
+            variables,
+            pod_name: std::env::var("POD_NAME").ok().and_then(non_empty),
+            pod_namespace,
+            hostname,
+            cluster_name: std::env::var(crate::backend::recommender::CLUSTER_NAME_ENV).ok().and_then(non_empty),
+        }
     }
 }
 
@@ -299,6 +312,7 @@ impl Settings {
             max_concurrency,
             reload_poll: duration("reload_poll", layer.reload_poll, 1)?,
             default_backend: layer.default_backend.unwrap_or_else(|| "datadog".into()),
+            cluster_name: layer.cluster_name.filter(|name| !name.is_empty()).or_else(|| env.cluster_name.clone()),
             lease,
         };
         if settings.rules.is_none() {
@@ -335,6 +349,7 @@ mod tests {
             pod_name: None,
             pod_namespace: None,
             hostname: Some("host-a".into()),
+            cluster_name: None,
         }
     }
 
@@ -401,6 +416,19 @@ mod tests {
             let err = Settings::load(&args, &env(&[])).expect_err(text);
             assert!(err.to_string().contains(field), "{text}: {err}");
         }
+    }
+
+    #[test]
+    fn the_cluster_name_is_the_setting_else_k8s_cluster_name() {
+        let (_dir, args) = args_with_file("rules = \"r.toml\"\n");
+        assert_eq!(Settings::load(&args, &env(&[])).expect("valid").cluster_name, None);
+        let from_datadog_variable = Environment { cluster_name: Some("eu-1".into()), ..env(&[]) };
+        assert_eq!(Settings::load(&args, &from_datadog_variable).expect("valid").cluster_name.as_deref(), Some("eu-1"));
+        let (_dir, args) = args_with_file("rules = \"r.toml\"\ncluster_name = \"us-2\"\n");
+        assert_eq!(Settings::load(&args, &from_datadog_variable).expect("valid").cluster_name.as_deref(), Some("us-2"));
+        let overridden =
+            Environment { cluster_name: Some("eu-1".into()), ..env(&[("WATERMARKD__CLUSTER_NAME", "ap-3")]) };
+        assert_eq!(Settings::load(&args, &overridden).expect("valid").cluster_name.as_deref(), Some("ap-3"));
     }
 
     #[test]

@@ -17,6 +17,7 @@
 
 pub mod datadog;
 pub mod prometheus;
+pub mod recommender;
 mod secret;
 
 use std::sync::Arc;

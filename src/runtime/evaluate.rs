@@ -463,6 +463,15 @@ async fn report_events(shared: &Shared, desired: &Desired, decision: &Decision, 
         ScaleWrite::NotAttempted => {}
     }
     if decision.guard == Some(Guard::NoData) && !deferred {
+        if let Some(recommender) = &desired.autoscaler.recommender {
+            // A recommender's reasons carry no ages: the reason itself is the news. In CRD
+            // mode it goes on the WPA, as the Datadog controller reports it.
+            let why = decision.metrics.first().and_then(|m| m.note.as_deref()).unwrap_or("no reply");
+            let note = format!("no usable recommendation from {}, holding: {why}", recommender.display_url());
+            let object = desired.wpa.as_deref().map_or(object, wpa_reference);
+            publish(shared, &object, EventType::Warning, "FailedGetMetrics", &note, "Decide", Repeats::Suppress).await;
+            return;
+        }
         // Names only, not the reasons (which carry ages): the same outage is one event.
         let names: Vec<&str> = decision.metrics.iter().map(|m| m.name.as_str()).collect();
         let note = format!("no usable metric value, holding: {}", names.join(", "));

@@ -25,6 +25,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use watermarkd_engine::{State, Timestamp};
 
+use crate::backend::recommender::{RecommenderClients, WorkloadState};
 use crate::backend::{BackendError, MetricBackend, MetricQuery, Observation, QueryBackend, QueryError};
 use crate::crd::{WatermarkPodAutoscaler, WatermarkPodAutoscalerStatus};
 use crate::events::EventPublisher;
@@ -32,7 +33,7 @@ use crate::lease::{Authority, LeaderElector, LeaseSettings, Role};
 use crate::rules::{self, Autoscaler, RulesError, RulesFile};
 use crate::settings::Settings;
 use crate::target::{TargetError, Targets};
-use crate::telemetry::{AutoscalerMetrics, BackendMetrics, DaemonMetrics, Readiness, SeriesLabels};
+use crate::telemetry::{AutoscalerMetrics, BackendMetrics, DaemonMetrics, HttpClientMetrics, Readiness, SeriesLabels};
 
 pub use evaluate::Outcome;
 
@@ -127,6 +128,8 @@ pub struct Shared {
     pub(crate) autoscaler_metrics: Arc<AutoscalerMetrics>,
     pub(crate) daemon: DaemonMetrics,
     pub(crate) backend_metrics: Arc<BackendMetrics>,
+    /// HTTP clients of the replica recommenders.
+    pub(crate) recommenders: RecommenderClients,
     pub(crate) clock: Clock,
     pub(crate) dry_run: bool,
     pub(crate) default_interval: Duration,
@@ -344,13 +347,19 @@ async fn run_cycle(
     let mut users: BTreeMap<String, Vec<(usize, usize)>> = BTreeMap::new();
     let mut answers: Vec<Vec<Option<Observation>>> = Vec::with_capacity(jobs.len());
     let mut waiting: Vec<usize> = Vec::with_capacity(jobs.len());
+    // Jobs whose readings come from a recommender (one request each, beside the backends).
+    let mut recommended: Vec<usize> = Vec::new();
     for (j, job) in jobs.iter().enumerate() {
         let metrics = &job.desired.autoscaler.metrics;
-        answers.push(vec![None; metrics.len()]);
+        answers.push(vec![None; job.desired.autoscaler.rule.metrics().len()]);
         let mut backends_used: Vec<&str> = metrics.iter().map(|m| m.backend.as_str()).collect();
         backends_used.sort_unstable();
         backends_used.dedup();
-        waiting.push(backends_used.len());
+        let recommender = usize::from(job.desired.autoscaler.recommender.is_some());
+        if recommender > 0 {
+            recommended.push(j);
+        }
+        waiting.push(backends_used.len() + recommender);
         for (i, metric) in metrics.iter().enumerate() {
             users.entry(metric.backend.clone()).or_default().push((j, i));
         }
@@ -381,6 +390,14 @@ async fn run_cycle(
             };
             shared.daemon.cycle_seconds.with_label_values(&[&name]).observe(started.elapsed().as_secs_f64());
             (pairs, observations)
+        });
+    }
+    for j in recommended {
+        let desired = Arc::clone(&jobs[j].desired);
+        let shared = Arc::clone(&shared);
+        queries.spawn(async move {
+            let observation = ask_recommender(&shared, &desired, deadline).await;
+            (vec![(j, 0)], vec![observation])
         });
     }
     let mut jobs: Vec<Option<Job>> = jobs.into_iter().map(Some).collect();
@@ -430,6 +447,35 @@ async fn run_cycle(
     }
 }
 
+/// Asks an autoscaler's recommender, telling it the target's replicas as the cache has them
+/// now. A target that cannot be read is left to the evaluation to report.
+async fn ask_recommender(shared: &Shared, desired: &Desired, deadline: Instant) -> Observation {
+    let autoscaler = &desired.autoscaler;
+    let Some(recommender) = &autoscaler.recommender else {
+        return Observation::unavailable(QueryError::Configuration("no recommender".into()));
+    };
+    let reading = match shared.targets.read(&autoscaler.target).await {
+        Ok(reading) => reading,
+        Err(err) => {
+            return Observation::unavailable(QueryError::Configuration(format!(
+                "the recommender was not asked: cannot read the target: {err}"
+            )))
+        }
+    };
+    let state = WorkloadState {
+        desired: reading.spec_replicas,
+        current: reading.status_replicas,
+        ready: reading.ready_replicas,
+        min_replicas: autoscaler.rule.min_replicas(),
+        max_replicas: autoscaler.rule.max_replicas(),
+    };
+    let observation = shared.recommenders.ask(recommender, &autoscaler.target, state, deadline).await;
+    if let Some(error) = &observation.detail.error {
+        tracing::debug!(autoscaler = %autoscaler.name, url = %recommender.display_url(), %error, "no recommendation");
+    }
+    observation
+}
+
 /// Cycles of at least this many autoscalers hand their memory back when they end.
 const LARGE_CYCLE: usize = 500;
 
@@ -441,6 +487,7 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
     let backend_metrics = Arc::new(BackendMetrics::new(&registry)?);
     let autoscaler_metrics = Arc::new(AutoscalerMetrics::new());
     let daemon = DaemonMetrics::new(&registry)?;
+    let recommenders = RecommenderClients::new(settings.cluster_name.clone(), HttpClientMetrics::new(&registry)?);
     let readiness = Arc::new(Readiness::default());
 
     let rules_path = settings.rules.clone();
@@ -491,6 +538,7 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
         autoscaler_metrics,
         daemon,
         backend_metrics,
+        recommenders,
         clock: Clock::start(),
         dry_run: settings.dry_run,
         default_interval: settings.default_interval,

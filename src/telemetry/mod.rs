@@ -3,11 +3,13 @@
 
 mod autoscaler;
 mod daemon;
+mod http_client;
 pub mod logging;
 mod server;
 
 pub use autoscaler::{AutoscalerMetrics, SeriesLabels};
 pub use daemon::DaemonMetrics;
+pub use http_client::{HttpClientMetrics, InFlight, REQUEST_DURATION_BUCKETS};
 pub use server::{serve, Readiness};
 
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};

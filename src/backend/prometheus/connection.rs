@@ -102,7 +102,7 @@ fn headers(config: &PrometheusBackend) -> Result<HeaderMap, String> {
 
 /// Custom CA, client certificate, and the explicit opt-out of verification. Errors name the file
 /// and never quote what is in it: a key file's content is a secret.
-fn tls(mut builder: ClientBuilder, name: &str, tls: &TlsSettings) -> Result<ClientBuilder, String> {
+pub(crate) fn tls(mut builder: ClientBuilder, name: &str, tls: &TlsSettings) -> Result<ClientBuilder, String> {
     if let Some(ca_file) = &tls.ca_file {
         let pem = read_file("tls.ca_file", ca_file)?;
         let certs = Certificate::from_pem_bundle(&pem).unwrap_or_default();
@@ -142,7 +142,7 @@ fn read_file(setting: &str, path: &Path) -> Result<Vec<u8>, String> {
 }
 
 /// An error and its causes on one line (`reqwest` puts the useful part in the causes).
-pub(super) fn chain(error: &dyn std::error::Error) -> String {
+pub(crate) fn chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {

@@ -9,7 +9,7 @@
 //! What cannot be a number (no data, several series, NaN, errors) comes back as "unavailable"
 //! with a reason, never as 0.
 
-mod connection;
+pub(crate) mod connection;
 mod response;
 
 use std::collections::hash_map::RandomState;
