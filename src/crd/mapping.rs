@@ -16,7 +16,9 @@ use super::query::{
     datadog_query, metric_reference, tag_scope, DatadogMetricQueries, MetricReference, DEFAULT_AGGREGATOR,
     DEFAULT_ROLLUP_SECONDS,
 };
-use super::types::{ExternalMetricSource, MetricSpec, Quantity, WatermarkPodAutoscaler, WatermarkPodAutoscalerSpec};
+use super::types::{
+    ExternalMetricSource, MetricSpec, Quantity, RecommenderSpec, WatermarkPodAutoscaler, WatermarkPodAutoscalerSpec,
+};
 use crate::rules::{autoscaler_from_document, Autoscaler, Backend, Problem};
 
 /// The namespace of an object read from a file without one (`kubectl apply` would put it in
@@ -194,21 +196,28 @@ pub fn map_wpa(
              reports instead of listing its pods"
         ));
     }
-    if spec.recommender.is_some() {
-        mapper.unsupported(
-            "spec.recommender",
-            "is not supported yet: watermarkd does not call replica recommender services",
-        );
+    if let Some(recommender) = &spec.recommender {
+        notes.extend(mapper.recommender(&mut document, recommender));
+        if !spec.metrics.is_empty() {
+            notes.push(
+                "spec.metrics has no effect: with spec.recommender the replica count comes from the recommender, as in \
+                 the Datadog controller"
+                    .into(),
+            );
+        }
     }
 
-    let overrides = read_overrides(wpa.metadata.annotations.as_ref(), &spec.metrics);
+    // With a recommender the metrics are not read at all, as in the Datadog controller.
+    let no_metrics = Vec::new();
+    let wpa_metrics = if spec.recommender.is_some() { &no_metrics } else { &spec.metrics };
+    let overrides = read_overrides(wpa.metadata.annotations.as_ref(), wpa_metrics);
     for (field, message) in overrides.problems {
         mapper.problem(&field, message);
     }
-    let names = metric_names(&spec.metrics);
+    let names = metric_names(wpa_metrics);
     let mut broken = BTreeSet::new();
     let mut metrics = Vec::new();
-    for (index, metric) in spec.metrics.iter().enumerate() {
+    for (index, metric) in wpa_metrics.iter().enumerate() {
         let entry = mapper.metric(
             index,
             metric,
@@ -227,7 +236,9 @@ pub fn map_wpa(
             }
         }
     }
-    document.insert("metric".into(), Value::Array(metrics));
+    if spec.recommender.is_none() {
+        document.insert("metric".into(), Value::Array(metrics));
+    }
     mapper.path("metric", "spec.metrics");
 
     let paths = &mapper.paths;
@@ -238,9 +249,7 @@ pub fn map_wpa(
         Ok(autoscaler) => Some(autoscaler),
         Err(found) => {
             let echoes = |p: &Problem| broken.iter().any(|i| is_within(&p.field, &format!("spec.metrics[{i}]")));
-            // With a recommender, the Datadog controller needs no metrics.
-            let needless = |p: &Problem| spec.recommender.is_some() && p.field == "spec.metrics";
-            problems.extend(found.into_iter().filter(|p| !echoes(p) && !needless(p)).map(wpa_vocabulary));
+            problems.extend(found.into_iter().filter(|p| !echoes(p)).map(wpa_vocabulary));
             None
         }
     };
@@ -394,6 +403,55 @@ impl Mapper {
             "convergeTowardsWatermark",
             converge.map(|c| Value::String(c.into())),
         );
+    }
+
+    /// `spec.recommender` as the rules file's `recommender` table; returns what of it has no
+    /// effect. Its watermarks are the bounds sent to the service, and the rule's one metric.
+    fn recommender(&mut self, document: &mut Map<String, Value>, recommender: &RecommenderSpec) -> Vec<String> {
+        let at = "spec.recommender";
+        let mut notes = Vec::new();
+        self.path("recommender", at);
+        self.path("metric[0]", at);
+        let mut table = Map::new();
+        let mut put = |mapper: &mut Self, key: &str, wpa: &str, value: Option<Value>| {
+            mapper.path(&format!("recommender.{key}"), &format!("{at}.{wpa}"));
+            if let Some(value) = value {
+                table.insert(key.to_string(), value);
+            }
+        };
+        let text = |v: &Option<String>| v.as_ref().filter(|v| !v.is_empty()).map(|v| Value::String(v.clone()));
+        put(self, "url", "url", Some(Value::String(recommender.url.clone())));
+        put(self, "target_type", "targetType", text(&recommender.target_type));
+        let settings: Map<String, Value> =
+            recommender.settings.iter().map(|(k, v)| (k.clone(), Value::String(v.clone()))).collect();
+        put(self, "settings", "settings", (!settings.is_empty()).then_some(Value::Object(settings)));
+        put(self, "high_watermark", "highWatermark", recommender.high_watermark.as_ref().map(Quantity::to_json));
+        put(self, "low_watermark", "lowWatermark", recommender.low_watermark.as_ref().map(Quantity::to_json));
+        self.path("metric[0].high_watermark", &format!("{at}.highWatermark"));
+        self.path("metric[0].low_watermark", &format!("{at}.lowWatermark"));
+        let tls = recommender.tls_config.clone().unwrap_or_default();
+        put(self, "ca_file", "tlsConfig.caFile", text(&tls.ca_file));
+        put(self, "client_cert_file", "tlsConfig.certFile", text(&tls.cert_file));
+        put(self, "client_key_file", "tlsConfig.keyFile", text(&tls.key_file));
+        put(self, "insecure_skip_verify", "tlsConfig.insecureSkipVerify", tls.insecure_skip_verify.map(Value::Bool));
+        if let Some(server_name) = tls.server_name.as_ref().filter(|n| !n.is_empty()) {
+            self.unsupported(
+                &format!("{at}.tlsConfig.serverName"),
+                format!(
+                    "({server_name:?}) is not supported yet: watermarkd checks the certificate against the url's host; \
+                     put that name in the url"
+                ),
+            );
+        }
+        for (field, version) in [("minVersion", &tls.min_version), ("maxVersion", &tls.max_version)] {
+            if let Some(version) = version.as_ref().filter(|v| !v.is_empty()) {
+                notes.push(format!(
+                    "{at}.tlsConfig.{field} ({version}) has no effect: watermarkd always negotiates TLS 1.2 or 1.3"
+                ));
+            }
+        }
+        document.insert("recommender".into(), Value::Object(table));
+        notes
     }
 
     /// One metric as a rules-file metric table, or `None` when it is broken beyond that (its

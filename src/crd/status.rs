@@ -12,6 +12,7 @@
 //! condition's status really flipped (the Datadog controller sets AbleToScale True then False
 //! within one reconcile during a forbidden window and so moves it on every reconcile).
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use watermarkd_engine::{Action, Decision, Guard, Limit, Position, Timestamp};
 
 use super::mapping::MapError;
@@ -318,6 +319,25 @@ fn current_metrics(
     let previous_entry = |name: &str| {
         previous?.current_metrics.iter().find(|m| m.external.as_ref().is_some_and(|e| e.metric_name == name)).cloned()
     };
+    if spec.recommender.is_some() {
+        // As the Datadog controller reports a recommender: one entry named after it, with the
+        // value the recommender observed, under type Resource with an `external` body.
+        let Some(outcome) = decision.metrics.first() else { return Vec::new() };
+        let milli = outcome.value.map(|v| (v * 1000.0).trunc()).filter(|m| m.is_finite() && m.abs() < 9.0e18);
+        return match milli {
+            Some(milli) => vec![MetricStatus {
+                type_: "Resource".into(),
+                external: Some(ExternalMetricStatus {
+                    metric_name: outcome.name.clone(),
+                    metric_selector: Some(LabelSelector::default()),
+                    current_value: Some(Quantity::from_milli(milli as i64)),
+                    current_average_value: None,
+                }),
+                ..MetricStatus::default()
+            }],
+            None => previous_entry(&outcome.name).into_iter().collect(),
+        };
+    }
     spec.metrics
         .iter()
         .zip(&decision.metrics)

@@ -242,7 +242,7 @@ pub struct ResourceMetricSource {
     pub low_watermark: Option<Quantity>,
 }
 
-/// An external replica recommender service (not supported by watermarkd yet).
+/// An external replica recommender service (`src/backend/recommender.rs`).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct RecommenderSpec {

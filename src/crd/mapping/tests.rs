@@ -550,7 +550,7 @@ fn backends_are_checked_when_known() {
 }
 
 #[test]
-fn resource_metrics_and_recommenders_are_not_supported_yet() {
+fn resource_metrics_are_not_supported_yet() {
     let resource = with_metrics(
         "[{type: Resource, resource: {name: memory, highWatermark: 300Mi, lowWatermark: 50Mi, metricSelector: {matchLabels: {app: nginx}}}}]",
     );
@@ -574,15 +574,94 @@ fn resource_metrics_and_recommenders_are_not_supported_yet() {
         }
         other => panic!("{other:?}"),
     }
-    let recommender = with(&[("recommender", Some("{url: \"http://reco\"}")), ("metrics", None)]);
-    match map(&recommender) {
-        Err(MapError::Unsupported(unsupported)) => assert_eq!(
-            unsupported[0].to_string(),
-            "WatermarkPodAutoscaler prod/billing: spec.recommender is not supported yet: watermarkd does not call \
-             replica recommender services"
+}
+
+const RECOMMENDER: &str = r#"{url: "https://reco.example/recommend", targetType: cpu, settings: {window: 1h, b: "2"},
+  highWatermark: 800m, lowWatermark: 600m,
+  tlsConfig: {caFile: /etc/ca.pem, certFile: /etc/client.pem, keyFile: /etc/client.key}}"#;
+
+#[test]
+fn a_recommender_becomes_the_autoscalers_replica_source() {
+    let MappedWpa { autoscaler, notes } = mapped(&with(&[("recommender", Some(RECOMMENDER)), ("metrics", None)]));
+    assert!(notes.is_empty(), "{notes:?}");
+    assert!(autoscaler.metrics.is_empty());
+    let recommender = autoscaler.recommender.expect("a recommender");
+    assert_eq!(recommender.url, "https://reco.example/recommend");
+    assert_eq!(recommender.target_type, "cpu");
+    assert_eq!(
+        recommender.settings,
+        BTreeMap::from([("b".to_string(), "2".to_string()), ("window".to_string(), "1h".to_string())])
+    );
+    assert_eq!((recommender.lower_bound, recommender.upper_bound), (0.6, 0.8));
+    assert_eq!(recommender.timeout, Duration::from_secs(10));
+    assert_eq!(recommender.cluster_name, None);
+    assert_eq!(recommender.tls.ca_file.as_deref(), Some(std::path::Path::new("/etc/ca.pem")));
+    assert_eq!(recommender.tls.client_cert_file.as_deref(), Some(std::path::Path::new("/etc/client.pem")));
+    assert_eq!(recommender.tls.client_key_file.as_deref(), Some(std::path::Path::new("/etc/client.key")));
+    assert!(!recommender.tls.insecure_skip_verify);
+    // One engine metric named as the Datadog controller names it, with the watermarks.
+    let metric = &autoscaler.rule.metrics()[0];
+    assert_eq!(metric.name, "recommender{targetType:cpu,b:2,window:1h}");
+    assert_eq!((metric.low_watermark.clone(), metric.high_watermark.clone()), (d("0.6"), d("0.8")));
+}
+
+#[test]
+fn with_a_recommender_the_metrics_are_not_read() {
+    // As in the Datadog controller: even broken metrics do not matter then.
+    let yaml = with(&[("recommender", Some(RECOMMENDER)), ("metrics", Some("[{type: Pods}]"))]);
+    let MappedWpa { autoscaler, notes } = mapped(&yaml);
+    assert!(autoscaler.recommender.is_some());
+    assert_eq!(notes.len(), 1);
+    assert!(notes[0].starts_with("spec.metrics has no effect"), "{notes:?}");
+}
+
+#[test]
+fn recommender_problems_name_the_wpa_fields() {
+    let no_watermark = with(&[("recommender", Some("{url: http://reco}")), ("metrics", None)]);
+    assert_eq!(
+        problems(&no_watermark),
+        ["spec.recommender.highWatermark: at least one of lowWatermark and highWatermark is required"]
+    );
+    let inverted =
+        with(&[("recommender", Some("{url: http://reco, lowWatermark: 2, highWatermark: 1}")), ("metrics", None)]);
+    assert_eq!(problems(&inverted), ["spec.recommender.lowWatermark (2) must not exceed highWatermark (1)"]);
+    let bad_url = with(&[("recommender", Some("{url: reco:80, highWatermark: 1}")), ("metrics", None)]);
+    assert_eq!(problems(&bad_url), ["spec.recommender.url (\"reco:80\") must start with http:// or https://"]);
+    let half_cert = with(&[
+        ("recommender", Some("{url: http://reco, highWatermark: 1, tlsConfig: {certFile: /c.pem}}")),
+        ("metrics", None),
+    ]);
+    assert_eq!(
+        problems(&half_cert),
+        ["spec.recommender.tlsConfig.keyFile is required when the other half of the client certificate is set"]
+    );
+}
+
+#[test]
+fn recommender_tls_options_watermarkd_cannot_honour_are_said() {
+    let yaml = with(&[
+        (
+            "recommender",
+            Some("{url: https://reco, highWatermark: 1, tlsConfig: {minVersion: TLS12, serverName: reco.internal}}"),
         ),
+        ("metrics", None),
+    ]);
+    match map(&yaml) {
+        Err(MapError::Unsupported(unsupported)) => {
+            assert_eq!(unsupported.len(), 1);
+            assert_eq!(unsupported[0].field, "spec.recommender.tlsConfig.serverName");
+        }
         other => panic!("{other:?}"),
     }
+    let yaml = with(&[
+        ("recommender", Some("{url: https://reco, highWatermark: 1, tlsConfig: {minVersion: TLS12}}")),
+        ("metrics", None),
+    ]);
+    let MappedWpa { notes, .. } = mapped(&yaml);
+    assert_eq!(
+        notes,
+        ["spec.recommender.tlsConfig.minVersion (TLS12) has no effect: watermarkd always negotiates TLS 1.2 or 1.3"]
+    );
 }
 
 #[test]

@@ -295,3 +295,27 @@ fn status_changes_compare_quantities_by_value_and_keep_times_to_the_millisecond(
     assert_eq!(since(&b, ABLE_TO_SCALE), Some(Timestamp::from_unix_millis(t(30).unix_millis() + 400)));
     assert!(status_changed(None, &a));
 }
+
+#[test]
+fn a_recommender_is_one_metric_entry_as_the_datadog_controller_writes_it() {
+    let recommender: WatermarkPodAutoscaler = serde_yaml_ng::from_str(
+        "metadata: {name: web, namespace: prod}\nspec:\n  scaleTargetRef: {kind: Deployment, name: web}\n  \
+         maxReplicas: 9\n  recommender: {url: http://reco, targetType: load, lowWatermark: 150m, highWatermark: 400m}\n",
+    )
+    .unwrap();
+    let rule = rule(&recommender);
+    let reply = Reading::Replicas { replicas: 6, lower_bound: Some(5), upper_bound: Some(8), observed: Some(0.7314) };
+    let first = decide(&rule, target(4), &[reply], &State::default(), t(0));
+    let status = next_status(None, &recommender.spec, &first, &ScaleWrite::Succeeded, t(0));
+    assert_eq!(status.current_metrics.len(), 1);
+    assert_eq!(status.current_metrics[0].type_, "Resource");
+    let entry = status.current_metrics[0].external.as_ref().unwrap();
+    assert_eq!(entry.metric_name, "recommender{targetType:load}");
+    assert_eq!(value_column(&status), ["731m"], "in thousandths, truncated as there");
+
+    // A failed request keeps the last entry.
+    let failed = Reading::Unavailable { reason: "timed out after 10s".into() };
+    let second = decide(&rule, target(6), &[failed], &first.state, t(15));
+    let status = next_status(Some(&status), &recommender.spec, &second, &ScaleWrite::NotAttempted, t(15));
+    assert_eq!(value_column(&status), ["731m"]);
+}
