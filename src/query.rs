@@ -51,16 +51,31 @@ pub async fn run(args: &QueryArgs, out: &mut impl Write) -> Result<bool, QueryCo
     let now = Timestamp::from_system_time(SystemTime::now());
     let Answers { metrics: answers, rate_limits } = query_all(&rules, &selected, now).await?;
     let mut all_ok = true;
-    let mut current: Option<&str> = None;
-    for answer in &answers {
-        if current != Some(answer.autoscaler.name.as_str()) {
-            current = Some(answer.autoscaler.name.as_str());
-            writeln!(out, "{}", answer.autoscaler.name)?;
+    // In file order: each autoscaler with its answers (they are sorted so).
+    let mut answers_left = answers.iter().peekable();
+    for autoscaler in &selected {
+        if let Some(recommender) = &autoscaler.recommender {
+            // The request carries the target's replica counts, which this command does not read.
+            writeln!(out, "{}", autoscaler.name)?;
+            writeln!(out, "  {}", recommender.metric_name())?;
+            writeln!(
+                out,
+                "    not asked: recommender {} (only the daemon asks recommenders)",
+                recommender.display_url()
+            )?;
+            continue;
         }
-        all_ok &= matches!(answer.observation.reading, Reading::Value { .. });
-        write_answer(out, answer, now)?;
+        let mut named = false;
+        while let Some(answer) = answers_left.next_if(|a| a.autoscaler.name == autoscaler.name) {
+            if !named {
+                writeln!(out, "{}", autoscaler.name)?;
+                named = true;
+            }
+            all_ok &= matches!(answer.observation.reading, Reading::Value { .. });
+            write_answer(out, answer, now)?;
+        }
     }
-    if answers.is_empty() {
+    if selected.is_empty() {
         writeln!(out, "{}: no autoscalers", args.config.display())?;
     }
     for (backend, budget) in rate_limits {

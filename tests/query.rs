@@ -220,3 +220,27 @@ async fn query_refuses_a_point_older_than_the_metrics_max_age() {
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("    value 5 at "), "{out}");
 }
+
+#[test]
+fn query_names_a_recommender_without_asking_it() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("rules.toml");
+    std::fs::write(
+        &config,
+        r#"
+[[autoscaler]]
+name = "web"
+target = { kind = "Deployment", namespace = "prod", name = "web" }
+max_replicas = 10
+recommender = { url = "https://ops:hunter2@127.0.0.1:1/recommend", target_type = "cpu", high_watermark = 1 }
+"#,
+    )
+    .expect("write rules");
+    let (code, out) = watermarkd_query(&config, None);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(
+        out,
+        "web\n  recommender{targetType:cpu}\n    not asked: recommender https://127.0.0.1:1/recommend (only the daemon asks \
+         recommenders)\n"
+    );
+}

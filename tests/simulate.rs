@@ -348,3 +348,24 @@ fn reports_unknown_autoscalers_and_bad_traces() {
         assert!(stderr.contains(name), "{name}: the message names the file: {stderr}");
     }
 }
+
+#[test]
+fn an_autoscaler_with_a_recommender_is_refused_with_the_reason() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("rules.toml");
+    std::fs::write(
+        &config,
+        "[[autoscaler]]\nname = \"web\"\ntarget = { kind = \"Deployment\", namespace = \"prod\", name = \"web\" }\n\
+         max_replicas = 10\nrecommender = { url = \"http://127.0.0.1:1/\", high_watermark = 1 }\n",
+    )
+    .expect("write rules");
+    let output = Command::new(env!("CARGO_BIN_EXE_watermarkd"))
+        .args(["simulate", "--config"])
+        .arg(&config)
+        .args(["--autoscaler", "web", "--trace", &trace_path("spike")])
+        .output()
+        .expect("running watermarkd");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("autoscaler \"web\" takes its replicas from a recommender"), "{stderr}");
+}

@@ -91,6 +91,11 @@ pub enum SimulateError {
     Rules(#[from] RulesError),
     #[error("{}: no autoscaler named {name:?} (the file defines: {})", config.display(), defined.join(", "))]
     UnknownAutoscaler { config: PathBuf, name: String, defined: Vec<String> },
+    #[error(
+        "autoscaler {name:?} takes its replicas from a recommender, which a metric trace cannot stand for; \
+         `watermarkd decide` takes recommendations with their bounds (docs/decide.md)"
+    )]
+    Recommender { name: String },
     #[error("reading the trace {}", path.display())]
     ReadTrace { path: PathBuf, source: io::Error },
     #[error("{}", path.display())]
@@ -140,6 +145,11 @@ pub fn run(args: &SimulateArgs, out: &mut impl Write) -> Result<(), SimulateErro
         name: args.autoscaler.clone(),
         defined: rules.autoscalers.iter().map(|a| a.name.clone()).collect(),
     })?;
+    if autoscaler.recommender.is_some() {
+        // A trace holds metric values; a recommender's answers depend on the replicas it is
+        // told about, which a recorded trace cannot replay.
+        return Err(SimulateError::Recommender { name: autoscaler.name.clone() });
+    }
     let trace = load_trace(&args.trace, &autoscaler.rule)?;
     let options = ReplayOptions {
         interval: autoscaler.interval(crate::rules::DEFAULT_INTERVAL),
