@@ -12,6 +12,8 @@ mod eventually;
 mod daemon_process;
 #[path = "support/fake_datadog.rs"]
 mod fake_datadog;
+#[path = "support/fake_recommender.rs"]
+mod fake_recommender;
 #[path = "support/kube_cluster.rs"]
 mod kube_cluster;
 #[path = "support/prometheus_server.rs"]
@@ -849,4 +851,94 @@ async fn a_wpa_keeps_its_forbidden_window_across_kill_9() {
             Err(format!("{replicas} replicas"))
         }
     });
+}
+
+/// CRD mode with `spec.recommender`: the daemon asks a recommender (a test server) with the
+/// Datadog controller's request, scales to its answer, reports it in the WPA status and the
+/// series (its HTTP client series too), and holds with a Warning event on the WPA when the
+/// recommender fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wpa_with_a_recommender_scales_to_its_answer_and_holds_when_it_fails() {
+    let cluster = KubeCluster::shared();
+    install_wpa_crd(cluster).await;
+    let ns = cluster.unique_namespace("e2e-wpa-reco").await;
+    cluster.create_deployment(&ns, "web", 4).await;
+    cluster.set_workload_status("Deployment", &ns, "web", 4, 4).await;
+    let recommender = fake_recommender::FakeRecommender::start().await;
+    // 4 replicas, under the lower bound 5: above the band, and 6 is recommended.
+    recommender.answer(200, fake_recommender::reply(6, Some((5, 8))), Duration::ZERO);
+    apply_wpa(
+        cluster,
+        &ns,
+        &format!(
+            r#"{{"apiVersion": "datadoghq.com/v1alpha1", "kind": "WatermarkPodAutoscaler",
+                "metadata": {{"name": "recommended"}},
+                "spec": {{"maxReplicas": 9, "minReplicas": 2,
+                    "scaleTargetRef": {{"kind": "Deployment", "apiVersion": "apps/v1", "name": "web"}},
+                    "recommender": {{"url": "{}", "targetType": "load", "settings": {{"window": "5m"}},
+                        "lowWatermark": "150m", "highWatermark": "400m"}}}}}}"#,
+            recommender.url
+        ),
+    )
+    .await;
+    let datadog = fake_datadog::FakeDatadog::start().await;
+    let crd_mode = CrdMode::new(cluster, &datadog, &ns);
+    let env = [CrdMode::ENV[0], CrdMode::ENV[1], ("K8S_CLUSTER_NAME", "e2e-cluster")];
+    let mut daemon = DaemonProcess::start(&crd_mode.args(), &env);
+    daemon.wait_ready(STARTUP).await;
+
+    eventually!(Duration::from_secs(20), "the recommended 6 replicas", {
+        match spec_replicas(cluster, "Deployment", &ns, "web").await {
+            6 => Ok(()),
+            other => Err(format!("{other} replicas")),
+        }
+    });
+    let (method, content_type, request) = recommender.requests().first().cloned().expect("a request");
+    assert_eq!((method.as_str(), content_type.as_str()), ("POST", "application/json"));
+    assert_eq!(
+        request,
+        json!({
+            "targetRef": {"cluster": "e2e-cluster", "namespace": ns, "kind": "Deployment", "name": "web",
+                          "apiVersion": "apps/v1"},
+            "constraints": {"minReplicas": 2, "maxReplicas": 9},
+            "state": {"desiredReplicas": 4, "currentReplicas": 4, "readyReplicas": 4},
+            "targets": [{"type": "load", "lowerBound": 0.15, "upperBound": 0.4}],
+            "settings": {"window": "5m"}
+        })
+    );
+    let metric_name = "recommender{targetType:load,window:5m}";
+    let status = eventually!(Duration::from_secs(10), "the status of the scale", {
+        let status = wpa_status(cluster, &ns, "recommended").await;
+        if status["lastScaleTime"].is_string() {
+            Ok(status)
+        } else {
+            Err(status.to_string())
+        }
+    });
+    assert_eq!(status["desiredReplicas"], 6, "{status}");
+    assert_eq!(condition(&status, "AboveHighWatermark").map(|c| c["status"].clone()), Some(json!("True")), "{status}");
+    // As the Datadog controller reports a recommender: type Resource with an external body.
+    assert_eq!(status["currentMetrics"][0]["type"], "Resource", "{status}");
+    assert_eq!(status["currentMetrics"][0]["external"]["metricName"], metric_name, "{status}");
+    assert_eq!(status["currentMetrics"][0]["external"]["currentValue"], "730m", "{status}");
+
+    let labels = [("wpa_name", "recommended"), ("metric_name", metric_name)];
+    assert_eq!(daemon.sample("wpa_controller_value", &labels).await, Some(0.73));
+    assert_eq!(daemon.sample("wpa_controller_high_watermark", &labels).await, Some(0.4));
+    let client = [("client", recommender.url.as_str()), ("method", "post"), ("code", "200")];
+    assert!(daemon.sample("http_client_requests_total", &client).await >= Some(1.0), "{}", daemon.metrics().await);
+
+    recommender.answer(500, "recommender overloaded", Duration::ZERO);
+    eventually!(Duration::from_secs(15), "a FailedGetMetrics event on the WPA", {
+        let events = events_about(cluster, &ns, "recommended").await;
+        let failed = events.iter().find(|e| e.reason.as_deref() == Some("FailedGetMetrics"));
+        match failed.and_then(|e| e.note.clone()) {
+            Some(note) if note.contains("HTTP 500 (recommender overloaded)") => Ok(()),
+            _ => Err(format!("{events:?}")),
+        }
+    });
+    let client = [("client", recommender.url.as_str()), ("method", "post"), ("code", "500")];
+    assert!(daemon.sample("http_client_requests_total", &client).await >= Some(1.0), "{}", daemon.metrics().await);
+    assert_eq!(spec_replicas(cluster, "Deployment", &ns, "web").await, 6, "a failed recommender holds");
+    assert_eq!(daemon.exited(), None, "the daemon runs on");
 }
