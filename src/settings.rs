@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::telemetry::LabelsAsTags;
+
 /// Where the settings file is looked for when `--settings` is not given.
 pub const DEFAULT_SETTINGS_FILE: &str = "/etc/watermarkd/watermarkd.toml";
 /// Prefix of the environment variables; `__` separates nested keys (`WATERMARKD__LEASE__NAME`).
@@ -61,6 +63,9 @@ pub struct Settings {
     /// controller reads, else none.
     pub cluster_name: Option<String>,
     pub lease: LeaseSettingsFile,
+    /// The WPA labels exported on `wpa_controller_labels_info` (the Datadog controller's
+    /// `DD_LABELS_AS_TAGS`).
+    pub labels_as_tags: LabelsAsTags,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -92,6 +97,7 @@ struct Layer {
     reload_poll: Option<String>,
     default_backend: Option<String>,
     cluster_name: Option<String>,
+    labels_as_tags: Option<StringList>,
     lease: Option<LeaseLayer>,
 }
 
@@ -191,6 +197,9 @@ pub struct Environment {
     pub hostname: Option<String>,
     /// `K8S_CLUSTER_NAME`, the default of `cluster_name`.
     pub cluster_name: Option<String>,
+    /// `DD_LABELS_AS_TAGS`: the Datadog controller's labels-as-tags, space-separated, used
+    /// when `labels_as_tags` is not set, so its deployment's environment carries over.
+    pub dd_labels_as_tags: Option<String>,
 }
 
 impl Environment {
@@ -211,6 +220,7 @@ impl Environment {
             pod_namespace,
             hostname,
             cluster_name: std::env::var(crate::backend::recommender::CLUSTER_NAME_ENV).ok().and_then(non_empty),
+            dd_labels_as_tags: std::env::var("DD_LABELS_AS_TAGS").ok(),
         }
     }
 }
@@ -298,6 +308,15 @@ impl Settings {
         };
         namespaces.sort();
         namespaces.dedup();
+        let labels_as_tags = match layer.labels_as_tags {
+            Some(list) => list.into_vec(),
+            None => env
+                .dd_labels_as_tags
+                .as_deref()
+                .map(|text| text.split_whitespace().map(String::from).collect())
+                .unwrap_or_default(),
+        };
+        let labels_as_tags = LabelsAsTags::new(&labels_as_tags).map_err(SettingsError::Invalid)?;
         let settings = Settings {
             rules: args.config.clone().or(layer.rules),
             crd: args.crd || layer.crd.unwrap_or(false),
@@ -314,6 +333,7 @@ impl Settings {
             default_backend: layer.default_backend.unwrap_or_else(|| "datadog".into()),
             cluster_name: layer.cluster_name.filter(|name| !name.is_empty()).or_else(|| env.cluster_name.clone()),
             lease,
+            labels_as_tags,
         };
         if settings.rules.is_none() {
             return Err(SettingsError::Invalid(if settings.crd {
@@ -350,6 +370,7 @@ mod tests {
             pod_namespace: None,
             hostname: Some("host-a".into()),
             cluster_name: None,
+            dd_labels_as_tags: None,
         }
     }
 
@@ -400,6 +421,23 @@ mod tests {
         let (_dir, args) = args_with_file("crd = true\nrules = \"r.toml\"\n");
         let settings = Settings::load(&args, &env(&[("WATERMARKD__NAMESPACES", "prod, staging")])).expect("valid");
         assert_eq!(settings.namespaces, vec!["prod".to_string(), "staging".to_string()]);
+    }
+
+    #[test]
+    fn labels_as_tags_come_from_the_settings_or_the_datadog_variable() {
+        let (_dir, args) = args_with_file("rules = \"r.toml\"\n");
+        let mut environment = env(&[]);
+        environment.dd_labels_as_tags = Some(" team  app.kubernetes.io/name ".into());
+        let settings = Settings::load(&args, &environment).expect("valid");
+        assert_eq!(settings.labels_as_tags, LabelsAsTags::new(&["team", "app.kubernetes.io/name"]).expect("valid"));
+
+        let (_dir, args) = args_with_file("rules = \"r.toml\"\nlabels_as_tags = [\"service\"]\n");
+        let settings = Settings::load(&args, &environment).expect("valid");
+        assert_eq!(settings.labels_as_tags, LabelsAsTags::new(&["service"]).expect("valid"), "the setting wins");
+
+        let (_dir, args) = args_with_file("rules = \"r.toml\"\nlabels_as_tags = [\"wpa_name\"]\n");
+        let err = Settings::load(&args, &env(&[])).expect_err("collides with a join label");
+        assert!(err.to_string().contains("labels_as_tags"), "{err}");
     }
 
     #[test]

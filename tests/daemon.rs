@@ -564,6 +564,34 @@ async fn an_invalid_reload_keeps_the_old_rules_and_sighup_applies_a_valid_one() 
     }
     notify.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
 
+    // Turning worker's dry_run on flips the `dry_run` label of all its series: they start over
+    // under dry_run="true", and none stays behind under "false".
+    let before = worker_series(&daemon.metrics().await);
+    assert!(!before.is_empty() && before.iter().all(|(_, dry)| dry == "false"), "{before:?}");
+    let parts: Vec<&str> = changed.split("\n[[autoscaler]]").collect();
+    assert_eq!(parts.len(), 3, "backend, web, worker");
+    let worker_dry = parts[2].replacen("interval = \"1s\"", "interval = \"1s\"\ndry_run = true", 1);
+    write(&config, &[parts[0], parts[1], &worker_dry].join("\n[[autoscaler]]"));
+    daemon.hangup();
+    let families = |series: &[(String, String)]| series.iter().map(|(f, _)| f.clone()).collect::<Vec<_>>();
+    eventually!(Duration::from_secs(10), "worker's series under dry_run=\"true\" only", {
+        let after = worker_series(&daemon.metrics().await);
+        if after.iter().all(|(_, dry)| dry == "true") && families(&after) == families(&before) {
+            Ok(())
+        } else {
+            Err(format!("{after:?}, before {before:?}"))
+        }
+    });
+    assert_eq!(
+        daemon.sample("wpa_controller_dry_run", &[("wpa_name", "worker"), ("dry_run", "true")]).await,
+        Some(1.0)
+    );
+    assert_eq!(
+        daemon.sample("wpa_controller_dry_run", &[("wpa_name", "web"), ("dry_run", "false")]).await,
+        Some(0.0),
+        "web is not touched"
+    );
+
     // Removing an autoscaler removes its series.
     write(&config, &changed.split("\n[[autoscaler]]").take(2).collect::<Vec<_>>().join("\n[[autoscaler]]"));
     daemon.hangup();
@@ -580,6 +608,23 @@ async fn an_invalid_reload_keeps_the_old_rules_and_sighup_applies_a_valid_one() 
     }
 }
 
+/// The series of the autoscaler `worker` in a /metrics text, but its labels-as-tags info
+/// series (which has no `dry_run`): (family, value of the `dry_run` label), sorted.
+fn worker_series(text: &str) -> Vec<(String, String)> {
+    let mut series: Vec<(String, String)> = text
+        .lines()
+        .filter(|l| l.starts_with("wpa_controller_") && !l.starts_with("wpa_controller_labels_info"))
+        .filter(|l| l.contains("wpa_name=\"worker\""))
+        .map(|l| {
+            let family = l.split('{').next().unwrap_or_default().to_string();
+            let dry_run = l.split("dry_run=\"").nth(1).and_then(|rest| rest.split('"').next()).unwrap_or("none");
+            (family, dry_run.to_string())
+        })
+        .collect();
+    series.sort();
+    series
+}
+
 /// A global dry run decides, logs and exports everything and writes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dry_run_reports_the_decision_and_writes_nothing() {
@@ -590,7 +635,7 @@ async fn a_dry_run_reports_the_decision_and_writes_nothing() {
     daemon.wait_ready(STARTUP).await;
     eventually!(Duration::from_secs(15), "the dry-run decision exported", {
         let effective = daemon.sample("wpa_controller_replicas_scaling_effective", &[("wpa_name", "web")]).await;
-        let dry = daemon.sample("wpa_controller_dry_run", &[("wpa_name", "web")]).await;
+        let dry = daemon.sample("wpa_controller_dry_run", &[("wpa_name", "web"), ("dry_run", "true")]).await;
         match (effective, dry) {
             (Some(3.0), Some(1.0)) => Ok(()),
             other => Err(format!("{other:?}")),

@@ -48,8 +48,9 @@ const MANIFESTS: [&str; 7] = [
 ];
 
 /// The top-level keys of the settings file (`watermarkd run --settings`); it rejects others.
-const SETTINGS_KEYS: [&str; 14] = [
+const SETTINGS_KEYS: [&str; 15] = [
     "rules",
+    "labels_as_tags",
     "crd",
     "namespaces",
     "listen",
@@ -200,9 +201,9 @@ fn check_settings(text: &str, what: &str) -> toml::Table {
                 assert!(value.as_str().is_some_and(|s| !s.is_empty()), "{what}: {key} must be a non-empty string")
             }
             "crd" | "dry_run" => assert!(value.is_bool(), "{what}: {key} must be true or false"),
-            "namespaces" => assert!(
+            "namespaces" | "labels_as_tags" => assert!(
                 value.as_array().is_some_and(|a| a.iter().all(|n| n.is_str())),
-                "{what}: namespaces must be a list of strings"
+                "{what}: {key} must be a list of strings"
             ),
             "listen" => {
                 let text = value.as_str().unwrap_or_default();

@@ -155,7 +155,13 @@ pub async fn evaluate(
             // state stay as the last real evaluation left them.
             return Outcome::Held;
         }
-        shared.autoscaler_metrics.observe(&desired.labels, &rule, &decision, scaled);
+        // The conditions this evaluation sets, as a WPA status shows them (for a rules-file
+        // autoscaler too); the metrics keep the status of those it does not set.
+        let conditions =
+            crd::next_status(None, &crd::WatermarkPodAutoscalerSpec::default(), &decision, &write, shared.clock.now())
+                .conditions;
+        let conditions = conditions.iter().map(|c| (c.type_.as_str(), c.status == "True"));
+        shared.autoscaler_metrics.observe(&desired.labels, &rule, &decision, scaled, conditions);
         persist(shared, desired, memory, &decision, &write, &next_state).await;
         report_events(shared, desired, &decision, &write, deferred).await;
         memory.failing = None;

@@ -234,16 +234,18 @@ impl Scheduler {
             match wanted.remove(key) {
                 None => stopped.push(key.clone()),
                 Some(next) if next.autoscaler == entry.desired.autoscaler => {
-                    // Unchanged: same state and schedule; the object may carry a newer status.
+                    // Unchanged: same state and schedule; the object may carry a newer status,
+                    // or new labels (labels-as-tags), whose series start over under them.
+                    self.shared.autoscaler_metrics.relabel(&entry.desired.labels, &next.labels);
                     entry.desired = Arc::new(next);
                 }
                 Some(next) => {
                     tracing::info!(autoscaler = %next.autoscaler.name, "autoscaler changed; restarting it");
                     self.shared.targets.watch(&next.autoscaler.target);
                     self.shared.targets.unwatch(&entry.desired.autoscaler.target);
-                    if next.labels != entry.desired.labels {
-                        self.shared.autoscaler_metrics.remove(&entry.desired.labels);
-                    }
+                    // A flip of the rule's dry_run lands here: the `dry_run` label changes with
+                    // it, and the series start over under the new label set.
+                    self.shared.autoscaler_metrics.relabel(&entry.desired.labels, &next.labels);
                     let interval = next.autoscaler.interval(self.shared.default_interval);
                     entry.due =
                         schedule::first_due(self.epoch, now, key, interval, uses_datadog(&self.backends, &next));
@@ -263,6 +265,7 @@ impl Scheduler {
         for (key, next) in wanted {
             tracing::info!(autoscaler = %next.autoscaler.name, workload = %next.autoscaler.target.name, "autoscaler started");
             self.shared.targets.watch(&next.autoscaler.target);
+            self.shared.autoscaler_metrics.admit(&next.labels);
             let interval = next.autoscaler.interval(self.shared.default_interval);
             let due = schedule::first_due(self.epoch, now, &key, interval, uses_datadog(&self.backends, &next));
             self.entries.insert(
@@ -485,7 +488,7 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
     let notifier = systemd::Notifier::from_env();
     let registry = Registry::new();
     let backend_metrics = Arc::new(BackendMetrics::new(&registry)?);
-    let autoscaler_metrics = Arc::new(AutoscalerMetrics::new());
+    let autoscaler_metrics = Arc::new(AutoscalerMetrics::with_labels_as_tags(settings.labels_as_tags.clone()));
     let daemon = DaemonMetrics::new(&registry)?;
     let recommenders = RecommenderClients::new(settings.cluster_name.clone(), HttpClientMetrics::new(&registry)?);
     let readiness = Arc::new(Readiness::default());
@@ -551,7 +554,7 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
     let (commands_tx, mut commands) = mpsc::channel::<Command>(16);
     let (backends, file_autoscalers) = match rules {
         Some(rules) => {
-            let (backends, desired) = sources::split(rules);
+            let (backends, desired) = sources::split(rules, settings.dry_run);
             (Some(backends), desired)
         }
         None => (None, Vec::new()),

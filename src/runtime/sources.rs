@@ -22,7 +22,8 @@ use crate::telemetry::SeriesLabels;
 
 /// Splits a rules file into its autoscalers, keyed `file/NAME`, and the rest (the backends,
 /// which CRD mode also needs). The autoscalers move: the daemon keeps one copy of each.
-pub fn split(rules: RulesFile) -> (Arc<RulesFile>, Vec<Desired>) {
+/// `daemon_dry_run` is the daemon's --dry-run, which the series' `dry_run` label includes.
+pub fn split(rules: RulesFile, daemon_dry_run: bool) -> (Arc<RulesFile>, Vec<Desired>) {
     let desired = rules
         .autoscalers
         .into_iter()
@@ -34,6 +35,9 @@ pub fn split(rules: RulesFile) -> (Arc<RulesFile>, Vec<Desired>) {
                 resource_name: autoscaler.target.name.clone(),
                 resource_namespace: autoscaler.target.namespace.clone(),
                 resource_kind: autoscaler.target.kind.clone(),
+                // A rules-file autoscaler has no object of its own whose labels could be tags.
+                tags: Vec::new(),
+                dry_run: daemon_dry_run || autoscaler.rule.dry_run(),
             },
             autoscaler,
             wpa: None,
@@ -121,7 +125,7 @@ pub async fn watch_rules_file(mut watch: RulesWatch) {
                 watch.shared.daemon.reloads.with_label_values(&["success"]).inc();
                 watch.shared.daemon.last_reload_successful.set(1);
                 tracing::info!(file = %watch.path.display(), autoscalers = next.autoscalers.len(), "rules reloaded");
-                let (backends, desired) = split(next);
+                let (backends, desired) = split(next, watch.shared.dry_run);
                 if watch.commands.send(Command::Backends(Arc::clone(&backends))).await.is_err() {
                     return;
                 }
@@ -376,6 +380,8 @@ pub async fn watch_wpas(mut watch: WpaWatch) {
                             resource_name: target.name.clone(),
                             resource_namespace: target.namespace.clone(),
                             resource_kind: target.kind.clone(),
+                            tags: watch.shared.autoscaler_metrics.tags(wpa.metadata.labels.as_ref()),
+                            dry_run: watch.shared.dry_run || mapped.autoscaler.rule.dry_run(),
                         },
                         autoscaler: mapped.autoscaler,
                         wpa: Some(Arc::clone(wpa)),
@@ -401,10 +407,12 @@ pub async fn watch_wpas(mut watch: WpaWatch) {
 }
 
 /// Whether two versions of a WPA differ at most in status and bookkeeping metadata, so that
-/// the autoscaler it maps to is the same.
+/// the autoscaler it maps to, and its series' labels, are the same. Its Kubernetes labels
+/// count: labels-as-tags export them, and a change must re-map the WPA to reach its series.
 fn same_but_status(old: &WatermarkPodAutoscaler, new: &WatermarkPodAutoscaler) -> bool {
     old.spec == new.spec
         && old.metadata.annotations == new.metadata.annotations
+        && old.metadata.labels == new.metadata.labels
         && old.metadata.generation == new.metadata.generation
 }
 

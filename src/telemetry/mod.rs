@@ -7,7 +7,7 @@ mod http_client;
 pub mod logging;
 mod server;
 
-pub use autoscaler::{AutoscalerMetrics, SeriesLabels};
+pub use autoscaler::{label_name, AutoscalerMetrics, LabelsAsTags, SeriesLabels};
 pub use daemon::DaemonMetrics;
 pub use http_client::{HttpClientMetrics, InFlight, REQUEST_DURATION_BUCKETS};
 pub use server::{serve, Readiness};
