@@ -762,6 +762,73 @@ fn the_metrics_service_selects_the_pods() {
     }
 }
 
+/// The port the daemon serves /metrics on in the pod: the configmap settings' `listen`, or the
+/// daemon's default.
+fn daemon_metrics_port() -> u16 {
+    let settings = parse_toml(&configmap_key("watermarkd.toml"), "deploy/configmap.yaml watermarkd.toml");
+    let listen = settings.get("listen").and_then(|l| l.as_str()).unwrap_or("0.0.0.0:8080");
+    listen.parse::<std::net::SocketAddr>().unwrap_or_else(|e| panic!("listen = {listen:?}: {e}")).port()
+}
+
+#[test]
+fn the_pod_template_carries_prometheus_and_datadog_autodiscovery_annotations_for_metrics() {
+    let deployment = deployment();
+    let port = daemon_metrics_port();
+    let c = container(&deployment);
+    let http = c.ports.clone().unwrap_or_default().into_iter().find(|p| p.name.as_deref() == Some("http"));
+    assert_eq!(http.map(|p| p.container_port), Some(i32::from(port)), "the container exposes the daemon's port");
+    let annotations = deployment
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.metadata.as_ref())
+        .and_then(|m| m.annotations.clone())
+        .expect("pod template annotations");
+    let port_text = port.to_string();
+    assert_eq!(annotations.get("prometheus.io/scrape").map(String::as_str), Some("true"));
+    assert_eq!(annotations.get("prometheus.io/port").map(String::as_str), Some(port_text.as_str()));
+    assert_eq!(annotations.get("prometheus.io/path").map(String::as_str), Some("/metrics"));
+
+    // Autodiscovery annotations v2: `ad.datadoghq.com/<container>.checks`, a JSON object of
+    // check name to `{init_config, instances}`; v1 keys must not be mixed in.
+    let prefix = "ad.datadoghq.com/";
+    let ad: Vec<(&String, &String)> = annotations.iter().filter(|(k, _)| k.starts_with(prefix)).collect();
+    assert_eq!(ad.len(), 1, "exactly one Datadog annotation, the v2 .checks one: {ad:?}");
+    let (key, text) = ad[0];
+    assert_eq!(key.as_str(), format!("{prefix}{}.checks", c.name), "named after the container");
+    let checks: serde_json::Value =
+        serde_json::from_str(text).unwrap_or_else(|e| panic!("{key} is not JSON: {e}\n{text}"));
+    let openmetrics = checks.get("openmetrics").unwrap_or_else(|| panic!("{key}: no openmetrics check"));
+    assert!(openmetrics.get("init_config").is_some_and(|i| i.is_object()), "{key}: init_config is an object");
+    let instances = openmetrics.get("instances").and_then(|i| i.as_array()).expect("instances");
+    assert_eq!(instances.len(), 1, "{key}: one instance");
+    let instance = &instances[0];
+    assert_eq!(
+        instance.get("openmetrics_endpoint").and_then(|e| e.as_str()),
+        Some(format!("http://%%host%%:{port}/metrics").as_str()),
+        "{key}: the endpoint is the daemon's /metrics"
+    );
+    assert_eq!(
+        instance.get("namespace").and_then(|n| n.as_str()),
+        Some("watermarkpodautoscaler"),
+        "{key}: the Datadog controller chart's namespace, so its dashboards find the series"
+    );
+    let patterns: Vec<&str> = instance
+        .get("metrics")
+        .and_then(|m| m.as_array())
+        .expect("metrics")
+        .iter()
+        .map(|p| p.as_str().expect("metric patterns are strings"))
+        .collect();
+    // Each pattern is `prefix.*`; every series family the daemon exports must be matched.
+    let matched =
+        |name: &str| patterns.iter().any(|p| p.strip_suffix(".*").is_some_and(|prefix| name.starts_with(prefix)));
+    for name in
+        ["wpa_controller_value", "wpa_controller_high_watermak", "wpa_controller_labels_info", "watermarkd_leader"]
+    {
+        assert!(matched(name), "{key}: {name} is not collected by {patterns:?}");
+    }
+}
+
 #[test]
 fn the_configmap_rules_pass_check() {
     let dir = tempfile::tempdir().expect("temp dir");
