@@ -28,6 +28,7 @@ use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use watermarkd::rbac::{Permission, PERMISSIONS};
+use watermarkd::settings::{Environment, RunArgs, Settings};
 
 const NAMESPACE: &str = "watermarkd";
 const SERVICE_ACCOUNT: &str = "watermarkd";
@@ -866,6 +867,92 @@ fn the_sample_settings_use_only_known_keys() {
     assert_eq!(settings.get("kubeconfig").and_then(|v| v.as_str()), Some("/etc/watermarkd/kubeconfig"), "{what}");
     let rules = parse_toml(&read("packaging/etc/watermarkd/rules.toml"), "packaging/etc/watermarkd/rules.toml");
     assert_default_backend_exists(&settings, &rules, what);
+}
+
+/// A valid value of each settings key, as TOML.
+fn sample_value(key: &str) -> &'static str {
+    match key {
+        "rules" => "\"/etc/watermarkd/rules.toml\"",
+        "labels_as_tags" => "[\"team\", \"app.kubernetes.io/name\"]",
+        "crd" | "dry_run" => "false",
+        "namespaces" => "[\"prod\"]",
+        "listen" => "\"127.0.0.1:9000\"",
+        "log_format" => "\"json\"",
+        "log_level" => "\"info\"",
+        "kubeconfig" => "\"/etc/watermarkd/kubeconfig\"",
+        "context" => "\"production\"",
+        "default_interval" => "\"15s\"",
+        "max_concurrency" => "4",
+        "reload_poll" => "\"1s\"",
+        "default_backend" => "\"datadog\"",
+        "enabled" => "true",
+        "name" | "namespace" | "identity" => "\"watermarkd\"",
+        "duration" => "\"15s\"",
+        "renew_deadline" => "\"10s\"",
+        "retry_period" => "\"2s\"",
+        other => panic!("no sample value for the settings key {other}: add one"),
+    }
+}
+
+/// SETTINGS_KEYS and LEASE_KEYS are what the daemon accepts (so the checks above are checks of
+/// what it would do), and README.md's settings table and the sample settings file name each.
+#[test]
+fn every_settings_key_is_accepted_and_documented() {
+    let mut text = String::new();
+    for key in SETTINGS_KEYS.iter().filter(|k| **k != "lease") {
+        text.push_str(&format!("{key} = {}\n", sample_value(key)));
+    }
+    text.push_str("[lease]\n");
+    for key in LEASE_KEYS {
+        text.push_str(&format!("{key} = {}\n", sample_value(key)));
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("watermarkd.toml");
+    let load = |text: &str| {
+        std::fs::write(&path, text).expect("write settings");
+        let args = RunArgs { settings: Some(path.clone()), ..RunArgs::default() };
+        Settings::load(&args, &Environment::default())
+    };
+    if let Err(err) = load(&text) {
+        panic!("the daemon refuses a settings file with every key of SETTINGS_KEYS: {err}\n{text}");
+    }
+    let err = load(&format!("{text}unknown_key = 1\n")).expect_err("an unknown key in [lease] is refused");
+    assert!(err.to_string().contains("unknown_key"), "the error names the key: {err}");
+    let err = load(&format!("unknown_key = 1\n{text}")).expect_err("an unknown top-level key is refused");
+    assert!(err.to_string().contains("unknown_key"), "the error names the key: {err}");
+
+    // README.md: the first cell of a settings row names the key, `[lease] key` for the lease's.
+    let readme = read("README.md");
+    let first_cells: Vec<&str> =
+        readme.lines().filter(|l| l.starts_with("| `")).filter_map(|l| l.split('|').nth(1)).map(str::trim).collect();
+    for key in SETTINGS_KEYS.iter().filter(|k| **k != "lease") {
+        let named = format!("`{key}`");
+        assert!(first_cells.iter().any(|c| c.split(", ").any(|k| k == named)), "README.md: no settings row for {key}");
+    }
+    for key in LEASE_KEYS {
+        let in_lease_row = |c: &&str| {
+            c.starts_with("`[lease] ")
+                && c.split(", ").any(|k| k.trim_matches('`').trim_start_matches("[lease] ") == key)
+        };
+        assert!(first_cells.iter().any(in_lease_row), "README.md: no settings row for [lease] {key}");
+    }
+
+    // The sample settings file: each key set or shown commented out, in its table.
+    let what = "packaging/etc/watermarkd/watermarkd.toml";
+    let sample = read(what);
+    let (top, lease) = sample.split_once("\n[lease]\n").unwrap_or_else(|| panic!("{what}: no [lease] table"));
+    let shown = |part: &str, key: &str| {
+        part.lines().any(|l| {
+            let l = l.trim_start_matches('#').trim_start();
+            l.strip_prefix(key).is_some_and(|rest| rest.trim_start().starts_with('='))
+        })
+    };
+    for key in SETTINGS_KEYS.iter().filter(|k| **k != "lease") {
+        assert!(shown(top, key), "{what} does not document {key}");
+    }
+    for key in LEASE_KEYS {
+        assert!(shown(lease, key), "{what} does not document lease.{key}");
+    }
 }
 
 #[test]
