@@ -11,7 +11,7 @@ use prometheus::Registry;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 use watermarkd::crd::{self, ScaleWrite, WatermarkPodAutoscalerSpec};
-use watermarkd::telemetry::{serve, AutoscalerMetrics, LabelsAsTags, Readiness, SeriesLabels};
+use watermarkd::telemetry::{serve, AutoscalerMetrics, HttpClientMetrics, LabelsAsTags, Readiness, SeriesLabels};
 use watermarkd_engine::{decide, Reading, State, Target, Timestamp};
 
 /// The per-autoscaler labels of the Datadog controller (`defaultPromLabels`).
@@ -71,19 +71,19 @@ const DATADOG: &[Series] = &[
 
 /// Series of the same file that watermarkd does not export, and why. The test fails if one of
 /// them shows up without being moved to `DATADOG`, or if `DATADOG` and this list overlap.
-const NOT_APPLICABLE: &[(&str, &str)] = &[
-    (
-        "wpa_controller_lifecycle_control_status",
-        "lifecycle control (a DatadogMonitor gating the WPA, annotation wpa.datadoghq.com/lifecycle-control.enabled) is \
+const NOT_APPLICABLE: &[(&str, &str)] = &[(
+    "wpa_controller_lifecycle_control_status",
+    "lifecycle control (a DatadogMonitor gating the WPA, annotation wpa.datadoghq.com/lifecycle-control.enabled) is \
          not supported",
-    ),
-    (
-        "http_client_request_duration_seconds",
-        "the recommender's HTTP client: not served by this test's daemon, and not yet compared here",
-    ),
-    ("http_client_requests_total", "the recommender's HTTP client"),
-    ("http_client_requests_errors_total", "the recommender's HTTP client"),
-    ("http_client_requests_inflight", "the recommender's HTTP client"),
+)];
+
+/// The Datadog controller's series about its recommender HTTP client (same file): name, type
+/// and labels. They are not per autoscaler; `client` is the recommender's URL.
+const HTTP_CLIENT: &[(&str, &str, &[&str])] = &[
+    ("http_client_request_duration_seconds", "histogram", &["client", "method", "code"]),
+    ("http_client_requests_total", "counter", &["client", "method", "code"]),
+    ("http_client_requests_errors_total", "counter", &["client"]),
+    ("http_client_requests_inflight", "gauge", &["client"]),
 ];
 
 /// Label values the Datadog controller's dashboards filter on: `reasonValues`, the transitions
@@ -181,10 +181,15 @@ async fn every_datadog_controller_series_and_label_is_served() {
 
     let (_stop, shutdown) = watch::channel(false);
     let address: SocketAddr = "127.0.0.1:0".parse().expect("address");
+    // The recommender client's series, on the daemon's registry as `run` registers them, after
+    // one answered request, one that got no answer, and one still waiting.
+    let registry = Registry::new();
+    let http = HttpClientMetrics::new(&registry).expect("register");
+    http.response("https://recommender.test/recommend", "POST", 200, 0.05);
+    http.error("https://recommender.test/recommend");
+    let _waiting = http.in_flight("https://recommender.test/recommend");
     let (bound, _server) =
-        serve(address, Registry::new(), Arc::clone(&metrics), Arc::new(Readiness::default()), shutdown)
-            .await
-            .expect("serve");
+        serve(address, registry, Arc::clone(&metrics), Arc::new(Readiness::default()), shutdown).await.expect("serve");
     let text = get_metrics(bound).await;
 
     let mut types: BTreeMap<String, String> = BTreeMap::new();
@@ -206,6 +211,24 @@ async fn every_datadog_controller_series_and_label_is_served() {
     }
 
     let mut missing = Vec::new();
+    for (name, kind, labels) in HTTP_CLIENT {
+        // A histogram's samples are its `_bucket`s (with `le`), `_sum` and `_count`.
+        let sample = if *kind == "histogram" { format!("{name}_count") } else { name.to_string() };
+        let want: BTreeSet<&str> = labels.iter().copied().collect();
+        match (types.get(*name), samples.get(&sample)) {
+            (Some(k), Some(found)) if k == kind => {
+                for labels in found {
+                    let have: BTreeSet<&str> = labels.keys().map(String::as_str).collect();
+                    if have != want {
+                        missing.push(format!("{name}: labels {have:?}, the Datadog controller's are {want:?}"));
+                    }
+                }
+            }
+            (found, _) => {
+                missing.push(format!("{name}: type {found:?} or no sample, the Datadog controller's is {kind}"))
+            }
+        }
+    }
     for s in DATADOG {
         let mut want: BTreeSet<&str> = s.extra.iter().copied().collect();
         if s.with_default {
