@@ -66,8 +66,22 @@ pub const STATE_ANNOTATION: &str = "watermarkd.io/state";
 /// 3. in-cluster (the pod's service account) when `KUBERNETES_SERVICE_HOST` is set and no
 ///    `context` was asked for;
 /// 4. `~/.kube/config`, with `context`.
+///
+/// The client makes each request once. kube's default retry layer answers a 429, 503 or 504
+/// by waiting the `Retry-After` the API server asks for (10 s for a custom resource it is not
+/// serving yet, as right after a restart) and retries up to 15 times, backing off up to
+/// 1000 s: hidden waits that held the WPA watch for 10 s after an API server restart and could
+/// hold a lease renewal past its deadline. Every caller retries on its own bounded schedule
+/// instead (watches at most 5 s apart, evaluations at their interval, the Lease at its retry
+/// period).
 pub async fn connect(kubeconfig: Option<&Path>, context: Option<&str>) -> Result<Client, TargetError> {
     crate::backend::ensure_crypto_provider();
+    let mut config = client_config(kubeconfig, context).await?;
+    config.default_retry = false;
+    Client::try_from(config).map_err(|e| TargetError::Config(e.to_string()))
+}
+
+async fn client_config(kubeconfig: Option<&Path>, context: Option<&str>) -> Result<Config, TargetError> {
     let options = KubeConfigOptions { context: context.map(str::to_string), ..KubeConfigOptions::default() };
     let config = if let Some(path) = kubeconfig {
         let file = Kubeconfig::read_from(path).map_err(|e| TargetError::Config(format!("{}: {e}", path.display())))?;
@@ -82,7 +96,7 @@ pub async fn connect(kubeconfig: Option<&Path>, context: Option<&str>) -> Result
     } else {
         Config::from_kubeconfig(&options).await.map_err(|e| TargetError::Config(format!("kubeconfig: {e}")))?
     };
-    Client::try_from(config).map_err(|e| TargetError::Config(e.to_string()))
+    Ok(config)
 }
 
 /// The scale of a target as the cache last saw it.
@@ -608,4 +622,72 @@ async fn read_scale(
         resource_version: scale.metadata.resource_version.unwrap_or_default(),
         marks: info.marks.clone(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    /// An API server that answers every request as kube-apiserver answers one for a custom
+    /// resource it does not serve yet: 503 with `Retry-After: 10`.
+    async fn unavailable_server() -> (String, Arc<AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("address"));
+        let requests = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&requests);
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let counted = Arc::clone(&counted);
+                tokio::spawn(async move {
+                    let mut buffer = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    while let Ok(n) = socket.read(&mut chunk).await {
+                        if n == 0 {
+                            return;
+                        }
+                        buffer.extend_from_slice(&chunk[..n]);
+                        while let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+                            buffer.drain(..end + 4);
+                            counted.fetch_add(1, Ordering::SeqCst);
+                            let body = r#"{"kind":"Status","apiVersion":"v1","status":"Failure","message":"the server is currently unable to handle the request","reason":"ServiceUnavailable","code":503}"#;
+                            let answer = format!(
+                                "HTTP/1.1 503 Service Unavailable\r\nRetry-After: 10\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                                body.len()
+                            );
+                            if socket.write_all(answer.as_bytes()).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        (url, requests)
+    }
+
+    #[tokio::test]
+    async fn a_503_with_retry_after_is_returned_at_once_not_waited_out_inside_the_client() {
+        let (url, requests) = unavailable_server().await;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("kubeconfig");
+        let kubeconfig = json!({
+            "apiVersion": "v1", "kind": "Config",
+            "clusters": [{ "name": "c", "cluster": { "server": url } }],
+            "users": [{ "name": "u", "user": { "token": "t" } }],
+            "contexts": [{ "name": "c", "context": { "cluster": "c", "user": "u" } }],
+            "current-context": "c",
+        });
+        std::fs::write(&path, kubeconfig.to_string()).expect("write kubeconfig");
+        let client = connect(Some(&path), None).await.expect("a client");
+        let api: Api<DynamicObject> =
+            Api::all_with(client, &ApiResource::erase::<k8s_openapi::api::core::v1::Pod>(&()));
+        let answer = tokio::time::timeout(Duration::from_secs(5), api.list(&kube::api::ListParams::default())).await;
+        let Ok(result) = answer else { panic!("no answer within 5 s: the client waited out the Retry-After") };
+        assert!(matches!(result, Err(kube::Error::Api(ref status)) if status.code == 503), "{result:?}");
+        assert_eq!(requests.load(Ordering::SeqCst), 1, "one request, no hidden retries");
+    }
 }
