@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kube::runtime::watcher::{self, Event};
-use kube::runtime::WatchStreamExt;
 use kube::{Api, Client};
 use tokio::sync::{mpsc, watch};
 
@@ -204,8 +203,8 @@ pub async fn watch_wpas(mut watch: WpaWatch) {
         let to = sender.clone();
         tasks.spawn(async move {
             let config = watcher::Config::default();
-            let mut stream = std::pin::pin!(watcher::watcher(wpas, config).backoff(crate::target::watch_backoff()));
-            while let Some(event) = crate::target::next_event(&mut stream).await {
+            let mut stream = crate::target::RetryingWatch::new(Box::pin(watcher::watcher(wpas, config)));
+            while let Some(event) = stream.next().await {
                 if to.send(Change::Wpa(scope_index, Box::new(event))).await.is_err() {
                     return;
                 }
@@ -466,9 +465,8 @@ async fn watch_datadog_metrics(client: Client, api: Api<DatadogMetric>, scope: u
         match datadog_metrics_served(&client).await {
             Ok(true) => {
                 let config = watcher::Config::default();
-                let mut stream =
-                    std::pin::pin!(watcher::watcher(api.clone(), config).backoff(crate::target::watch_backoff()));
-                while let Some(event) = crate::target::next_event(&mut stream).await {
+                let mut stream = crate::target::RetryingWatch::new(Box::pin(watcher::watcher(api.clone(), config)));
+                while let Some(event) = stream.next().await {
                     let gone = matches!(
                         &event,
                         Err(watcher::Error::InitialListFailed(kube::Error::Api(status))) if status.code == 404

@@ -49,7 +49,7 @@ use crate::rules::TargetRef;
 use error::Request;
 pub use object::Marks;
 use object::{kind_paths, split_api_version, KindPaths, ObjectInfo};
-pub use watch::{backoff as watch_backoff, next as next_event, WatchHealth};
+pub use watch::{backoff as watch_backoff, next as next_event, Retrying as RetryingWatch, WatchHealth};
 use watch::{AbortOnDrop, GroupSpec, Groups, ObjState, PodState, PodWatch};
 
 /// The field manager named in the managed fields of every write.

@@ -52,6 +52,87 @@ pub fn backoff() -> watcher::ExponentialBackoff {
 /// The longest pause between two tries of a failed watch.
 pub const MAX_RETRY_DELAY: Duration = Duration::from_secs(5);
 
+/// Whether a watch failed with 410 Gone: the resourceVersion it resumed from is older than the
+/// API server keeps (always so after an API server restart, whose watch cache starts at the
+/// current revision). The watcher lists again; nothing is wrong with the API server.
+pub fn is_gone(err: &watcher::Error) -> bool {
+    match err {
+        watcher::Error::WatchError(status) => status.code == 410,
+        watcher::Error::InitialListFailed(kube::Error::Api(status))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(status))
+        | watcher::Error::WatchFailed(kube::Error::Api(status)) => status.code == 410,
+        _ => false,
+    }
+}
+
+/// How long a failed watch waits before its next try: `backoff`, except after a 410 Gone,
+/// which lists again at once. The API server that says 410 is answering, and the backoff grown
+/// while it was down (up to 5 s) would only delay the re-list: after a restart, the first try
+/// finds the API server back and gets the 410, and the re-list came another 2.5 to 5 s later.
+/// At most one immediate re-list per `MAX_RETRY_DELAY`, so an API server answering 410 again
+/// and again is retried on the backoff, not in a loop.
+pub struct RetryPolicy {
+    backoff: watcher::ExponentialBackoff,
+    last_immediate: Option<tokio::time::Instant>,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy { backoff: backoff(), last_immediate: None }
+    }
+}
+
+impl RetryPolicy {
+    /// The pause before the next try after `err`, at `now`.
+    pub fn delay_after(&mut self, err: &watcher::Error, now: tokio::time::Instant) -> Duration {
+        let recently = self.last_immediate.is_some_and(|at| now.saturating_duration_since(at) < MAX_RETRY_DELAY);
+        if is_gone(err) && !recently {
+            self.last_immediate = Some(now);
+            return Duration::ZERO;
+        }
+        self.backoff.next().unwrap_or(MAX_RETRY_DELAY)
+    }
+
+    /// After a good answer the next failure starts from the shortest pause again.
+    pub fn reset(&mut self) {
+        kube::runtime::utils::Backoff::reset(&mut self.backoff);
+    }
+}
+
+/// A watcher stream retried with `RetryPolicy`, forever. `next` is cancel-safe: a pause cut
+/// short by `select!` goes on at the next call.
+pub struct Retrying<S> {
+    stream: S,
+    policy: RetryPolicy,
+    resume_at: Option<tokio::time::Instant>,
+}
+
+impl<S, K> Retrying<S>
+where
+    S: WatchStreamExt<Item = Result<Event<K>, watcher::Error>> + Unpin,
+{
+    pub fn new(stream: S) -> Self {
+        Retrying { stream, policy: RetryPolicy::default(), resume_at: None }
+    }
+
+    /// The next event or error; after an error, the next call first waits out the pause.
+    pub async fn next(&mut self) -> Option<S::Item> {
+        if let Some(at) = self.resume_at {
+            tokio::time::sleep_until(at).await;
+            self.resume_at = None;
+        }
+        let item = next(&mut self.stream).await?;
+        match &item {
+            Ok(_) => self.policy.reset(),
+            Err(err) => {
+                let now = tokio::time::Instant::now();
+                self.resume_at = Some(now + self.policy.delay_after(err, now));
+            }
+        }
+        Some(item)
+    }
+}
+
 /// Whether any watch of the process is failing for a reason that passes (connection lost, API
 /// server restarting, a resourceVersion too old): its cache may be stale, and `/readyz` says
 /// so. A failing watch fails again at least every `MAX_RETRY_DELAY`, so a watch with no
@@ -318,7 +399,7 @@ async fn run_group(
             _ => watcher::Config::default(),
         };
         drop(names);
-        let mut stream = Box::pin(watcher::watcher(api.clone(), config).backoff(backoff()));
+        let mut stream = Retrying::new(Box::pin(watcher::watcher(api.clone(), config)));
         // Objects of the list in progress, by name (referenced names only).
         let mut listing: Option<HashMap<String, ObjectInfo>> = None;
         loop {
@@ -338,7 +419,7 @@ async fn run_group(
                     }
                     break;
                 }
-                event = next(&mut stream) => match event {
+                event = stream.next() => match event {
                     // A watcher stream does not end; if one did, start over.
                     None => break,
                     Some(Ok(Event::Init)) => listing = Some(HashMap::new()),
@@ -448,12 +529,12 @@ async fn run_pods(
         collection: true,
     };
     let config = watcher::Config::default().labels(&selector);
-    let mut stream = Box::pin(watcher::watcher(api, config).backoff(backoff()));
+    let mut stream = Retrying::new(Box::pin(watcher::watcher(api, config)));
     // Pod name -> ready. Names and a flag only, never the pods.
     let mut ready: HashMap<String, bool> = HashMap::new();
     let mut listing: Option<HashMap<String, bool>> = None;
     let count = |ready: &HashMap<String, bool>| ready.values().filter(|r| **r).count() as u32;
-    while let Some(event) = next(&mut stream).await {
+    while let Some(event) = stream.next().await {
         match event {
             Ok(Event::Init) => listing = Some(HashMap::new()),
             Ok(Event::InitApply(pod)) => {
@@ -506,6 +587,49 @@ mod tests {
         assert!(first.iter().all(|d| *d <= MAX_RETRY_DELAY), "{first:?}");
         assert!(first[0] <= Duration::from_millis(500), "the first retry is quick: {:?}", first[0]);
         assert!(first[50..].iter().any(|d| *d > Duration::from_secs(2)), "it does back off: {first:?}");
+    }
+
+    fn gone() -> watcher::Error {
+        let status = kube::core::Status::failure("too old resource version: 203 (208)", "Expired").with_code(410);
+        watcher::Error::WatchError(status.boxed())
+    }
+
+    fn refused() -> watcher::Error {
+        watcher::Error::WatchStartFailed(kube::Error::Api(
+            kube::core::Status::failure("unavailable", "ServiceUnavailable").with_code(503).boxed(),
+        ))
+    }
+
+    #[test]
+    fn gone_is_410_in_whichever_form_it_comes() {
+        assert!(is_gone(&gone()));
+        let listed = kube::core::Status::failure("continue expired", "Expired").with_code(410);
+        assert!(is_gone(&watcher::Error::InitialListFailed(kube::Error::Api(listed.boxed()))));
+        assert!(!is_gone(&refused()));
+        assert!(!is_gone(&watcher::Error::NoResourceVersion));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn after_an_outage_a_410_lists_again_at_once_and_other_failures_back_off() {
+        let mut policy = RetryPolicy::default();
+        let mut now = tokio::time::Instant::now();
+        // The API server is down for a while: the pauses grow to their cap.
+        let mut last = Duration::ZERO;
+        for _ in 0..30 {
+            last = policy.delay_after(&refused(), now);
+            now += last;
+        }
+        assert!(last > Duration::from_secs(2) && last <= MAX_RETRY_DELAY, "{last:?}");
+        // It is back, and the resumed watch is too old: list again now, not a backoff later.
+        assert_eq!(policy.delay_after(&gone(), now), Duration::ZERO);
+        // A second 410 right away is not retried at once: no loop against an API server that
+        // keeps answering 410.
+        let again = policy.delay_after(&gone(), now + Duration::from_millis(10));
+        assert!(again > Duration::ZERO && again <= MAX_RETRY_DELAY, "{again:?}");
+        assert_eq!(policy.delay_after(&gone(), now + MAX_RETRY_DELAY), Duration::ZERO);
+        // A good answer starts the backoff over.
+        policy.reset();
+        assert!(policy.delay_after(&refused(), now + MAX_RETRY_DELAY) <= Duration::from_millis(500));
     }
 
     #[tokio::test(start_paused = true)]
