@@ -26,7 +26,16 @@
 //!
 //! Both are killed on drop and, through a watchdog wrapper, when the test process exits in any
 //! way (the shared one is never dropped; Ctrl-C never runs destructors): no stray etcd or
-//! apiserver survives a test run.
+//! apiserver survives a test run, and a keeper process removes the temporary directories once
+//! both are gone.
+//!
+//! # Faults (a cluster of one's own only; they panic on the shared one)
+//! - `kill_apiserver()` (SIGKILL) and `start_apiserver()`: the same binary and flags on the same
+//!   etcd, port, certificates and tokens, so clients reconnect to it as to a restarted API
+//!   server; `start_apiserver` returns when `/readyz` answers 200 again. `restart_apiserver(down)`
+//!   does both with `down` in between.
+//! - `pause_etcd()` / `resume_etcd()` (SIGSTOP / SIGCONT): the API server stays up and its
+//!   requests hang. `kill_etcd()` / `start_etcd()`: the same data directory and ports.
 //!
 //! There is no controller-manager and no scheduler: nothing creates ReplicaSets or pods and
 //! nothing updates status. Tests set status themselves (`set_workload_status`, `patch_status`,
@@ -53,8 +62,9 @@
 //!
 //! # Counting requests
 //! The apiserver writes an audit log (metadata only) of every request: `requests_by(user)`
-//! returns what a user (token or impersonated) asked for, e.g. to assert that reads are served
-//! from a watch cache without a GET.
+//! returns what a user (token or impersonated) asked for, with when the API server received it
+//! and when it answered, e.g. to assert that reads are served from a watch cache without a GET,
+//! or when a write landed.
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
@@ -64,7 +74,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
@@ -86,22 +96,49 @@ pub const RESTRICTED_USERS: &[(&str, &str)] =
 
 const INSTALL_HINT: &str = "run scripts/install-test-deps (as root) to install it";
 
-/// Runs `"$@"` and kills it when our end of the shell's standard input closes, which happens on
-/// drop and also when the test process dies without running destructors; then removes the
-/// directory `$WATCHDOG_CLEANUP` (the shared cluster is never dropped, so its temporary
-/// directories would otherwise stay, one of them in /dev/shm). The child gets /dev/null as its
-/// own standard input; fd 3 keeps the pipe for the watchdog.
+/// Runs `"$@"`, writes its pid to `$WATCHDOG_PIDFILE` (so a test can signal the process
+/// itself) and kills it when our end of the shell's standard input closes, which happens on
+/// drop and also when the test process dies without running destructors. The child gets
+/// /dev/null as its own standard input; fd 3 keeps the pipe for the watchdog.
 const WATCHDOG: &str = r#"exec 3<&0
 "$@" </dev/null 3<&- &
 child=$!
+echo "$child" > "$WATCHDOG_PIDFILE"
 (
   cat <&3 >/dev/null
+  kill -CONT "$child" 2>/dev/null
   kill -KILL "$child" 2>/dev/null
-  while kill -0 "$child" 2>/dev/null; do sleep 0.05; done
-  [ -n "$WATCHDOG_CLEANUP" ] && rm -rf -- "$WATCHDOG_CLEANUP"
 ) &
 exec 3<&-
 wait "$child""#;
+
+/// Waits until our end of its standard input closes, then until no process named in the pid
+/// files `$KEEPER_PIDS/*.pid` is alive, then removes the directories `"$@"` (the shared cluster
+/// is never dropped, so its temporary directories would otherwise stay, one of them in
+/// /dev/shm). One keeper per cluster, so a process can be killed and started again without its
+/// files going with it.
+const KEEPER: &str = r#"cat >/dev/null
+for pidfile in "$KEEPER_PIDS"/*.pid; do
+  pid=$(cat "$pidfile" 2>/dev/null) || continue
+  while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
+done
+rm -rf -- "$@""#;
+
+/// How to start one of the cluster's processes, again after a fault.
+#[derive(Clone, Debug)]
+struct Launch {
+    name: &'static str,
+    program: PathBuf,
+    args: Vec<String>,
+    log: PathBuf,
+    pidfile: PathBuf,
+}
+
+impl Launch {
+    fn spawn(&self, append: bool) -> Watched {
+        Watched::spawn(self, append)
+    }
+}
 
 /// One process under the watchdog, with its output in a log file.
 struct Watched {
@@ -109,31 +146,62 @@ struct Watched {
     shell: Child,
     stdin: Option<ChildStdin>,
     log: PathBuf,
+    pidfile: PathBuf,
 }
 
 impl Watched {
-    /// Starts `program` under the watchdog; `cleanup` is removed once it has been killed.
-    fn spawn(name: &'static str, program: &Path, args: &[String], log: PathBuf, cleanup: &Path) -> Self {
-        let file = std::fs::File::create(&log).expect("create a log file");
+    /// Starts the process under the watchdog, its output going to the log (appended to, or
+    /// replacing it).
+    fn spawn(launch: &Launch, append: bool) -> Self {
+        let name = launch.name;
+        let _ = std::fs::remove_file(&launch.pidfile);
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .append(append)
+            .truncate(!append)
+            .open(&launch.log)
+            .expect("create a log file");
         let mut shell = Command::new("sh")
             .arg("-c")
             .arg(WATCHDOG)
             .arg("sh")
-            .arg(program)
-            .args(args)
-            .env("WATCHDOG_CLEANUP", cleanup)
+            .arg(&launch.program)
+            .args(&launch.args)
+            .env("WATCHDOG_PIDFILE", &launch.pidfile)
             .stdin(Stdio::piped())
             .stdout(file.try_clone().expect("log file"))
             .stderr(file)
             .spawn()
             .unwrap_or_else(|e| panic!("cannot run sh to start {name}: {e}"));
         let stdin = shell.stdin.take();
-        Watched { name, shell, stdin, log }
+        Watched { name, shell, stdin, log: launch.log.clone(), pidfile: launch.pidfile.clone() }
     }
 
     /// The exit status when the process has ended.
     fn exited(&mut self) -> Option<std::process::ExitStatus> {
         self.shell.try_wait().ok().flatten()
+    }
+
+    /// The process's own pid (not the watchdog shell's), once the shell has written it.
+    fn pid(&self) -> i32 {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let text = std::fs::read_to_string(&self.pidfile).unwrap_or_default();
+            if let Ok(pid) = text.trim().parse::<i32>() {
+                return pid;
+            }
+            assert!(Instant::now() < deadline, "{} wrote no pid to {}", self.name, self.pidfile.display());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Sends `signal` to the process itself.
+    fn signal(&self, signal: i32) {
+        let pid = self.pid();
+        // SAFETY: kill only sends a signal, to a process this test started.
+        let sent = unsafe { libc::kill(pid, signal) };
+        assert_eq!(sent, 0, "cannot signal {} (pid {pid}): {}", self.name, std::io::Error::last_os_error());
     }
 
     fn stop(&mut self) {
@@ -159,16 +227,51 @@ impl Drop for Watched {
     }
 }
 
+/// Removes the cluster's directories once its processes are gone, also when the test process
+/// dies without running destructors (see `KEEPER`).
+struct Keeper {
+    shell: Child,
+    stdin: Option<ChildStdin>,
+}
+
+impl Keeper {
+    fn spawn(pids: &Path, dirs: &[&Path]) -> Keeper {
+        let mut shell = Command::new("sh")
+            .arg("-c")
+            .arg(KEEPER)
+            .arg("sh")
+            .args(dirs)
+            .env("KEEPER_PIDS", pids)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run sh to keep the cluster's directories: {e}"));
+        let stdin = shell.stdin.take();
+        Keeper { shell, stdin }
+    }
+}
+
+impl Drop for Keeper {
+    fn drop(&mut self) {
+        self.stdin.take();
+        let _ = self.shell.wait();
+    }
+}
+
 /// A running etcd + kube-apiserver. See the module documentation.
 pub struct KubeCluster {
     // Field order is drop order: the apiserver goes before etcd, then the directories.
     apiserver: Mutex<Watched>,
     etcd: Mutex<Watched>,
+    apiserver_launch: Launch,
+    etcd_launch: Launch,
     url: String,
     ca_path: PathBuf,
     /// The admin configuration; every client is built from a copy.
     config: Config,
     started_in: Duration,
+    _keeper: Keeper,
     dir: tempfile::TempDir,
     etcd_dir: tempfile::TempDir,
 }
@@ -300,7 +403,15 @@ impl KubeCluster {
             format!("--initial-cluster=test={peer_url}"),
             "--log-level=warn".to_string(),
         ];
-        let etcd = Watched::spawn("etcd", etcd_bin, &etcd_args, dir.path().join("etcd.log"), etcd_dir.path());
+        let keeper = Keeper::spawn(dir.path(), &[dir.path(), etcd_dir.path()]);
+        let etcd_launch = Launch {
+            name: "etcd",
+            program: etcd_bin.to_path_buf(),
+            args: etcd_args,
+            log: dir.path().join("etcd.log"),
+            pidfile: dir.path().join("etcd.pid"),
+        };
+        let etcd = etcd_launch.spawn(false);
 
         // Every request is logged (metadata only) so tests can count what a client asked for.
         let audit_policy = dir.path().join("audit-policy.yaml");
@@ -330,21 +441,21 @@ impl KubeCluster {
             "--audit-log-format=json".to_string(),
             "--audit-log-mode=blocking".to_string(),
         ];
-        let apiserver = Watched::spawn(
-            "kube-apiserver",
-            apiserver_bin,
-            &apiserver_args,
-            dir.path().join("kube-apiserver.log"),
-            dir.path(),
-        );
+        let apiserver_launch = Launch {
+            name: "kube-apiserver",
+            program: apiserver_bin.to_path_buf(),
+            args: apiserver_args,
+            log: dir.path().join("kube-apiserver.log"),
+            pidfile: dir.path().join("kube-apiserver.pid"),
+        };
+        let apiserver = apiserver_launch.spawn(false);
 
         let url = format!("https://127.0.0.1:{api_port}");
         // The apiserver writes its self-signed serving certificate (and the CA that signed it)
         // here at start-up; clients trust that file.
         let ca_path = cert_dir.join("apiserver.crt");
-        let mut processes = [etcd, apiserver];
-        let ready = wait_ready(&url, &ca_path, &mut processes).await;
-        let [etcd, apiserver] = processes;
+        let (mut etcd, mut apiserver) = (etcd, apiserver);
+        let ready = wait_ready(&url, &ca_path, &mut [&mut etcd, &mut apiserver]).await;
         if let Err(why) = ready {
             let failure = format!(
                 "{why}\n--- kube-apiserver log (tail) ---\n{}\n--- etcd log (tail) ---\n{}",
@@ -359,13 +470,100 @@ impl KubeCluster {
         Ok(KubeCluster {
             apiserver: Mutex::new(apiserver),
             etcd: Mutex::new(etcd),
+            apiserver_launch,
+            etcd_launch,
             url,
             ca_path,
             config,
             started_in: started.elapsed(),
+            _keeper: keeper,
             dir,
             etcd_dir,
         })
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Faults
+
+    fn assert_own(&self, fault: &str) {
+        let shared = SHARED.get().is_some_and(|shared| std::ptr::eq(shared, self));
+        assert!(!shared, "{fault} on the shared cluster would break every other test: use KubeCluster::start()");
+    }
+
+    /// Kills the API server (SIGKILL) and waits until it is gone. Its clients see their
+    /// connections closed, then refused.
+    pub fn kill_apiserver(&self) {
+        self.assert_own("kill_apiserver");
+        self.apiserver.lock().unwrap_or_else(|e| e.into_inner()).stop();
+    }
+
+    /// Starts the API server again with the same flags (same etcd, port, certificates, tokens
+    /// and audit log) and waits until `/readyz` answers 200. Returns when it did. Panics with
+    /// the logs when it does not come up within 60 s.
+    pub async fn start_apiserver(&self) -> Instant {
+        self.assert_own("start_apiserver");
+        let mut apiserver = self.apiserver_launch.spawn(true);
+        let ready = wait_ready(&self.url, &self.ca_path, &mut [&mut apiserver]).await;
+        *self.apiserver.lock().unwrap_or_else(|e| e.into_inner()) = apiserver;
+        if let Err(why) = ready {
+            panic!("the restarted kube-apiserver did not come up: {why}\n{}", self.logs());
+        }
+        Instant::now()
+    }
+
+    /// `kill_apiserver`, `down` of nothing, `start_apiserver`.
+    pub async fn restart_apiserver(&self, down: Duration) -> Instant {
+        self.kill_apiserver();
+        tokio::time::sleep(down).await;
+        self.start_apiserver().await
+    }
+
+    /// Stops etcd (SIGSTOP): its sockets stay open and nothing answers, so the API server's
+    /// requests hang, as with a stalled disk or a partition.
+    pub fn pause_etcd(&self) {
+        self.assert_own("pause_etcd");
+        self.etcd.lock().unwrap_or_else(|e| e.into_inner()).signal(libc::SIGSTOP);
+    }
+
+    /// Lets a paused etcd go on (SIGCONT).
+    pub fn resume_etcd(&self) {
+        self.assert_own("resume_etcd");
+        self.etcd.lock().unwrap_or_else(|e| e.into_inner()).signal(libc::SIGCONT);
+    }
+
+    /// Kills etcd (SIGKILL) and waits until it is gone; its data directory stays.
+    pub fn kill_etcd(&self) {
+        self.assert_own("kill_etcd");
+        self.etcd.lock().unwrap_or_else(|e| e.into_inner()).stop();
+    }
+
+    /// Starts etcd again on the same data directory and ports, then waits until the API server
+    /// is ready again (it reconnects by itself).
+    pub async fn start_etcd(&self) -> Instant {
+        self.assert_own("start_etcd");
+        let etcd = self.etcd_launch.spawn(true);
+        *self.etcd.lock().unwrap_or_else(|e| e.into_inner()) = etcd;
+        self.wait_apiserver_ready().await
+    }
+
+    /// Waits until `/readyz` answers 200 (at most 60 s) and returns when it did.
+    pub async fn wait_apiserver_ready(&self) -> Instant {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            // The processes are checked between polls, without holding their locks across one.
+            let exited = [&self.etcd, &self.apiserver].iter().find_map(|process| {
+                let mut process = process.lock().unwrap_or_else(|e| e.into_inner());
+                process.exited().map(|status| format!("{} exited ({status})", process.name))
+            });
+            if let Some(exited) = exited {
+                panic!("{exited}\n{}", self.logs());
+            }
+            if readyz_ok(&self.url, &self.ca_path).await {
+                return Instant::now();
+            }
+            assert!(Instant::now() < deadline, "the API server is not ready after 60 s\n{}", self.logs());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// `https://127.0.0.1:PORT`.
@@ -394,8 +592,9 @@ impl KubeCluster {
     }
 
     /// Every request the API server has logged so far made by `user`, directly (token) or
-    /// through impersonation (`client_as`), in the order they were received. The audit log is
-    /// written before the answer is sent, so a request whose answer arrived is in it.
+    /// through impersonation (`client_as`), in the order they were answered (a watch: started).
+    /// The audit log is written before the answer is sent, so a request whose answer arrived is
+    /// in it; one still waiting for etcd is not, yet.
     pub fn requests_by(&self, user: &str) -> Vec<AuditedRequest> {
         let text = std::fs::read_to_string(self.dir.path().join("audit.log")).unwrap_or_default();
         let mut seen = std::collections::HashSet::new();
@@ -411,7 +610,12 @@ impl KubeCluster {
             if who != user || !seen.insert(s("/auditID")) {
                 continue;
             }
+            let time = |pointer: &str| {
+                s(pointer).parse::<k8s_openapi::jiff::Timestamp>().map(SystemTime::from).unwrap_or(UNIX_EPOCH)
+            };
             requests.push(AuditedRequest {
+                received: time("/requestReceivedTimestamp"),
+                answered: time("/stageTimestamp"),
                 verb: s("/verb"),
                 resource: s("/objectRef/resource"),
                 subresource: s("/objectRef/subresource"),
@@ -633,6 +837,11 @@ impl KubeCluster {
 /// One request from the API server's audit log.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AuditedRequest {
+    /// When the API server received it (wall clock; the API server runs on this host).
+    pub received: SystemTime,
+    /// When the API server answered it, after the change (if any) was stored in etcd; for a
+    /// watch, when it started streaming.
+    pub answered: SystemTime,
     /// `get`, `list`, `watch`, `create`, `patch`, `update`, ...
     pub verb: String,
     /// `deployments`, `pods`, ... (empty for non-resource URLs such as discovery).
@@ -687,8 +896,22 @@ async fn config_from_kubeconfig(yaml: &str) -> Result<Config, String> {
     Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await.map_err(|e| e.to_string())
 }
 
-/// Polls `/readyz` until it answers 200, up to 60 s. Fails early when a process exits.
-async fn wait_ready(url: &str, ca_path: &Path, processes: &mut [Watched; 2]) -> Result<(), String> {
+/// Whether `/readyz` answers 200 right now.
+async fn readyz_ok(url: &str, ca_path: &Path) -> bool {
+    let Ok(pem) = std::fs::read(ca_path) else { return false };
+    let Ok(certs) = reqwest::Certificate::from_pem_bundle(&pem) else { return false };
+    let Ok(client) = reqwest::Client::builder().tls_certs_only(certs).timeout(Duration::from_secs(2)).build() else {
+        return false;
+    };
+    matches!(
+        client.get(format!("{url}/readyz")).bearer_auth(ADMIN_TOKEN).send().await,
+        Ok(resp) if resp.status().is_success()
+    )
+}
+
+/// Polls `/readyz` every 50 ms until it answers 200, up to 60 s. Fails early when a process
+/// exits.
+async fn wait_ready(url: &str, ca_path: &Path, processes: &mut [&mut Watched]) -> Result<(), String> {
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut last = String::from("no answer yet");
     let mut client: Option<reqwest::Client> = None;
@@ -723,7 +946,7 @@ async fn wait_ready(url: &str, ca_path: &Path, processes: &mut [Watched; 2]) -> 
         if Instant::now() > deadline {
             return Err(format!("not ready after 60 s; last: {last}"));
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
