@@ -606,3 +606,21 @@ async fn during_an_etcd_outage_no_write_outlives_its_lease_and_no_window_is_brok
     assert!(problems.is_empty(), "{}\n{logs}", problems.join("\n"));
     assert!(first_landed.is_some(), "no scale landed after etcd was back\n{logs}");
 }
+
+/// The support's own etcd restart: etcd killed and started again on its data directory, the
+/// API server answers again with what was stored before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_etcd_restart_keeps_what_was_stored() {
+    let cluster = KubeCluster::start().await;
+    let ns = cluster.unique_namespace("etcd-restart").await;
+    cluster.create_deployment(&ns, "kept", 3).await;
+    cluster.kill_etcd();
+    // With etcd gone a read fails or hangs.
+    let down = tokio::time::timeout(Duration::from_secs(3), spec_replicas(&cluster, &ns, "kept")).await;
+    assert!(!matches!(down, Ok(Ok(_))), "read with etcd gone: {down:?}");
+    cluster.start_etcd().await;
+    let replicas = eventually!(Duration::from_secs(30), "the deployment read back", {
+        spec_replicas(&cluster, &ns, "kept").await
+    });
+    assert_eq!(replicas, 3);
+}
