@@ -126,7 +126,7 @@ pub fn from_wpa_status(status: Option<&WatermarkPodAutoscalerStatus>) -> State {
 ///   from the restart.
 pub fn restore(persisted: State, marks: &Marks, rule: &Rule, now: Timestamp) -> Restored {
     let mut state = persisted;
-    merge_recorded_scale(&mut state, marks);
+    merge_recorded_scale(&mut state, marks, now);
     let mut future = Vec::new();
     let mut clamp = |time: &mut Timestamp, field: &'static str| {
         if time.unix_millis() > now.unix_millis() {
@@ -161,20 +161,26 @@ pub fn restore(persisted: State, marks: &Marks, rule: &Rule, now: Timestamp) -> 
 
 /// Takes the time the API server recorded for watermarkd's last scale write (`managedFields`,
 /// whole seconds, so the end of that second) as the last scale when the state does not already
-/// cover it: a write that landed after its request timed out, or another daemon's.
-fn merge_recorded_scale(state: &mut State, marks: &Marks) {
-    if let Some(recorded) = marks.scaled_at {
-        let covers = state.last_scale_time.is_some_and(|t| t.unix_millis() >= recorded.unix_millis());
-        if !covers {
-            state.last_scale_time = Some(Timestamp::from_unix_millis(recorded.unix_millis().saturating_add(999)));
-        }
+/// cover it: a write that landed after its request timed out, or another daemon's. A record
+/// that appeared while this process watched counts from when it appeared (never after `now`),
+/// if that is later: etcd may have applied it long after the API server received it (see
+/// [`Marks::scaled_seen_at`]).
+fn merge_recorded_scale(state: &mut State, marks: &Marks, now: Timestamp) {
+    let Some(recorded) = marks.scaled_at else { return };
+    if state.last_scale_time.is_some_and(|t| t.unix_millis() >= recorded.unix_millis()) {
+        return;
     }
+    let mut time = Timestamp::from_unix_millis(recorded.unix_millis().saturating_add(999));
+    if let Some(seen) = marks.scaled_seen_at {
+        time = time.max(seen.min(now));
+    }
+    state.last_scale_time = Some(time);
 }
 
 /// Before each decision: the target's record of watermarkd's last scale, merged as at a restore
 /// and never later than `now` (the API server's clock may run ahead of ours).
 pub fn note_recorded_scale(state: &mut State, marks: &Marks, now: Timestamp) {
-    merge_recorded_scale(state, marks);
+    merge_recorded_scale(state, marks, now);
     if let Some(time) = state.last_scale_time.as_mut() {
         *time = (*time).min(now);
     }
@@ -280,7 +286,7 @@ mod tests {
         .expect("rule");
         let now = t(1_700_000_100_000);
         // The daemon died after scaling at ...050.250 and before writing its state.
-        let marks = Marks { state_annotation: None, scaled_at: Some(t(1_700_000_050_000)) };
+        let marks = Marks { state_annotation: None, scaled_seen_at: None, scaled_at: Some(t(1_700_000_050_000)) };
         let restored = restore(state(), &marks, &rule, now).state;
         assert_eq!(restored.last_scale_time, Some(t(1_700_000_050_999)));
         // The persisted time is exact and covers the record of the same second.
@@ -294,18 +300,42 @@ mod tests {
         let now = t(1_700_000_100_000);
         // Our own confirmed write: its record (same second, apiserver clock) is covered.
         let mut known = State { last_scale_time: Some(t(1_700_000_090_400)), ..State::default() };
-        let marks = Marks { state_annotation: None, scaled_at: Some(t(1_700_000_090_000)) };
+        let marks = Marks { state_annotation: None, scaled_seen_at: None, scaled_at: Some(t(1_700_000_090_000)) };
         note_recorded_scale(&mut known, &marks, now);
         assert_eq!(known.last_scale_time, Some(t(1_700_000_090_400)));
         // A write that timed out here and landed at ...095 is taken, to the end of its second.
-        let later = Marks { state_annotation: None, scaled_at: Some(t(1_700_000_095_000)) };
+        let later = Marks { state_annotation: None, scaled_seen_at: None, scaled_at: Some(t(1_700_000_095_000)) };
         note_recorded_scale(&mut known, &later, now);
         assert_eq!(known.last_scale_time, Some(t(1_700_000_095_999)));
         // A record ahead of our clock is taken as now.
-        let ahead = Marks { state_annotation: None, scaled_at: Some(t(1_700_000_100_000)) };
+        let ahead = Marks { state_annotation: None, scaled_seen_at: None, scaled_at: Some(t(1_700_000_100_000)) };
         let mut fresh = State::default();
         note_recorded_scale(&mut fresh, &ahead, now);
         assert_eq!(fresh.last_scale_time, Some(now));
+    }
+
+    #[test]
+    fn a_recorded_scale_that_appeared_late_counts_from_when_it_appeared() {
+        // A write received at ...070 while etcd stood still, applied and seen at ...095.
+        let appeared = t(1_700_000_095_000);
+        let marks =
+            Marks { state_annotation: None, scaled_at: Some(t(1_700_000_070_000)), scaled_seen_at: Some(appeared) };
+        let now = t(1_700_000_096_000);
+        let mut state = State { last_scale_time: Some(t(1_700_000_050_500)), ..State::default() };
+        note_recorded_scale(&mut state, &marks, now);
+        assert_eq!(state.last_scale_time, Some(appeared));
+        // Our own confirmed write covers its record however late it was seen.
+        let mut ours = State { last_scale_time: Some(t(1_700_000_070_300)), ..State::default() };
+        note_recorded_scale(&mut ours, &marks, now);
+        assert_eq!(ours.last_scale_time, Some(t(1_700_000_070_300)));
+        // A new leader restoring an older state takes it the same way.
+        let rule = crate::rules::rule_from_json(&serde_json::json!({
+            "min_replicas": 1, "max_replicas": 10,
+            "metric": [{ "query": "q", "high_watermark": 10.0, "low_watermark": 5.0 }]
+        }))
+        .expect("rule");
+        let persisted = State { last_scale_time: Some(t(1_700_000_050_500)), ..State::default() };
+        assert_eq!(restore(persisted, &marks, &rule, now).state.last_scale_time, Some(appeared));
     }
 
     #[test]
@@ -359,7 +389,7 @@ mod tests {
             ["last scale time", "below-low-watermark since", "recommendation time", "scale event time"]
         );
         // The API server's record of a scale, from a skewed clock, is no exception.
-        let marks = Marks { state_annotation: None, scaled_at: Some(t(1_700_000_500_000)) };
+        let marks = Marks { state_annotation: None, scaled_seen_at: None, scaled_at: Some(t(1_700_000_500_000)) };
         let restored = restore(State::default(), &marks, &rule, now);
         assert_eq!(restored.state.last_scale_time, Some(now));
         assert_eq!(restored.future, ["last scale time"]);
