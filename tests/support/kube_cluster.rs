@@ -60,6 +60,16 @@
 //! `create_replicaset`, `set_workload_status`, `patch_status`, `create_pod`, `set_pod_ready`,
 //! `create_crd` (waits until established and served), `grant` (a Role and RoleBinding).
 //!
+//! # API aggregation
+//! The API server runs with the front-proxy flags a real cluster has
+//! (`--requestheader-client-ca-file`, `--requestheader-allowed-names=front-proxy-client`, the
+//! `X-Remote-User`/`X-Remote-Group`/`X-Remote-Extra-` header names, `--proxy-client-cert-file`
+//! and `--proxy-client-key-file`, certificates made by `openssl` in the cluster's directory), so
+//! an extension API server registered with an APIService is reached through the aggregator as
+//! in production: `metrics_server.rs` serves `metrics.k8s.io` that way. `front_proxy_ca_path()`
+//! is the CA such a server trusts for the aggregator's client certificate. Nothing changes for
+//! tests that do not register one.
+//!
 //! # Counting requests
 //! The apiserver writes an audit log (metadata only) of every request: `requests_by(user)`
 //! returns what a user (token or impersonated) asked for, with when the API server received it
@@ -271,6 +281,8 @@ pub struct KubeCluster {
     /// The admin configuration; every client is built from a copy.
     config: Config,
     started_in: Duration,
+    /// The CA of the client certificate the aggregator presents to extension API servers.
+    front_proxy_ca: PathBuf,
     _keeper: Keeper,
     dir: tempfile::TempDir,
     etcd_dir: tempfile::TempDir,
@@ -325,6 +337,91 @@ fn fast_tempdir(prefix: &str) -> tempfile::TempDir {
         }
     }
     tempfile::Builder::new().prefix(prefix).tempdir().expect("temp dir")
+}
+
+/// The front proxy of API aggregation: a CA and the client certificate (CN
+/// `front-proxy-client`) the API server presents to extension API servers such as a metrics
+/// server, made by `openssl` (EC keys: quick to generate) in the cluster's directory, so a
+/// restarted API server finds them again.
+struct FrontProxy {
+    ca: PathBuf,
+    client_cert: PathBuf,
+    client_key: PathBuf,
+}
+
+/// The name the API server accepts in front-proxy client certificates.
+pub const FRONT_PROXY_CLIENT: &str = "front-proxy-client";
+
+impl FrontProxy {
+    fn generate(dir: &Path) -> FrontProxy {
+        let run = |args: &[&str]| {
+            let output = Command::new("openssl")
+                .args(args)
+                .current_dir(dir)
+                .stdin(Stdio::null())
+                .output()
+                .unwrap_or_else(|e| panic!("cannot run openssl: {e}; {INSTALL_HINT}"));
+            assert!(output.status.success(), "openssl {args:?} failed: {}", String::from_utf8_lossy(&output.stderr));
+        };
+        let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+        run(&[
+            &["req", "-x509"][..],
+            &ec[..],
+            &["-keyout", "front-proxy-ca.key", "-out", "front-proxy-ca.crt", "-days", "2"],
+            &["-subj", "/CN=watermarkd test front-proxy CA"],
+        ]
+        .concat());
+        std::fs::write(
+            dir.join("front-proxy-client.ext"),
+            "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=clientAuth\n",
+        )
+        .expect("write the front-proxy extension file");
+        let subject = format!("/CN={FRONT_PROXY_CLIENT}");
+        run(&[
+            &["req"][..],
+            &ec[..],
+            &["-keyout", "front-proxy-client.key", "-out", "front-proxy-client.csr", "-subj", &subject],
+        ]
+        .concat());
+        run(&[
+            "x509",
+            "-req",
+            "-in",
+            "front-proxy-client.csr",
+            "-CA",
+            "front-proxy-ca.crt",
+            "-CAkey",
+            "front-proxy-ca.key",
+            "-set_serial",
+            "2",
+            "-days",
+            "2",
+            "-out",
+            "front-proxy-client.crt",
+            "-extfile",
+            "front-proxy-client.ext",
+        ]);
+        FrontProxy {
+            ca: dir.join("front-proxy-ca.crt"),
+            client_cert: dir.join("front-proxy-client.crt"),
+            client_key: dir.join("front-proxy-client.key"),
+        }
+    }
+
+    /// What the API server needs to proxy aggregated APIs the way a real cluster does: the
+    /// certificate it presents, and the request-header authentication settings (which name the
+    /// headers it sets, and which CA and name an extension server should trust them from).
+    fn apiserver_flags(&self) -> Vec<String> {
+        vec![
+            format!("--requestheader-client-ca-file={}", self.ca.display()),
+            format!("--requestheader-allowed-names={FRONT_PROXY_CLIENT}"),
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-".to_string(),
+            "--requestheader-group-headers=X-Remote-Group".to_string(),
+            "--requestheader-username-headers=X-Remote-User".to_string(),
+            format!("--proxy-client-cert-file={}", self.client_cert.display()),
+            format!("--proxy-client-key-file={}", self.client_key.display()),
+        ]
+    }
 }
 
 static SHARED: OnceLock<KubeCluster> = OnceLock::new();
@@ -391,6 +488,8 @@ impl KubeCluster {
             .unwrap_or_else(|e| panic!("cannot run openssl: {e}; {INSTALL_HINT}"));
         assert!(openssl.success(), "openssl genrsa failed ({openssl})");
 
+        let front_proxy = FrontProxy::generate(dir.path());
+
         let etcd_url = format!("http://127.0.0.1:{client_port}");
         let peer_url = format!("http://127.0.0.1:{peer_port}");
         let etcd_args = vec![
@@ -441,6 +540,8 @@ impl KubeCluster {
             "--audit-log-format=json".to_string(),
             "--audit-log-mode=blocking".to_string(),
         ];
+        let mut apiserver_args = apiserver_args;
+        apiserver_args.extend(front_proxy.apiserver_flags());
         let apiserver_launch = Launch {
             name: "kube-apiserver",
             program: apiserver_bin.to_path_buf(),
@@ -476,6 +577,7 @@ impl KubeCluster {
             ca_path,
             config,
             started_in: started.elapsed(),
+            front_proxy_ca: front_proxy.ca,
             _keeper: keeper,
             dir,
             etcd_dir,
@@ -574,6 +676,13 @@ impl KubeCluster {
     /// The PEM file of the apiserver's self-signed serving certificate and its CA.
     pub fn ca_path(&self) -> &Path {
         &self.ca_path
+    }
+
+    /// The CA that signed the client certificate (CN `front-proxy-client`) the API server's
+    /// aggregator presents when it proxies a request to an extension API server; such a server
+    /// trusts the `X-Remote-User`/`X-Remote-Group` headers of connections with that certificate.
+    pub fn front_proxy_ca_path(&self) -> &Path {
+        &self.front_proxy_ca
     }
 
     /// How long `start` took, for reports.
