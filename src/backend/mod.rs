@@ -61,6 +61,9 @@ pub struct ObservationDetail {
     pub interval_seconds: Option<u64>,
     /// Warnings the backend attached to a partial answer (Prometheus).
     pub warnings: Vec<String>,
+    /// The value is a lower bound (a resource metric with pods that lack samples), and why: it
+    /// may show that usage is above the band, never that it is inside or below.
+    pub partial: Option<String>,
     pub error: Option<QueryError>,
 }
 

@@ -13,8 +13,12 @@ use watermarkd_engine::{
 use super::backend::{checked_url, positive_duration, read_tls, string_map, DEFAULT_TIMEOUT};
 use super::problem::{Scope, Sink};
 use super::reader::Table;
+use super::selector::{parse_selector, selector_text};
 use super::tree::{Kind, Node};
-use super::{Backend, MetricSource, Recommender, Reducer, TargetRef};
+use super::{
+    Backend, MetricSource, PodAggregation, Recommender, Reducer, ResourceName, ResourceSource, TargetRef,
+    RESOURCE_BACKEND, RESOURCE_MAX_AGE,
+};
 
 pub(crate) const DEFAULT_INTERVAL: Duration = Duration::from_secs(15);
 const MIN_INTERVAL: Duration = Duration::from_secs(1);
@@ -46,7 +50,21 @@ const AUTOSCALER_KEYS: &[&str] = &[
     "recommender",
 ];
 const TARGET_KEYS: &[&str] = &["api_version", "kind", "namespace", "name"];
-const METRIC_KEYS: &[&str] = &["name", "backend", "query", "high_watermark", "low_watermark", "max_age", "reducer"];
+const METRIC_KEYS: &[&str] = &[
+    "name",
+    "backend",
+    "query",
+    "resource",
+    "selector",
+    "pod_aggregation",
+    "readiness_delay",
+    "high_watermark",
+    "low_watermark",
+    "max_age",
+    "reducer",
+];
+/// The keys of a resource metric only.
+const RESOURCE_KEYS: &[&str] = &["selector", "pod_aggregation", "readiness_delay"];
 const RECOMMENDER_KEYS: &[&str] = &[
     "url",
     "target_type",
@@ -115,6 +133,8 @@ struct MetricEntry {
     spec: MetricSpec,
     /// The line of the key the name came from (`name`, or `query` when the name defaults to it).
     name_line: Option<usize>,
+    /// The line of `pod_aggregation` when it asks for the average (checked against the algorithm).
+    average_line: Option<Option<usize>>,
 }
 
 pub(crate) fn read_autoscaler(node: &Node, form: Form<'_>, sink: &mut Sink) -> Parsed {
@@ -161,6 +181,7 @@ pub(crate) fn read_autoscaler(node: &Node, form: Form<'_>, sink: &mut Sink) -> P
                 source: entry.source.clone(),
                 spec: entry.spec.clone(),
                 name_line: entry.name_line,
+                average_line: None,
             });
         } else {
             table.report(
@@ -172,6 +193,22 @@ pub(crate) fn read_autoscaler(node: &Node, form: Form<'_>, sink: &mut Sink) -> P
     }
     let spec = read_rule_spec(&mut table, &mut own, &metrics);
     table.finish(&mut own, AUTOSCALER_KEYS);
+    if spec.algorithm == Some(Algorithm::Average) {
+        // The engine divides every value by the ready replicas under `average`: a per-pod
+        // average would be divided twice.
+        for metric in &metrics {
+            if let Some(line) = metric.average_line {
+                own.report(
+                    &metric.scope,
+                    "pod_aggregation",
+                    line,
+                    "(\"average\") cannot go with algorithm = \"average\", which already divides the metric by the \
+                     ready replicas: keep the default \"sum\" (the sum divided by the ready replicas is the per-pod \
+                     average), or use algorithm = \"absolute\"",
+                );
+            }
+        }
+    }
 
     let rule = Rule::new(spec);
     if let Err(errors) = &rule {
@@ -300,9 +337,11 @@ fn read_recommender(table: &mut Table<'_>, form: Form<'_>, sink: &mut Sink) -> O
             backend: String::new(),
             query: recommender.url.clone(),
             reducer: None,
+            resource: None,
         },
         spec: MetricSpec { name, low_watermark: low, high_watermark: high, max_age: None },
         name_line: rec.line,
+        average_line: None,
     };
     Some((recommender, entry))
 }
@@ -321,9 +360,16 @@ fn read_metric(node: &Node, index: usize, parent: &Scope, form: Form<'_>, sink: 
     let positional = parent.element("metric", index);
     let mut entry = MetricEntry {
         scope: positional.clone(),
-        source: MetricSource { name: String::new(), backend: String::new(), query: String::new(), reducer: None },
+        source: MetricSource {
+            name: String::new(),
+            backend: String::new(),
+            query: String::new(),
+            reducer: None,
+            resource: None,
+        },
         spec: MetricSpec::default(),
         name_line: node.line,
+        average_line: None,
     };
     let Some(mut metric) = Table::new(node, positional.clone(), sink) else { return entry };
 
@@ -333,17 +379,30 @@ fn read_metric(node: &Node, index: usize, parent: &Scope, form: Form<'_>, sink: 
         metric.scope = named_metric_scope(parent, &positional, name);
     }
     let query = metric.text(sink, "query");
-    let has_label = name.is_some() || query.is_some() || metric.has("name") || metric.has("query");
-    match name.clone().or_else(|| query.clone()) {
+    let resource = metric.choice(sink, "resource", ResourceName::parse, "\"cpu\" or \"memory\"");
+    let is_resource = metric.has("resource");
+    let has_label = name.is_some() || query.is_some() || metric.has("name") || metric.has("query") || is_resource;
+    let label_key = if name.is_some() {
+        "name"
+    } else if query.is_some() {
+        "query"
+    } else {
+        "resource"
+    };
+    match name.clone().or_else(|| query.clone()).or_else(|| resource.map(|r| r.as_str().to_string())) {
         Some(label) => {
             entry.source.name = label.clone();
-            entry.name_line = metric.line_of(if name.is_some() { "name" } else { "query" });
+            entry.name_line = metric.line_of(label_key);
             metric.scope = named_metric_scope(parent, &positional, &label);
         }
+        // An invalid resource is reported: a stand-in name keeps the engine from also calling
+        // the name empty.
+        None if is_resource => entry.source.name = "resource".into(),
         None if !has_label => {
             let message = match form {
                 Form::File { .. } | Form::Crd { .. } => {
-                    "needs a query (and optionally a name, which defaults to the query)"
+                    "needs a query, or a resource (\"cpu\" or \"memory\") with a selector (and optionally a name, \
+                     which defaults to the query or the resource)"
                 }
                 Form::Json => "needs a name (or a query, which then serves as its name)",
             };
@@ -355,26 +414,103 @@ fn read_metric(node: &Node, index: usize, parent: &Scope, form: Form<'_>, sink: 
 
     let backend = metric.text(sink, "backend");
     let reducer = metric.choice(sink, "reducer", parse_reducer, "\"max\", \"min\", \"sum\" or \"avg\"");
-    if form.is_complete() {
-        if has_label {
-            metric.require(sink, "query", query.clone());
+    let max_age = metric.duration(sink, "max_age");
+    if is_resource {
+        for key in ["query", "backend", "reducer"] {
+            if metric.has(key) {
+                metric.report(
+                    sink,
+                    key,
+                    "does not apply to a resource metric, which is read from the Kubernetes metrics API \
+                     (metrics.k8s.io) through the API server",
+                );
+            }
         }
-        let backend = metric.require(sink, "backend", backend.clone());
-        if let Some(backends) = form.backends() {
-            check_backend_reference(&metric, sink, backends, backend.as_deref(), reducer);
+        let selector = read_selector(&mut metric, sink);
+        let selector = metric.require(sink, "selector", selector);
+        let aggregation = metric.choice(sink, "pod_aggregation", PodAggregation::parse, "\"sum\" or \"average\"");
+        if aggregation == Some(PodAggregation::Average) {
+            entry.average_line = Some(metric.line_of("pod_aggregation"));
         }
+        let readiness_delay = metric.duration(sink, "readiness_delay");
+        if let (Some(resource), Some(selector)) = (resource, selector) {
+            entry.source.resource = Some(ResourceSource {
+                resource,
+                selector,
+                aggregation: aggregation.unwrap_or_default(),
+                readiness_delay: readiness_delay.unwrap_or_default(),
+                max_age: max_age.unwrap_or(RESOURCE_MAX_AGE),
+            });
+        }
+        entry.source.backend = RESOURCE_BACKEND.to_string();
+        entry.source.query = format!(
+            "{} of pods {}",
+            resource.map_or("?", ResourceName::as_str),
+            entry.source.resource.as_ref().map_or("?", |r| r.selector.as_str())
+        );
+    } else {
+        for key in RESOURCE_KEYS {
+            if metric.take(key).is_some() {
+                metric.report(sink, key, "only applies to a resource metric (resource = \"cpu\" or \"memory\")");
+            }
+        }
+        if form.is_complete() {
+            if has_label {
+                metric.require(sink, "query", query.clone());
+            }
+            let backend = metric.require(sink, "backend", backend.clone());
+            if let Some(backends) = form.backends() {
+                check_backend_reference(&metric, sink, backends, backend.as_deref(), reducer);
+            }
+        }
+        entry.source.backend = backend.unwrap_or_default();
+        entry.source.query = query.unwrap_or_default();
+        entry.source.reducer = reducer;
     }
-    entry.source.backend = backend.unwrap_or_default();
-    entry.source.query = query.unwrap_or_default();
-    entry.source.reducer = reducer;
     entry.spec = MetricSpec {
         name: entry.source.name.clone(),
         low_watermark: metric.number(sink, "low_watermark"),
         high_watermark: metric.number(sink, "high_watermark"),
-        max_age: metric.duration(sink, "max_age"),
+        max_age,
     };
     metric.finish(sink, METRIC_KEYS);
     entry
+}
+
+/// `selector`: the API server's text form (`"app=web,tier in (a,b)"`), or a table of labels
+/// that must all match (`{ app = "web" }`).
+fn read_selector(metric: &mut Table<'_>, sink: &mut Sink) -> Option<String> {
+    let entry = metric.take("selector")?;
+    let result = match &entry.value.kind {
+        Kind::String(text) => parse_selector(text),
+        Kind::Table(labels) => {
+            let mut map = BTreeMap::new();
+            let mut wrong = None;
+            for label in labels {
+                match &label.value.kind {
+                    Kind::String(value) => {
+                        map.insert(label.key.clone(), value.clone());
+                    }
+                    other => {
+                        wrong.get_or_insert(format!(
+                            "label {:?} must have a string value, not {}",
+                            label.key,
+                            other.describe()
+                        ));
+                    }
+                }
+            }
+            match wrong {
+                Some(why) => Err(why),
+                None => selector_text(&map, &[]),
+            }
+        }
+        other => Err(format!(
+            "must be a label selector such as \"app=web\" or a table of labels such as {{ app = \"web\" }}, not {}",
+            other.describe()
+        )),
+    };
+    result.map_err(|message| metric.report(sink, "selector", message)).ok()
 }
 
 /// Problems about a named metric name it (`metric "latency": low_watermark`), not its position.

@@ -46,7 +46,19 @@ pub(crate) fn summary(autoscaler: &Autoscaler) -> String {
         .map(|(metric, source)| {
             let low = format_quantity(&metric.low_watermark);
             let high = format_quantity(&metric.high_watermark);
-            format!("{} via {}: {low}..{high}{per_replica}", metric.name, source.backend)
+            match &source.resource {
+                Some(resource) => {
+                    let per_pod = match resource.aggregation {
+                        super::PodAggregation::Sum => "summed over",
+                        super::PodAggregation::Average => "averaged over",
+                    };
+                    format!(
+                        "{} ({} {per_pod} pods {}): {low}..{high}{per_replica}",
+                        metric.name, resource.resource, resource.selector
+                    )
+                }
+                None => format!("{} via {}: {low}..{high}{per_replica}", metric.name, source.backend),
+            }
         })
         .collect();
     let sources = match &autoscaler.recommender {

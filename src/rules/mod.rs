@@ -12,6 +12,7 @@ mod check;
 mod problem;
 pub mod quantity;
 mod reader;
+pub mod selector;
 mod tree;
 
 use std::collections::{BTreeMap, HashMap};
@@ -26,6 +27,7 @@ pub use problem::{Problem, RulesError};
 use problem::{Scope, Sink};
 pub use quantity::{parse_quantity, QuantityError};
 use reader::Table;
+pub use selector::parse_selector;
 
 /// A parsed and validated rules file.
 #[derive(Clone, Debug)]
@@ -219,6 +221,86 @@ pub struct MetricSource {
     pub query: String,
     /// How a Prometheus query that returns several series becomes one value.
     pub reducer: Option<Reducer>,
+    /// A resource metric (cpu or memory of the selected pods, from the Kubernetes metrics
+    /// API) instead of a query; `backend` is then [`RESOURCE_BACKEND`] and `query` describes it.
+    pub resource: Option<ResourceSource>,
+}
+
+/// What `backend` says of a resource metric: it is read from the API server's `metrics.k8s.io`,
+/// not from a `[backend.NAME]`.
+pub const RESOURCE_BACKEND: &str = "metrics.k8s.io";
+
+/// The default `max_age` of a resource metric: a pod sample older than this is no sample.
+/// metrics-server samples every 15 s by default (60 s in old versions), so two minutes allow for
+/// one missed scrape of the slowest setting.
+pub const RESOURCE_MAX_AGE: Duration = Duration::from_secs(120);
+
+/// A resource metric: usage of one resource by the pods a selector selects, in the target's
+/// namespace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResourceSource {
+    pub resource: ResourceName,
+    /// A label selector in the API server's text form, checked (`app=web,tier in (a,b)`).
+    pub selector: String,
+    pub aggregation: PodAggregation,
+    /// cpu: a pod counts once it has been Ready this long (the WPA's `readinessDelaySeconds`).
+    pub readiness_delay: Duration,
+    /// Per pod sample: older is no sample (the metric's `max_age`, else [`RESOURCE_MAX_AGE`]).
+    pub max_age: Duration,
+}
+
+/// A resource the Kubernetes metrics API reports per container.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ResourceName {
+    /// In cores (`"500m"` = half a core), as the WPA's watermarks are written.
+    Cpu,
+    /// In bytes.
+    Memory,
+}
+
+impl ResourceName {
+    pub fn parse(text: &str) -> Option<ResourceName> {
+        match text {
+            "cpu" => Some(ResourceName::Cpu),
+            "memory" => Some(ResourceName::Memory),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResourceName::Cpu => "cpu",
+            ResourceName::Memory => "memory",
+        }
+    }
+}
+
+impl std::fmt::Display for ResourceName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How the pods' usages become the metric's value.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum PodAggregation {
+    /// The sum over the pods: what the Datadog controller compares with the watermarks, so a
+    /// WPA runs unchanged (with `algorithm = "average"` the engine then divides it by the ready
+    /// replicas, which makes it the per-pod average).
+    #[default]
+    Sum,
+    /// The average per pod (the HPA's `AverageValue`), for `algorithm = "absolute"`.
+    Average,
+}
+
+impl PodAggregation {
+    pub fn parse(text: &str) -> Option<PodAggregation> {
+        match text {
+            "sum" => Some(PodAggregation::Sum),
+            "average" => Some(PodAggregation::Average),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

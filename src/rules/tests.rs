@@ -114,6 +114,7 @@ fn a_valid_file_yields_backends_targets_and_rules() {
     assert_eq!(
         billing.metrics,
         [MetricSource {
+            resource: None,
             name: "latency".into(),
             backend: "dd".into(),
             query: "max:custom.request_duration.max{service:billing}".into(),
@@ -281,7 +282,10 @@ fn a_metric_needs_a_query_and_watermarks() {
     );
     let p = problems(&format!("{BACKENDS}{BILLING}\n[[autoscaler.metric]]\nbackend = \"prom\"\nhigh_watermark = 1\n"));
     assert!(
-        p.iter().any(|l| l.ends_with("metric[1] needs a query (and optionally a name, which defaults to the query)")),
+        p.iter().any(|l| l.ends_with(
+            "metric[1] needs a query, or a resource (\"cpu\" or \"memory\") with a selector (and optionally a name, \
+             which defaults to the query or the resource)"
+        )),
         "{p:?}"
     );
     assert_eq!(p.len(), 1, "{p:?}");
@@ -544,7 +548,7 @@ fn json_rule_problems_have_no_lines_and_no_position_prefix() {
         [
             "interval (0s) must be at least 1s",
             "metric[0] needs a name (or a query, which then serves as its name)",
-            "metric \"cpu\": extra is not a known key (known keys: name, backend, query, high_watermark, low_watermark, max_age, reducer)",
+            "metric \"cpu\": extra is not a known key (known keys: name, backend, query, resource, selector, pod_aggregation, readiness_delay, high_watermark, low_watermark, max_age, reducer)",
             "algorithm (\"Average\") must be \"absolute\" or \"average\"",
             "min_replicas (5) must not exceed max_replicas (4)",
             "metric \"cpu\": low_watermark (0.8) must not exceed high_watermark (0.5)",
@@ -909,5 +913,173 @@ fn a_recommender_url_is_checked_and_shown_without_its_secrets() {
         problems(&text).iter().any(|p| p.contains("recommender.url") && p.contains("host")),
         "{:?}",
         problems(&text)
+    );
+}
+
+const RESOURCE: &str = r#"
+[[autoscaler]]
+name = "web"
+target = { kind = "Deployment", namespace = "prod", name = "web" }
+max_replicas = 9
+
+[[autoscaler.metric]]
+resource = "cpu"
+selector = "app=web,tier in (front, edge)"
+high_watermark = "500m"
+low_watermark = "200m"
+
+[[autoscaler.metric]]
+name = "rss"
+resource = "memory"
+selector = { app = "web" }
+pod_aggregation = "average"
+readiness_delay = "30s"
+max_age = "1m"
+high_watermark = "1Gi"
+"#;
+
+#[test]
+fn a_resource_metric_reads_pods_instead_of_a_query() {
+    let rules = parse(RESOURCE);
+    let web = rules.autoscaler("web").unwrap();
+    let cpu = &web.metrics[0];
+    assert_eq!(cpu.name, "cpu", "the name defaults to the resource");
+    assert_eq!(cpu.backend, RESOURCE_BACKEND);
+    assert_eq!(
+        cpu.resource,
+        Some(ResourceSource {
+            resource: ResourceName::Cpu,
+            selector: "app=web,tier in (front,edge)".into(),
+            aggregation: PodAggregation::Sum,
+            readiness_delay: Duration::ZERO,
+            max_age: RESOURCE_MAX_AGE,
+        })
+    );
+    assert_eq!(web.rule.metrics()[0].high_watermark, d("0.5"));
+    let memory = web.metrics[1].resource.as_ref().unwrap();
+    assert_eq!(
+        (memory.resource, memory.selector.as_str(), memory.aggregation),
+        (ResourceName::Memory, "app=web", PodAggregation::Average)
+    );
+    assert_eq!((memory.readiness_delay, memory.max_age), (Duration::from_secs(30), Duration::from_secs(60)));
+    assert_eq!(web.rule.metrics()[1].high_watermark, d("1073741824"));
+    assert_eq!(
+        summary(web).split(", ").nth(3).unwrap(),
+        "2 metrics (cpu (cpu summed over pods app=web,tier in (front,edge)): 200m..500m"
+    );
+}
+
+#[test]
+fn a_resource_metric_says_what_is_wrong_with_it() {
+    let text = r#"
+[backend.prom]
+type = "prometheus"
+url = "http://127.0.0.1:9090"
+
+[[autoscaler]]
+name = "web"
+target = { kind = "Deployment", namespace = "prod", name = "web" }
+max_replicas = 9
+algorithm = "average"
+
+[[autoscaler.metric]]
+resource = "gpu"
+selector = "app=web"
+high_watermark = 1
+
+[[autoscaler.metric]]
+name = "mem"
+resource = "memory"
+backend = "prom"
+query = "x"
+high_watermark = 1
+
+[[autoscaler.metric]]
+name = "cpu2"
+resource = "cpu"
+selector = "app=web!"
+pod_aggregation = "median"
+high_watermark = 1
+
+[[autoscaler.metric]]
+name = "cpu3"
+resource = "cpu"
+selector = ""
+high_watermark = 1
+
+[[autoscaler.metric]]
+name = "cpu4"
+resource = "cpu"
+selector = { app = 3 }
+pod_aggregation = "average"
+high_watermark = 1
+
+[[autoscaler.metric]]
+name = "q"
+backend = "prom"
+query = "up"
+selector = "app=web"
+readiness_delay = "10s"
+high_watermark = 1
+"#;
+    let found = problems(text);
+    let at = |needle: &str| line_of(text, needle);
+    assert_has(
+        &found,
+        &format!(
+            "rules.toml:{}: autoscaler \"web\": metric[0].resource (\"gpu\") must be \"cpu\" or \"memory\"",
+            at("\"gpu\"")
+        ),
+    );
+    let not_applicable = "does not apply to a resource metric, which is read from the Kubernetes metrics API \
+                          (metrics.k8s.io) through the API server";
+    assert_has(
+        &found,
+        &format!(
+            "rules.toml:{}: autoscaler \"web\": metric \"mem\": backend {not_applicable}",
+            at("backend = \"prom\"")
+        ),
+    );
+    assert_has(
+        &found,
+        &format!("rules.toml:{}: autoscaler \"web\": metric \"mem\": query {not_applicable}", at("query = \"x\"")),
+    );
+    assert_has(
+        &found,
+        &format!("rules.toml:{}: autoscaler \"web\": metric \"mem\": selector is required", at("name = \"mem\"") - 1),
+    );
+    assert_has(
+        &found,
+        &format!(
+            "rules.toml:{}: autoscaler \"web\": metric \"cpu2\": selector: label value \"web!\" must be letters, digits, '-', '_' or '.', starting and ending with a letter or digit",
+            at("\"app=web!\"")
+        ),
+    );
+    assert_has(&found, &format!("rules.toml:{}: autoscaler \"web\": metric \"cpu2\": pod_aggregation (\"median\") must be \"sum\" or \"average\"", at("\"median\"")));
+    assert!(
+        found.iter().any(|p| p.contains("metric \"cpu3\": selector: selects every pod of the namespace")),
+        "{found:?}"
+    );
+    assert!(
+        found.iter().any(
+            |p| p.contains("metric \"cpu4\": selector: label \"app\" must have a string value, not an integer (3)")
+        ),
+        "{found:?}"
+    );
+    assert!(
+        found.iter().any(|p| p.starts_with(&format!("rules.toml:{}: autoscaler \"web\": metric \"cpu4\": pod_aggregation (\"average\") cannot go with algorithm = \"average\"", at("pod_aggregation = \"average\"")))),
+        "{found:?}"
+    );
+    let only = "only applies to a resource metric (resource = \"cpu\" or \"memory\")";
+    assert_has(
+        &found,
+        &format!(
+            "rules.toml:{}: autoscaler \"web\": metric \"q\": selector {only}",
+            text.lines().collect::<Vec<_>>().iter().rposition(|l| *l == "selector = \"app=web\"").unwrap() + 1
+        ),
+    );
+    assert_has(
+        &found,
+        &format!("rules.toml:{}: autoscaler \"web\": metric \"q\": readiness_delay {only}", at("readiness_delay")),
     );
 }
