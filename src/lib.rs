@@ -10,6 +10,7 @@ pub mod events;
 pub mod lease;
 pub mod query;
 pub mod rbac;
+pub mod resource;
 pub mod rules;
 pub mod runtime;
 pub mod settings;

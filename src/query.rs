@@ -116,12 +116,20 @@ pub async fn query_all<'a>(
     let metrics = Arc::new(BackendMetrics::detached());
     // Per backend: its client and the (autoscaler, metric) pairs it answers, in order.
     let mut per_backend: BTreeMap<&str, Vec<(&'a Autoscaler, usize)>> = BTreeMap::new();
+    let mut answers = Vec::new();
     for autoscaler in selected {
         for (i, source) in autoscaler.metrics.iter().enumerate() {
+            if source.resource.is_some() {
+                // Read through the API server by the daemon; this command connects to no cluster.
+                let why = "a resource metric is read from the cluster's metrics API by `watermarkd run`; this \
+                           command does not connect to a cluster (try `kubectl top pods -l SELECTOR`)";
+                let observation = Observation::unavailable(crate::backend::QueryError::Configuration(why.into()));
+                answers.push(MetricAnswer { autoscaler, metric_index: i, observation });
+                continue;
+            }
             per_backend.entry(source.backend.as_str()).or_default().push((autoscaler, i));
         }
     }
-    let mut answers = Vec::new();
     let mut rate_limits = Vec::new();
     for (name, users) in per_backend {
         let Some(config) = rules.backends.get(name) else { continue };

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, Patch, PatchParams};
-use watermarkd_engine::{decide, Action, Decision, Guard, Reading, State, Target};
+use watermarkd_engine::{decide, Action, Decision, Guard, Position, Reading, State, Target};
 
 use super::{Desired, Memory, Shared};
 use crate::backend::{Observation, QueryError};
@@ -53,6 +53,8 @@ pub async fn evaluate(
     let target = &autoscaler.target;
     // Skipped by the Datadog pacing: the engine holds, but nothing failed.
     let deferred = observations.iter().any(|o| matches!(o.detail.error, Some(QueryError::Deferred { .. })));
+    let partial: Vec<(usize, String)> =
+        observations.iter().enumerate().filter_map(|(i, o)| Some((i, o.detail.partial.clone()?))).collect();
     let readings: Vec<Reading> = observations.into_iter().map(|o| o.reading).collect();
     let rule = if shared.dry_run { autoscaler.rule.clone().with_dry_run(true) } else { autoscaler.rule.clone() };
     let epoch = shared.epoch.load(Ordering::Acquire);
@@ -92,7 +94,7 @@ pub async fn evaluate(
             status_replicas: Some(reading.status_replicas),
             ready_replicas: reading.ready_replicas,
         };
-        let decision = decide(&rule, observed, &readings, &current, now);
+        let decision = decide_on_partial_data(&rule, observed, &readings, &partial, &current, now);
 
         let mut confirmed_at = None;
         let write = if decision.write {
@@ -172,6 +174,48 @@ pub async fn evaluate(
             _ => Outcome::Scaled,
         };
     }
+}
+
+/// Decides, with partial readings (lower bounds: some pods had no usable sample) used only to
+/// scale up. A partial reading that is not above its band cannot tell where the metric is, so
+/// it becomes unavailable (the engine then never goes below `spec` on the other metrics); and if
+/// the result would still be a scale-down (the maximum bound, say), every partial reading does.
+/// The HPA instead assumes the missing pods at 0% for a scale-up and at 100% of their request
+/// for a scale-down; a watermark has no request to assume, so missing data never scales down.
+fn decide_on_partial_data(
+    rule: &watermarkd_engine::Rule,
+    target: Target,
+    readings: &[Reading],
+    partial: &[(usize, String)],
+    state: &State,
+    now: watermarkd_engine::Timestamp,
+) -> Decision {
+    let decision = decide(rule, target, readings, state, now);
+    if partial.is_empty() {
+        return decision;
+    }
+    let unusable = |why: &str| Reading::Unavailable {
+        reason: format!("partial data, which can show usage above the band only: {why}"),
+    };
+    let mut readings = readings.to_vec();
+    let mut changed = false;
+    for (i, why) in partial {
+        let above = decision.metrics.get(*i).is_some_and(|m| m.position == Position::Above);
+        if let (false, Some(reading)) = (above, readings.get_mut(*i)) {
+            *reading = unusable(why);
+            changed = true;
+        }
+    }
+    let decision = if changed { decide(rule, target, &readings, state, now) } else { decision };
+    if decision.action != Action::ScaleDown {
+        return decision;
+    }
+    for (i, why) in partial {
+        if let Some(reading) = readings.get_mut(*i) {
+            *reading = unusable(why);
+        }
+    }
+    decide(rule, target, &readings, state, now)
 }
 
 /// A hold only because Datadog pacing deferred the queries this turn (no metric was usable and
@@ -598,5 +642,46 @@ mod tests {
         let high = [Reading::Value { value: 30.0, at: now }];
         let scaled = decide(&rule, target, &high, &State::default(), now);
         assert!(!paced_hold(true, &scaled));
+    }
+
+    #[test]
+    fn partial_data_scales_up_and_never_down() {
+        let rule = |max: u32| {
+            crate::rules::rule_from_json(&serde_json::json!({
+                "min_replicas": 1, "max_replicas": max,
+                "downscale_forbidden_window": "1s", "upscale_forbidden_window": "1s",
+                "metric": [{ "query": "cpu", "high_watermark": 1.0, "low_watermark": 0.5 }]
+            }))
+            .expect("rule")
+        };
+        let target = Target { spec_replicas: 4, status_replicas: Some(4), ready_replicas: Some(4) };
+        let now = Timestamp::from_unix_millis(1_700_000_000_000);
+        let partial = [(0, "1 of the 4 pods that count have no usable metrics".to_string())];
+        let at = |value: f64| [Reading::Value { value, at: now }];
+        let decide_at = |max: u32, value: f64, target: Target| {
+            decide_on_partial_data(&rule(max), target, &at(value), &partial, &State::default(), now)
+        };
+        // Above even with the missing pod at 0: up, on the lower bound.
+        let up = decide_at(10, 2.0, target);
+        assert_eq!((up.action, up.replicas), (Action::ScaleUp, 6), "{}", up.reason);
+        // Below: it could be anywhere, so no value at all, and a hold.
+        let below = decide_at(10, 0.1, target);
+        assert_eq!(below.action, Action::Hold, "{}", below.reason);
+        assert!(
+            below.metrics[0].note.as_deref().unwrap_or_default().starts_with("partial data, which can show usage"),
+            "{:?}",
+            below.metrics[0]
+        );
+        let inside = decide_at(10, 0.7, target);
+        assert_eq!((inside.action, inside.metrics[0].position), (Action::Hold, Position::Unavailable));
+        // Above the band but above the maximum too: the bound would scale down; not on partial data.
+        let over = Target { spec_replicas: 12, status_replicas: Some(12), ready_replicas: Some(12) };
+        let bounded = decide_at(10, 5.0, over);
+        assert_eq!(bounded.action, Action::Hold, "{}", bounded.reason);
+        // The same reading complete does all of that.
+        let complete = decide(&rule(10), target, &at(0.1), &State::default(), now);
+        assert_eq!(complete.action, Action::ScaleDown);
+        let complete = decide(&rule(10), over, &at(5.0), &State::default(), now);
+        assert_eq!((complete.action, complete.replicas), (Action::ScaleDown, 10));
     }
 }

@@ -30,6 +30,7 @@ use crate::backend::{BackendError, MetricBackend, MetricQuery, Observation, Quer
 use crate::crd::{WatermarkPodAutoscaler, WatermarkPodAutoscalerStatus};
 use crate::events::EventPublisher;
 use crate::lease::{Authority, LeaderElector, LeaseSettings, Role};
+use crate::resource::{ResourceMetrics, ResourceQuery};
 use crate::rules::{self, Autoscaler, RulesError, RulesFile};
 use crate::settings::Settings;
 use crate::target::{TargetError, Targets};
@@ -130,6 +131,8 @@ pub struct Shared {
     pub(crate) backend_metrics: Arc<BackendMetrics>,
     /// HTTP clients of the replica recommenders.
     pub(crate) recommenders: RecommenderClients,
+    /// Reads resource metrics (cpu, memory) through the API server.
+    pub(crate) resources: ResourceMetrics,
     pub(crate) clock: Clock,
     pub(crate) dry_run: bool,
     pub(crate) default_interval: Duration,
@@ -320,9 +323,31 @@ impl Scheduler {
     }
 }
 
+/// Where a metric is read: a `[backend.NAME]`, or the API server's metrics API (a resource
+/// metric), whatever a backend may be named.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Via {
+    Backend(String),
+    Resources,
+}
+
+impl Via {
+    fn of(metric: &rules::MetricSource) -> Via {
+        match metric.resource {
+            Some(_) => Via::Resources,
+            None => Via::Backend(metric.backend.clone()),
+        }
+    }
+}
+
 /// Whether any of the autoscaler's metrics goes to a Datadog backend (see `schedule`).
 fn uses_datadog(backends: &BTreeMap<String, (rules::Backend, Arc<MetricBackend>)>, desired: &Desired) -> bool {
-    desired.autoscaler.metrics.iter().any(|m| matches!(backends.get(&m.backend), Some((rules::Backend::Datadog(_), _))))
+    desired
+        .autoscaler
+        .metrics
+        .iter()
+        .filter(|m| m.resource.is_none())
+        .any(|m| matches!(backends.get(&m.backend), Some((rules::Backend::Datadog(_), _))))
 }
 
 struct Job {
@@ -346,8 +371,8 @@ async fn run_cycle(
     jobs: Vec<Job>,
 ) {
     let now = shared.clock.now();
-    // Per backend: the (job, metric) pairs it answers, in order.
-    let mut users: BTreeMap<String, Vec<(usize, usize)>> = BTreeMap::new();
+    // Per source (a backend, or the metrics API): the (job, metric) pairs it answers, in order.
+    let mut users: BTreeMap<Via, Vec<(usize, usize)>> = BTreeMap::new();
     let mut answers: Vec<Vec<Option<Observation>>> = Vec::with_capacity(jobs.len());
     let mut waiting: Vec<usize> = Vec::with_capacity(jobs.len());
     // Jobs whose readings come from a recommender (one request each, beside the backends).
@@ -355,45 +380,71 @@ async fn run_cycle(
     for (j, job) in jobs.iter().enumerate() {
         let metrics = &job.desired.autoscaler.metrics;
         answers.push(vec![None; job.desired.autoscaler.rule.metrics().len()]);
-        let mut backends_used: Vec<&str> = metrics.iter().map(|m| m.backend.as_str()).collect();
-        backends_used.sort_unstable();
-        backends_used.dedup();
+        let mut sources_used: Vec<Via> = metrics.iter().map(Via::of).collect();
+        sources_used.sort_unstable();
+        sources_used.dedup();
         let recommender = usize::from(job.desired.autoscaler.recommender.is_some());
         if recommender > 0 {
             recommended.push(j);
         }
-        waiting.push(backends_used.len() + recommender);
+        waiting.push(sources_used.len() + recommender);
         for (i, metric) in metrics.iter().enumerate() {
-            users.entry(metric.backend.clone()).or_default().push((j, i));
+            users.entry(Via::of(metric)).or_default().push((j, i));
         }
     }
     let deadline =
         cycle_deadline(Instant::now(), jobs.iter().map(|j| j.desired.autoscaler.interval(shared.default_interval)));
     let mut queries = JoinSet::new();
-    for (name, pairs) in users {
-        let batch: Vec<MetricQuery> = pairs
-            .iter()
-            .map(|&(j, i)| {
-                let source = &jobs[j].desired.autoscaler.metrics[i];
-                MetricQuery { query: source.query.clone(), reducer: source.reducer }
-            })
-            .collect();
-        let client = backends.get(&name).cloned();
+    for (via, pairs) in users {
         let shared = Arc::clone(&shared);
-        queries.spawn(async move {
-            let started = Instant::now();
-            let observations = match client {
-                Some(client) => client.evaluate(&batch, now, deadline).await,
-                None => batch
+        match via {
+            Via::Backend(name) => {
+                let batch: Vec<MetricQuery> = pairs
                     .iter()
-                    .map(|_| {
-                        Observation::unavailable(QueryError::Configuration(format!("backend {name:?} is not set up")))
+                    .map(|&(j, i)| {
+                        let source = &jobs[j].desired.autoscaler.metrics[i];
+                        MetricQuery { query: source.query.clone(), reducer: source.reducer }
                     })
-                    .collect(),
-            };
-            shared.daemon.cycle_seconds.with_label_values(&[&name]).observe(started.elapsed().as_secs_f64());
-            (pairs, observations)
-        });
+                    .collect();
+                let client = backends.get(&name).cloned();
+                queries.spawn(async move {
+                    let started = Instant::now();
+                    let observations = match client {
+                        Some(client) => client.evaluate(&batch, now, deadline).await,
+                        None => batch
+                            .iter()
+                            .map(|_| {
+                                Observation::unavailable(QueryError::Configuration(format!(
+                                    "backend {name:?} is not set up"
+                                )))
+                            })
+                            .collect(),
+                    };
+                    shared.daemon.cycle_seconds.with_label_values(&[&name]).observe(started.elapsed().as_secs_f64());
+                    (pairs, observations)
+                });
+            }
+            Via::Resources => {
+                let batch: Vec<ResourceQuery> = pairs
+                    .iter()
+                    .filter_map(|&(j, i)| {
+                        let autoscaler = &jobs[j].desired.autoscaler;
+                        let source = autoscaler.metrics[i].resource.clone()?;
+                        Some(ResourceQuery { namespace: autoscaler.target.namespace.clone(), source })
+                    })
+                    .collect();
+                queries.spawn(async move {
+                    let started = Instant::now();
+                    let observations = shared.resources.evaluate(&batch, now, deadline).await;
+                    shared
+                        .daemon
+                        .cycle_seconds
+                        .with_label_values(&[crate::resource::BACKEND_LABEL])
+                        .observe(started.elapsed().as_secs_f64());
+                    (pairs, observations)
+                });
+            }
+        }
     }
     for j in recommended {
         let desired = Arc::clone(&jobs[j].desired);
@@ -540,6 +591,7 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
         events: Some(events),
         autoscaler_metrics,
         daemon,
+        resources: ResourceMetrics::new(client.clone(), Arc::clone(&backend_metrics)),
         backend_metrics,
         recommenders,
         clock: Clock::start(),
