@@ -4,7 +4,8 @@
 //! path (`spec.metrics[0].external.lowWatermark`). What the rules file cannot express is
 //! decided here: the Datadog controller's defaults where they differ from ours, the query the
 //! Cluster Agent would build, `DatadogMetric` references, the `watermarkd.io/queries`
-//! annotation, and what watermarkd does not support yet.
+//! annotation, Resource metrics (cpu and memory from the metrics API), and what watermarkd does
+//! not support yet.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -17,8 +18,10 @@ use super::query::{
     DEFAULT_ROLLUP_SECONDS,
 };
 use super::types::{
-    ExternalMetricSource, MetricSpec, Quantity, RecommenderSpec, WatermarkPodAutoscaler, WatermarkPodAutoscalerSpec,
+    ExternalMetricSource, MetricSpec, Quantity, RecommenderSpec, ResourceMetricSource, WatermarkPodAutoscaler,
+    WatermarkPodAutoscalerSpec,
 };
+use crate::rules::selector::{selector_text, Expression};
 use crate::rules::{autoscaler_from_document, Autoscaler, Backend, Problem};
 
 /// The namespace of an object read from a file without one (`kubectl apply` would put it in
@@ -186,16 +189,31 @@ pub fn map_wpa(
     mapper.path("name", "metadata.name");
     mapper.target(&mut document, spec, namespace);
     mapper.knobs(&mut document, spec);
-    if let Some(delay) = spec.readiness_delay_seconds {
-        // The Datadog controller lists the target's pods and counts a Pending pod as ready for
-        // this long after its readiness last changed. watermarkd takes the ready count from
-        // the workload's status (its scale subresource) and lists no pods, so the field is
-        // read, accepted and has no effect.
+    // With a recommender the metrics are not read at all, as in the Datadog controller.
+    let no_metrics = Vec::new();
+    let wpa_metrics = if spec.recommender.is_some() { &no_metrics } else { &spec.metrics };
+    let has_resource_metric = wpa_metrics.iter().any(|m| m.type_ == "Resource");
+    if let Some(delay) = spec.readiness_delay_seconds.filter(|_| !has_resource_metric) {
+        // For External metrics the Datadog controller lists the target's pods and counts a
+        // Pending pod as ready for this long after its readiness last changed. watermarkd takes
+        // the ready count from the workload's status (its scale subresource), so there the field
+        // has no effect; Resource metrics use it (which cpu samples count).
         notes.push(format!(
-            "spec.readinessDelaySeconds ({delay}) has no effect: watermarkd counts the ready replicas the workload \
-             reports instead of listing its pods"
+            "spec.readinessDelaySeconds ({delay}) has no effect without a Resource metric: watermarkd counts the \
+             ready replicas the workload reports instead of listing its pods"
         ));
     }
+    let annotations = wpa.metadata.annotations.as_ref();
+    let pod_aggregation = annotations.and_then(|a| a.get(POD_AGGREGATION_ANNOTATION)).cloned();
+    if pod_aggregation.is_some() && !has_resource_metric {
+        let why = if spec.recommender.is_some() {
+            "applies to Resource metrics, and with spec.recommender this WPA's metrics are not read"
+        } else {
+            "applies to Resource metrics, and this WPA has none"
+        };
+        mapper.problem(&annotation_key_path(POD_AGGREGATION_ANNOTATION), why);
+    }
+    let context = ResourceContext { readiness_delay_seconds: spec.readiness_delay_seconds, pod_aggregation };
     if let Some(recommender) = &spec.recommender {
         notes.extend(mapper.recommender(&mut document, recommender));
         if !spec.metrics.is_empty() {
@@ -207,9 +225,6 @@ pub fn map_wpa(
         }
     }
 
-    // With a recommender the metrics are not read at all, as in the Datadog controller.
-    let no_metrics = Vec::new();
-    let wpa_metrics = if spec.recommender.is_some() { &no_metrics } else { &spec.metrics };
     let overrides = read_overrides(wpa.metadata.annotations.as_ref(), wpa_metrics);
     for (field, message) in overrides.problems {
         mapper.problem(&field, message);
@@ -225,6 +240,7 @@ pub fn map_wpa(
             overrides.by_metric.get(&index),
             options,
             datadog_metrics,
+            &context,
         );
         match entry {
             Some(entry) => metrics.push(Value::Object(entry)),
@@ -269,6 +285,21 @@ pub fn map_wpa(
             unsupported,
         }),
     }
+}
+
+/// The annotation that chooses how a WPA's Resource metrics combine their pods: `sum` (the
+/// Datadog controller's way, the default) or `average` (per pod, as the HPA's `AverageValue`).
+pub const POD_AGGREGATION_ANNOTATION: &str = "watermarkd.io/pod-aggregation";
+
+/// `metadata.annotations["KEY"]`, as problems name an annotation.
+fn annotation_key_path(key: &str) -> String {
+    format!("metadata.annotations[{key:?}]")
+}
+
+/// What every Resource metric of one WPA takes from the rest of the object.
+struct ResourceContext {
+    readiness_delay_seconds: Option<i64>,
+    pod_aggregation: Option<String>,
 }
 
 /// Builds the rules document and remembers how each of its paths is named in the WPA.
@@ -456,6 +487,7 @@ impl Mapper {
 
     /// One metric as a rules-file metric table, or `None` when it is broken beyond that (its
     /// problem reported).
+    #[allow(clippy::too_many_arguments)]
     fn metric(
         &mut self,
         index: usize,
@@ -464,6 +496,7 @@ impl Mapper {
         query_override: Option<&QueryOverride>,
         options: &MappingOptions,
         datadog_metrics: &dyn DatadogMetricQueries,
+        context: &ResourceContext,
     ) -> Option<Map<String, Value>> {
         let at = format!("spec.metrics[{index}]");
         let engine = format!("metric[{index}]");
@@ -488,18 +521,7 @@ impl Mapper {
                     self.problem(&format!("{at}.resource"), "is required when type is Resource");
                     return None;
                 };
-                self.unsupported(
-                    &format!("{at}.resource"),
-                    format!(
-                        "({}) is not supported yet: Resource metrics come from the Kubernetes metrics API, which \
-                         watermarkd does not read; use an External metric",
-                        resource.name
-                    ),
-                );
-                // Still read, so that its watermarks are validated with the rest.
-                self.path(&format!("{engine}.name"), &format!("{at}.resource.name"));
-                entry.insert("backend".into(), Value::String(options.default_backend.clone()));
-                entry.insert("query".into(), Value::String(format!("resource:{}", resource.name)));
+                self.resource(&mut entry, &engine, &at, resource, context);
                 ("resource", &resource.high_watermark, &resource.low_watermark)
             }
             other => {
@@ -515,6 +537,68 @@ impl Mapper {
             }
         }
         Some(entry)
+    }
+
+    /// A Resource metric as a rules-file resource metric: the resource by name (the reader
+    /// refuses other than cpu and memory), the selector as text, the WPA's readiness delay, and
+    /// the pod aggregation of the annotation.
+    fn resource(
+        &mut self,
+        entry: &mut Map<String, Value>,
+        engine: &str,
+        at: &str,
+        resource: &ResourceMetricSource,
+        context: &ResourceContext,
+    ) {
+        self.path(&format!("{engine}.name"), &format!("{at}.resource.name"));
+        self.path(&format!("{engine}.resource"), &format!("{at}.resource.name"));
+        entry.insert("resource".into(), Value::String(resource.name.clone()));
+        self.path(&format!("{engine}.selector"), &format!("{at}.resource.metricSelector"));
+        // A selector that could not be made is reported here; a stand-in keeps the reader from
+        // also calling it missing.
+        let stand_in = Value::String("unresolved".into());
+        match &resource.metric_selector {
+            // The Datadog controller would list the PodMetrics of the whole namespace and sum
+            // them: never what was meant.
+            None => {
+                entry.insert("selector".into(), stand_in);
+                self.problem(
+                    &format!("{at}.resource.metricSelector"),
+                    "is required: give the matchLabels of the target's pods (without one, every pod of the \
+                     namespace would be summed)",
+                );
+            }
+            Some(selector) => {
+                let labels = selector.match_labels.clone().unwrap_or_default();
+                let expressions: Vec<Expression> = selector
+                    .match_expressions
+                    .iter()
+                    .flatten()
+                    .map(|e| Expression {
+                        key: e.key.clone(),
+                        operator: e.operator.clone(),
+                        values: e.values.clone().unwrap_or_default(),
+                    })
+                    .collect();
+                match selector_text(&labels, &expressions) {
+                    Ok(text) => {
+                        entry.insert("selector".into(), Value::String(text));
+                    }
+                    Err(why) => {
+                        entry.insert("selector".into(), stand_in);
+                        self.problem(&format!("{at}.resource.metricSelector"), why);
+                    }
+                }
+            }
+        }
+        if let Some(delay) = context.readiness_delay_seconds {
+            self.path(&format!("{engine}.readiness_delay"), "spec.readinessDelaySeconds");
+            entry.insert("readiness_delay".into(), Value::from(delay));
+        }
+        if let Some(aggregation) = &context.pod_aggregation {
+            self.path(&format!("{engine}.pod_aggregation"), &annotation_key_path(POD_AGGREGATION_ANNOTATION));
+            entry.insert("pod_aggregation".into(), Value::String(aggregation.clone()));
+        }
     }
 
     /// The query (and backend, reducer, maxAge) the annotation gives.

@@ -17,7 +17,8 @@ use watermarkd_engine::{Action, Decision, Guard, Limit, Position, Timestamp};
 
 use super::mapping::MapError;
 use super::types::{
-    Condition, ExternalMetricStatus, MetricStatus, Quantity, WatermarkPodAutoscalerSpec, WatermarkPodAutoscalerStatus,
+    Condition, ExternalMetricStatus, MetricSpec, MetricStatus, Quantity, ResourceMetricStatus,
+    WatermarkPodAutoscalerSpec, WatermarkPodAutoscalerStatus,
 };
 use crate::rules::Problem;
 
@@ -308,16 +309,28 @@ fn scale_result(decision: &Decision, write: &ScaleWrite) -> Option<Update> {
     })
 }
 
-/// Each External metric's value per replica (what the watermarks compare, as the Datadog
-/// controller reports it), truncated to thousandths. A metric without a value this time keeps
+/// Each metric's value per replica (what the watermarks compare, as the Datadog controller
+/// reports it), truncated to thousandths: `external.currentValue` for an External metric,
+/// `resource.currentAverageValue` for a Resource one (in cores or bytes; the sum over the pods
+/// unless the pod aggregation is `average`, as there). A metric without a value this time keeps
 /// its previous entry, so a blip does not blank the `value` column.
 fn current_metrics(
     previous: Option<&WatermarkPodAutoscalerStatus>,
     spec: &WatermarkPodAutoscalerSpec,
     decision: &Decision,
 ) -> Vec<MetricStatus> {
-    let previous_entry = |name: &str| {
-        previous?.current_metrics.iter().find(|m| m.external.as_ref().is_some_and(|e| e.metric_name == name)).cloned()
+    let previous_entry = |metric: &MetricSpec| {
+        previous?
+            .current_metrics
+            .iter()
+            .find(|m| match (&metric.external, &metric.resource) {
+                (Some(e), _) if metric.type_ == "External" => {
+                    m.external.as_ref().is_some_and(|x| x.metric_name == e.metric_name)
+                }
+                (_, Some(r)) if metric.type_ == "Resource" => m.resource.as_ref().is_some_and(|x| x.name == r.name),
+                _ => false,
+            })
+            .cloned()
     };
     if spec.recommender.is_some() {
         // As the Datadog controller reports a recommender: one entry named after it, with the
@@ -335,28 +348,43 @@ fn current_metrics(
                 }),
                 ..MetricStatus::default()
             }],
-            None => previous_entry(&outcome.name).into_iter().collect(),
+            None => previous
+                .into_iter()
+                .flat_map(|p| &p.current_metrics)
+                .find(|m| m.external.as_ref().is_some_and(|e| e.metric_name == outcome.name))
+                .cloned()
+                .into_iter()
+                .collect(),
         };
     }
     spec.metrics
         .iter()
         .zip(&decision.metrics)
         .filter_map(|(metric, outcome)| {
-            let external = metric.external.as_ref().filter(|_| metric.type_ == "External")?;
             let milli = outcome.usage.map(|u| (u * 1000.0).trunc()).filter(|m| m.is_finite() && m.abs() < 9.0e18);
-            match milli {
-                Some(milli) => Some(MetricStatus {
+            // Truncation to whole thousandths is what `int64(...)` does there.
+            let Some(value) = milli.map(|m| Quantity::from_milli(m as i64)) else { return previous_entry(metric) };
+            match (metric.type_.as_str(), &metric.external, &metric.resource) {
+                ("External", Some(external), _) => Some(MetricStatus {
                     type_: "External".into(),
                     external: Some(ExternalMetricStatus {
                         metric_name: external.metric_name.clone(),
                         metric_selector: external.metric_selector.clone(),
-                        // Truncation to whole thousandths is what `int64(...)` does there.
-                        current_value: Some(Quantity::from_milli(milli as i64)),
+                        current_value: Some(value),
                         current_average_value: None,
                     }),
                     ..MetricStatus::default()
                 }),
-                None => previous_entry(&external.metric_name),
+                ("Resource", _, Some(resource)) => Some(MetricStatus {
+                    type_: "Resource".into(),
+                    resource: Some(ResourceMetricStatus {
+                        name: resource.name.clone(),
+                        current_average_utilization: None,
+                        current_average_value: Some(value),
+                    }),
+                    ..MetricStatus::default()
+                }),
+                _ => None,
             }
         })
         .collect()

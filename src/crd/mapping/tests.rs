@@ -168,8 +168,8 @@ fn every_field_maps_onto_the_rule() {
     assert_eq!(rule.min_available_replica_percentage(), 50);
     assert_eq!(
         notes,
-        ["spec.readinessDelaySeconds (10) has no effect: watermarkd counts the ready replicas the workload reports \
-          instead of listing its pods"]
+        ["spec.readinessDelaySeconds (10) has no effect without a Resource metric: watermarkd counts the ready \
+          replicas the workload reports instead of listing its pods"]
     );
 }
 
@@ -550,30 +550,95 @@ fn backends_are_checked_when_known() {
 }
 
 #[test]
-fn resource_metrics_are_not_supported_yet() {
-    let resource = with_metrics(
-        "[{type: Resource, resource: {name: memory, highWatermark: 300Mi, lowWatermark: 50Mi, metricSelector: {matchLabels: {app: nginx}}}}]",
+fn a_resource_metric_maps_onto_a_rules_file_resource_metric() {
+    let yaml = with(&[
+        (
+            "metrics",
+            Some(
+                "[{type: Resource, resource: {name: cpu, highWatermark: 500m, lowWatermark: 200m, metricSelector: \
+                 {matchLabels: {app: billing}, matchExpressions: [{key: track, operator: NotIn, values: [canary]}]}}}, \
+                 {type: Resource, resource: {name: memory, highWatermark: 300Mi, metricSelector: {matchLabels: {app: billing}}}}]",
+            ),
+        ),
+        ("readinessDelaySeconds", Some("20")),
+    ]);
+    let MappedWpa { autoscaler, notes } = mapped(&yaml);
+    assert!(notes.is_empty(), "the readiness delay has an effect now: {notes:?}");
+    let cpu = &autoscaler.metrics[0];
+    assert_eq!((cpu.name.as_str(), cpu.backend.as_str()), ("cpu", crate::rules::RESOURCE_BACKEND));
+    assert_eq!(
+        cpu.resource,
+        Some(crate::rules::ResourceSource {
+            resource: crate::rules::ResourceName::Cpu,
+            selector: "app=billing,track notin (canary)".into(),
+            aggregation: crate::rules::PodAggregation::Sum,
+            readiness_delay: Duration::from_secs(20),
+            max_age: crate::rules::RESOURCE_MAX_AGE,
+        })
     );
-    match map(&resource) {
-        Err(MapError::Unsupported(unsupported)) => {
-            assert_eq!(unsupported.len(), 1);
-            assert_eq!(
-                unsupported[0].to_string(),
-                "WatermarkPodAutoscaler prod/billing: spec.metrics[0].resource (memory) is not supported yet: Resource \
-                 metrics come from the Kubernetes metrics API, which watermarkd does not read; use an External metric"
-            );
-        }
-        other => panic!("{other:?}"),
-    }
-    // Its watermarks are still checked, and an invalid spec is invalid first.
-    let bad = with_metrics("[{type: Resource, resource: {name: cpu, highWatermark: 10, lowWatermark: 50}}]");
-    match map(&bad) {
-        Err(MapError::Invalid { problems, unsupported }) => {
-            assert_eq!(problems[0].field, "spec.metrics[0].resource.lowWatermark");
-            assert_eq!(unsupported.len(), 1);
-        }
-        other => panic!("{other:?}"),
-    }
+    assert_eq!(autoscaler.rule.metrics()[0].high_watermark, d("0.5"));
+    assert_eq!(autoscaler.metrics[1].name, "memory");
+    assert_eq!(autoscaler.rule.metrics()[1].low_watermark, d("314572800"), "one watermark serves as both");
+
+    // The per-pod average, by annotation.
+    let mut doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&yaml).unwrap();
+    let metadata = doc.get_mut("metadata").unwrap().as_mapping_mut().unwrap();
+    let annotations: serde_yaml_ng::Mapping =
+        [(POD_AGGREGATION_ANNOTATION.into(), "average".into())].into_iter().collect();
+    metadata.insert("annotations".into(), annotations.into());
+    let averaged = serde_yaml_ng::to_string(&doc).unwrap();
+    let autoscaler = mapped(&averaged).autoscaler;
+    assert!(autoscaler
+        .metrics
+        .iter()
+        .all(|m| m.resource.as_ref().unwrap().aggregation == crate::rules::PodAggregation::Average));
+    // ... which the average algorithm would divide again.
+    let both = averaged.replace("maxReplicas: 9", "maxReplicas: 9\n  algorithm: average");
+    let found = problems(&both);
+    assert!(
+        found[0].starts_with(
+            "metadata.annotations[\"watermarkd.io/pod-aggregation\"] (\"average\") cannot go with algorithm = \"average\""
+        ),
+        "{found:?}"
+    );
+    let wrong = averaged.replace("pod-aggregation: average", "pod-aggregation: median");
+    assert_eq!(
+        problems(&wrong),
+        [
+            "metadata.annotations[\"watermarkd.io/pod-aggregation\"] (\"median\") must be \"sum\" or \"average\"",
+            "metadata.annotations[\"watermarkd.io/pod-aggregation\"] (\"median\") must be \"sum\" or \"average\"",
+        ]
+    );
+}
+
+#[test]
+fn a_resource_metric_names_its_problems_by_the_wpa_path() {
+    let found = problems(&with_metrics(
+        "[{type: Resource, resource: {name: gpu, highWatermark: 1, metricSelector: {matchLabels: {app: x}}}}, \
+         {type: Resource, resource: {name: cpu, highWatermark: 1}}, \
+         {type: Resource, resource: {name: memory, highWatermark: 10, lowWatermark: 50, metricSelector: {matchExpressions: [{key: a, operator: Gt, values: ['1']}]}}}]",
+    ));
+    assert_eq!(
+        found,
+        [
+            "spec.metrics[0].resource.name (\"gpu\") must be \"cpu\" or \"memory\"",
+            "spec.metrics[1].resource.metricSelector is required: give the matchLabels of the target's pods (without \
+             one, every pod of the namespace would be summed)",
+            "spec.metrics[2].resource.lowWatermark (50) must not exceed highWatermark (10)",
+            "spec.metrics[2].resource.metricSelector: matchExpressions[0]: operator \"Gt\" must be In, NotIn, Exists or \
+             DoesNotExist",
+        ]
+    );
+    // The annotation without a Resource metric to apply to.
+    let mut doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(BASE).unwrap();
+    let metadata = doc.get_mut("metadata").unwrap().as_mapping_mut().unwrap();
+    let annotations: serde_yaml_ng::Mapping =
+        [(POD_AGGREGATION_ANNOTATION.into(), "average".into())].into_iter().collect();
+    metadata.insert("annotations".into(), annotations.into());
+    assert_eq!(
+        problems(&serde_yaml_ng::to_string(&doc).unwrap()),
+        ["metadata.annotations[\"watermarkd.io/pod-aggregation\"]: applies to Resource metrics, and this WPA has none"]
+    );
 }
 
 const RECOMMENDER: &str = r#"{url: "https://reco.example/recommend", targetType: cpu, settings: {window: 1h, b: "2"},
@@ -613,6 +678,32 @@ fn with_a_recommender_the_metrics_are_not_read() {
     assert!(autoscaler.recommender.is_some());
     assert_eq!(notes.len(), 1);
     assert!(notes[0].starts_with("spec.metrics has no effect"), "{notes:?}");
+}
+
+#[test]
+fn with_a_recommender_resource_metrics_are_not_read_either() {
+    let metrics = "[{type: Resource, resource: {name: cpu, highWatermark: 500m, metricSelector: {matchLabels: {app: x}}}}]";
+    let yaml = with(&[
+        ("recommender", Some(RECOMMENDER)),
+        ("metrics", Some(metrics)),
+        ("readinessDelaySeconds", Some("20")),
+    ]);
+    let MappedWpa { autoscaler, notes } = mapped(&yaml);
+    assert!(autoscaler.recommender.is_some() && autoscaler.metrics.is_empty());
+    assert_eq!(notes.len(), 2, "{notes:?}");
+    assert!(notes[0].starts_with("spec.readinessDelaySeconds (20) has no effect"), "{notes:?}");
+    assert!(notes[1].starts_with("spec.metrics has no effect"), "{notes:?}");
+    // The pod aggregation annotation has nothing to apply to.
+    let mut doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&yaml).unwrap();
+    let metadata = doc.get_mut("metadata").unwrap().as_mapping_mut().unwrap();
+    let annotations: serde_yaml_ng::Mapping =
+        [(POD_AGGREGATION_ANNOTATION.into(), "average".into())].into_iter().collect();
+    metadata.insert("annotations".into(), annotations.into());
+    assert_eq!(
+        problems(&serde_yaml_ng::to_string(&doc).unwrap()),
+        ["metadata.annotations[\"watermarkd.io/pod-aggregation\"]: applies to Resource metrics, and with \
+          spec.recommender this WPA's metrics are not read"]
+    );
 }
 
 #[test]

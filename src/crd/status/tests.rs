@@ -319,3 +319,33 @@ fn a_recommender_is_one_metric_entry_as_the_datadog_controller_writes_it() {
     let status = next_status(Some(&status), &recommender.spec, &second, &ScaleWrite::NotAttempted, t(15));
     assert_eq!(value_column(&status), ["731m"]);
 }
+
+#[test]
+fn a_resource_metric_reports_its_current_average_value_as_the_datadog_controller_does() {
+    let wpa: WatermarkPodAutoscaler = serde_yaml_ng::from_str(
+        r#"
+metadata: {name: web, namespace: prod}
+spec:
+  scaleTargetRef: {kind: Deployment, name: web}
+  maxReplicas: 9
+  metrics:
+  - type: Resource
+    resource: {name: cpu, highWatermark: 500m, lowWatermark: 200m, metricSelector: {matchLabels: {app: web}}}
+"#,
+    )
+    .unwrap();
+    let rule = rule(&wpa);
+    // The sum over 3 pods, 1.25 cores, as the Datadog controller's default compares it.
+    let decision = decide(&rule, target(3), &[value(1.25, t(0))], &State::default(), t(0));
+    let status = next_status(None, &wpa.spec, &decision, &ScaleWrite::Succeeded, t(0));
+    let metric = &status.current_metrics[0];
+    assert_eq!(metric.type_, "Resource");
+    let resource = metric.resource.as_ref().unwrap();
+    assert_eq!(resource.name, "cpu");
+    assert_eq!(resource.current_average_value.as_ref().map(ToString::to_string).as_deref(), Some("1250m"));
+    assert!(metric.external.is_none());
+    // No value this time: the last one stays.
+    let held = decide(&rule, target(8), &[Reading::Unavailable { reason: "no data".into() }], &State::default(), t(9));
+    let next = next_status(Some(&status), &wpa.spec, &held, &ScaleWrite::NotAttempted, t(9));
+    assert_eq!(next.current_metrics, status.current_metrics);
+}
