@@ -31,6 +31,7 @@ pub const PERMISSIONS: &[Permission] = &[
     WORKLOAD_READ_AND_ANNOTATE,
     WORKLOAD_SCALE,
     POD_READ,
+    POD_METRICS_READ,
     EVENT_WRITE,
     LEASE,
 ];
@@ -83,9 +84,15 @@ pub const WORKLOAD_SCALE: Permission = Permission {
 };
 
 /// [`crate::target`]: a pod watch scoped to a target's selector that counts its ready pods, only
-/// for targets whose status has no `readyReplicas`.
+/// for targets whose status has no `readyReplicas`. [`crate::resource`]: a list of the pods a
+/// resource metric selects, each cycle, to tell which count.
 pub const POD_READ: Permission =
     Permission { namespaced_to_daemon: false, api_group: "", resources: &["pods"], verbs: &["list", "watch"] };
+
+/// [`crate::resource`]: resource metrics (cpu, memory) read as a list of the `PodMetrics` a
+/// metric's selector selects, each cycle (metrics-server serves them through the API server).
+pub const POD_METRICS_READ: Permission =
+    Permission { namespaced_to_daemon: false, api_group: "metrics.k8s.io", resources: &["pods"], verbs: &["list"] };
 
 /// [`crate::events`]: an Event on the target for each scale and each failure, each its own
 /// object (never patched into a series).
