@@ -95,6 +95,16 @@ pub async fn evaluate(
             ready_replicas: reading.ready_replicas,
         };
         let decision = decide_on_partial_data(&rule, observed, &readings, &partial, &current, now);
+        for (i, why) in &partial {
+            let kept = decision.metrics.get(*i).filter(|m| m.position == Position::Above);
+            if let (Some(metric), true) = (kept, decision.action == Action::ScaleUp) {
+                tracing::info!(
+                    autoscaler = %autoscaler.name,
+                    metric = %metric.name,
+                    "scaling up on partial data: {why}"
+                );
+            }
+        }
 
         let mut confirmed_at = None;
         let write = if decision.write {
