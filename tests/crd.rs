@@ -52,11 +52,8 @@ fn every_fixture_object_reads_and_maps_or_says_why_not() {
         assert_eq!(object.spec.metrics.len(), 1, "{name}");
         let outcome = map_wpa(&object, &options(), &NoDatadogMetrics);
         match name {
-            "billing-complete.yaml" | "datadoghq_v1alpha1_watermarkpodautoscaler.yaml" => {
-                assert!(outcome.is_ok(), "{name}: {outcome:?}")
-            }
             "external-type.yaml" => assert!(matches!(outcome, Err(MapError::Invalid { .. })), "{name}: {outcome:?}"),
-            _ => assert!(matches!(outcome, Err(MapError::Unsupported(_))), "{name}: {outcome:?}"),
+            _ => assert!(outcome.is_ok(), "{name}: {outcome:?}"),
         }
     }
 }
@@ -122,22 +119,21 @@ fn the_datadog_sample_maps_with_its_convergence_and_tolerance() {
     );
     assert_eq!(
         mapped.notes,
-        ["spec.readinessDelaySeconds (10) has no effect: watermarkd counts the ready replicas the workload reports \
-          instead of listing its pods"]
+        ["spec.readinessDelaySeconds (10) has no effect without a Resource metric: watermarkd counts the ready \
+          replicas the workload reports instead of listing its pods"]
     );
 }
 
 #[test]
-fn a_resource_metric_is_not_supported_yet() {
-    match map_wpa(&wpa("resource-type.yaml"), &options(), &NoDatadogMetrics) {
-        Err(MapError::Unsupported(unsupported)) => {
-            assert_eq!(unsupported.len(), 1);
-            assert_eq!(unsupported[0].wpa, "default/example-resource-watermarkpodautoscaler");
-            assert_eq!(unsupported[0].field, "spec.metrics[0].resource");
-            assert!(unsupported[0].message.starts_with("(memory) is not supported yet"), "{}", unsupported[0]);
-        }
-        other => panic!("{other:?}"),
-    }
+fn the_resource_example_maps_onto_a_memory_metric() {
+    let mapped = map_wpa(&wpa("resource-type.yaml"), &options(), &NoDatadogMetrics).unwrap_or_else(|e| panic!("{e}"));
+    let metric = &mapped.autoscaler.metrics[0];
+    assert_eq!(metric.name, "memory");
+    let resource = metric.resource.as_ref().expect("a resource metric");
+    assert_eq!((resource.resource.as_str(), resource.selector.as_str()), ("memory", "app=nginx"));
+    assert_eq!(resource.aggregation, watermarkd::rules::PodAggregation::Sum, "the Datadog controller's sum");
+    let rule = &mapped.autoscaler.rule.metrics()[0];
+    assert_eq!((rule.low_watermark.to_f64(), rule.high_watermark.to_f64()), (52428800.0, 314572800.0));
 }
 
 #[test]
