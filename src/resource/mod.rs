@@ -75,12 +75,13 @@ impl ResourceMetrics {
             groups.insert((query.namespace.clone(), query.source.selector.clone()), None);
         }
         let mut reads = JoinSet::new();
+        let budget = deadline.saturating_duration_since(Instant::now()).as_secs();
         for (namespace, selector) in groups.keys().cloned() {
             let this = self.clone();
             reads.spawn(async move {
                 let snapshot = match tokio::time::timeout_at(deadline, this.read(&namespace, &selector)).await {
                     Ok(snapshot) => snapshot,
-                    Err(_) => Err(QueryError::Timeout(deadline.saturating_duration_since(Instant::now()).as_secs())),
+                    Err(_) => Err(QueryError::Timeout(budget)),
                 };
                 ((namespace, selector), snapshot)
             });
