@@ -427,7 +427,7 @@ fn read_metric(node: &Node, index: usize, parent: &Scope, form: Form<'_>, sink: 
             }
         }
         let selector = read_selector(&mut metric, sink);
-        let selector = metric.require(sink, "selector", selector);
+        let selector = if form.is_complete() { metric.require(sink, "selector", selector) } else { selector };
         let aggregation = metric.choice(sink, "pod_aggregation", PodAggregation::parse, "\"sum\" or \"average\"");
         if aggregation == Some(PodAggregation::Average) {
             entry.average_line = Some(metric.line_of("pod_aggregation"));
