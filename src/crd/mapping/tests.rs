@@ -682,12 +682,10 @@ fn with_a_recommender_the_metrics_are_not_read() {
 
 #[test]
 fn with_a_recommender_resource_metrics_are_not_read_either() {
-    let metrics = "[{type: Resource, resource: {name: cpu, highWatermark: 500m, metricSelector: {matchLabels: {app: x}}}}]";
-    let yaml = with(&[
-        ("recommender", Some(RECOMMENDER)),
-        ("metrics", Some(metrics)),
-        ("readinessDelaySeconds", Some("20")),
-    ]);
+    let metrics =
+        "[{type: Resource, resource: {name: cpu, highWatermark: 500m, metricSelector: {matchLabels: {app: x}}}}]";
+    let yaml =
+        with(&[("recommender", Some(RECOMMENDER)), ("metrics", Some(metrics)), ("readinessDelaySeconds", Some("20"))]);
     let MappedWpa { autoscaler, notes } = mapped(&yaml);
     assert!(autoscaler.recommender.is_some() && autoscaler.metrics.is_empty());
     assert_eq!(notes.len(), 2, "{notes:?}");
