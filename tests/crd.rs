@@ -25,10 +25,11 @@ use watermarkd_engine::{decide, Action, ConvergeTowards, Decimal, Reading, State
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/wpa");
 const DATADOG_CRD: &str = "datadoghq.com_watermarkpodautoscalers.yaml";
 /// Every object in the fixtures directory (everything but the CRD and the README).
-const OBJECTS: [&str; 4] = [
+const OBJECTS: [&str; 5] = [
     "billing-complete.yaml",
     "datadoghq_v1alpha1_watermarkpodautoscaler.yaml",
     "external-type.yaml",
+    "recommender.yaml",
     "resource-type.yaml",
 ];
 
@@ -49,7 +50,9 @@ fn options() -> MappingOptions {
 fn every_fixture_object_reads_and_maps_or_says_why_not() {
     for name in OBJECTS {
         let object = wpa(name);
-        assert_eq!(object.spec.metrics.len(), 1, "{name}");
+        // The recommender sample has no metrics: the recommender is its one source.
+        let sources = object.spec.metrics.len() + usize::from(object.spec.recommender.is_some());
+        assert_eq!(sources, 1, "{name}");
         let outcome = map_wpa(&object, &options(), &NoDatadogMetrics);
         match name {
             "external-type.yaml" => assert!(matches!(outcome, Err(MapError::Invalid { .. })), "{name}: {outcome:?}"),
@@ -399,6 +402,7 @@ async fn the_apiserver_accepts_and_rejects_the_same_objects_under_both_crds() {
         // Their `tolerance: 0.01` is a float, which an int-or-string field does not take.
         "billing-complete.yaml",
         "resource-type.yaml",
+        "recommender.yaml",
         "float tolerance",
         // No scaleTargetRef (and the float).
         "external-type.yaml",

@@ -18,6 +18,8 @@ mod fake_recommender;
 mod kube_cluster;
 #[path = "support/prometheus_server.rs"]
 mod prometheus_server;
+#[path = "support/wpa_status_shape.rs"]
+mod wpa_status_shape;
 
 use std::path::Path;
 use std::time::Duration;
@@ -794,6 +796,8 @@ async fn wpa_objects_scale_their_targets_and_report_in_their_status() {
     let able = condition(&status, "AbleToScale").expect("AbleToScale");
     assert_eq!(able["reason"], "SuccessfulScale", "{status}");
     assert_eq!(status["currentMetrics"][0]["external"]["metricName"], "container.memory.usage", "{status}");
+    wpa_status_shape::self_test();
+    wpa_status_shape::assert_datadog_status_shape(&status);
 
     let status = eventually!(Duration::from_secs(10), "the invalid WPA's status", {
         let status = wpa_status(cluster, &ns, "upside-down").await;
@@ -926,6 +930,17 @@ async fn a_wpa_with_a_recommender_scales_to_its_answer_and_holds_when_it_fails()
         ),
     )
     .await;
+    // Datadog's own recommender sample, pointed at the test recommender. Its float `tolerance`
+    // is refused by the Datadog CRD as by ours (an int-or-string field): the same value as a
+    // quantity.
+    cluster.create_deployment(&ns, "my-app", 4).await;
+    cluster.set_workload_status("Deployment", &ns, "my-app", 4, 4).await;
+    let sample =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/wpa/recommender.yaml"))
+            .expect("the Datadog recommender sample");
+    let sample =
+        sample.replace("http://recommender:8080", &recommender.url).replace("tolerance: 0.01", "tolerance: \"10m\"");
+    apply_wpa(cluster, &ns, &sample).await;
     let datadog = fake_datadog::FakeDatadog::start().await;
     let crd_mode = CrdMode::new(cluster, &datadog, &ns);
     let env = [CrdMode::ENV[0], CrdMode::ENV[1], ("K8S_CLUSTER_NAME", "e2e-cluster")];
@@ -938,7 +953,14 @@ async fn a_wpa_with_a_recommender_scales_to_its_answer_and_holds_when_it_fails()
             other => Err(format!("{other} replicas")),
         }
     });
-    let (method, content_type, request) = recommender.requests().first().cloned().expect("a request");
+    let requests = recommender.requests();
+    let for_target = |name: &str| {
+        requests.iter().find(|(_, _, body)| body["targetRef"]["name"] == name).cloned().expect("a request for it")
+    };
+    let (_, _, sample_request) = for_target("my-app");
+    assert_eq!(sample_request["settings"], json!({"foo": "bar"}), "{sample_request}");
+    assert_eq!(sample_request["constraints"], json!({"minReplicas": 4, "maxReplicas": 9}), "{sample_request}");
+    let (method, content_type, request) = for_target("web");
     assert_eq!((method.as_str(), content_type.as_str()), ("POST", "application/json"));
     assert_eq!(
         request,
@@ -966,6 +988,17 @@ async fn a_wpa_with_a_recommender_scales_to_its_answer_and_holds_when_it_fails()
     assert_eq!(status["currentMetrics"][0]["type"], "Resource", "{status}");
     assert_eq!(status["currentMetrics"][0]["external"]["metricName"], metric_name, "{status}");
     assert_eq!(status["currentMetrics"][0]["external"]["currentValue"], "730m", "{status}");
+    wpa_status_shape::assert_datadog_status_shape(&status);
+    eventually!(Duration::from_secs(10), "the Datadog sample scaled my-app to the recommendation", {
+        let status = wpa_status(cluster, &ns, "example-external-recommender").await;
+        match spec_replicas(cluster, "Deployment", &ns, "my-app").await {
+            6 if status["lastScaleTime"].is_string() => {
+                wpa_status_shape::assert_datadog_status_shape(&status);
+                Ok(())
+            }
+            other => Err(format!("{other} replicas, status {status}")),
+        }
+    });
 
     let labels = [("wpa_name", "recommended"), ("metric_name", metric_name)];
     assert_eq!(daemon.sample("wpa_controller_value", &labels).await, Some(0.73));

@@ -14,6 +14,8 @@ mod daemon_process;
 mod kube_cluster;
 #[path = "support/metrics_server.rs"]
 mod metrics_server;
+#[path = "support/wpa_status_shape.rs"]
+mod wpa_status_shape;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -516,6 +518,7 @@ async fn a_wpa_with_a_resource_metric_runs_unchanged() {
     assert_eq!(metric["resource"]["name"], "memory");
     // 3 x 400Mi in bytes, as the Datadog controller writes it.
     assert_eq!(metric["resource"]["currentAverageValue"], "1258291200", "{status}");
+    wpa_status_shape::assert_datadog_status_shape(&status);
 
     let fresh_status = eventually!(Duration::from_secs(10), "the fresh WPA's status", {
         let status = wpa_status(cluster, &ns, "fresh").await;
