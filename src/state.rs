@@ -12,8 +12,10 @@
 //! scale, or a since-clock starting or stopping. Never on every tick.
 //!
 //! A daemon killed between a scale and its state write would lose the scale's time. So the
-//! restore also reads the target's `managedFields`, where the API server records when
-//! watermarkd's field manager last wrote the scale, and never restores an earlier time.
+//! restore also reads the target's `managedFields`, where an API server that records field
+//! managers for `/scale` writes says when watermarkd's last wrote the scale, and never restores
+//! an earlier time. (Not every one does: a write that lands unseen is also caught by its
+//! effect, see [`note_unaccounted_change`].)
 
 use serde::{Deserialize, Serialize};
 use watermarkd_engine::{Recommendation, Rule, State, Timestamp};
@@ -126,7 +128,7 @@ pub fn from_wpa_status(status: Option<&WatermarkPodAutoscalerStatus>) -> State {
 ///   from the restart.
 pub fn restore(persisted: State, marks: &Marks, rule: &Rule, now: Timestamp) -> Restored {
     let mut state = persisted;
-    merge_recorded_scale(&mut state, marks, now);
+    merge_recorded_scale(&mut state, marks);
     let mut future = Vec::new();
     let mut clamp = |time: &mut Timestamp, field: &'static str| {
         if time.unix_millis() > now.unix_millis() {
@@ -161,28 +163,68 @@ pub fn restore(persisted: State, marks: &Marks, rule: &Rule, now: Timestamp) -> 
 
 /// Takes the time the API server recorded for watermarkd's last scale write (`managedFields`,
 /// whole seconds, so the end of that second) as the last scale when the state does not already
-/// cover it: a write that landed after its request timed out, or another daemon's. A record
-/// that appeared while this process watched counts from when it appeared (never after `now`),
-/// if that is later: etcd may have applied it long after the API server received it (see
-/// [`Marks::scaled_seen_at`]).
-fn merge_recorded_scale(state: &mut State, marks: &Marks, now: Timestamp) {
-    let Some(recorded) = marks.scaled_at else { return };
-    if state.last_scale_time.is_some_and(|t| t.unix_millis() >= recorded.unix_millis()) {
-        return;
+/// cover it. (API servers that record no field manager for `/scale` writes leave this unset;
+/// [`note_unaccounted_change`] covers what it would.)
+fn merge_recorded_scale(state: &mut State, marks: &Marks) {
+    if let Some(recorded) = marks.scaled_at {
+        let covers = state.last_scale_time.is_some_and(|t| t.unix_millis() >= recorded.unix_millis());
+        if !covers {
+            state.last_scale_time = Some(Timestamp::from_unix_millis(recorded.unix_millis().saturating_add(999)));
+        }
     }
-    let mut time = Timestamp::from_unix_millis(recorded.unix_millis().saturating_add(999));
-    if let Some(seen) = marks.scaled_seen_at {
-        time = time.max(seen.min(now));
-    }
-    state.last_scale_time = Some(time);
 }
 
 /// Before each decision: the target's record of watermarkd's last scale, merged as at a restore
 /// and never later than `now` (the API server's clock may run ahead of ours).
 pub fn note_recorded_scale(state: &mut State, marks: &Marks, now: Timestamp) {
-    merge_recorded_scale(state, marks, now);
+    merge_recorded_scale(state, marks);
     if let Some(time) = state.last_scale_time.as_mut() {
         *time = (*time).min(now);
+    }
+}
+
+/// Why a change of the target's replica count that this process did not confirm as its own
+/// write may be a scale: a write of unknown outcome (its own, or a previous leader's) that
+/// landed late. Such a change starts the windows when it was seen.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Suspicion {
+    /// This process sent a write at this time whose outcome it never learnt.
+    pub unconfirmed_since: Option<Timestamp>,
+    /// This process gained the lead at this time (a previous leader's write may land around
+    /// then); changes seen before it, or within `TAKEOVER_GRACE` after it, are suspect.
+    pub leading_since: Option<Timestamp>,
+    /// The replica count of this process's last confirmed write.
+    pub written: Option<u32>,
+}
+
+/// How long after gaining the lead a change of the replica count is still taken as a previous
+/// leader's write landing late rather than a person's: the watch delivers it within moments of
+/// etcd applying it, and etcd applies it before the lease this process took.
+pub const TAKEOVER_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Starts the windows at `changed_at` (when this process saw the replica count change) if
+/// the change is not accounted for (see [`Suspicion`]). A person's change seen while leading
+/// stays what it is for the Datadog controller: not a scale.
+pub fn note_unaccounted_change(
+    state: &mut State,
+    spec_replicas: u32,
+    changed_at: Option<Timestamp>,
+    suspicion: &Suspicion,
+    now: Timestamp,
+) {
+    let Some(seen) = changed_at else { return };
+    if suspicion.written == Some(spec_replicas) && suspicion.unconfirmed_since.is_none() {
+        return;
+    }
+    let after_unconfirmed = suspicion.unconfirmed_since.is_some_and(|sent| seen >= sent);
+    let around_takeover = suspicion.leading_since.is_some_and(|since| {
+        seen.unix_millis() <= since.unix_millis().saturating_add(TAKEOVER_GRACE.as_millis() as i64)
+    });
+    if after_unconfirmed || around_takeover {
+        let seen = seen.min(now);
+        if state.last_scale_time.is_none_or(|t| t < seen) {
+            state.last_scale_time = Some(seen);
+        }
     }
 }
 
@@ -286,7 +328,7 @@ mod tests {
         .expect("rule");
         let now = t(1_700_000_100_000);
         // The daemon died after scaling at ...050.250 and before writing its state.
-        let marks = Marks { state_annotation: None, scaled_seen_at: None, scaled_at: Some(t(1_700_000_050_000)) };
+        let marks = Marks { state_annotation: None, scaled_at: Some(t(1_700_000_050_000)) };
         let restored = restore(state(), &marks, &rule, now).state;
         assert_eq!(restored.last_scale_time, Some(t(1_700_000_050_999)));
         // The persisted time is exact and covers the record of the same second.
@@ -300,42 +342,52 @@ mod tests {
         let now = t(1_700_000_100_000);
         // Our own confirmed write: its record (same second, apiserver clock) is covered.
         let mut known = State { last_scale_time: Some(t(1_700_000_090_400)), ..State::default() };
-        let marks = Marks { state_annotation: None, scaled_seen_at: None, scaled_at: Some(t(1_700_000_090_000)) };
+        let marks = Marks { state_annotation: None, scaled_at: Some(t(1_700_000_090_000)) };
         note_recorded_scale(&mut known, &marks, now);
         assert_eq!(known.last_scale_time, Some(t(1_700_000_090_400)));
         // A write that timed out here and landed at ...095 is taken, to the end of its second.
-        let later = Marks { state_annotation: None, scaled_seen_at: None, scaled_at: Some(t(1_700_000_095_000)) };
+        let later = Marks { state_annotation: None, scaled_at: Some(t(1_700_000_095_000)) };
         note_recorded_scale(&mut known, &later, now);
         assert_eq!(known.last_scale_time, Some(t(1_700_000_095_999)));
         // A record ahead of our clock is taken as now.
-        let ahead = Marks { state_annotation: None, scaled_seen_at: None, scaled_at: Some(t(1_700_000_100_000)) };
+        let ahead = Marks { state_annotation: None, scaled_at: Some(t(1_700_000_100_000)) };
         let mut fresh = State::default();
         note_recorded_scale(&mut fresh, &ahead, now);
         assert_eq!(fresh.last_scale_time, Some(now));
     }
 
     #[test]
-    fn a_recorded_scale_that_appeared_late_counts_from_when_it_appeared() {
-        // A write received at ...070 while etcd stood still, applied and seen at ...095.
-        let appeared = t(1_700_000_095_000);
-        let marks =
-            Marks { state_annotation: None, scaled_at: Some(t(1_700_000_070_000)), scaled_seen_at: Some(appeared) };
+    fn a_change_not_accounted_for_starts_the_window_when_it_was_seen() {
+        let t0 = t(1_700_000_050_500);
+        let seen = t(1_700_000_095_000);
         let now = t(1_700_000_096_000);
-        let mut state = State { last_scale_time: Some(t(1_700_000_050_500)), ..State::default() };
-        note_recorded_scale(&mut state, &marks, now);
-        assert_eq!(state.last_scale_time, Some(appeared));
-        // Our own confirmed write covers its record however late it was seen.
-        let mut ours = State { last_scale_time: Some(t(1_700_000_070_300)), ..State::default() };
-        note_recorded_scale(&mut ours, &marks, now);
-        assert_eq!(ours.last_scale_time, Some(t(1_700_000_070_300)));
-        // A new leader restoring an older state takes it the same way.
-        let rule = crate::rules::rule_from_json(&serde_json::json!({
-            "min_replicas": 1, "max_replicas": 10,
-            "metric": [{ "query": "q", "high_watermark": 10.0, "low_watermark": 5.0 }]
-        }))
-        .expect("rule");
-        let persisted = State { last_scale_time: Some(t(1_700_000_050_500)), ..State::default() };
-        assert_eq!(restore(persisted, &marks, &rule, now).state.last_scale_time, Some(appeared));
+        let fresh = || State { last_scale_time: Some(t0), ..State::default() };
+        // Our own write of unknown outcome, sent at ...070, landed and seen at ...095.
+        let unconfirmed = Suspicion { unconfirmed_since: Some(t(1_700_000_070_000)), ..Suspicion::default() };
+        let mut state = fresh();
+        note_unaccounted_change(&mut state, 6, Some(seen), &unconfirmed, now);
+        assert_eq!(state.last_scale_time, Some(seen));
+        // A previous leader's write seen just after this process took the lead at ...090, or
+        // while it followed.
+        for since in [1_700_000_090_000, 1_700_000_099_000] {
+            let takeover = Suspicion { leading_since: Some(t(since)), ..Suspicion::default() };
+            let mut state = fresh();
+            note_unaccounted_change(&mut state, 6, Some(seen), &takeover, now);
+            assert_eq!(state.last_scale_time, Some(seen), "leading since {since}");
+        }
+        // A person's change seen long after this process took the lead is not a scale.
+        let leading = Suspicion { leading_since: Some(t(1_700_000_000_000)), ..Suspicion::default() };
+        let mut state = fresh();
+        note_unaccounted_change(&mut state, 6, Some(seen), &leading, now);
+        assert_eq!(state.last_scale_time, Some(t0));
+        // Our own confirmed write is accounted for; a first reading's age is unknown.
+        let ours = Suspicion { leading_since: Some(t(1_700_000_090_000)), written: Some(6), ..Suspicion::default() };
+        let mut state = fresh();
+        note_unaccounted_change(&mut state, 6, Some(seen), &ours, now);
+        assert_eq!(state.last_scale_time, Some(t0));
+        let mut state = fresh();
+        note_unaccounted_change(&mut state, 6, None, &unconfirmed, now);
+        assert_eq!(state.last_scale_time, Some(t0));
     }
 
     #[test]
@@ -389,7 +441,7 @@ mod tests {
             ["last scale time", "below-low-watermark since", "recommendation time", "scale event time"]
         );
         // The API server's record of a scale, from a skewed clock, is no exception.
-        let marks = Marks { state_annotation: None, scaled_seen_at: None, scaled_at: Some(t(1_700_000_500_000)) };
+        let marks = Marks { state_annotation: None, scaled_at: Some(t(1_700_000_500_000)) };
         let restored = restore(State::default(), &marks, &rule, now);
         assert_eq!(restored.state.last_scale_time, Some(now));
         assert_eq!(restored.future, ["last scale time"]);

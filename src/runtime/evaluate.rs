@@ -84,11 +84,20 @@ pub async fn evaluate(
             }
             restore(desired, memory, &reading, now);
             memory.epoch = epoch;
+            memory.suspicion.leading_since = Some(now);
         }
         let mut current = memory.state.clone().unwrap_or_default();
         // A scale of ours this process does not know of (a write that timed out and landed
-        // anyway, or another daemon's while it led) starts the window from when it landed.
+        // anyway, or another daemon's while it led) starts the window from when it landed, or
+        // from when it was seen.
         state::note_recorded_scale(&mut current, &reading.marks, now);
+        state::note_unaccounted_change(
+            &mut current,
+            reading.spec_replicas,
+            reading.spec_changed_at,
+            &memory.suspicion,
+            now,
+        );
         let observed = Target {
             spec_replicas: reading.spec_replicas,
             status_replicas: Some(reading.status_replicas),
@@ -124,6 +133,7 @@ pub async fn evaluate(
                     shared.daemon.write("scale", "ok");
                     // The forbidden window starts when the write is known to have landed.
                     confirmed_at = Some(shared.clock.now());
+                    memory.suspicion.written = Some(decision.replicas);
                     ScaleWrite::Succeeded
                 }
                 Err(TargetError::Conflict { .. }) if attempt < CONFLICT_ATTEMPTS => {
@@ -143,6 +153,7 @@ pub async fn evaluate(
                         // It may land yet: the next evaluation first finds out what the API
                         // server has.
                         memory.unconfirmed_write = Some(reading.resource_version.clone());
+                        memory.suspicion.unconfirmed_since = Some(now);
                     }
                     ScaleWrite::Failed(err.to_string())
                 }
@@ -159,6 +170,10 @@ pub async fn evaluate(
             state::stamp_confirmed_scale(&mut next_state, now, confirmed);
         }
         memory.state = Some(next_state.clone());
+        if memory.unconfirmed_write.is_none() {
+            // Reconciled: what landed is in the state now.
+            memory.suspicion.unconfirmed_since = None;
+        }
         let scaled = decision.action != Action::Hold && (decision.dry_run || write == ScaleWrite::Succeeded);
         log_decision(desired, memory, &decision, &write);
         if paced_hold(deferred, &decision) {

@@ -119,6 +119,9 @@ pub struct Memory {
     /// The resourceVersion a scale write was based on whose outcome is unknown (timed out,
     /// or the API server failed): it may have landed, or may yet.
     unconfirmed_write: Option<String>,
+    /// What makes a change of the target's replica count this process did not confirm look
+    /// like a scale that landed late.
+    suspicion: crate::state::Suspicion,
 }
 
 /// What every evaluation shares.

@@ -115,6 +115,21 @@ pub struct ScaleReading {
     pub resource_version: String,
     /// watermarkd's persisted state and last scale write, from the object's metadata.
     pub marks: Marks,
+    /// When this process first saw `spec_replicas` at its current value, if it saw another
+    /// value before (`None` when the value came with the first reading: its age is unknown).
+    /// A write can land long after it was sent (etcd stalled, then resumed), so this, not the
+    /// write's own time, is when a change became visible.
+    pub spec_changed_at: Option<watermarkd_engine::Timestamp>,
+}
+
+/// Stamps `reading` with when its replica count was first seen, given the previous reading's
+/// count and stamp.
+fn stamp_spec_change(reading: &mut ScaleReading, previous: Option<(u32, Option<watermarkd_engine::Timestamp>)>) {
+    reading.spec_changed_at = match previous {
+        Some((spec, at)) if spec == reading.spec_replicas => at,
+        Some(_) => Some(watermarkd_engine::Timestamp::from_system_time(std::time::SystemTime::now())),
+        None => None,
+    };
 }
 
 /// A resolved kind: how to reach it and how to read it.
@@ -351,6 +366,10 @@ impl Targets {
                     TargetState::Ready { reading, .. }
                         if reading.resource_version == from.resource_version && !written_version.is_empty() =>
                     {
+                        if reading.spec_replicas != replicas {
+                            reading.spec_changed_at =
+                                Some(watermarkd_engine::Timestamp::from_system_time(std::time::SystemTime::now()));
+                        }
                         reading.spec_replicas = replicas;
                         reading.resource_version = written_version.clone();
                         true
@@ -489,6 +508,9 @@ fn retry_delay(attempt: u32) -> Duration {
 /// `/scale` on changes for custom kinds and counts pods where needed.
 async fn run_target(context: Arc<Context>, target: TargetRef, state: Arc<channel::Sender<TargetState>>) {
     let mut attempt = 0;
+    // The replica count last published and when it was first seen (see
+    // `ScaleReading::spec_changed_at`); kept across failures and re-resolutions.
+    let mut last_spec: Option<(u32, Option<watermarkd_engine::Timestamp>)> = None;
     loop {
         // Boxed, here and for read_scale below: a kube request's future is large, and held
         // inline it would make every target's idle task that large (10,000 targets, 30 MB).
@@ -542,12 +564,15 @@ async fn run_target(context: Arc<Context>, target: TargetRef, state: Arc<channel
                             selector: info.selector.clone(),
                             resource_version: info.resource_version.clone(),
                             marks: info.marks.clone(),
+                            spec_changed_at: None,
                         }),
                         KindPaths::Custom => Box::pin(read_scale(&context.client, &resolved, &target, &info)).await,
                     };
                     match reading {
-                        Ok(reading) => {
+                        Ok(mut reading) => {
                             attempt = 0;
+                            stamp_spec_change(&mut reading, last_spec);
+                            last_spec = Some((reading.spec_replicas, reading.spec_changed_at));
                             let pod_state = match (&reading.ready_replicas, &reading.selector) {
                                 (None, Some(selector)) => {
                                     if pods.as_ref().is_none_or(|p| p.selector != *selector) {
@@ -621,6 +646,7 @@ async fn read_scale(
         selector: status.selector.filter(|s| !s.is_empty()),
         resource_version: scale.metadata.resource_version.unwrap_or_default(),
         marks: info.marks.clone(),
+        spec_changed_at: None,
     })
 }
 
@@ -631,6 +657,34 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     use super::*;
+
+    #[test]
+    fn a_replica_count_is_stamped_when_it_changes_and_keeps_its_stamp() {
+        let reading = |spec| ScaleReading {
+            spec_replicas: spec,
+            status_replicas: spec,
+            ready_replicas: Some(spec),
+            selector: None,
+            resource_version: "1".into(),
+            marks: Marks::default(),
+            spec_changed_at: None,
+        };
+        // The first reading's age is unknown.
+        let mut first = reading(4);
+        stamp_spec_change(&mut first, None);
+        assert_eq!(first.spec_changed_at, None);
+        let mut same = reading(4);
+        stamp_spec_change(&mut same, Some((4, None)));
+        assert_eq!(same.spec_changed_at, None);
+        let before = watermarkd_engine::Timestamp::from_system_time(std::time::SystemTime::now());
+        let mut changed = reading(6);
+        stamp_spec_change(&mut changed, Some((4, None)));
+        let stamp = changed.spec_changed_at.expect("stamped");
+        assert!(stamp >= before);
+        let mut later = reading(6);
+        stamp_spec_change(&mut later, Some((6, Some(stamp))));
+        assert_eq!(later.spec_changed_at, Some(stamp), "an unchanged count keeps when it was first seen");
+    }
 
     /// An API server that answers every request as kube-apiserver answers one for a custom
     /// resource it does not serve yet: 503 with `Retry-After: 10`.

@@ -68,11 +68,6 @@ pub struct Marks {
     /// `managedFields` entry's time, whole seconds, rounded down). It is the API server's own
     /// record, so it survives the daemon dying between a scale and its state write.
     pub scaled_at: Option<watermarkd_engine::Timestamp>,
-    /// When this process's watch first held the current `scaled_at`, if it held another one
-    /// before. The record says when the API server *received* the write; a write held up by a
-    /// stalled etcd lands when etcd resumes, long after. `None` when the record came with the
-    /// object's first listing, whose age is unknown.
-    pub scaled_seen_at: Option<watermarkd_engine::Timestamp>,
 }
 
 impl Marks {
@@ -86,7 +81,7 @@ impl Marks {
             .filter_map(|entry| entry.time.as_ref())
             .map(|time| watermarkd_engine::Timestamp::from_unix_millis(time.0.as_millisecond()))
             .max();
-        Marks { state_annotation, scaled_at, scaled_seen_at: None }
+        Marks { state_annotation, scaled_at }
     }
 }
 

@@ -360,29 +360,6 @@ fn publish<T: PartialEq>(sender: &watch::Sender<T>, state: T) {
     });
 }
 
-/// Publishes an object as listed or changed, noting when watermarkd's scale record on it
-/// changed under this watch (see [`super::Marks::scaled_seen_at`]).
-fn publish_present(sender: &watch::Sender<ObjState>, mut info: ObjectInfo) {
-    sender.send_if_modified(|current| {
-        if let ObjState::Present(previous) = &*current {
-            info.marks.scaled_seen_at = if previous.marks.scaled_at == info.marks.scaled_at {
-                previous.marks.scaled_seen_at
-            } else {
-                info.marks
-                    .scaled_at
-                    .map(|_| watermarkd_engine::Timestamp::from_system_time(std::time::SystemTime::now()))
-            };
-        }
-        let next = ObjState::Present(info);
-        if *current == next {
-            false
-        } else {
-            *current = next;
-            true
-        }
-    });
-}
-
 /// Whether an error replaces a known state (see the module documentation).
 fn is_definitive(err: &TargetError) -> bool {
     matches!(err, TargetError::Forbidden { .. } | TargetError::UnknownKind { .. })
@@ -457,15 +434,16 @@ async fn run_group(
                     Some(Ok(Event::InitDone)) => {
                         let mut seen = listing.take().unwrap_or_default();
                         for (name, sender) in shared.all() {
-                            match seen.remove(&name) {
-                                Some(info) => publish_present(&sender, info),
-                                None => publish(&sender, ObjState::Missing),
-                            }
+                            let state = match seen.remove(&name) {
+                                Some(info) => ObjState::Present(info),
+                                None => ObjState::Missing,
+                            };
+                            publish(&sender, state);
                         }
                     }
                     Some(Ok(Event::Apply(object))) => {
                         if let Some(sender) = shared.sender(&object.name_any()) {
-                            publish_present(&sender, read_object(spec.paths, &object));
+                            publish(&sender, ObjState::Present(read_object(spec.paths, &object)));
                         }
                     }
                     Some(Ok(Event::Delete(object))) => {
