@@ -77,6 +77,12 @@
 //! or when a write landed.
 #![allow(dead_code)]
 
+// Each support file is compiled into every test binary that names it, so a test using two of
+// them has two copies of this small module.
+#[allow(clippy::duplicate_mod)]
+#[path = "test_pki.rs"]
+mod test_pki;
+
 use std::collections::BTreeMap;
 use std::io::{Read, Seek, SeekFrom};
 use std::net::TcpListener as StdListener;
@@ -354,53 +360,15 @@ pub const FRONT_PROXY_CLIENT: &str = "front-proxy-client";
 
 impl FrontProxy {
     fn generate(dir: &Path) -> FrontProxy {
-        let run = |args: &[&str]| {
-            let output = Command::new("openssl")
-                .args(args)
-                .current_dir(dir)
-                .stdin(Stdio::null())
-                .output()
-                .unwrap_or_else(|e| panic!("cannot run openssl: {e}; {INSTALL_HINT}"));
-            assert!(output.status.success(), "openssl {args:?} failed: {}", String::from_utf8_lossy(&output.stderr));
-        };
-        let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
-        run(&[
-            &["req", "-x509"][..],
-            &ec[..],
-            &["-keyout", "front-proxy-ca.key", "-out", "front-proxy-ca.crt", "-days", "2"],
-            &["-subj", "/CN=watermarkd test front-proxy CA"],
-        ]
-        .concat());
-        std::fs::write(
-            dir.join("front-proxy-client.ext"),
-            "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=clientAuth\n",
-        )
-        .expect("write the front-proxy extension file");
-        let subject = format!("/CN={FRONT_PROXY_CLIENT}");
-        run(&[
-            &["req"][..],
-            &ec[..],
-            &["-keyout", "front-proxy-client.key", "-out", "front-proxy-client.csr", "-subj", &subject],
-        ]
-        .concat());
-        run(&[
-            "x509",
-            "-req",
-            "-in",
-            "front-proxy-client.csr",
-            "-CA",
-            "front-proxy-ca.crt",
-            "-CAkey",
-            "front-proxy-ca.key",
-            "-set_serial",
-            "2",
-            "-days",
-            "2",
-            "-out",
-            "front-proxy-client.crt",
-            "-extfile",
-            "front-proxy-client.ext",
-        ]);
+        test_pki::make_ca(dir, "front-proxy-ca.key", "front-proxy-ca.crt", "watermarkd test front-proxy CA");
+        test_pki::sign(
+            dir,
+            ("front-proxy-ca.key", "front-proxy-ca.crt"),
+            ("front-proxy-client.key", "front-proxy-client.crt"),
+            FRONT_PROXY_CLIENT,
+            "clientAuth",
+            "",
+        );
         FrontProxy {
             ca: dir.join("front-proxy-ca.crt"),
             client_cert: dir.join("front-proxy-client.crt"),

@@ -49,11 +49,16 @@
 //! per test binary (`shared`); tests keep apart by namespace.
 #![allow(dead_code)]
 
+// Each support file is compiled into every test binary that names it, so a test using two of
+// them has two copies of this small module.
+#[allow(clippy::duplicate_mod)]
+#[path = "test_pki.rs"]
+mod test_pki;
+
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener as StdListener};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -284,50 +289,9 @@ fn api_service_resource() -> ApiResource {
 
 /// A CA and a server certificate for `SERVICE.NAMESPACE.svc` and 127.0.0.1, made by `openssl`.
 fn generate_certs(dir: &Path) {
-    let run = |args: &[&str]| {
-        let output = Command::new("openssl")
-            .args(args)
-            .current_dir(dir)
-            .stdin(Stdio::null())
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run openssl ({e}): {INSTALL_HINT}"));
-        assert!(output.status.success(), "openssl {args:?} failed: {}", String::from_utf8_lossy(&output.stderr));
-    };
-    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
-    run(&[
-        &["req", "-x509"][..],
-        &ec[..],
-        &["-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=watermarkd test metrics CA"],
-    ]
-    .concat());
-    std::fs::write(
-        dir.join("server.ext"),
-        format!(
-            "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n\
-             subjectAltName=DNS:{SERVICE_NAME}.{SERVICE_NAMESPACE}.svc,IP:127.0.0.1\n"
-        ),
-    )
-    .expect("extension file");
-    run(&[&["req"][..], &ec[..], &["-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=metrics-server"]]
-        .concat());
-    run(&[
-        "x509",
-        "-req",
-        "-in",
-        "server.csr",
-        "-CA",
-        "ca.pem",
-        "-CAkey",
-        "ca.key",
-        "-set_serial",
-        "2",
-        "-days",
-        "2",
-        "-out",
-        "server.pem",
-        "-extfile",
-        "server.ext",
-    ]);
+    test_pki::make_ca(dir, "ca.key", "ca.pem", "watermarkd test metrics CA");
+    let names = format!("subjectAltName=DNS:{SERVICE_NAME}.{SERVICE_NAMESPACE}.svc,IP:127.0.0.1\n");
+    test_pki::sign(dir, ("ca.key", "ca.pem"), ("server.key", "server.pem"), "metrics-server", "serverAuth", &names);
 }
 
 fn base64(bytes: &[u8]) -> String {

@@ -11,6 +11,12 @@
 //!   also close its port (connection refused) and open it again.
 #![allow(dead_code)]
 
+// Each support file is compiled into every test binary that names it, so a test using two of
+// them has two copies of this small module.
+#[allow(clippy::duplicate_mod)]
+#[path = "test_pki.rs"]
+mod test_pki;
+
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::io::{Read, Write};
@@ -616,52 +622,19 @@ pub struct TestCerts {
 impl TestCerts {
     pub fn generate() -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
-        let run = |args: &[&str]| {
-            let output = Command::new("openssl")
-                .args(args)
-                .current_dir(dir.path())
-                .stdin(Stdio::null())
-                .output()
-                .unwrap_or_else(|e| panic!("cannot run openssl ({e}): {INSTALL_HINT}"));
-            assert!(output.status.success(), "openssl {args:?} failed: {}", String::from_utf8_lossy(&output.stderr));
-        };
-        let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
-        run(&[
-            &["req", "-x509"],
-            &ec[..],
-            &["-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=watermarkd test CA"],
-        ]
-        .concat());
+        test_pki::make_ca(dir.path(), "ca.key", "ca.pem", "watermarkd test CA");
         for (name, usage, san) in
             [("server", "serverAuth", "subjectAltName=IP:127.0.0.1,DNS:localhost\n"), ("client", "clientAuth", "")]
         {
-            std::fs::write(
-                dir.path().join(format!("{name}.ext")),
-                format!("basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage={usage}\n{san}"),
-            )
-            .expect("extension file");
-            let subject = format!("/CN=watermarkd test {name}");
-            let (key, csr, pem, ext) =
-                (format!("{name}.key"), format!("{name}.csr"), format!("{name}.pem"), format!("{name}.ext"));
-            run(&[&["req"], &ec[..], &["-keyout", &key, "-out", &csr, "-subj", &subject]].concat());
-            run(&[
-                "x509",
-                "-req",
-                "-in",
-                &csr,
-                "-CA",
-                "ca.pem",
-                "-CAkey",
-                "ca.key",
-                "-set_serial",
-                "2",
-                "-days",
-                "2",
-                "-out",
-                &pem,
-                "-extfile",
-                &ext,
-            ]);
+            let (key, pem) = (format!("{name}.key"), format!("{name}.pem"));
+            test_pki::sign(
+                dir.path(),
+                ("ca.key", "ca.pem"),
+                (&key, &pem),
+                &format!("watermarkd test {name}"),
+                usage,
+                san,
+            );
         }
         TestCerts { dir }
     }
