@@ -103,7 +103,7 @@ fn run() -> anyhow::Result<ExitCode> {
             watermarkd::telemetry::logging::init(settings.log_format, &settings.log_level)
                 .map_err(anyhow::Error::msg)?;
             // Before any worker thread exists, so that all of them share the limited arenas.
-            watermarkd::runtime::memory::limit_arenas();
+            watermarkd::runtime::allocator::limit_arenas();
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
             runtime.block_on(watermarkd::runtime::run(settings))?;
             ExitCode::SUCCESS

@@ -5,14 +5,13 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::ObjectReference;
-use kube::api::{Api, Patch, PatchParams};
 use watermarkd_engine::{decide, Action, Decision, Guard, Position, Reading, State, Target};
 
-use super::{Desired, Memory, Shared};
+use super::report;
+use super::source::{Desired, Persisted, Source, SourceKind};
+use super::Shared;
 use crate::backend::{Observation, QueryError};
-use crate::crd::{self, ScaleWrite, WatermarkPodAutoscaler, WatermarkPodAutoscalerStatus};
-use crate::events::{EventType, Repeats};
+use crate::crd::{self, ScaleWrite};
 use crate::state;
 use crate::target::{ScaleReading, TargetError};
 
@@ -20,8 +19,40 @@ use crate::target::{ScaleReading, TargetError};
 const CONFLICT_ATTEMPTS: usize = 3;
 /// How long to wait for the cache to show the object that caused a conflict.
 const CONFLICT_REFRESH: Duration = Duration::from_secs(2);
-/// A status whose only change is `currentMetrics` is written at most this often.
-const METRICS_STATUS_PERIOD: Duration = Duration::from_secs(60);
+
+/// What one autoscaler remembers between evaluations.
+#[derive(Debug)]
+pub struct Memory {
+    /// `None` until restored from the cluster.
+    state: Option<State>,
+    /// The leadership epoch the state was restored in; a new leadership restores again.
+    epoch: u64,
+    /// What was last persisted, where the source keeps it.
+    persisted: Persisted,
+    last_reason: Option<String>,
+    /// The target error last reported, so a stuck target logs once.
+    failing: Option<String>,
+    /// The resourceVersion a scale write was based on whose outcome is unknown (timed out,
+    /// or the API server failed): it may have landed, or may yet.
+    unconfirmed_write: Option<String>,
+    /// What makes a change of the target's replica count this process did not confirm look
+    /// like a scale that landed late.
+    suspicion: state::Suspicion,
+}
+
+impl Memory {
+    pub fn for_source(source: SourceKind) -> Memory {
+        Memory {
+            state: None,
+            epoch: 0,
+            persisted: Persisted::for_source(source),
+            last_reason: None,
+            failing: None,
+            unconfirmed_write: None,
+            suspicion: state::Suspicion::default(),
+        }
+    }
+}
 
 /// What an evaluation ended in, for the evaluations counter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -79,8 +110,7 @@ pub async fn evaluate(
         if memory.state.is_none() || memory.epoch != epoch {
             if memory.epoch != epoch {
                 // Another daemon may have led meanwhile: what it wrote is on the object.
-                memory.status = None;
-                memory.status_written_at = None;
+                memory.persisted = Persisted::for_source(desired.key.source());
             }
             restore(desired, memory, &reading, now);
             memory.epoch = epoch;
@@ -190,7 +220,7 @@ pub async fn evaluate(
         let conditions = conditions.iter().map(|c| (c.type_.as_str(), c.status == "True"));
         shared.autoscaler_metrics.observe(&desired.labels, &rule, &decision, scaled, conditions);
         persist(shared, desired, memory, &decision, &write, &next_state).await;
-        report_events(shared, desired, &decision, &write, deferred).await;
+        report::decision_events(shared, desired, &decision, &write, deferred).await;
         memory.failing = None;
         return match (&write, decision.action) {
             (ScaleWrite::Failed(_), _) => Outcome::Failed,
@@ -320,30 +350,35 @@ async fn wait_for_newer(shared: &Shared, target: &crate::rules::TargetRef, stale
 /// The state a (re)started daemon, or a new leader, continues from.
 fn restore(desired: &Desired, memory: &mut Memory, reading: &ScaleReading, now: watermarkd_engine::Timestamp) {
     let autoscaler = &desired.autoscaler;
-    let persisted = match &desired.wpa {
-        Some(wpa) => {
-            let status = memory.status.clone().or_else(|| wpa.status.clone());
-            memory.status = status.clone();
+    let persisted = match (&desired.source, &mut memory.persisted) {
+        (Source::Wpa(wpa), Persisted::Status { status, .. }) => {
+            if status.is_none() {
+                status.clone_from(&wpa.status);
+            }
             state::from_wpa_status(status.as_ref())
         }
-        None => match reading.marks.state_annotation.as_deref() {
-            None => State::default(),
-            Some(text) => match state::decode_annotation(&autoscaler.name, text) {
-                Ok(Some(state)) => state,
-                Ok(None) => State::default(),
-                Err(err) => {
-                    tracing::warn!(
-                        autoscaler = %autoscaler.name,
-                        workload = %describe(&autoscaler.target),
-                        error = %err,
-                        "ignoring the persisted state on the target; the autoscaler starts without one"
-                    );
-                    State::default()
-                }
-            },
-        },
+        (Source::Wpa(_), Persisted::Annotation { .. }) => State::default(),
+        (Source::RulesFile, persisted) => {
+            let restored = match reading.marks.state_annotation.as_deref() {
+                None => State::default(),
+                Some(text) => match state::decode_annotation(&autoscaler.name, text) {
+                    Ok(Some(state)) => state,
+                    Ok(None) => State::default(),
+                    Err(err) => {
+                        tracing::warn!(
+                            autoscaler = %autoscaler.name,
+                            workload = %describe(&autoscaler.target),
+                            error = %err,
+                            "ignoring the persisted state on the target; the autoscaler starts without one"
+                        );
+                        State::default()
+                    }
+                },
+            };
+            *persisted = Persisted::Annotation { written: Some(restored.clone()) };
+            restored
+        }
     };
-    memory.written = Some(persisted.clone());
     let restored = state::restore(persisted, &reading.marks, &autoscaler.rule, now);
     if !restored.future.is_empty() {
         tracing::warn!(
@@ -426,8 +461,8 @@ fn reason_shape(reason: &str) -> String {
     shape
 }
 
-/// Writes the state (rules-file mode: the target's annotation) or the status (CRD mode) when
-/// a later decision depends on what changed.
+/// Persists what a later decision depends on, where the autoscaler's source keeps it: the
+/// target's state annotation (rules file), or the WPA's status.
 async fn persist(
     shared: &Shared,
     desired: &Desired,
@@ -439,22 +474,24 @@ async fn persist(
     if !shared.is_leader() {
         return;
     }
-    match &desired.wpa {
-        None => {
+    match (&desired.source, &mut memory.persisted) {
+        (Source::Wpa(wpa), persisted) => report::decision_status(shared, wpa, persisted, decision, write).await,
+        (Source::RulesFile, Persisted::Annotation { written }) => {
             // A dry run writes nothing to the target, its annotation included.
-            if decision.dry_run || !state::needs_write(memory.written.as_ref(), next_state) {
+            if decision.dry_run || !state::needs_write(written.as_ref(), next_state) {
                 return;
             }
             let value = state::encode_annotation(&desired.autoscaler.name, next_state);
             let Some(budget) = shared.write_budget() else { return };
-            let written = tokio::time::timeout(budget, shared.targets.write_state(&desired.autoscaler.target, &value));
-            let written = written.await.unwrap_or_else(|_| {
+            let written_now =
+                tokio::time::timeout(budget, shared.targets.write_state(&desired.autoscaler.target, &value));
+            let result = written_now.await.unwrap_or_else(|_| {
                 Err(TargetError::Connection(format!("no answer within {:.1}s", budget.as_secs_f64())))
             });
-            match written {
+            match result {
                 Ok(()) => {
                     shared.daemon.write("state", "ok");
-                    memory.written = Some(next_state.clone());
+                    *written = Some(next_state.clone());
                 }
                 Err(err) => {
                     shared.daemon.write("state", "error");
@@ -466,91 +503,7 @@ async fn persist(
                 }
             }
         }
-        Some(wpa) => {
-            let now = shared.clock.now();
-            let previous = memory.status.clone().or_else(|| wpa.status.clone());
-            let next = crd::next_status(previous.as_ref(), &wpa.spec, decision, write, now);
-            if !crd::status_changed(previous.as_ref(), &next) {
-                return;
-            }
-            let only_metrics = previous.as_ref().is_some_and(|p| {
-                let mut same = p.clone();
-                same.current_metrics = next.current_metrics.clone();
-                same == next
-            });
-            if only_metrics && memory.status_written_at.is_some_and(|at| at.elapsed() < METRICS_STATUS_PERIOD) {
-                return;
-            }
-            if write_status(shared, wpa, &next).await {
-                memory.status = Some(next);
-                memory.status_written_at = Some(tokio::time::Instant::now());
-            }
-        }
-    }
-}
-
-/// Merge-patches a WPA's status; true when it was written.
-pub async fn write_status(
-    shared: &Shared,
-    wpa: &WatermarkPodAutoscaler,
-    status: &WatermarkPodAutoscalerStatus,
-) -> bool {
-    let namespace = wpa.metadata.namespace.as_deref().unwrap_or("default");
-    let name = wpa.metadata.name.as_deref().unwrap_or_default();
-    let api: Api<WatermarkPodAutoscaler> = Api::namespaced(shared.client.clone(), namespace);
-    let patch = serde_json::json!({ "status": status });
-    let params = PatchParams { field_manager: Some("watermarkd".into()), ..PatchParams::default() };
-    let Some(budget) = shared.write_budget() else { return false };
-    match tokio::time::timeout(budget, api.patch_status(name, &params, &Patch::Merge(&patch))).await {
-        Ok(Ok(_)) => {
-            shared.daemon.write("status", "ok");
-            true
-        }
-        Ok(Err(err)) => {
-            shared.daemon.write("status", "error");
-            tracing::warn!(wpa = %format!("{namespace}/{name}"), error = %err, "could not write the WPA status");
-            false
-        }
-        Err(_) => {
-            shared.daemon.write("status", "error");
-            let error = format!("no answer within {:.1}s", budget.as_secs_f64());
-            tracing::warn!(wpa = %format!("{namespace}/{name}"), error, "could not write the WPA status");
-            false
-        }
-    }
-}
-
-async fn report_events(shared: &Shared, desired: &Desired, decision: &Decision, write: &ScaleWrite, deferred: bool) {
-    let object = target_reference(desired);
-    match write {
-        ScaleWrite::Succeeded => {
-            let reason = if decision.action == Action::ScaleUp { "ScaledUp" } else { "ScaledDown" };
-            let note = format!(
-                "New size: {}; old size: {}; reason: {}",
-                decision.replicas, decision.spec_replicas, decision.reason
-            );
-            publish(shared, &object, EventType::Normal, reason, &note, "Scale", Repeats::Keep).await;
-        }
-        ScaleWrite::Failed(err) => {
-            let note = format!("could not scale to {}: {err}", decision.replicas);
-            publish(shared, &object, EventType::Warning, "FailedRescale", &note, "Scale", Repeats::Suppress).await;
-        }
-        ScaleWrite::NotAttempted => {}
-    }
-    if decision.guard == Some(Guard::NoData) && !deferred {
-        if let Some(recommender) = &desired.autoscaler.recommender {
-            // A recommender's reasons carry no ages: the reason itself is the news. In CRD
-            // mode it goes on the WPA, as the Datadog controller reports it.
-            let why = decision.metrics.first().and_then(|m| m.note.as_deref()).unwrap_or("no reply");
-            let note = format!("no usable recommendation from {}, holding: {why}", recommender.display_url());
-            let object = desired.wpa.as_deref().map_or(object, wpa_reference);
-            publish(shared, &object, EventType::Warning, "FailedGetMetrics", &note, "Decide", Repeats::Suppress).await;
-            return;
-        }
-        // Names only, not the reasons (which carry ages): the same outage is one event.
-        let names: Vec<&str> = decision.metrics.iter().map(|m| m.name.as_str()).collect();
-        let note = format!("no usable metric value, holding: {}", names.join(", "));
-        publish(shared, &object, EventType::Warning, "FailedGetMetrics", &note, "Decide", Repeats::Suppress).await;
+        (Source::RulesFile, Persisted::Status { .. }) => {}
     }
 }
 
@@ -561,78 +514,9 @@ async fn target_failed(shared: &Shared, desired: &Desired, memory: &mut Memory, 
     if memory.failing.as_deref() != Some(message.as_str()) {
         tracing::warn!(autoscaler = %autoscaler.name, workload = %describe(&autoscaler.target), error = %message, "cannot read the target");
     }
-    memory.failing = Some(message.clone());
-    if !shared.is_leader() {
-        return;
-    }
-    let reason = match err {
-        TargetError::NotFound { .. } => "FailedGetScale",
-        TargetError::NoScaleSubresource { .. } | TargetError::UnknownKind { .. } => "InvalidTarget",
-        _ => "FailedGetScale",
-    };
-    // A missing target has no object to carry an event; the WPA does (CRD mode), or the log.
-    if let Some(wpa) = &desired.wpa {
-        let note = format!("cannot read the target: {message}");
-        publish(shared, &wpa_reference(wpa), EventType::Warning, reason, &note, "GetScale", Repeats::Suppress).await;
-        let previous = memory.status.clone().or_else(|| wpa.status.clone());
-        let mut next = previous.clone().unwrap_or_default();
-        crd::set_condition(
-            &mut next,
-            crd::ABLE_TO_SCALE,
-            false,
-            "FailedGetScale",
-            &format!("the WPA controller was unable to get the target's current scale: {message}"),
-            shared.clock.now(),
-        );
-        if crd::status_changed(previous.as_ref(), &next) && write_status(shared, wpa, &next).await {
-            memory.status = Some(next);
-        }
-    } else if !matches!(err, TargetError::NotFound { .. }) {
-        let note = format!("cannot scale: {message}");
-        publish(shared, &target_reference(desired), EventType::Warning, reason, &note, "GetScale", Repeats::Suppress)
-            .await;
-    }
-}
-
-pub async fn publish(
-    shared: &Shared,
-    object: &ObjectReference,
-    type_: EventType,
-    reason: &str,
-    note: &str,
-    action: &str,
-    repeats: Repeats,
-) {
-    let Some(events) = &shared.events else { return };
-    match events.publish(object, type_, reason, note, action, repeats).await {
-        Ok(crate::events::Published::Sent) => shared.daemon.write("event", "ok"),
-        Ok(crate::events::Published::Suppressed) => {}
-        Err(err) => {
-            shared.daemon.write("event", "error");
-            tracing::debug!(error = %err, reason, "could not record an event");
-        }
-    }
-}
-
-fn target_reference(desired: &Desired) -> ObjectReference {
-    let target = &desired.autoscaler.target;
-    ObjectReference {
-        api_version: Some(target.api_version.clone()),
-        kind: Some(target.kind.clone()),
-        namespace: Some(target.namespace.clone()),
-        name: Some(target.name.clone()),
-        ..ObjectReference::default()
-    }
-}
-
-pub fn wpa_reference(wpa: &WatermarkPodAutoscaler) -> ObjectReference {
-    ObjectReference {
-        api_version: Some(crd::API_VERSION.into()),
-        kind: Some(crd::KIND.into()),
-        namespace: wpa.metadata.namespace.clone(),
-        name: wpa.metadata.name.clone(),
-        uid: wpa.metadata.uid.clone(),
-        ..ObjectReference::default()
+    memory.failing = Some(message);
+    if shared.is_leader() {
+        report::target_unreadable(shared, desired, &mut memory.persisted, err).await;
     }
 }
 

@@ -17,6 +17,11 @@ impl Notifier {
         Notifier { socket }
     }
 
+    /// A notifier that sends to `path` (what `$NOTIFY_SOCKET` would name).
+    pub fn to_socket(path: &str) -> std::io::Result<Notifier> {
+        Ok(Notifier { socket: Some((UnixDatagram::unbound()?, path.to_string())) })
+    }
+
     /// Sends `state` (e.g. `READY=1`); failures are logged, never fatal.
     pub fn notify(&self, state: &str) {
         let Some((socket, path)) = &self.socket else { return };

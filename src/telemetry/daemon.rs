@@ -2,6 +2,7 @@
 
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 
+#[derive(Clone)]
 pub struct DaemonMetrics {
     /// Evaluations by result: `scaled`, `held`, `dry_run`, `failed`, `skipped` (still running
     /// when it fell due again).

@@ -1,0 +1,135 @@
+//! The loops that say how the daemon is: `/readyz` (and systemd's READY=1 the first time it is
+//! ready), systemd's watchdog, and giving freed memory back to the kernel.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use super::allocator;
+use super::systemd::Notifier;
+use crate::telemetry::Readiness;
+
+/// How often readiness is judged again.
+const READINESS_PERIOD: Duration = Duration::from_millis(200);
+/// How often freed heap pages are handed back while nothing else does it: scrapes and reloads
+/// leave them behind.
+const TRIM_PERIOD: Duration = Duration::from_secs(60);
+
+/// Keeps `readiness.caches_synced` up to date with `caches_synced()` (every cache listed, and
+/// no watch failing: a failing watch's cache may be stale), and tells systemd once, the first
+/// time the daemon is ready. Runs until `shutdown`.
+pub async fn follow_readiness(
+    readiness: Arc<Readiness>,
+    caches_synced: impl Fn() -> bool,
+    notifier: Notifier,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut announced = false;
+    let mut trimmed = tokio::time::Instant::now();
+    loop {
+        if trimmed.elapsed() >= TRIM_PERIOD {
+            allocator::release_free();
+            trimmed = tokio::time::Instant::now();
+        }
+        readiness.caches_synced.store(caches_synced(), Ordering::Release);
+        if !announced && readiness.is_ready() {
+            notifier.ready();
+            announced = true;
+            tracing::info!("ready");
+            // The initial listings are done with: give their pages back.
+            allocator::release_free();
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(READINESS_PERIOD) => {}
+            _ = shutdown.changed() => return,
+        }
+    }
+}
+
+/// Pings systemd's watchdog every `period` until `shutdown`. It runs on the same runtime as
+/// the evaluations, so a wedged runtime stops the pings and systemd restarts the daemon.
+pub async fn ping_watchdog(notifier: Notifier, period: Duration, mut shutdown: watch::Receiver<bool>) {
+    loop {
+        notifier.watchdog();
+        tokio::select! {
+            _ = tokio::time::sleep(period) => {}
+            _ = shutdown.changed() => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::net::UnixDatagram;
+    use std::sync::atomic::AtomicBool;
+
+    use super::*;
+
+    fn socket() -> (tempfile::TempDir, UnixDatagram, Notifier) {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("notify.sock");
+        let listener = UnixDatagram::bind(&path).expect("bind");
+        listener.set_nonblocking(true).expect("non-blocking");
+        let notifier = Notifier::to_socket(&path.display().to_string()).expect("notifier");
+        (dir, listener, notifier)
+    }
+
+    fn received(listener: &UnixDatagram) -> Vec<String> {
+        let mut buffer = [0u8; 256];
+        let mut out = Vec::new();
+        while let Ok(n) = listener.recv(&mut buffer) {
+            out.push(String::from_utf8_lossy(&buffer[..n]).into_owned());
+        }
+        out
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn ready_follows_the_caches_and_systemd_hears_it_once() {
+        let (_dir, listener, notifier) = socket();
+        let readiness = Arc::new(Readiness::default());
+        readiness.rules_loaded.store(true, Ordering::Release);
+        readiness.leader_known.store(true, Ordering::Release);
+        let synced = Arc::new(AtomicBool::new(false));
+        let (stop, shutdown) = watch::channel(false);
+        let flag = Arc::clone(&synced);
+        let task = tokio::spawn(follow_readiness(
+            Arc::clone(&readiness),
+            move || flag.load(Ordering::Acquire),
+            notifier,
+            shutdown,
+        ));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!readiness.is_ready());
+        assert!(received(&listener).is_empty());
+
+        synced.store(true, Ordering::Release);
+        tokio::time::sleep(READINESS_PERIOD * 2).await;
+        assert!(readiness.is_ready());
+        // A watch fails and recovers: readiness follows, systemd was told once.
+        synced.store(false, Ordering::Release);
+        tokio::time::sleep(READINESS_PERIOD * 2).await;
+        assert!(!readiness.is_ready());
+        synced.store(true, Ordering::Release);
+        tokio::time::sleep(READINESS_PERIOD * 2).await;
+        assert!(readiness.is_ready());
+        assert_eq!(received(&listener), ["READY=1\nSTATUS=running"]);
+
+        stop.send(true).expect("stop");
+        task.await.expect("the loop ends at shutdown");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_watchdog_is_pinged_every_period_until_shutdown() {
+        let (_dir, listener, notifier) = socket();
+        let (stop, shutdown) = watch::channel(false);
+        let task = tokio::spawn(ping_watchdog(notifier, Duration::from_secs(10), shutdown));
+        tokio::time::sleep(Duration::from_secs(35)).await;
+        assert_eq!(received(&listener), ["WATCHDOG=1"; 4], "at 0, 10, 20 and 30 s");
+        stop.send(true).expect("stop");
+        task.await.expect("ends");
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        assert!(received(&listener).is_empty(), "no ping after shutdown");
+    }
+}

@@ -1,0 +1,227 @@
+//! What the daemon tells the cluster about its autoscalers besides the scale: WPA status
+//! writes and Kubernetes events. Every such request goes through here, bounded by the time
+//! this daemon can still prove its lease.
+
+use std::collections::HashMap;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::api::{Api, Patch, PatchParams};
+use watermarkd_engine::{Action, Decision, Guard};
+
+use super::source::{Desired, Persisted, Source};
+use super::wpa_index::{ObjectKey, Rejection};
+use super::Shared;
+use crate::crd::{self, MapError, ScaleWrite, WatermarkPodAutoscaler, WatermarkPodAutoscalerStatus};
+use crate::events::{EventType, Repeats};
+use crate::target::TargetError;
+
+/// A status whose only change is `currentMetrics` is written at most this often.
+const METRICS_STATUS_PERIOD: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Merge-patches a WPA's status; true when it was written.
+pub async fn write_status(
+    shared: &Shared,
+    wpa: &WatermarkPodAutoscaler,
+    status: &WatermarkPodAutoscalerStatus,
+) -> bool {
+    let namespace = wpa.metadata.namespace.as_deref().unwrap_or("default");
+    let name = wpa.metadata.name.as_deref().unwrap_or_default();
+    let api: Api<WatermarkPodAutoscaler> = Api::namespaced(shared.client.clone(), namespace);
+    let patch = serde_json::json!({ "status": status });
+    let params = PatchParams { field_manager: Some("watermarkd".into()), ..PatchParams::default() };
+    let Some(budget) = shared.write_budget() else { return false };
+    let error = match tokio::time::timeout(budget, api.patch_status(name, &params, &Patch::Merge(&patch))).await {
+        Ok(Ok(_)) => {
+            shared.daemon.write("status", "ok");
+            return true;
+        }
+        Ok(Err(err)) => err.to_string(),
+        Err(_) => format!("no answer within {:.1}s", budget.as_secs_f64()),
+    };
+    shared.daemon.write("status", "error");
+    tracing::warn!(wpa = %format!("{namespace}/{name}"), error, "could not write the WPA status");
+    false
+}
+
+/// Writes the status a WPA's decision leads to, when it changed (a change of the metrics
+/// alone at most every `METRICS_STATUS_PERIOD`).
+pub async fn decision_status(
+    shared: &Shared,
+    wpa: &WatermarkPodAutoscaler,
+    persisted: &mut Persisted,
+    decision: &Decision,
+    write: &ScaleWrite,
+) {
+    let Persisted::Status { status, written_at } = persisted else { return };
+    let previous = status.clone().or_else(|| wpa.status.clone());
+    let next = crd::next_status(previous.as_ref(), &wpa.spec, decision, write, shared.clock.now());
+    if !crd::status_changed(previous.as_ref(), &next) {
+        return;
+    }
+    let only_metrics = previous.as_ref().is_some_and(|p| {
+        let mut same = p.clone();
+        same.current_metrics = next.current_metrics.clone();
+        same == next
+    });
+    if only_metrics && written_at.is_some_and(|at| at.elapsed() < METRICS_STATUS_PERIOD) {
+        return;
+    }
+    if write_status(shared, wpa, &next).await {
+        *status = Some(next);
+        *written_at = Some(tokio::time::Instant::now());
+    }
+}
+
+/// Records an event; failures are counted and logged at debug, never fatal.
+pub async fn publish(
+    shared: &Shared,
+    object: &ObjectReference,
+    type_: EventType,
+    reason: &str,
+    note: &str,
+    action: &str,
+    repeats: Repeats,
+) {
+    let Some(events) = &shared.events else { return };
+    match events.publish(object, type_, reason, note, action, repeats).await {
+        Ok(crate::events::Published::Sent) => shared.daemon.write("event", "ok"),
+        Ok(crate::events::Published::Suppressed) => {}
+        Err(err) => {
+            shared.daemon.write("event", "error");
+            tracing::debug!(error = %err, reason, "could not record an event");
+        }
+    }
+}
+
+/// The events of one decision: each scale, a failed write, and a hold for want of data (not
+/// one the Datadog pacing deferred).
+pub async fn decision_events(
+    shared: &Shared,
+    desired: &Desired,
+    decision: &Decision,
+    write: &ScaleWrite,
+    deferred: bool,
+) {
+    let object = target_reference(desired);
+    match write {
+        ScaleWrite::Succeeded => {
+            let reason = if decision.action == Action::ScaleUp { "ScaledUp" } else { "ScaledDown" };
+            let note = format!(
+                "New size: {}; old size: {}; reason: {}",
+                decision.replicas, decision.spec_replicas, decision.reason
+            );
+            publish(shared, &object, EventType::Normal, reason, &note, "Scale", Repeats::Keep).await;
+        }
+        ScaleWrite::Failed(err) => {
+            let note = format!("could not scale to {}: {err}", decision.replicas);
+            publish(shared, &object, EventType::Warning, "FailedRescale", &note, "Scale", Repeats::Suppress).await;
+        }
+        ScaleWrite::NotAttempted => {}
+    }
+    if decision.guard == Some(Guard::NoData) && !deferred {
+        if let Some(recommender) = &desired.autoscaler.recommender {
+            // A recommender's reasons carry no ages: the reason itself is the news. In CRD
+            // mode it goes on the WPA, as the Datadog controller reports it.
+            let why = decision.metrics.first().and_then(|m| m.note.as_deref()).unwrap_or("no reply");
+            let note = format!("no usable recommendation from {}, holding: {why}", recommender.display_url());
+            let object = desired.source.wpa().map_or(object, |wpa| wpa_reference(wpa));
+            publish(shared, &object, EventType::Warning, "FailedGetMetrics", &note, "Decide", Repeats::Suppress).await;
+            return;
+        }
+        // Names only, not the reasons (which carry ages): the same outage is one event.
+        let names: Vec<&str> = decision.metrics.iter().map(|m| m.name.as_str()).collect();
+        let note = format!("no usable metric value, holding: {}", names.join(", "));
+        publish(shared, &object, EventType::Warning, "FailedGetMetrics", &note, "Decide", Repeats::Suppress).await;
+    }
+}
+
+/// Reports a target that cannot be read: on the WPA (an event and the AbleToScale condition),
+/// or for a rules-file autoscaler on the target itself, unless it is missing (no object to
+/// carry an event: the log says it).
+pub async fn target_unreadable(shared: &Shared, desired: &Desired, persisted: &mut Persisted, err: &TargetError) {
+    let message = err.to_string();
+    let reason = match err {
+        TargetError::NoScaleSubresource { .. } | TargetError::UnknownKind { .. } => "InvalidTarget",
+        _ => "FailedGetScale",
+    };
+    match (&desired.source, persisted) {
+        (Source::Wpa(wpa), Persisted::Status { status, .. }) => {
+            let note = format!("cannot read the target: {message}");
+            publish(shared, &wpa_reference(wpa), EventType::Warning, reason, &note, "GetScale", Repeats::Suppress)
+                .await;
+            let previous = status.clone().or_else(|| wpa.status.clone());
+            let mut next = previous.clone().unwrap_or_default();
+            crd::set_condition(
+                &mut next,
+                crd::ABLE_TO_SCALE,
+                false,
+                "FailedGetScale",
+                &format!("the WPA controller was unable to get the target's current scale: {message}"),
+                shared.clock.now(),
+            );
+            if crd::status_changed(previous.as_ref(), &next) && write_status(shared, wpa, &next).await {
+                *status = Some(next);
+            }
+        }
+        _ if matches!(err, TargetError::NotFound { .. }) => {}
+        _ => {
+            let note = format!("cannot scale: {message}");
+            let object = target_reference(desired);
+            publish(shared, &object, EventType::Warning, reason, &note, "GetScale", Repeats::Suppress).await;
+        }
+    }
+}
+
+/// The statuses written to WPAs that do not run, so that each is written once per change.
+#[derive(Default)]
+pub struct RejectedStatuses {
+    written: HashMap<ObjectKey, WatermarkPodAutoscalerStatus>,
+}
+
+impl RejectedStatuses {
+    /// Reports each WPA that does not run (its status when it changed, and a Warning event),
+    /// and forgets the ones that run again or are gone. Only the leader writes.
+    pub async fn report(&mut self, shared: &Shared, rejected: &[Rejection]) {
+        self.written.retain(|key, _| rejected.iter().any(|r| ObjectKey::of(&r.wpa.metadata) == *key));
+        if !shared.is_leader() {
+            return;
+        }
+        for Rejection { wpa, error } in rejected {
+            let key = ObjectKey::of(&wpa.metadata);
+            let previous = self.written.get(&key).cloned().or_else(|| wpa.status.clone());
+            let next = crd::rejected_status(previous.as_ref(), error, shared.clock.now());
+            if crd::status_changed(previous.as_ref(), &next) && write_status(shared, wpa, &next).await {
+                self.written.insert(key, next);
+            }
+            let reason = match error {
+                MapError::Invalid { .. } => "FailedSpecCheck",
+                MapError::Unsupported(_) => "NotSupported",
+            };
+            let note = error.to_string();
+            publish(shared, &wpa_reference(wpa), EventType::Warning, reason, &note, "Validate", Repeats::Suppress)
+                .await;
+        }
+    }
+}
+
+fn target_reference(desired: &Desired) -> ObjectReference {
+    let target = &desired.autoscaler.target;
+    ObjectReference {
+        api_version: Some(target.api_version.clone()),
+        kind: Some(target.kind.clone()),
+        namespace: Some(target.namespace.clone()),
+        name: Some(target.name.clone()),
+        ..ObjectReference::default()
+    }
+}
+
+fn wpa_reference(wpa: &WatermarkPodAutoscaler) -> ObjectReference {
+    ObjectReference {
+        api_version: Some(crd::API_VERSION.into()),
+        kind: Some(crd::KIND.into()),
+        namespace: wpa.metadata.namespace.clone(),
+        name: wpa.metadata.name.clone(),
+        uid: wpa.metadata.uid.clone(),
+        ..ObjectReference::default()
+    }
+}

@@ -1,0 +1,173 @@
+//! The rules file: checked for a change every `reload_poll` and reloaded on SIGHUP. An
+//! invalid file keeps the previous rules running.
+
+use std::hash::{Hash, Hasher};
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch};
+
+use super::scheduler::Command;
+use super::source::{Desired, SourceKind};
+use super::Shared;
+use crate::rules::{self, RulesFile};
+
+/// Splits a rules file into its autoscalers and the rest (the backends, which CRD mode also
+/// needs). The autoscalers move: the daemon keeps one copy of each. `daemon_dry_run` is the
+/// daemon's --dry-run, which the series' `dry_run` label includes.
+pub fn split(rules: RulesFile, daemon_dry_run: bool) -> (Arc<RulesFile>, Vec<Desired>) {
+    let desired = rules.autoscalers.into_iter().map(|a| Desired::from_rules_file(a, daemon_dry_run)).collect();
+    (Arc::new(RulesFile { backends: rules.backends, autoscalers: Vec::new() }), desired)
+}
+
+pub struct RulesWatch {
+    pub path: PathBuf,
+    pub poll: Duration,
+    pub commands: mpsc::Sender<Command>,
+    pub rules: watch::Sender<Arc<RulesFile>>,
+    pub reload: mpsc::Receiver<()>,
+    pub shared: Arc<Shared>,
+    pub notifier: super::systemd::Notifier,
+    pub shutdown: watch::Receiver<bool>,
+}
+
+/// What identifies the file's content without reading it: the resolved file (symlinks
+/// followed, so a ConfigMap's `..data` swap is a new inode), its size and its mtime.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Fingerprint {
+    device: u64,
+    inode: u64,
+    size: u64,
+    modified_nanos: i128,
+}
+
+fn fingerprint(path: &std::path::Path) -> Option<Fingerprint> {
+    let metadata = std::fs::metadata(path).ok()?;
+    Some(Fingerprint {
+        device: metadata.dev(),
+        inode: metadata.ino(),
+        size: metadata.size(),
+        modified_nanos: i128::from(metadata.mtime()) * 1_000_000_000 + i128::from(metadata.mtime_nsec()),
+    })
+}
+
+fn content_hash(text: &str) -> u64 {
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    text.hash(&mut hasher);
+    hasher.finish()
+}
+
+/// Checks the file every `poll` (by its resolved identity, size and mtime, so editors' renames
+/// and ConfigMap symlink swaps are seen) and reloads on a change of content or on SIGHUP.
+pub async fn watch_rules_file(mut watch: RulesWatch) {
+    let mut seen = fingerprint(&watch.path);
+    let mut applied_hash = std::fs::read_to_string(&watch.path).ok().map(|t| content_hash(&t));
+    // The last content that failed, so a broken file is reported once, not every poll.
+    let mut failed_hash: Option<u64> = None;
+    loop {
+        let forced = tokio::select! {
+            _ = tokio::time::sleep(watch.poll) => false,
+            Some(()) = watch.reload.recv() => true,
+            _ = watch.shutdown.changed() => return,
+        };
+        let now_seen = fingerprint(&watch.path);
+        if !forced && now_seen == seen {
+            continue;
+        }
+        seen = now_seen;
+        let text = match std::fs::read_to_string(&watch.path) {
+            Ok(text) => text,
+            Err(err) => {
+                // Mid-swap, or deleted: keep the rules that run.
+                if forced {
+                    reload_failed(&watch.shared, &format!("cannot read {}: {err}", watch.path.display()));
+                }
+                continue;
+            }
+        };
+        let hash = content_hash(&text);
+        if !forced && (Some(hash) == applied_hash || Some(hash) == failed_hash) {
+            continue;
+        }
+        if forced {
+            watch.notifier.reloading();
+        }
+        match rules::parse_rules(&text, &watch.path.display().to_string()) {
+            Ok(next) => {
+                failed_hash = None;
+                applied_hash = Some(hash);
+                watch.shared.daemon.reloads.with_label_values(&["success"]).inc();
+                watch.shared.daemon.last_reload_successful.set(1);
+                tracing::info!(file = %watch.path.display(), autoscalers = next.autoscalers.len(), "rules reloaded");
+                let (backends, desired) = split(next, watch.shared.dry_run);
+                if watch.commands.send(Command::Backends(Arc::clone(&backends))).await.is_err() {
+                    return;
+                }
+                if watch.commands.send(Command::Replace { source: SourceKind::RulesFile, desired }).await.is_err() {
+                    return;
+                }
+                watch.rules.send_replace(backends);
+                // The parse's garbage: give it back.
+                super::allocator::release_free();
+            }
+            Err(err) => {
+                failed_hash = Some(hash);
+                for problem in &err.problems {
+                    tracing::error!(file = %err.origin, problem = %problem, "invalid rules");
+                }
+                reload_failed(
+                    &watch.shared,
+                    &format!("{} problem(s) in {}; the previous rules keep running", err.problems.len(), err.origin),
+                );
+            }
+        }
+        if forced {
+            watch.notifier.ready();
+        }
+    }
+}
+
+fn reload_failed(shared: &Shared, message: &str) {
+    shared.daemon.reloads.with_label_values(&["failure"]).inc();
+    shared.daemon.last_reload_successful.set(0);
+    tracing::error!("rules reload failed: {message}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rename_or_a_symlink_swap_changes_the_fingerprint() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let rules = dir.path().join("rules.toml");
+        std::fs::write(&rules, "a = 1\n").expect("write");
+        let first = fingerprint(&rules).expect("fingerprint");
+        assert_eq!(fingerprint(&rules), Some(first.clone()), "stable while nothing changes");
+
+        // An editor's save: a new file renamed over the old one, same size.
+        let staged = dir.path().join("rules.toml.tmp");
+        std::fs::write(&staged, "a = 2\n").expect("write");
+        std::fs::rename(&staged, &rules).expect("rename");
+        let renamed = fingerprint(&rules).expect("fingerprint");
+        assert_ne!(renamed, first);
+
+        // A ConfigMap volume: rules.toml -> ..data/rules.toml, and ..data is swapped.
+        let mounted = dir.path().join("mounted");
+        std::fs::create_dir(&mounted).expect("dir");
+        for (version, text) in [("v1", "b = 1\n"), ("v2", "b = 2\n")] {
+            std::fs::create_dir(mounted.join(version)).expect("dir");
+            std::fs::write(mounted.join(version).join("rules.toml"), text).expect("write");
+        }
+        std::os::unix::fs::symlink("v1", mounted.join("..data")).expect("symlink");
+        std::os::unix::fs::symlink("..data/rules.toml", mounted.join("rules.toml")).expect("symlink");
+        let before = fingerprint(&mounted.join("rules.toml")).expect("fingerprint");
+        std::os::unix::fs::symlink("v2", mounted.join("..data_tmp")).expect("symlink");
+        std::fs::rename(mounted.join("..data_tmp"), mounted.join("..data")).expect("swap");
+        let after = fingerprint(&mounted.join("rules.toml")).expect("fingerprint");
+        assert_ne!(before, after);
+        assert_eq!(std::fs::read_to_string(mounted.join("rules.toml")).expect("read"), "b = 2\n");
+    }
+}

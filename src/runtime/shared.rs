@@ -1,0 +1,73 @@
+//! What every evaluation shares, and the daemon's clock.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use tokio::time::Instant;
+use watermarkd_engine::Timestamp;
+
+use crate::backend::recommender::RecommenderClients;
+use crate::events::EventPublisher;
+use crate::lease::Authority;
+use crate::resource::ResourceMetrics;
+use crate::target::Targets;
+use crate::telemetry::{AutoscalerMetrics, DaemonMetrics};
+
+/// Wall time that advances with tokio's clock: monotonic (a clock step does not open or close a
+/// window) and paused with it in tests.
+#[derive(Clone, Copy, Debug)]
+pub struct Clock {
+    wall: Timestamp,
+    start: Instant,
+}
+
+impl Clock {
+    pub fn start() -> Clock {
+        Clock { wall: Timestamp::from_system_time(SystemTime::now()), start: Instant::now() }
+    }
+
+    pub fn now(&self) -> Timestamp {
+        self.wall.plus(self.start.elapsed())
+    }
+}
+
+pub struct Shared {
+    pub client: kube::Client,
+    pub targets: Targets,
+    pub events: Option<EventPublisher>,
+    pub autoscaler_metrics: Arc<AutoscalerMetrics>,
+    pub daemon: DaemonMetrics,
+    /// HTTP clients of the replica recommenders.
+    pub recommenders: RecommenderClients,
+    /// Reads resource metrics (cpu, memory) through the API server.
+    pub resources: ResourceMetrics,
+    pub clock: Clock,
+    pub dry_run: bool,
+    pub default_interval: Duration,
+    /// Incremented on every gain of leadership.
+    pub epoch: AtomicU64,
+    pub leader: AtomicBool,
+    /// Whether and how long a write may take now (see `crate::lease`).
+    pub authority: Authority,
+    pub stopping: AtomicBool,
+}
+
+impl Shared {
+    pub fn is_leader(&self) -> bool {
+        self.leader.load(Ordering::Acquire)
+    }
+
+    /// How long a write to the cluster started now may take; `None`: this daemon may not write
+    /// (it follows, or it cannot prove its lease any more).
+    pub fn write_budget(&self) -> Option<Duration> {
+        if !self.is_leader() {
+            return None;
+        }
+        self.authority.write_budget()
+    }
+
+    pub fn is_stopping(&self) -> bool {
+        self.stopping.load(Ordering::Acquire)
+    }
+}

@@ -1,0 +1,462 @@
+//! The WatermarkPodAutoscaler objects of the cluster as a plain, synchronous index: the watch
+//! feeds it objects (applied, deleted, or a scope's complete listing), then asks what changed
+//! for the scheduler. No I/O and no clock here, so every rule of CRD mode is a unit test:
+//! when a change re-maps everything, when it only refreshes a running autoscaler's object,
+//! when nothing runs yet (a scope not listed), and which objects are rejected.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use super::source::{AutoscalerKey, Desired};
+use crate::crd::{self, DatadogMetric, DatadogMetricIndex, MapError, MappingOptions, WatermarkPodAutoscaler};
+use crate::rules::RulesFile;
+use crate::telemetry::LabelsAsTags;
+
+/// Where one watch looks: one namespace, or every namespace.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Scope {
+    All,
+    Namespace(String),
+}
+
+impl Scope {
+    fn covers(&self, namespace: &str) -> bool {
+        match self {
+            Scope::All => true,
+            Scope::Namespace(ns) => ns == namespace,
+        }
+    }
+}
+
+/// An object's namespace and name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ObjectKey {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ObjectKey {
+    pub fn of(metadata: &kube::api::ObjectMeta) -> ObjectKey {
+        ObjectKey {
+            namespace: metadata.namespace.clone().unwrap_or_default(),
+            name: metadata.name.clone().unwrap_or_default(),
+        }
+    }
+}
+
+impl std::fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// A WPA that does not run, and why.
+#[derive(Debug)]
+pub struct Rejection {
+    pub wpa: Arc<WatermarkPodAutoscaler>,
+    pub error: MapError,
+}
+
+/// What the scheduler must hear after a batch of changes.
+#[derive(Debug, Default)]
+pub enum Update {
+    /// Nothing: no change, or not every scope has been listed yet.
+    #[default]
+    Nothing,
+    /// Every WPA was mapped again: the complete set to run, and the ones that cannot run.
+    Replace { desired: Vec<Desired>, rejected: Vec<Rejection> },
+    /// Running autoscalers whose object changed only in its status: the newer object.
+    Refresh(Vec<(AutoscalerKey, Arc<WatermarkPodAutoscaler>)>),
+}
+
+/// How a scope's watches stand.
+#[derive(Clone, Copy, Debug, Default)]
+struct Listed {
+    wpas: bool,
+    metrics: bool,
+}
+
+pub struct WpaIndex {
+    wpas: BTreeMap<ObjectKey, Arc<WatermarkPodAutoscaler>>,
+    metrics: BTreeMap<ObjectKey, Arc<DatadogMetric>>,
+    listed: BTreeMap<Scope, Listed>,
+    options: MappingOptions,
+    default_backend: String,
+    labels_as_tags: LabelsAsTags,
+    daemon_dry_run: bool,
+    /// Something that maps changed since the last update.
+    remap: bool,
+    /// Objects whose status alone changed since the last update.
+    refreshed: BTreeSet<ObjectKey>,
+    /// The WPAs that did not map last time, with the error said about them (said once).
+    rejected: BTreeMap<ObjectKey, String>,
+    /// The last problem of the mapping options that was logged (said once, not per re-map).
+    options_problem: Option<String>,
+    /// Whether the cluster was found not to serve DatadogMetric (said once).
+    metrics_absent: bool,
+}
+
+impl WpaIndex {
+    /// An index over these scopes (each must be listed, WPAs and DatadogMetrics both, before
+    /// anything runs), mapping WPAs with the rules file's backends.
+    pub fn new(
+        scopes: impl IntoIterator<Item = Scope>,
+        backends: &RulesFile,
+        default_backend: &str,
+        labels_as_tags: LabelsAsTags,
+        daemon_dry_run: bool,
+    ) -> WpaIndex {
+        let mut index = WpaIndex {
+            wpas: BTreeMap::new(),
+            metrics: BTreeMap::new(),
+            listed: scopes.into_iter().map(|s| (s, Listed::default())).collect(),
+            options: MappingOptions::new(default_backend),
+            default_backend: default_backend.to_string(),
+            labels_as_tags,
+            daemon_dry_run,
+            remap: false,
+            refreshed: BTreeSet::new(),
+            rejected: BTreeMap::new(),
+            options_problem: None,
+            metrics_absent: false,
+        };
+        index.set_backends(backends);
+        index
+    }
+
+    /// The rules file's backends changed: every WPA maps again.
+    pub fn set_backends(&mut self, backends: &RulesFile) {
+        self.options = MappingOptions::new(self.default_backend.clone()).with_backends(&backends.backends);
+        let problem = self.options.check().err().or_else(|| self.options.default_backend_problem());
+        if problem != self.options_problem {
+            match (&problem, self.options.check()) {
+                (Some(problem), Err(_)) => {
+                    tracing::error!(problem = %problem, "WatermarkPodAutoscaler objects cannot run")
+                }
+                (Some(problem), Ok(())) => tracing::info!(
+                    problem = %problem,
+                    "WatermarkPodAutoscaler metrics without a query in the watermarkd.io/queries annotation cannot \
+                     run; the others do"
+                ),
+                (None, _) => {}
+            }
+            self.options_problem = problem;
+        }
+        self.remap = true;
+    }
+
+    pub fn apply_wpa(&mut self, wpa: Arc<WatermarkPodAutoscaler>) {
+        let key = ObjectKey::of(&wpa.metadata);
+        let status_only = self.wpas.get(&key).is_some_and(|old| same_but_status(old, &wpa));
+        if status_only {
+            self.refreshed.insert(key.clone());
+        } else {
+            self.remap = true;
+        }
+        self.wpas.insert(key, wpa);
+    }
+
+    pub fn delete_wpa(&mut self, key: &ObjectKey) {
+        self.wpas.remove(key);
+        self.rejected.remove(key);
+        self.refreshed.remove(key);
+        self.remap = true;
+    }
+
+    /// A scope's complete listing (first, or again after its watch restarted).
+    pub fn reset_wpas(&mut self, scope: &Scope, wpas: impl IntoIterator<Item = Arc<WatermarkPodAutoscaler>>) {
+        self.wpas.retain(|key, _| !scope.covers(&key.namespace));
+        self.rejected.retain(|key, _| !scope.covers(&key.namespace));
+        for wpa in wpas {
+            self.wpas.insert(ObjectKey::of(&wpa.metadata), wpa);
+        }
+        self.listed.entry(scope.clone()).or_default().wpas = true;
+        self.remap = true;
+    }
+
+    pub fn apply_metric(&mut self, metric: Arc<DatadogMetric>) {
+        self.metrics.insert(ObjectKey::of(&metric.metadata), metric);
+        self.remap = true;
+    }
+
+    pub fn delete_metric(&mut self, key: &ObjectKey) {
+        self.metrics.remove(key);
+        self.remap = true;
+    }
+
+    pub fn reset_metrics(&mut self, scope: &Scope, metrics: impl IntoIterator<Item = Arc<DatadogMetric>>) {
+        if self.metrics_absent {
+            tracing::info!("the DatadogMetric resource is served now; datadogmetric@ references resolve");
+            self.metrics_absent = false;
+        }
+        self.metrics.retain(|key, _| !scope.covers(&key.namespace));
+        for metric in metrics {
+            self.metrics.insert(ObjectKey::of(&metric.metadata), metric);
+        }
+        self.listed.entry(scope.clone()).or_default().metrics = true;
+        self.remap = true;
+    }
+
+    /// DatadogMetric comes with the Datadog Cluster Agent's CRDs, which a cluster that never
+    /// ran it lacks: then there are none, and only the WPAs that reference one fail (each says
+    /// so in its status).
+    pub fn metrics_absent(&mut self, scope: &Scope, recheck: std::time::Duration) {
+        if !self.metrics_absent {
+            tracing::info!(
+                "the DatadogMetric resource is not served by this cluster; datadogmetric@ references cannot resolve \
+                 until it is (checked again every {}s)",
+                recheck.as_secs()
+            );
+            self.metrics_absent = true;
+        }
+        let before = self.metrics.len();
+        self.metrics.retain(|key, _| !scope.covers(&key.namespace));
+        let listed = self.listed.entry(scope.clone()).or_default();
+        if self.metrics.len() != before || !listed.metrics {
+            self.remap = true;
+        }
+        listed.metrics = true;
+    }
+
+    /// Whether every scope has been listed, WPAs and DatadogMetrics: until then nothing runs,
+    /// so that a WPA referencing a DatadogMetric not yet listed is not rejected for it.
+    pub fn is_synced(&self) -> bool {
+        self.listed.values().all(|l| l.wpas && l.metrics)
+    }
+
+    /// What changed since the last call, for the scheduler.
+    pub fn update(&mut self) -> Update {
+        if !self.is_synced() {
+            return Update::Nothing;
+        }
+        let refreshed = std::mem::take(&mut self.refreshed);
+        if std::mem::take(&mut self.remap) {
+            return self.map_all();
+        }
+        let refreshed: Vec<_> = refreshed
+            .into_iter()
+            .filter(|key| !self.rejected.contains_key(key))
+            .filter_map(|key| {
+                let wpa = self.wpas.get(&key)?;
+                Some((AutoscalerKey::wpa(&key.namespace, &key.name), Arc::clone(wpa)))
+            })
+            .collect();
+        if refreshed.is_empty() {
+            Update::Nothing
+        } else {
+            Update::Refresh(refreshed)
+        }
+    }
+
+    fn map_all(&mut self) -> Update {
+        let index = DatadogMetricIndex::from_objects(self.metrics.values().map(|m| &**m));
+        let mut desired = Vec::with_capacity(self.wpas.len());
+        let mut rejected = Vec::new();
+        let mut said = BTreeMap::new();
+        for (key, wpa) in &self.wpas {
+            match crd::map_wpa(wpa, &self.options, &index) {
+                Ok(mapped) => {
+                    for note in &mapped.notes {
+                        tracing::debug!(wpa = %mapped.autoscaler.name, note = %note, "WPA mapped");
+                    }
+                    let tags = self.labels_as_tags.tags(wpa.metadata.labels.as_ref());
+                    desired.push(Desired::from_wpa(Arc::clone(wpa), mapped.autoscaler, tags, self.daemon_dry_run));
+                }
+                Err(error) => {
+                    let message = error.to_string();
+                    if self.rejected.get(key) != Some(&message) {
+                        tracing::warn!(wpa = %key, error = %message, "WPA not run");
+                    }
+                    said.insert(key.clone(), message);
+                    rejected.push(Rejection { wpa: Arc::clone(wpa), error });
+                }
+            }
+        }
+        self.rejected = said;
+        Update::Replace { desired, rejected }
+    }
+}
+
+/// Whether two versions of a WPA differ at most in status and bookkeeping metadata, so that
+/// the autoscaler it maps to, and its series' labels, are the same. Its Kubernetes labels
+/// count: labels-as-tags export them, and a change must re-map the WPA to reach its series.
+fn same_but_status(old: &WatermarkPodAutoscaler, new: &WatermarkPodAutoscaler) -> bool {
+    old.spec == new.spec
+        && old.metadata.annotations == new.metadata.annotations
+        && old.metadata.labels == new.metadata.labels
+        && old.metadata.generation == new.metadata.generation
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::crd::WatermarkPodAutoscalerStatus;
+
+    fn rules() -> RulesFile {
+        crate::rules::parse_rules(
+            "[backend.datadog]\ntype = \"datadog\"\nurl = \"http://127.0.0.1:1\"\napi_key_env = \"K\"\napp_key_env = \"A\"\n",
+            "rules.toml",
+        )
+        .expect("rules")
+    }
+
+    fn index(scopes: &[Scope]) -> WpaIndex {
+        WpaIndex::new(scopes.iter().cloned(), &rules(), "datadog", LabelsAsTags::default(), false)
+    }
+
+    fn wpa(namespace: &str, name: &str, high: &str) -> Arc<WatermarkPodAutoscaler> {
+        Arc::new(
+            serde_json::from_value(json!({
+                "apiVersion": "datadoghq.com/v1alpha1",
+                "kind": "WatermarkPodAutoscaler",
+                "metadata": { "name": name, "namespace": namespace, "generation": 1 },
+                "spec": {
+                    "minReplicas": 1, "maxReplicas": 5,
+                    "scaleTargetRef": { "apiVersion": "apps/v1", "kind": "Deployment", "name": name },
+                    "metrics": [{ "type": "External", "external": {
+                        "metricName": "load", "metricSelector": { "matchLabels": { "app": name } },
+                        "highWatermark": high, "lowWatermark": "1"
+                    } }]
+                }
+            }))
+            .expect("a WPA"),
+        )
+    }
+
+    fn with_status(wpa: &WatermarkPodAutoscaler) -> Arc<WatermarkPodAutoscaler> {
+        let mut next = wpa.clone();
+        next.status = Some(WatermarkPodAutoscalerStatus { current_replicas: 3, ..Default::default() });
+        next.metadata.resource_version = Some("2".into());
+        Arc::new(next)
+    }
+
+    fn names(update: &Update) -> (Vec<String>, Vec<String>) {
+        match update {
+            Update::Replace { desired, rejected } => (
+                desired.iter().map(|d| d.key.to_string()).collect(),
+                rejected.iter().map(|r| ObjectKey::of(&r.wpa.metadata).to_string()).collect(),
+            ),
+            other => panic!("expected a replacement, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn nothing_runs_until_every_scope_has_listed_both_kinds() {
+        let a = Scope::Namespace("a".into());
+        let b = Scope::Namespace("b".into());
+        let mut index = index(&[a.clone(), b.clone()]);
+        index.reset_wpas(&a, [wpa("a", "web", "10")]);
+        index.reset_metrics(&a, []);
+        assert!(matches!(index.update(), Update::Nothing));
+        index.reset_wpas(&b, []);
+        assert!(!index.is_synced());
+        index.metrics_absent(&b, Duration::from_secs(300));
+        assert!(index.is_synced());
+        assert_eq!(names(&index.update()), (vec!["crd/a/web".to_string()], vec![]));
+        assert!(matches!(index.update(), Update::Nothing), "no change since");
+    }
+
+    #[test]
+    fn a_spec_change_maps_again_and_a_status_change_only_refreshes() {
+        let mut index = index(&[Scope::All]);
+        let web = wpa("shop", "web", "10");
+        index.reset_wpas(&Scope::All, [Arc::clone(&web)]);
+        index.reset_metrics(&Scope::All, []);
+        assert_eq!(names(&index.update()).0, ["crd/shop/web"]);
+
+        // Our own status write comes back: only the object is new.
+        index.apply_wpa(with_status(&web));
+        match index.update() {
+            Update::Refresh(objects) => {
+                assert_eq!(objects.len(), 1);
+                assert_eq!(objects[0].0, AutoscalerKey::wpa("shop", "web"));
+                assert_eq!(objects[0].1.status.as_ref().map(|s| s.current_replicas), Some(3));
+            }
+            other => panic!("expected a refresh, got {other:?}"),
+        }
+        // A new watermark is a new autoscaler.
+        index.apply_wpa(wpa("shop", "web", "20"));
+        match index.update() {
+            Update::Replace { desired, .. } => {
+                assert_eq!(desired[0].autoscaler.rule.metrics()[0].high_watermark.to_string(), "20");
+            }
+            other => panic!("expected a replacement, got {other:?}"),
+        }
+        // A label counts too (labels-as-tags export them).
+        let mut labelled = (*wpa("shop", "web", "20")).clone();
+        labelled.metadata.labels = Some([("team".to_string(), "a".to_string())].into());
+        index.apply_wpa(Arc::new(labelled));
+        assert!(matches!(index.update(), Update::Replace { .. }));
+    }
+
+    #[test]
+    fn an_invalid_wpa_is_rejected_alone_and_deleting_it_forgets_it() {
+        let mut index = index(&[Scope::All]);
+        index.reset_wpas(&Scope::All, [wpa("shop", "web", "10"), wpa("shop", "broken", "0.5")]);
+        index.reset_metrics(&Scope::All, []);
+        let (running, rejected) = names(&index.update());
+        assert_eq!(running, ["crd/shop/web"]);
+        assert_eq!(rejected, ["shop/broken"]);
+        // A status-only change of a rejected WPA is no refresh: it does not run.
+        let broken = index.wpas.get(&ObjectKey { namespace: "shop".into(), name: "broken".into() }).cloned();
+        index.apply_wpa(with_status(&broken.expect("kept")));
+        assert!(matches!(index.update(), Update::Nothing));
+        index.delete_wpa(&ObjectKey { namespace: "shop".into(), name: "broken".into() });
+        assert_eq!(names(&index.update()), (vec!["crd/shop/web".to_string()], vec![]));
+    }
+
+    #[test]
+    fn a_listing_replaces_only_its_own_scope() {
+        let a = Scope::Namespace("a".into());
+        let b = Scope::Namespace("b".into());
+        let mut index = index(&[a.clone(), b.clone()]);
+        for scope in [&a, &b] {
+            index.reset_metrics(scope, []);
+        }
+        index.reset_wpas(&a, [wpa("a", "one", "10"), wpa("a", "two", "10")]);
+        index.reset_wpas(&b, [wpa("b", "three", "10")]);
+        assert_eq!(names(&index.update()).0, ["crd/a/one", "crd/a/two", "crd/b/three"]);
+        // a's watch restarted and lists again: `two` was deleted meanwhile.
+        index.reset_wpas(&a, [wpa("a", "one", "10")]);
+        assert_eq!(names(&index.update()).0, ["crd/a/one", "crd/b/three"]);
+    }
+
+    #[test]
+    fn a_datadog_metric_reference_resolves_once_the_metric_is_there() {
+        let mut index = index(&[Scope::All]);
+        let mut referencing = (*wpa("shop", "web", "10")).clone();
+        if let Some(metric) = referencing.spec.metrics.first_mut() {
+            if let Some(external) = metric.external.as_mut() {
+                external.metric_name = "datadogmetric@shop:load".into();
+            }
+        }
+        index.reset_wpas(&Scope::All, [Arc::new(referencing)]);
+        index.metrics_absent(&Scope::All, Duration::from_secs(300));
+        assert_eq!(names(&index.update()).1, ["shop/web"], "no DatadogMetric resource: rejected");
+        index.reset_metrics(&Scope::All, [Arc::new(DatadogMetric::new("shop", "load", "avg:load{app:web}"))]);
+        assert_eq!(names(&index.update()).0, ["crd/shop/web"]);
+        index.delete_metric(&ObjectKey { namespace: "shop".into(), name: "load".into() });
+        assert_eq!(names(&index.update()).1, ["shop/web"]);
+    }
+
+    #[test]
+    fn new_backends_map_everything_again() {
+        let mut index = index(&[Scope::All]);
+        index.reset_wpas(&Scope::All, [wpa("shop", "web", "10")]);
+        index.reset_metrics(&Scope::All, []);
+        assert_eq!(names(&index.update()).0, ["crd/shop/web"]);
+        let prometheus_only = crate::rules::parse_rules(
+            "[backend.prom]\ntype = \"prometheus\"\nurl = \"http://127.0.0.1:1\"\n",
+            "rules.toml",
+        )
+        .expect("rules");
+        index.set_backends(&prometheus_only);
+        let (running, rejected) = names(&index.update());
+        assert!(running.is_empty(), "the default backend is gone: {running:?}");
+        assert_eq!(rejected, ["shop/web"]);
+    }
+}
