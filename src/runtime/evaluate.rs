@@ -29,7 +29,9 @@ pub struct Memory {
     epoch: u64,
     /// What was last persisted, where the source keeps it.
     persisted: Persisted,
-    last_reason: Option<String>,
+    /// A hash of the last decision's reason shape (see `reason_shape`): only whether it
+    /// changed matters, and at 10,000 autoscalers the texts would cost megabytes.
+    last_reason: Option<u64>,
     /// The target error last reported, so a stuck target logs once.
     failing: Option<String>,
     /// The resourceVersion a scale write was based on whose outcome is unknown (timed out,
@@ -412,7 +414,13 @@ fn log_decision(desired: &Desired, memory: &mut Memory, decision: &Decision, wri
     // Reasons carry countdowns and ages ("resets in 12s", "40s old") that change every turn:
     // only a change in what the reason says, not in its numbers, is news.
     let shape = reason_shape(&decision.reason);
-    let changed = memory.last_reason.as_deref() != Some(shape.as_str());
+    let shape = {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        shape.hash(&mut hasher);
+        hasher.finish()
+    };
+    let changed = memory.last_reason != Some(shape);
     memory.last_reason = Some(shape);
     let error = match write {
         ScaleWrite::Failed(err) => Some(err.as_str()),
