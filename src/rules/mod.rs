@@ -142,7 +142,7 @@ pub struct Autoscaler {
     pub metrics: Vec<MetricSource>,
     /// The replica source that replaces the metrics (`[autoscaler.recommender]`, a WPA's
     /// `spec.recommender`); the rule then has one metric, named after it, carrying its watermarks.
-    pub recommender: Option<Recommender>,
+    pub recommender: Option<Box<Recommender>>,
 }
 
 /// An HTTP service that recommends a replica count, asked with the request and read with the
@@ -367,7 +367,7 @@ fn read_autoscalers(
                 interval_set: parsed.interval,
                 rule,
                 metrics: parsed.metrics,
-                recommender: parsed.recommender,
+                recommender: parsed.recommender.map(Box::new),
             });
         }
     }
@@ -432,7 +432,7 @@ pub(crate) fn autoscaler_from_document(
             interval_set: parsed.interval,
             rule,
             metrics: parsed.metrics,
-            recommender: parsed.recommender,
+            recommender: parsed.recommender.map(Box::new),
         }),
         _ if sink.has_problems() => Err(sink.into_sorted()),
         // Not reachable (a missing part is always reported), but never return Err(empty).

@@ -814,7 +814,7 @@ fn a_recommender_replaces_the_metrics() {
     let rules = parse(RECOMMENDED);
     let web = &rules.autoscalers[0];
     assert!(web.metrics.is_empty());
-    let recommender = web.recommender.as_ref().expect("a recommender");
+    let recommender = web.recommender.as_deref().expect("a recommender");
     assert_eq!(
         recommender,
         &Recommender {
