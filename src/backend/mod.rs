@@ -29,7 +29,8 @@ use watermarkd_engine::{Reading, Timestamp};
 use crate::rules::{self, Reducer};
 use crate::telemetry::BackendMetrics;
 
-pub use secret::{Secret, SecretError};
+pub use secret::Secret;
+pub(crate) use secret::SecretError;
 
 /// One metric query, as an autoscaler's metric names it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

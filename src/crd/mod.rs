@@ -18,20 +18,11 @@ mod status;
 mod types;
 
 pub use annotation::QUERIES_ANNOTATION;
-pub use mapping::{map_wpa, wpa_id, MapError, MappedWpa, MappingOptions, Unsupported};
-pub use query::{
-    datadog_query, metric_reference, tag_scope, DatadogMetricIndex, DatadogMetricQueries, MetricReference,
-    NoDatadogMetrics, DEFAULT_AGGREGATOR, DEFAULT_ROLLUP_SECONDS,
-};
-pub use schema::{crd_yaml, custom_resource_definition, CrdError};
-pub use status::{
-    next_status, rejected_status, set_condition, status_changed, ScaleWrite, ABLE_TO_SCALE, ABOVE_HIGH_WATERMARK,
-    BELOW_LOW_WATERMARK, DRY_RUN, SCALING_ACTIVE, SCALING_LIMITED,
-};
-pub use types::{
-    Condition, ContainerResourceMetricStatus, CrossVersionObjectReference, DatadogMetric, DatadogMetricSpec,
-    ExternalMetricSource, ExternalMetricStatus, MetricSpec, MetricStatus, ObjectMetricStatus, PodsMetricStatus,
-    Quantity, RecommenderSpec, RecommenderTlsConfig, ResourceMetricSource, ResourceMetricStatus,
-    WatermarkPodAutoscaler, WatermarkPodAutoscalerSpec, WatermarkPodAutoscalerStatus, API_VERSION, GROUP, KIND, PLURAL,
-    SHORT_NAME, VERSION,
-};
+pub use mapping::{map_wpa, MapError, MappingOptions, Unsupported};
+pub(crate) use query::DatadogMetricIndex;
+pub use query::NoDatadogMetrics;
+pub use schema::{crd_yaml, custom_resource_definition};
+pub use status::{next_status, status_changed, ScaleWrite};
+pub(crate) use status::{rejected_status, set_condition, ABLE_TO_SCALE, ABOVE_HIGH_WATERMARK, BELOW_LOW_WATERMARK};
+pub(crate) use types::{DatadogMetric, WatermarkPodAutoscalerStatus, API_VERSION, KIND};
+pub use types::{Quantity, WatermarkPodAutoscaler, WatermarkPodAutoscalerSpec};

@@ -114,6 +114,7 @@ impl DatadogMetricIndex {
         }
     }
 
+    #[cfg(test)]
     pub fn remove(&mut self, namespace: &str, name: &str) {
         self.queries.remove(&(namespace.to_string(), name.to_string()));
     }

@@ -511,6 +511,7 @@ pub const DATADOG_METRIC_KIND: &str = "DatadogMetric";
 pub const DATADOG_METRIC_PLURAL: &str = "datadogmetrics";
 
 impl DatadogMetric {
+    #[cfg(test)]
     pub fn new(namespace: &str, name: &str, query: &str) -> Self {
         let metadata = ObjectMeta {
             name: Some(name.to_string()),

@@ -41,7 +41,7 @@ use crate::backend::{Observation, ObservationDetail, QueryError};
 use crate::rules::ResourceSource;
 use crate::telemetry::BackendMetrics;
 
-pub use tally::{tally, ContainerSample, Excluded, PodSample, PodView, Tally, TallyOutcome, TallyRule};
+pub(crate) use tally::{tally, PodSample, PodView, TallyOutcome, TallyRule};
 
 /// How the resource metrics appear in `watermarkd_backend_*` series and cycle timings.
 pub const BACKEND_LABEL: &str = "metrics.k8s.io";

@@ -23,11 +23,10 @@ use watermarkd_engine::Rule;
 
 use autoscaler::{read_autoscaler, Form};
 pub use check::run_check;
-pub use problem::{Problem, RulesError};
+pub(crate) use problem::{Problem, RulesError};
 use problem::{Scope, Sink};
-pub use quantity::{parse_quantity, QuantityError};
+pub(crate) use quantity::parse_quantity;
 use reader::Table;
-pub use selector::parse_selector;
 
 /// A parsed and validated rules file.
 #[derive(Clone, Debug)]

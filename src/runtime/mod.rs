@@ -17,11 +17,11 @@ mod evaluate;
 mod health;
 mod report;
 mod rules_file;
-pub mod schedule;
+mod schedule;
 mod scheduler;
 mod shared;
 mod source;
-pub mod systemd;
+mod systemd;
 mod wpa;
 mod wpa_index;
 

@@ -10,11 +10,11 @@ pub struct Notifier {
 
 impl Notifier {
     pub fn from_env() -> Notifier {
-        let socket = std::env::var("NOTIFY_SOCKET")
+        std::env::var("NOTIFY_SOCKET")
             .ok()
             .filter(|path| !path.is_empty())
-            .and_then(|path| UnixDatagram::unbound().ok().map(|socket| (socket, path)));
-        Notifier { socket }
+            .and_then(|path| Notifier::to_socket(&path).ok())
+            .unwrap_or(Notifier { socket: None })
     }
 
     /// A notifier that sends to `path` (what `$NOTIFY_SOCKET` would name).

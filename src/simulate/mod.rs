@@ -18,10 +18,12 @@ use std::time::Duration;
 
 use watermarkd_engine::Rule;
 
-pub use chart::render_svg;
-pub use replay::{replay, Cause, Replay, ReplayError, ReplayOptions, Restriction, ScaleChange, Tick, MAX_EVALUATIONS};
-pub use report::{human_duration, replica_hours, summarize, write_text, JsonReport, RestrictionCounts, Summary};
-pub use trace::{parse_timestamp, parse_trace, ReadingCursor, Trace, TraceError, TraceRow};
+pub(crate) use chart::render_svg;
+pub use replay::{replay, Replay};
+pub(crate) use replay::{ReplayError, ReplayOptions};
+pub use report::Summary;
+pub(crate) use report::{summarize, write_text, JsonReport};
+pub(crate) use trace::{parse_trace, Trace, TraceError};
 
 use crate::rules::{self, RulesError};
 

@@ -7,9 +7,9 @@ mod http_client;
 pub mod logging;
 mod server;
 
-pub use autoscaler::{label_name, AutoscalerMetrics, LabelsAsTags, SeriesLabels};
-pub use daemon::DaemonMetrics;
-pub use http_client::{HttpClientMetrics, InFlight, REQUEST_DURATION_BUCKETS};
+pub use autoscaler::{AutoscalerMetrics, LabelsAsTags, SeriesLabels};
+pub(crate) use daemon::DaemonMetrics;
+pub use http_client::HttpClientMetrics;
 pub use server::{serve, Readiness};
 
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
