@@ -33,8 +33,8 @@ use crate::lease::{Authority, LeaderElector, LeaseSettings, Role};
 use crate::resource::{ResourceMetrics, ResourceQuery};
 use crate::rules::{self, Autoscaler, RulesError, RulesFile};
 use crate::settings::Settings;
-use crate::target::{TargetError, Targets};
 use crate::telemetry::{AutoscalerMetrics, BackendMetrics, DaemonMetrics, HttpClientMetrics, Readiness, SeriesLabels};
+use crate::workload::{WorkloadError, Workloads};
 
 pub use evaluate::Outcome;
 
@@ -47,7 +47,7 @@ pub enum RunError {
     #[error(transparent)]
     Backend(#[from] BackendError),
     #[error(transparent)]
-    Kubernetes(#[from] TargetError),
+    Kubernetes(#[from] WorkloadError),
     #[error(transparent)]
     Registry(#[from] prometheus::Error),
     #[error("cannot listen on {address}: {error}")]
@@ -127,7 +127,7 @@ pub struct Memory {
 /// What every evaluation shares.
 pub struct Shared {
     pub(crate) client: kube::Client,
-    pub(crate) targets: Targets,
+    pub(crate) targets: Workloads,
     pub(crate) events: Option<EventPublisher>,
     pub(crate) autoscaler_metrics: Arc<AutoscalerMetrics>,
     pub(crate) daemon: DaemonMetrics,
@@ -555,8 +555,8 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
     readiness.rules_loaded.store(true, Ordering::Release);
     daemon.last_reload_successful.set(1);
 
-    let client = crate::target::connect(settings.kubeconfig.as_deref(), settings.context.as_deref()).await?;
-    let targets = Targets::new(client.clone());
+    let client = crate::workload::connect(settings.kubeconfig.as_deref(), settings.context.as_deref()).await?;
+    let targets = Workloads::new(client.clone());
     let events = EventPublisher::new(client.clone(), &settings.lease.identity, Duration::from_secs(300));
 
     let (shutdown_tx, shutdown) = watch::channel(false);

@@ -203,7 +203,7 @@ pub async fn watch_wpas(mut watch: WpaWatch) {
         let to = sender.clone();
         tasks.spawn(async move {
             let config = watcher::Config::default();
-            let mut stream = crate::target::RetryingWatch::new(Box::pin(watcher::watcher(wpas, config)));
+            let mut stream = crate::workload::RetryingWatch::new(Box::pin(watcher::watcher(wpas, config)));
             while let Some(event) = stream.next().await {
                 if to.send(Change::Wpa(scope_index, Box::new(event))).await.is_err() {
                     return;
@@ -416,7 +416,7 @@ fn same_but_status(old: &WatermarkPodAutoscaler, new: &WatermarkPodAutoscaler) -
 }
 
 /// A failed watch keeps what it had; it changes nothing to re-map, but its cache may be stale.
-fn watch_failed(err: &watcher::Error, health: &crate::target::WatchHealth) -> bool {
+fn watch_failed(err: &watcher::Error, health: &crate::workload::WatchHealth) -> bool {
     tracing::warn!(error = %err, "watch of WatermarkPodAutoscaler/DatadogMetric objects failed; retrying");
     health.failed();
     false
@@ -465,7 +465,7 @@ async fn watch_datadog_metrics(client: Client, api: Api<DatadogMetric>, scope: u
         match datadog_metrics_served(&client).await {
             Ok(true) => {
                 let config = watcher::Config::default();
-                let mut stream = crate::target::RetryingWatch::new(Box::pin(watcher::watcher(api.clone(), config)));
+                let mut stream = crate::workload::RetryingWatch::new(Box::pin(watcher::watcher(api.clone(), config)));
                 while let Some(event) = stream.next().await {
                     let gone = matches!(
                         &event,

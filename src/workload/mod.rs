@@ -1,9 +1,9 @@
-//! Kubernetes targets: read scale and readiness, write replicas.
+//! Kubernetes workloads (the autoscalers' targets): read scale and readiness, write replicas.
 //!
 //! - [`connect`] builds a client from `--kubeconfig` / `KUBECONFIG` / in-cluster settings.
-//! - [`Targets`] keeps watch-backed caches of the referenced objects and serves
-//!   [`Targets::read`] from them; [`Targets::scale`] patches `/scale` with the resourceVersion
-//!   the decision was based on, so a concurrent change is a [`TargetError::Conflict`] rather
+//! - [`Workloads`] keeps watch-backed caches of the referenced objects and serves
+//!   [`Workloads::read`] from them; [`Workloads::scale`] patches `/scale` with the resourceVersion
+//!   the decision was based on, so a concurrent change is a [`WorkloadError::Conflict`] rather
 //!   than an overwrite.
 //!
 //! # How a target is read
@@ -43,7 +43,7 @@ use kube::{Client, Config};
 use serde_json::json;
 use tokio::sync::watch as channel;
 
-pub use error::TargetError;
+pub use error::WorkloadError;
 
 use crate::rules::TargetRef;
 use error::Request;
@@ -74,27 +74,28 @@ pub const STATE_ANNOTATION: &str = "watermarkd.io/state";
 /// hold a lease renewal past its deadline. Every caller retries on its own bounded schedule
 /// instead (watches at most 5 s apart, evaluations at their interval, the Lease at its retry
 /// period).
-pub async fn connect(kubeconfig: Option<&Path>, context: Option<&str>) -> Result<Client, TargetError> {
+pub async fn connect(kubeconfig: Option<&Path>, context: Option<&str>) -> Result<Client, WorkloadError> {
     crate::backend::ensure_crypto_provider();
     let mut config = client_config(kubeconfig, context).await?;
     config.default_retry = false;
-    Client::try_from(config).map_err(|e| TargetError::Config(e.to_string()))
+    Client::try_from(config).map_err(|e| WorkloadError::Config(e.to_string()))
 }
 
-async fn client_config(kubeconfig: Option<&Path>, context: Option<&str>) -> Result<Config, TargetError> {
+async fn client_config(kubeconfig: Option<&Path>, context: Option<&str>) -> Result<Config, WorkloadError> {
     let options = KubeConfigOptions { context: context.map(str::to_string), ..KubeConfigOptions::default() };
     let config = if let Some(path) = kubeconfig {
-        let file = Kubeconfig::read_from(path).map_err(|e| TargetError::Config(format!("{}: {e}", path.display())))?;
+        let file =
+            Kubeconfig::read_from(path).map_err(|e| WorkloadError::Config(format!("{}: {e}", path.display())))?;
         Config::from_custom_kubeconfig(file, &options)
             .await
-            .map_err(|e| TargetError::Config(format!("{}: {e}", path.display())))?
+            .map_err(|e| WorkloadError::Config(format!("{}: {e}", path.display())))?
     } else if context.is_none()
         && std::env::var_os("KUBECONFIG").is_none()
         && std::env::var_os("KUBERNETES_SERVICE_HOST").is_some()
     {
-        Config::incluster().map_err(|e| TargetError::Config(format!("in-cluster configuration: {e}")))?
+        Config::incluster().map_err(|e| WorkloadError::Config(format!("in-cluster configuration: {e}")))?
     } else {
-        Config::from_kubeconfig(&options).await.map_err(|e| TargetError::Config(format!("kubeconfig: {e}")))?
+        Config::from_kubeconfig(&options).await.map_err(|e| WorkloadError::Config(format!("kubeconfig: {e}")))?
     };
     Ok(config)
 }
@@ -111,7 +112,7 @@ pub struct ScaleReading {
     pub ready_replicas: Option<u32>,
     /// The label selector of the target's pods (`/scale` `status.selector`), if it has one.
     pub selector: Option<String>,
-    /// The object's resourceVersion this reading is from. [`Targets::scale`] sends it back.
+    /// The object's resourceVersion this reading is from. [`Workloads::scale`] sends it back.
     pub resource_version: String,
     /// watermarkd's persisted state and last scale write, from the object's metadata.
     pub marks: Marks,
@@ -143,7 +144,7 @@ struct Resolved {
 #[derive(Clone, Debug)]
 enum TargetState {
     Starting,
-    Failed(TargetError),
+    Failed(WorkloadError),
     Ready {
         reading: ScaleReading,
         /// Set when readiness comes from counting pods.
@@ -181,7 +182,7 @@ struct Entry {
     _task: AbortOnDrop,
 }
 
-/// What the per-target tasks share. Holds no target entries, so dropping `Targets` stops them.
+/// What the per-target tasks share. Holds no target entries, so dropping `Workloads` stops them.
 struct Context {
     client: Client,
     groups: Arc<Groups>,
@@ -202,11 +203,11 @@ struct Inner {
 /// The registry of watched targets. Cheap to clone; every clone shares the caches. Dropping
 /// the last clone stops every watch.
 #[derive(Clone)]
-pub struct Targets {
+pub struct Workloads {
     inner: Arc<Inner>,
 }
 
-impl Targets {
+impl Workloads {
     /// How long `read` waits for a target's first answer from the API server by default.
     pub const DEFAULT_SYNC_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -224,7 +225,7 @@ impl Targets {
             kinds: Mutex::default(),
             resolving: tokio::sync::Mutex::new(()),
         });
-        Targets { inner: Arc::new(Inner { context, entries: Mutex::default(), sync_timeout }) }
+        Workloads { inner: Arc::new(Inner { context, entries: Mutex::default(), sync_timeout }) }
     }
 
     /// Starts caching `target` (resolving its kind, then watching it). Idempotent and counted:
@@ -267,12 +268,12 @@ impl Targets {
         self.inner.context.groups.len()
     }
 
-    fn state_of(&self, target: &TargetRef) -> Result<Arc<channel::Sender<TargetState>>, TargetError> {
+    fn state_of(&self, target: &TargetRef) -> Result<Arc<channel::Sender<TargetState>>, WorkloadError> {
         let entries = self.inner.entries.lock().unwrap_or_else(PoisonError::into_inner);
         entries
             .get(&Key::of(target))
             .map(|entry| Arc::clone(&entry.state))
-            .ok_or_else(|| TargetError::NotWatched(describe(target)))
+            .ok_or_else(|| WorkloadError::NotWatched(describe(target)))
     }
 
     /// The health of every watch of the process: the targets' own, and any other that reports
@@ -289,10 +290,10 @@ impl Targets {
 
     /// The target's scale from the cache. Waits (up to the sync timeout) only while a newly
     /// watched target has no answer yet; afterwards it never makes a request.
-    pub async fn read(&self, target: &TargetRef) -> Result<ScaleReading, TargetError> {
+    pub async fn read(&self, target: &TargetRef) -> Result<ScaleReading, WorkloadError> {
         let deadline = tokio::time::Instant::now() + self.inner.sync_timeout;
         let no_answer = || {
-            TargetError::Connection(format!(
+            WorkloadError::Connection(format!(
                 "no answer from the API server about {} within {:?}",
                 describe(target),
                 self.inner.sync_timeout
@@ -303,7 +304,7 @@ impl Targets {
         let state = match settled.await {
             Ok(Ok(state)) => state.clone(),
             // The task ended: only when the registry is being dropped.
-            Ok(Err(_)) => return Err(TargetError::NotWatched(describe(target))),
+            Ok(Err(_)) => return Err(WorkloadError::NotWatched(describe(target))),
             Err(_) => return Err(no_answer()),
         };
         match state {
@@ -320,7 +321,7 @@ impl Targets {
                     Ok(Ok(PodState::Failed(err))) => Err(err),
                     Ok(Ok(PodState::Starting)) | Err(_) => Err(no_answer()),
                     // The pod watch was replaced (new selector) between the two looks.
-                    Ok(Err(_)) => Err(TargetError::Connection(format!(
+                    Ok(Err(_)) => Err(WorkloadError::Connection(format!(
                         "the pod selector of {} changed while reading; read again",
                         describe(target)
                     ))),
@@ -331,19 +332,19 @@ impl Targets {
 
     /// Sets the target's replicas to `replicas` with one merge patch of `/scale` carrying
     /// `from.resource_version`: if the object changed since `from` was read, the API server
-    /// answers 409 and this returns [`TargetError::Conflict`] without writing anything. The
+    /// answers 409 and this returns [`WorkloadError::Conflict`] without writing anything. The
     /// caller then reads again and decides again. Any change counts, a status update by the
     /// workload's controller included (`/scale` shares the object's resourceVersion), so a
     /// caller should expect the odd conflict during rollouts and simply retry with a fresh
     /// reading. No request when `replicas` equals `from.spec_replicas`.
-    pub async fn scale(&self, target: &TargetRef, from: &ScaleReading, replicas: u32) -> Result<(), TargetError> {
+    pub async fn scale(&self, target: &TargetRef, from: &ScaleReading, replicas: u32) -> Result<(), WorkloadError> {
         let state = self.state_of(target)?;
         if replicas == from.spec_replicas {
             return Ok(());
         }
         if from.resource_version.is_empty() {
             // Without a version the patch would overwrite whatever is there.
-            return Err(TargetError::Api {
+            return Err(WorkloadError::Api {
                 code: 0,
                 message: "refusing to scale from a reading without a resourceVersion".to_string(),
             });
@@ -380,8 +381,8 @@ impl Targets {
                 Ok(())
             }
             Err(err) => Err(match request.error(&err) {
-                TargetError::Conflict { kind, namespace, name, .. } => {
-                    TargetError::Conflict { kind, namespace, name, resource_version: from.resource_version.clone() }
+                WorkloadError::Conflict { kind, namespace, name, .. } => {
+                    WorkloadError::Conflict { kind, namespace, name, resource_version: from.resource_version.clone() }
                 }
                 other => other,
             }),
@@ -389,11 +390,11 @@ impl Targets {
     }
 }
 
-impl Targets {
+impl Workloads {
     /// The object's resourceVersion as the API server has it now (a quorum read, not the
     /// cache): after a write whose outcome is unknown, it tells whether anything changed.
     /// A list of the one name, so that it needs no verb beyond the watch's.
-    pub async fn current_version(&self, target: &TargetRef) -> Result<String, TargetError> {
+    pub async fn current_version(&self, target: &TargetRef) -> Result<String, WorkloadError> {
         let resolved = resolved_kind(&*self.state_of(target)?, target)?;
         let api = api_for(&self.inner.context.client, &resolved, &target.namespace);
         let request = Request::for_target("list", &resolved.resource.plural, target);
@@ -401,7 +402,7 @@ impl Targets {
         let list = api.list_metadata(&params).await.map_err(|err| request.error(&err))?;
         match list.items.into_iter().next() {
             Some(object) => Ok(object.metadata.resource_version.unwrap_or_default()),
-            None => Err(TargetError::NotFound {
+            None => Err(WorkloadError::NotFound {
                 kind: target.kind.clone(),
                 namespace: target.namespace.clone(),
                 name: target.name.clone(),
@@ -412,7 +413,7 @@ impl Targets {
     /// Writes `value` as the target's [`STATE_ANNOTATION`] with a merge patch that touches
     /// nothing else (no resourceVersion: the annotation is watermarkd's alone, and a workload
     /// controller's concurrent status update must not make it fail).
-    pub async fn write_state(&self, target: &TargetRef, value: &str) -> Result<(), TargetError> {
+    pub async fn write_state(&self, target: &TargetRef, value: &str) -> Result<(), WorkloadError> {
         let resolved = resolved_kind(&*self.state_of(target)?, target)?;
         let api = api_for(&self.inner.context.client, &resolved, &target.namespace);
         let request = Request::for_target("patch", &resolved.resource.plural, target);
@@ -423,11 +424,11 @@ impl Targets {
 }
 
 /// How to reach a target that has been read, or why it cannot be written.
-fn resolved_kind(state: &channel::Sender<TargetState>, target: &TargetRef) -> Result<Arc<Resolved>, TargetError> {
+fn resolved_kind(state: &channel::Sender<TargetState>, target: &TargetRef) -> Result<Arc<Resolved>, WorkloadError> {
     match &*state.borrow() {
         TargetState::Ready { resolved, .. } => Ok(Arc::clone(resolved)),
         TargetState::Failed(err) => Err(err.clone()),
-        TargetState::Starting => Err(TargetError::Connection(format!("{} has not been read yet", describe(target)))),
+        TargetState::Starting => Err(WorkloadError::Connection(format!("{} has not been read yet", describe(target)))),
     }
 }
 
@@ -441,7 +442,7 @@ fn api_for(client: &Client, resolved: &Resolved, namespace: &str) -> Api<Dynamic
 
 impl Context {
     /// Resolves the target's kind through discovery (cached once it resolved with a `/scale`).
-    async fn resolve(&self, target: &TargetRef) -> Result<Arc<Resolved>, TargetError> {
+    async fn resolve(&self, target: &TargetRef) -> Result<Arc<Resolved>, WorkloadError> {
         let key = (target.api_version.clone(), target.kind.clone());
         let cached = || self.kinds.lock().unwrap_or_else(PoisonError::into_inner).get(&key).cloned();
         if let Some(resolved) = cached() {
@@ -453,7 +454,7 @@ impl Context {
         }
         let (group, version) = split_api_version(&target.api_version);
         let gvk = GroupVersionKind::gvk(group, version, &target.kind);
-        let unknown = |reason: String| TargetError::UnknownKind {
+        let unknown = |reason: String| WorkloadError::UnknownKind {
             api_version: target.api_version.clone(),
             kind: target.kind.clone(),
             reason,
@@ -478,7 +479,7 @@ impl Context {
             }
         };
         if !capabilities.subresources.iter().any(|(sub, _)| sub.plural == "scale") {
-            return Err(TargetError::NoScaleSubresource {
+            return Err(WorkloadError::NoScaleSubresource {
                 api_version: target.api_version.clone(),
                 kind: target.kind.clone(),
             });
@@ -540,7 +541,7 @@ async fn run_target(context: Arc<Context>, target: TargetRef, state: Arc<channel
             match observed {
                 ObjState::Starting => {}
                 ObjState::Failed(err) => {
-                    let rediscover = matches!(err, TargetError::UnknownKind { .. });
+                    let rediscover = matches!(err, WorkloadError::UnknownKind { .. });
                     state.send_replace(TargetState::Failed(err));
                     if rediscover {
                         // The resource type went away (a CRD deleted?): resolve it afresh.
@@ -549,7 +550,7 @@ async fn run_target(context: Arc<Context>, target: TargetRef, state: Arc<channel
                 }
                 ObjState::Missing => {
                     pods = None;
-                    state.send_replace(TargetState::Failed(TargetError::NotFound {
+                    state.send_replace(TargetState::Failed(WorkloadError::NotFound {
                         kind: target.kind.clone(),
                         namespace: target.namespace.clone(),
                         name: target.name.clone(),
@@ -632,7 +633,7 @@ async fn read_scale(
     resolved: &Resolved,
     target: &TargetRef,
     info: &ObjectInfo,
-) -> Result<ScaleReading, TargetError> {
+) -> Result<ScaleReading, WorkloadError> {
     let api = api_for(client, resolved, &target.namespace);
     let resource = format!("{}/scale", resolved.resource.plural);
     let request = Request::for_target("get", &resource, target);

@@ -31,7 +31,7 @@ use kube::runtime::WatchStreamExt;
 use kube::{Client, ResourceExt};
 use tokio::sync::watch;
 
-use super::error::{Request, TargetError};
+use super::error::{Request, WorkloadError};
 use super::object::{pod_is_ready, KindPaths, ObjectInfo};
 
 /// The retry policy of every watch: from 250 ms, doubling, jittered, at most 5 s apart, never
@@ -191,7 +191,7 @@ impl Drop for AbortOnDrop {
 pub(crate) enum ObjState {
     /// No complete list yet.
     Starting,
-    Failed(TargetError),
+    Failed(WorkloadError),
     Missing,
     Present(ObjectInfo),
 }
@@ -242,7 +242,7 @@ struct Group {
     _task: AbortOnDrop,
 }
 
-/// All group watches of one `Targets`.
+/// All group watches of one `Workloads`.
 pub(crate) struct Groups {
     client: Client,
     health: Arc<WatchHealth>,
@@ -361,8 +361,8 @@ fn publish<T: PartialEq>(sender: &watch::Sender<T>, state: T) {
 }
 
 /// Whether an error replaces a known state (see the module documentation).
-fn is_definitive(err: &TargetError) -> bool {
-    matches!(err, TargetError::Forbidden { .. } | TargetError::UnknownKind { .. })
+fn is_definitive(err: &WorkloadError) -> bool {
+    matches!(err, WorkloadError::Forbidden { .. } | WorkloadError::UnknownKind { .. })
 }
 
 async fn run_group(
@@ -491,7 +491,7 @@ fn read_object(paths: KindPaths, object: &DynamicObject) -> ObjectInfo {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum PodState {
     Starting,
-    Failed(TargetError),
+    Failed(WorkloadError),
     Counted(u32),
 }
 
