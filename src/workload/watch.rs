@@ -1,38 +1,34 @@
-//! Watch-backed caches.
+//! The stores' watches.
 //!
-//! Workloads: one watch per (resource, namespace), shared by every target in that namespace of
-//! that kind, keeping only the referenced names. With a single referenced name the watch uses a
-//! `metadata.name` field selector, so nothing else streams in. With several, it covers the
-//! namespace rather than opening one watch per object, because kube's client speaks HTTP/1.1:
-//! every watch holds a connection of its own, and 10,000 autoscalers must not mean 10,000 TLS
-//! connections to the API server. The price is that the namespace's other objects of that kind
-//! stream past (decoded, then dropped), and that a newly referenced name makes the watch list
-//! again, since the objects seen so far were not kept. Additions are debounced so a start-up or
-//! a reload that adds many names lists once.
+//! Workloads: one store per (kind, namespace) in use, holding every object of that kind in
+//! that namespace (compacted, see `compact.rs`), shared by every target there. A namespace
+//! watch rather than one per object, because kube's client speaks HTTP/1.1: every watch holds
+//! a connection of its own, and 10,000 autoscalers must not mean 10,000 TLS connections to the
+//! API server. Holding the whole namespace also makes a target added later a lookup, not a
+//! re-list. The price is the namespace's other objects of that kind, a couple of hundred bytes
+//! each.
 //!
-//! Pods: only for a target without `status.readyReplicas`, one watch with the scale's label
-//! selector in the target's namespace, keeping a ready flag per pod name. Never cluster-wide.
+//! Pods: only for targets without `status.readyReplicas`, one store per (namespace, label
+//! selector), shared by the targets with that selector, holding a ready flag per pod name.
+//! Never cluster-wide.
 //!
 //! Errors: before the first good answer, and for 403 and 404 at any time (permission revoked,
-//! resource type gone), an error replaces what the cache holds. Other errors (connection loss,
-//! API server restarts) leave the last known state in place while kube's watcher retries with
-//! backoff: a stale reading cannot cause a wrong write, because every write carries the
-//! resourceVersion it was based on and a changed object answers 409.
+//! resource type gone), an error replaces what the store offers its readers. Other errors
+//! (connection loss, API server restarts) leave the last known state in place while the watch
+//! retries with backoff, and mark [`WatchHealth`] failing: a stale reading cannot cause a
+//! wrong write, because every write carries the resourceVersion it was based on and a changed
+//! object answers 409.
 
-use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ApiResource, DynamicObject};
+use kube::runtime::reflector::store::Writer;
+use kube::runtime::reflector::{Lookup, Store};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
-use kube::{Client, ResourceExt};
 use tokio::sync::watch;
 
 use super::error::{Request, WorkloadError};
-use super::object::{pod_is_ready, KindPaths, ObjectInfo};
 
 /// The retry policy of every watch: from 250 ms, doubling, jittered, at most 5 s apart, never
 /// giving up. kube's default waits up to 30 s between tries and forgets its backoff only after
@@ -176,7 +172,7 @@ pub async fn next<S: WatchStreamExt + Unpin>(stream: &mut S) -> Option<S::Item> 
     std::future::poll_fn(|cx| Pin::new(&mut *stream).poll_next(cx)).await
 }
 
-/// Aborts the task when dropped, so dropping a cache entry stops its watch.
+/// Aborts the task when dropped, so dropping a store's entry stops its watch.
 #[derive(Debug)]
 pub(crate) struct AbortOnDrop(pub tokio::task::JoinHandle<()>);
 
@@ -186,175 +182,24 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// The cached state of one watched object.
+/// What a store's readers may rely on.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum ObjState {
+pub(crate) enum StoreStatus {
     /// No complete list yet.
     Starting,
+    /// Listed: the store holds what the watch has seen since.
+    Synced,
+    /// Reads get this error rather than the store's content (see the module documentation).
     Failed(WorkloadError),
-    Missing,
-    Present(ObjectInfo),
 }
 
-/// What names a group watch needs and where their states go.
-#[derive(Default)]
-struct Slots {
-    /// Name -> (number of subscribers, state).
-    by_name: HashMap<String, (usize, Arc<watch::Sender<ObjState>>)>,
-}
-
-/// The resource a group watches and how to read it.
-#[derive(Clone, Debug)]
-pub(crate) struct GroupSpec {
-    pub resource: ApiResource,
-    pub namespaced: bool,
-    pub namespace: String,
-    pub paths: KindPaths,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-struct GroupKey {
-    group: String,
-    version: String,
-    plural: String,
-    namespace: String,
-}
-
-impl GroupKey {
-    fn of(spec: &GroupSpec) -> Self {
-        GroupKey {
-            group: spec.resource.group.clone(),
-            version: spec.resource.version.clone(),
-            plural: spec.resource.plural.clone(),
-            namespace: if spec.namespaced { spec.namespace.clone() } else { String::new() },
-        }
-    }
-}
-
-struct GroupShared {
-    slots: Mutex<Slots>,
-    /// Bumped when a name is added: the watch lists again to learn its state.
-    added: watch::Sender<u64>,
-}
-
-struct Group {
-    shared: Arc<GroupShared>,
-    _task: AbortOnDrop,
-}
-
-/// All group watches of one `Workloads`.
-pub(crate) struct Groups {
-    client: Client,
-    health: Arc<WatchHealth>,
-    groups: Mutex<HashMap<GroupKey, Group>>,
-    /// How long additions must pause before the watch lists again.
-    debounce: Duration,
-}
-
-/// A subscriber's hold on one name of a group; dropping it unsubscribes, and the last one out
-/// stops the group's watch.
-pub(crate) struct Subscription {
-    groups: Arc<Groups>,
-    key: GroupKey,
-    name: String,
-}
-
-impl Groups {
-    pub(crate) fn new(client: Client, health: Arc<WatchHealth>) -> Arc<Self> {
-        Arc::new(Groups { client, health, groups: Mutex::new(HashMap::new()), debounce: Duration::from_millis(50) })
-    }
-
-    /// Subscribes to `name` in the group watch for `spec`, starting it if needed.
-    pub(crate) fn subscribe(
-        self: &Arc<Self>,
-        spec: &GroupSpec,
-        name: &str,
-    ) -> (Subscription, watch::Receiver<ObjState>) {
-        let key = GroupKey::of(spec);
-        let mut groups = self.groups.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(group) = groups.get(&key) {
-            let mut slots = group.shared.slots.lock().unwrap_or_else(PoisonError::into_inner);
-            let receiver = match slots.by_name.get_mut(name) {
-                Some((count, sender)) => {
-                    *count += 1;
-                    sender.subscribe()
-                }
-                None => {
-                    let sender = Arc::new(watch::Sender::new(ObjState::Starting));
-                    let receiver = sender.subscribe();
-                    slots.by_name.insert(name.to_string(), (1, sender));
-                    // The running watch has not kept this object: make it list again.
-                    group.shared.added.send_modify(|n| *n += 1);
-                    receiver
-                }
-            };
-            drop(slots);
-            return (Subscription { groups: Arc::clone(self), key, name: name.to_string() }, receiver);
-        }
-        // A new group starts with its first name in place, so its first list is the right one.
-        let sender = Arc::new(watch::Sender::new(ObjState::Starting));
-        let receiver = sender.subscribe();
-        let mut slots = Slots::default();
-        slots.by_name.insert(name.to_string(), (1, sender));
-        let shared = Arc::new(GroupShared { slots: Mutex::new(slots), added: watch::Sender::new(0) });
-        let task = tokio::spawn(run_group(
-            self.client.clone(),
-            spec.clone(),
-            Arc::clone(&shared),
-            self.debounce,
-            Arc::clone(&self.health),
-        ));
-        groups.insert(key.clone(), Group { shared, _task: AbortOnDrop(task) });
-        (Subscription { groups: Arc::clone(self), key, name: name.to_string() }, receiver)
-    }
-
-    /// Number of running group watches (for tests and diagnostics).
-    pub(crate) fn len(&self) -> usize {
-        self.groups.lock().unwrap_or_else(PoisonError::into_inner).len()
-    }
-}
-
-impl Drop for Subscription {
-    fn drop(&mut self) {
-        let mut groups = self.groups.groups.lock().unwrap_or_else(PoisonError::into_inner);
-        let Some(group) = groups.get(&self.key) else { return };
-        let empty = {
-            let mut slots = group.shared.slots.lock().unwrap_or_else(PoisonError::into_inner);
-            if let Some((count, _)) = slots.by_name.get_mut(&self.name) {
-                *count -= 1;
-                if *count == 0 {
-                    // The watch keeps running for the others; this name's events are dropped
-                    // from now on. No relist needed for a removal.
-                    slots.by_name.remove(&self.name);
-                }
-            }
-            slots.by_name.is_empty()
-        };
-        if empty {
-            groups.remove(&self.key);
-        }
-    }
-}
-
-impl GroupShared {
-    fn sender(&self, name: &str) -> Option<Arc<watch::Sender<ObjState>>> {
-        let slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
-        slots.by_name.get(name).map(|(_, sender)| Arc::clone(sender))
-    }
-
-    fn all(&self) -> Vec<(String, Arc<watch::Sender<ObjState>>)> {
-        let slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
-        slots.by_name.iter().map(|(name, (_, sender))| (name.clone(), Arc::clone(sender))).collect()
-    }
-}
-
-/// Sets a state, waking readers only when it changed.
-fn publish<T: PartialEq>(sender: &watch::Sender<T>, state: T) {
+/// Sets a status, waking readers only when it changed.
+pub(crate) fn publish(sender: &watch::Sender<StoreStatus>, status: StoreStatus) {
     sender.send_if_modified(|current| {
-        if *current == state {
+        if *current == status {
             false
         } else {
-            *current = state;
+            *current = status;
             true
         }
     });
@@ -365,212 +210,90 @@ fn is_definitive(err: &WorkloadError) -> bool {
     matches!(err, WorkloadError::Forbidden { .. } | WorkloadError::UnknownKind { .. })
 }
 
-async fn run_group(
-    client: Client,
-    spec: GroupSpec,
-    shared: Arc<GroupShared>,
-    debounce: Duration,
-    health: Arc<WatchHealth>,
-) {
-    let api: Api<DynamicObject> = if spec.namespaced {
-        Api::namespaced_with(client, &spec.namespace, &spec.resource)
-    } else {
-        Api::all_with(client, &spec.resource)
-    };
-    let api_version = spec.resource.api_version.clone();
-    let request = Request {
-        verb: "list",
-        resource: &spec.resource.plural,
-        api_version: &api_version,
-        namespace: &spec.namespace,
-        kind: &spec.resource.kind,
-        name: "",
-        collection: true,
-    };
-    let mut added = shared.added.subscribe();
+/// Why [`follow`] returned.
+pub(crate) struct Stopped {
+    /// The resource type is not served (any more): the caller resolves the kind afresh.
+    pub error: WorkloadError,
+    /// Whether the store listed at least once before.
+    pub listed: bool,
+}
+
+/// Drives one store: the watcher's events, each reduced by `compact` (which sees the store
+/// as it is before the event: the previous version of the object is still in it, a re-list
+/// included, as the writer swaps a new list in only at its end), go into `writer`, and
+/// `status` follows the watch. Runs until dropped, or until the watch answers that the
+/// resource type is not served.
+pub(crate) async fn follow<S, W, K>(
+    stream: S,
+    writer: &mut Writer<K>,
+    mut compact: impl FnMut(W, &Store<K>) -> Option<K>,
+    status: &watch::Sender<StoreStatus>,
+    health: &WatchHealth,
+    request: Request<'_>,
+) -> Stopped
+where
+    S: WatchStreamExt<Item = Result<Event<W>, watcher::Error>> + Unpin,
+    K: Lookup + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    let reader = writer.as_reader();
+    let mut stream = Retrying::new(stream);
+    let mut listed = false;
     loop {
-        added.borrow_and_update();
-        // A lone name is watched through a field selector, so only its own object streams in;
-        // with more names the watch covers the namespace. Only additions restart the watch, so
-        // a group that shrinks back to one name stays namespace-wide until the next addition.
-        let names = shared.all();
-        let config = match names.as_slice() {
-            [(only, _)] => watcher::Config::default().fields(&format!("metadata.name={only}")),
-            _ => watcher::Config::default(),
-        };
-        drop(names);
-        let mut stream = Retrying::new(Box::pin(watcher::watcher(api.clone(), config)));
-        // Objects of the list in progress, by name (referenced names only).
-        let mut listing: Option<HashMap<String, ObjectInfo>> = None;
-        loop {
-            tokio::select! {
-                changed = added.changed() => {
-                    if changed.is_err() {
-                        return;
-                    }
-                    // Wait for a pause in additions (at most 20 debounce periods) so a burst
-                    // of subscriptions costs one list.
-                    for _ in 0..20 {
-                        match tokio::time::timeout(debounce, added.changed()).await {
-                            Ok(Ok(())) => continue,
-                            Ok(Err(_)) => return,
-                            Err(_) => break,
-                        }
-                    }
-                    break;
-                }
-                event = stream.next() => match event {
-                    // A watcher stream does not end; if one did, start over.
-                    None => break,
-                    Some(Ok(Event::Init)) => listing = Some(HashMap::new()),
-                    Some(Ok(Event::InitApply(object))) => {
-                        let name = object.name_any();
-                        if let Some(listing) = listing.as_mut() {
-                            if shared.sender(&name).is_some() {
-                                listing.insert(name, read_object(spec.paths, &object));
-                            }
-                        }
-                    }
-                    Some(Ok(Event::InitDone)) => {
-                        let mut seen = listing.take().unwrap_or_default();
-                        for (name, sender) in shared.all() {
-                            let state = match seen.remove(&name) {
-                                Some(info) => ObjState::Present(info),
-                                None => ObjState::Missing,
-                            };
-                            publish(&sender, state);
-                        }
-                    }
-                    Some(Ok(Event::Apply(object))) => {
-                        if let Some(sender) = shared.sender(&object.name_any()) {
-                            publish(&sender, ObjState::Present(read_object(spec.paths, &object)));
-                        }
-                    }
-                    Some(Ok(Event::Delete(object))) => {
-                        if let Some(sender) = shared.sender(&object.name_any()) {
-                            publish(&sender, ObjState::Missing);
-                        }
-                    }
-                    Some(Err(err)) => {
-                        let error = request.watch_error(&err);
-                        tracing::warn!(
-                            resource = %spec.resource.plural,
-                            namespace = %spec.namespace,
-                            error = %error,
-                            "watch of the targets failed; retrying"
-                        );
-                        let definitive = is_definitive(&error);
-                        if !definitive {
-                            health.failed();
-                        }
-                        for (_, sender) in shared.all() {
-                            sender.send_if_modified(|state| {
-                                let replace = definitive || matches!(state, ObjState::Starting | ObjState::Failed(_));
-                                if replace && *state != ObjState::Failed(error.clone()) {
-                                    *state = ObjState::Failed(error.clone());
-                                    true
-                                } else {
-                                    false
-                                }
-                            });
-                        }
-                    }
-                },
-            }
-        }
-    }
-}
-
-fn read_object(paths: KindPaths, object: &DynamicObject) -> ObjectInfo {
-    let mut info = ObjectInfo::read(paths, object.resource_version().unwrap_or_default(), &object.data);
-    info.marks = super::object::Marks::read(&object.metadata);
-    info
-}
-
-/// The ready-pod count of one selector.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum PodState {
-    Starting,
-    Failed(WorkloadError),
-    Counted(u32),
-}
-
-/// A running pod watch for one target's selector.
-pub(crate) struct PodWatch {
-    pub selector: String,
-    pub state: watch::Receiver<PodState>,
-    _task: AbortOnDrop,
-}
-
-impl PodWatch {
-    pub(crate) fn start(client: Client, namespace: &str, selector: &str, health: Arc<WatchHealth>) -> PodWatch {
-        let sender = watch::Sender::new(PodState::Starting);
-        let state = sender.subscribe();
-        let task = tokio::spawn(run_pods(client, namespace.to_string(), selector.to_string(), sender, health));
-        PodWatch { selector: selector.to_string(), state, _task: AbortOnDrop(task) }
-    }
-}
-
-async fn run_pods(
-    client: Client,
-    namespace: String,
-    selector: String,
-    sender: watch::Sender<PodState>,
-    health: Arc<WatchHealth>,
-) {
-    let api: Api<Pod> = Api::namespaced(client, &namespace);
-    let request = Request {
-        verb: "list",
-        resource: "pods",
-        api_version: "v1",
-        namespace: &namespace,
-        kind: "Pod",
-        name: "",
-        collection: true,
-    };
-    let config = watcher::Config::default().labels(&selector);
-    let mut stream = Retrying::new(Box::pin(watcher::watcher(api, config)));
-    // Pod name -> ready. Names and a flag only, never the pods.
-    let mut ready: HashMap<String, bool> = HashMap::new();
-    let mut listing: Option<HashMap<String, bool>> = None;
-    let count = |ready: &HashMap<String, bool>| ready.values().filter(|r| **r).count() as u32;
-    while let Some(event) = stream.next().await {
-        match event {
-            Ok(Event::Init) => listing = Some(HashMap::new()),
-            Ok(Event::InitApply(pod)) => {
-                if let Some(listing) = listing.as_mut() {
-                    listing.insert(pod.name_any(), pod_is_ready(&pod));
-                }
-            }
-            Ok(Event::InitDone) => {
-                ready = listing.take().unwrap_or_default();
-                publish(&sender, PodState::Counted(count(&ready)));
-            }
-            Ok(Event::Apply(pod)) => {
-                ready.insert(pod.name_any(), pod_is_ready(&pod));
-                publish(&sender, PodState::Counted(count(&ready)));
-            }
-            Ok(Event::Delete(pod)) => {
-                ready.remove(&pod.name_any());
-                publish(&sender, PodState::Counted(count(&ready)));
-            }
-            Err(err) => {
+        let event = match stream.next().await {
+            Some(Ok(event)) => event,
+            Some(Err(err)) => {
                 let error = request.watch_error(&err);
-                tracing::warn!(namespace = %namespace, selector = %selector, error = %error, "pod watch failed; retrying");
+                tracing::warn!(
+                    resource = %request.resource,
+                    namespace = %request.namespace,
+                    error = %error,
+                    "watch failed; retrying"
+                );
                 let definitive = is_definitive(&error);
                 if !definitive {
                     health.failed();
                 }
-                sender.send_if_modified(|state| {
-                    let replace = definitive || !matches!(state, PodState::Counted(_));
-                    if replace && *state != PodState::Failed(error.clone()) {
-                        *state = PodState::Failed(error.clone());
+                status.send_if_modified(|current| {
+                    let replace = definitive || !matches!(current, StoreStatus::Synced);
+                    if replace && *current != StoreStatus::Failed(error.clone()) {
+                        *current = StoreStatus::Failed(error.clone());
                         true
                     } else {
                         false
                     }
                 });
+                if matches!(error, WorkloadError::UnknownKind { .. }) {
+                    return Stopped { error, listed };
+                }
+                continue;
             }
+            // A watcher stream does not end; if one did, the caller starts over.
+            None => {
+                let error = WorkloadError::Connection(format!("the watch of {} ended", request.resource));
+                return Stopped { error, listed };
+            }
+        };
+        let event = match event {
+            Event::Init => Event::Init,
+            Event::InitDone => Event::InitDone,
+            Event::InitApply(object) => match compact(object, &reader) {
+                Some(object) => Event::InitApply(object),
+                None => continue,
+            },
+            Event::Apply(object) => match compact(object, &reader) {
+                Some(object) => Event::Apply(object),
+                None => continue,
+            },
+            Event::Delete(object) => match compact(object, &reader) {
+                Some(object) => Event::Delete(object),
+                None => continue,
+            },
+        };
+        writer.apply_watcher_event(&event);
+        if matches!(event, Event::InitDone) {
+            listed = true;
+            publish(status, StoreStatus::Synced);
         }
     }
 }
