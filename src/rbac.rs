@@ -83,8 +83,9 @@ pub const WORKLOAD_SCALE: Permission = Permission {
     verbs: &["patch"],
 };
 
-/// [`crate::workload`]: a pod watch scoped to a target's selector that counts its ready pods, only
-/// for targets whose status has no `readyReplicas`. [`crate::resource`]: a list of the pods a
+/// [`crate::workload`]: a pod watch scoped to a label selector (one per selector and namespace,
+/// shared by the targets with that selector) that counts ready pods, only for targets whose
+/// status has no `readyReplicas`. [`crate::resource`]: a list of the pods a
 /// resource metric selects, each cycle, to tell which count.
 pub const POD_READ: Permission =
     Permission { namespaced_to_daemon: false, api_group: "", resources: &["pods"], verbs: &["list", "watch"] };
