@@ -16,5 +16,5 @@ pub mod runtime;
 pub mod settings;
 pub mod simulate;
 pub mod state;
-pub mod target;
 pub mod telemetry;
+pub mod workload;

@@ -63,9 +63,9 @@ pub const DATADOG_METRIC_READ: Permission = Permission {
     verbs: &["list", "watch"],
 };
 
-/// The scale targets: [`crate::target`] watches them for replicas, readiness and the time of
+/// The scale targets: [`crate::workload`] watches them for replicas, readiness and the time of
 /// the last scale; `patch` only writes the `watermarkd.io/state` annotation
-/// (`target::STATE_ANNOTATION`) that holds an autoscaler's persisted state (rules-file mode).
+/// (`workload::STATE_ANNOTATION`) that holds an autoscaler's persisted state (rules-file mode).
 pub const WORKLOAD_READ_AND_ANNOTATE: Permission = Permission {
     namespaced_to_daemon: false,
     api_group: "apps",
@@ -73,7 +73,7 @@ pub const WORKLOAD_READ_AND_ANNOTATE: Permission = Permission {
     verbs: &["list", "watch", "patch"],
 };
 
-/// [`crate::target`]: changing a target's replicas with a merge patch of `/scale` that carries
+/// [`crate::workload`]: changing a target's replicas with a merge patch of `/scale` that carries
 /// the resourceVersion decided on. (The apps kinds are read from the watched object itself;
 /// only custom kinds also need `get` on their `/scale`.)
 pub const WORKLOAD_SCALE: Permission = Permission {
@@ -83,8 +83,9 @@ pub const WORKLOAD_SCALE: Permission = Permission {
     verbs: &["patch"],
 };
 
-/// [`crate::target`]: a pod watch scoped to a target's selector that counts its ready pods, only
-/// for targets whose status has no `readyReplicas`. [`crate::resource`]: a list of the pods a
+/// [`crate::workload`]: a pod watch scoped to a label selector (one per selector and namespace,
+/// shared by the targets with that selector) that counts ready pods, only for targets whose
+/// status has no `readyReplicas`. [`crate::resource`]: a list of the pods a
 /// resource metric selects, each cycle, to tell which count.
 pub const POD_READ: Permission =
     Permission { namespaced_to_daemon: false, api_group: "", resources: &["pods"], verbs: &["list", "watch"] };

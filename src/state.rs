@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use watermarkd_engine::{Recommendation, Rule, State, Timestamp};
 
 use crate::crd::{WatermarkPodAutoscalerStatus, ABOVE_HIGH_WATERMARK, BELOW_LOW_WATERMARK};
-use crate::target::Marks;
+use crate::workload::Marks;
 
 /// The annotation's format version.
 const VERSION: u32 = 1;

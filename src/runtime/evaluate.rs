@@ -13,7 +13,7 @@ use super::Shared;
 use crate::backend::{Observation, QueryError};
 use crate::crd::{self, ScaleWrite};
 use crate::state;
-use crate::target::{ScaleReading, TargetError};
+use crate::workload::{ScaleReading, WorkloadError};
 
 /// Attempts at a scale write that keeps meeting a newer object.
 const CONFLICT_ATTEMPTS: usize = 3;
@@ -155,7 +155,7 @@ pub async fn evaluate(
             };
             let written = tokio::time::timeout(budget, shared.targets.scale(target, &reading, decision.replicas)).await;
             let written = written.unwrap_or_else(|_| {
-                Err(TargetError::Connection(format!(
+                Err(WorkloadError::Connection(format!(
                     "no answer within {:.1}s (the time this daemon could still prove its lease, or the write timeout)",
                     budget.as_secs_f64()
                 )))
@@ -168,7 +168,7 @@ pub async fn evaluate(
                     memory.suspicion.written = Some(decision.replicas);
                     ScaleWrite::Succeeded
                 }
-                Err(TargetError::Conflict { .. }) if attempt < CONFLICT_ATTEMPTS => {
+                Err(WorkloadError::Conflict { .. }) if attempt < CONFLICT_ATTEMPTS => {
                     shared.daemon.write("scale", "conflict");
                     tracing::info!(
                         autoscaler = %autoscaler.name,
@@ -179,7 +179,7 @@ pub async fn evaluate(
                     continue;
                 }
                 Err(err) => {
-                    let outcome = if matches!(err, TargetError::Conflict { .. }) { "conflict" } else { "error" };
+                    let outcome = if matches!(err, WorkloadError::Conflict { .. }) { "conflict" } else { "error" };
                     shared.daemon.write("scale", outcome);
                     if err.outcome_unknown() {
                         // It may land yet: the next evaluation first finds out what the API
@@ -301,7 +301,7 @@ async fn reconcile_unconfirmed_write(shared: &Shared, desired: &Desired, memory:
     let current = match current {
         Ok(version) => version,
         Err(why) => {
-            let err = TargetError::Connection(format!(
+            let err = WorkloadError::Connection(format!(
                 "the last scale write may or may not have landed, and the API server cannot say which yet: {why}"
             ));
             target_failed(shared, desired, memory, &err).await;
@@ -309,7 +309,7 @@ async fn reconcile_unconfirmed_write(shared: &Shared, desired: &Desired, memory:
         }
     };
     if current != reading.resource_version && !cache_reaches(shared, target, &current).await {
-        let err = TargetError::Connection(format!(
+        let err = WorkloadError::Connection(format!(
             "the last scale write may have landed and the watch does not show resourceVersion {current} yet"
         ));
         target_failed(shared, desired, memory, &err).await;
@@ -494,7 +494,7 @@ async fn persist(
             let written_now =
                 tokio::time::timeout(budget, shared.targets.write_state(&desired.autoscaler.target, &value));
             let result = written_now.await.unwrap_or_else(|_| {
-                Err(TargetError::Connection(format!("no answer within {:.1}s", budget.as_secs_f64())))
+                Err(WorkloadError::Connection(format!("no answer within {:.1}s", budget.as_secs_f64())))
             });
             match result {
                 Ok(()) => {
@@ -515,7 +515,7 @@ async fn persist(
     }
 }
 
-async fn target_failed(shared: &Shared, desired: &Desired, memory: &mut Memory, err: &TargetError) {
+async fn target_failed(shared: &Shared, desired: &Desired, memory: &mut Memory, err: &WorkloadError) {
     let autoscaler = &desired.autoscaler;
     shared.autoscaler_metrics.observe_failure(&desired.labels, &autoscaler.rule);
     let message = err.to_string();

@@ -41,7 +41,7 @@ use crate::lease::{Authority, LeaderElector, LeaseSettings, Role};
 use crate::resource::ResourceMetrics;
 use crate::rules::{self, RulesError};
 use crate::settings::Settings;
-use crate::target::{TargetError, Targets};
+use crate::workload::{WorkloadError, Workloads};
 use crate::telemetry::{AutoscalerMetrics, BackendMetrics, DaemonMetrics, HttpClientMetrics, Readiness};
 use scheduler::{Command, Scheduler, TargetChanges};
 use shared::{Clock, Shared};
@@ -57,7 +57,7 @@ pub enum RunError {
     #[error(transparent)]
     Backend(#[from] BackendError),
     #[error(transparent)]
-    Kubernetes(#[from] TargetError),
+    Kubernetes(#[from] WorkloadError),
     #[error(transparent)]
     Registry(#[from] prometheus::Error),
     #[error("cannot listen on {address}: {error}")]
@@ -82,8 +82,8 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
     readiness.rules_loaded.store(true, Ordering::Release);
     daemon.last_reload_successful.set(1);
 
-    let client = crate::target::connect(settings.kubeconfig.as_deref(), settings.context.as_deref()).await?;
-    let targets = Targets::new(client.clone());
+    let client = crate::workload::connect(settings.kubeconfig.as_deref(), settings.context.as_deref()).await?;
+    let targets = Workloads::new(client.clone());
     let events = EventPublisher::new(client.clone(), &settings.lease.identity, Duration::from_secs(300));
 
     let (shutdown_tx, shutdown) = watch::channel(false);
@@ -252,7 +252,7 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
 
 /// Starts following the targets that autoscalers started using, then stops following the
 /// ones they left (in that order, so a cache both use is kept).
-fn follow(targets: &Targets, changes: TargetChanges) {
+fn follow(targets: &Workloads, changes: TargetChanges) {
     for target in &changes.follow {
         targets.watch(target);
     }

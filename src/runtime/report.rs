@@ -13,7 +13,7 @@ use super::wpa_index::{ObjectKey, Rejection};
 use super::Shared;
 use crate::crd::{self, MapError, ScaleWrite, WatermarkPodAutoscaler, WatermarkPodAutoscalerStatus};
 use crate::events::{EventType, Repeats};
-use crate::target::TargetError;
+use crate::workload::WorkloadError;
 
 /// A status whose only change is `currentMetrics` is written at most this often.
 const METRICS_STATUS_PERIOD: std::time::Duration = std::time::Duration::from_secs(60);
@@ -138,10 +138,10 @@ pub async fn decision_events(
 /// Reports a target that cannot be read: on the WPA (an event and the AbleToScale condition),
 /// or for a rules-file autoscaler on the target itself, unless it is missing (no object to
 /// carry an event: the log says it).
-pub async fn target_unreadable(shared: &Shared, desired: &Desired, persisted: &mut Persisted, err: &TargetError) {
+pub async fn target_unreadable(shared: &Shared, desired: &Desired, persisted: &mut Persisted, err: &WorkloadError) {
     let message = err.to_string();
     let reason = match err {
-        TargetError::NoScaleSubresource { .. } | TargetError::UnknownKind { .. } => "InvalidTarget",
+        WorkloadError::NoScaleSubresource { .. } | WorkloadError::UnknownKind { .. } => "InvalidTarget",
         _ => "FailedGetScale",
     };
     match (&desired.source, persisted) {
@@ -163,7 +163,7 @@ pub async fn target_unreadable(shared: &Shared, desired: &Desired, persisted: &m
                 *status = Some(next);
             }
         }
-        _ if matches!(err, TargetError::NotFound { .. }) => {}
+        _ if matches!(err, WorkloadError::NotFound { .. }) => {}
         _ => {
             let note = format!("cannot scale: {message}");
             let object = target_reference(desired);

@@ -11,7 +11,7 @@ use crate::backend::recommender::RecommenderClients;
 use crate::events::EventPublisher;
 use crate::lease::Authority;
 use crate::resource::ResourceMetrics;
-use crate::target::Targets;
+use crate::workload::Workloads;
 use crate::telemetry::{AutoscalerMetrics, DaemonMetrics};
 
 /// Wall time that advances with tokio's clock: monotonic (a clock step does not open or close a
@@ -34,7 +34,7 @@ impl Clock {
 
 pub struct Shared {
     pub client: kube::Client,
-    pub targets: Targets,
+    pub targets: Workloads,
     pub events: Option<EventPublisher>,
     pub autoscaler_metrics: Arc<AutoscalerMetrics>,
     pub daemon: DaemonMetrics,

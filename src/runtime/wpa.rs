@@ -23,7 +23,7 @@ use super::wpa_index::{ObjectKey, Scope, Update, WpaIndex};
 use super::Shared;
 use crate::crd::{DatadogMetric, WatermarkPodAutoscaler};
 use crate::rules::RulesFile;
-use crate::target::RetryingWatch;
+use crate::workload::RetryingWatch;
 
 /// How often a cluster without the DatadogMetric resource is asked again whether it has it.
 const DATADOG_METRIC_RECHECK: Duration = Duration::from_secs(300);
@@ -117,7 +117,7 @@ pub async fn run(mut watch: WpaWatch) {
     }
 }
 
-fn apply(index: &mut WpaIndex, change: Change, health: &crate::target::WatchHealth) {
+fn apply(index: &mut WpaIndex, change: Change, health: &crate::workload::WatchHealth) {
     match change {
         Change::Wpa(Stored::Applied(wpa)) => index.apply_wpa(wpa),
         Change::Wpa(Stored::Deleted(key)) => index.delete_wpa(&key),

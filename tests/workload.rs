@@ -1,4 +1,4 @@
-//! The Kubernetes target layer against a real kube-apiserver and etcd (started by the tests,
+//! The Kubernetes workload layer (`watermarkd::workload`) against a real kube-apiserver and etcd (started by the tests,
 //! shared by this file's tests, each test in a namespace of its own).
 //!
 //! Needs kube-apiserver and etcd: scripts/install-test-deps installs them. Missing binaries fail
@@ -20,7 +20,7 @@ use kube::core::GroupVersionKind;
 use kube_cluster::{KubeCluster, SCALER_TOKEN, SCALER_USER};
 use serde_json::json;
 use watermarkd::rules::TargetRef;
-use watermarkd::target::{connect, ScaleReading, TargetError, Targets};
+use watermarkd::workload::{connect, ScaleReading, WorkloadError, Workloads};
 
 fn target(api_version: &str, kind: &str, namespace: &str, name: &str) -> TargetRef {
     TargetRef {
@@ -35,11 +35,11 @@ const WAIT: Duration = Duration::from_secs(10);
 
 /// Reads until `accept` holds for the result, and returns that result.
 async fn read_until(
-    targets: &Targets,
+    targets: &Workloads,
     target: &TargetRef,
     what: &str,
-    accept: impl Fn(&Result<ScaleReading, TargetError>) -> bool,
-) -> Result<ScaleReading, TargetError> {
+    accept: impl Fn(&Result<ScaleReading, WorkloadError>) -> bool,
+) -> Result<ScaleReading, WorkloadError> {
     eventually!(WAIT, what, {
         let result = targets.read(target).await;
         if accept(&result) {
@@ -52,7 +52,7 @@ async fn read_until(
 
 /// Reads until a reading satisfies `accept`, and returns it.
 async fn reading_where(
-    targets: &Targets,
+    targets: &Workloads,
     target: &TargetRef,
     what: &str,
     accept: impl Fn(&ScaleReading) -> bool,
@@ -90,7 +90,7 @@ async fn read_and_scale(kind: &str, prefix: &str) {
     }
     cluster.set_workload_status(kind, &ns, "web", 2, 1).await;
 
-    let targets = Targets::new(cluster.client());
+    let targets = Workloads::new(cluster.client());
     let web = target("apps/v1", kind, &ns, "web");
     targets.watch(&web);
     let reading = reading_where(&targets, &web, "status set", |r| r.status_replicas == 2).await;
@@ -132,7 +132,7 @@ async fn a_deployment_without_ready_pods_reads_zero_ready() {
     cluster.create_deployment(&ns, "web", 3).await;
     // The API omits readyReplicas when it is 0; that is 0 ready, not unknown.
     cluster.set_workload_status("Deployment", &ns, "web", 3, 0).await;
-    let targets = Targets::new(cluster.client());
+    let targets = Workloads::new(cluster.client());
     let web = target("apps/v1", "Deployment", &ns, "web");
     targets.watch(&web);
     let reading = reading_where(&targets, &web, "status", |r| r.status_replicas == 3).await;
@@ -144,7 +144,7 @@ async fn a_change_between_read_and_write_is_a_conflict_and_the_other_change_stay
     let cluster = KubeCluster::shared();
     let ns = cluster.unique_namespace("conflict").await;
     cluster.create_deployment(&ns, "web", 2).await;
-    let targets = Targets::new(cluster.client());
+    let targets = Workloads::new(cluster.client());
     let web = target("apps/v1", "Deployment", &ns, "web");
     targets.watch(&web);
     let before = targets.read(&web).await.expect("first read");
@@ -153,7 +153,7 @@ async fn a_change_between_read_and_write_is_a_conflict_and_the_other_change_stay
     manual_scale(cluster, "Deployment", &ns, "web", 7).await;
     let err = targets.scale(&web, &before, 5).await.expect_err("the object changed since the reading");
     assert!(
-        matches!(&err, TargetError::Conflict { resource_version, .. } if *resource_version == before.resource_version),
+        matches!(&err, WorkloadError::Conflict { resource_version, .. } if *resource_version == before.resource_version),
         "{err:?}"
     );
     assert_eq!(spec_replicas(cluster, "Deployment", &ns, "web").await, 7, "the manual scale stays");
@@ -167,7 +167,7 @@ async fn a_change_between_read_and_write_is_a_conflict_and_the_other_change_stay
     let current = reading_where(&targets, &web, "own write seen", |r| r.spec_replicas == 5).await;
     cluster.set_workload_status("Deployment", &ns, "web", 5, 5).await;
     let err = targets.scale(&web, &current, 6).await.expect_err("status changed");
-    assert!(matches!(err, TargetError::Conflict { .. }), "{err:?}");
+    assert!(matches!(err, WorkloadError::Conflict { .. }), "{err:?}");
     assert_eq!(spec_replicas(cluster, "Deployment", &ns, "web").await, 5);
 }
 
@@ -175,11 +175,11 @@ async fn a_change_between_read_and_write_is_a_conflict_and_the_other_change_stay
 async fn a_missing_target_is_not_found_until_it_appears_and_after_it_is_deleted() {
     let cluster = KubeCluster::shared();
     let ns = cluster.unique_namespace("missing").await;
-    let targets = Targets::new(cluster.client());
+    let targets = Workloads::new(cluster.client());
     let web = target("apps/v1", "Deployment", &ns, "web");
     targets.watch(&web);
     let err = targets.read(&web).await.expect_err("nothing there");
-    assert_eq!(err, TargetError::NotFound { kind: "Deployment".into(), namespace: ns.clone(), name: "web".into() });
+    assert_eq!(err, WorkloadError::NotFound { kind: "Deployment".into(), namespace: ns.clone(), name: "web".into() });
     assert!(err.to_string().contains(&format!("Deployment {ns}/web does not exist")), "{err}");
 
     // A newly created target is picked up by the watch.
@@ -189,7 +189,7 @@ async fn a_missing_target_is_not_found_until_it_appears_and_after_it_is_deleted(
 
     let api: Api<Deployment> = Api::namespaced(cluster.client(), &ns);
     api.delete("web", &DeleteParams::default()).await.expect("delete");
-    let gone = read_until(&targets, &web, "deleted", |r| matches!(r, Err(TargetError::NotFound { .. }))).await;
+    let gone = read_until(&targets, &web, "deleted", |r| matches!(r, Err(WorkloadError::NotFound { .. }))).await;
     assert!(gone.is_err());
 }
 
@@ -198,12 +198,12 @@ async fn a_forbidden_user_gets_an_error_naming_the_verb_and_resource() {
     let cluster = KubeCluster::shared();
     let ns = cluster.unique_namespace("rbac").await;
     cluster.create_deployment(&ns, "web", 2).await;
-    let targets = Targets::new(cluster.client_for(SCALER_TOKEN));
+    let targets = Workloads::new(cluster.client_for(SCALER_TOKEN));
     let web = target("apps/v1", "Deployment", &ns, "web");
     targets.watch(&web);
     let err = targets.read(&web).await.expect_err("scaler may not list deployments");
     match &err {
-        TargetError::Forbidden { verb, resource, api_group, namespace, .. } => {
+        WorkloadError::Forbidden { verb, resource, api_group, namespace, .. } => {
             assert_eq!((verb.as_str(), resource.as_str(), api_group.as_str()), ("list", "deployments", "apps"));
             assert_eq!(namespace, &ns);
         }
@@ -219,7 +219,7 @@ async fn a_forbidden_user_gets_an_error_naming_the_verb_and_resource() {
     });
     let err = targets.scale(&web, &reading, 3).await.expect_err("scaler may not patch deployments/scale");
     assert!(
-        matches!(&err, TargetError::Forbidden { verb, resource, .. } if verb == "patch" && resource == "deployments/scale"),
+        matches!(&err, WorkloadError::Forbidden { verb, resource, .. } if verb == "patch" && resource == "deployments/scale"),
         "{err:?}"
     );
     assert!(err.to_string().contains("cannot patch deployments/scale"), "{err}");
@@ -228,15 +228,6 @@ async fn a_forbidden_user_gets_an_error_naming_the_verb_and_resource() {
     cluster.grant(&ns, "scale-deployments", SCALER_USER, &[(&["apps"], &["deployments/scale"], &["patch"])]).await;
     eventually!(WAIT, "scale after the grant", { targets.scale(&web, &reading, 3).await.map_err(|e| e.to_string()) });
     assert_eq!(spec_replicas(cluster, "Deployment", &ns, "web").await, 3);
-
-    // A lone target in its namespace is watched through a field selector: only its object.
-    let lists: Vec<_> = cluster
-        .requests_by(SCALER_USER)
-        .into_iter()
-        .filter(|r| r.resource == "deployments" && (r.verb == "list" || r.verb == "watch"))
-        .collect();
-    assert!(!lists.is_empty());
-    assert!(lists.iter().all(|r| r.uri.contains("fieldSelector=metadata.name%3Dweb")), "{lists:#?}");
 }
 
 #[tokio::test]
@@ -247,7 +238,7 @@ async fn kinds_without_scale_and_unknown_kinds_are_clear_errors() {
     let config: ConfigMap = serde_json::from_value(json!({ "metadata": { "name": "settings" } })).expect("configmap");
     configmaps.create(&PostParams::default(), &config).await.expect("create configmap");
 
-    let targets = Targets::new(cluster.client());
+    let targets = Workloads::new(cluster.client());
     let configmap = target("v1", "ConfigMap", &ns, "settings");
     let typo = target("apps/v1", "Deployent", &ns, "web");
     let no_group = target("nothing.example.com/v1", "Thing", &ns, "x");
@@ -257,20 +248,20 @@ async fn kinds_without_scale_and_unknown_kinds_are_clear_errors() {
         targets.watch(t);
     }
     let err = targets.read(&configmap).await.expect_err("ConfigMaps have no /scale");
-    assert_eq!(err, TargetError::NoScaleSubresource { api_version: "v1".into(), kind: "ConfigMap".into() });
+    assert_eq!(err, WorkloadError::NoScaleSubresource { api_version: "v1".into(), kind: "ConfigMap".into() });
     assert!(err.to_string().contains("no /scale subresource"), "{err}");
     let err = targets.read(&typo).await.expect_err("no such kind");
-    assert!(matches!(&err, TargetError::UnknownKind { kind, .. } if kind == "Deployent"), "{err:?}");
+    assert!(matches!(&err, WorkloadError::UnknownKind { kind, .. } if kind == "Deployent"), "{err:?}");
     let err = targets.read(&no_group).await.expect_err("no such group");
     assert!(
-        matches!(&err, TargetError::UnknownKind { api_version, .. } if api_version == "nothing.example.com/v1"),
+        matches!(&err, WorkloadError::UnknownKind { api_version, .. } if api_version == "nothing.example.com/v1"),
         "{err:?}"
     );
     // The others' errors are theirs only.
     assert_eq!(targets.read(&good).await.expect("the good target reads").spec_replicas, 1);
 
     let unwatched = target("apps/v1", "Deployment", &ns, "other");
-    assert!(matches!(targets.read(&unwatched).await, Err(TargetError::NotWatched(_))));
+    assert!(matches!(targets.read(&unwatched).await, Err(WorkloadError::NotWatched(_))));
 }
 
 /// A CRD whose /scale lives at unusual paths, so reading them proves /scale is what is read.
@@ -309,7 +300,7 @@ async fn a_custom_resource_with_scale_reads_through_scale_counts_pods_and_scales
     cluster.create_pod(&ns, "counted-c", &labels("counted"), false).await;
     cluster.create_pod(&ns, "unrelated", &labels("other"), true).await;
 
-    let targets = Targets::new(cluster.client());
+    let targets = Workloads::new(cluster.client());
     let counted = target(&format!("{group}/v1"), "Widget", &ns, "counted");
     let reporting = target(&format!("{group}/v1"), "Widget", &ns, "reporting");
     targets.watch(&counted);
@@ -344,7 +335,7 @@ async fn a_custom_resource_with_scale_reads_through_scale_counts_pods_and_scales
         .await
         .expect("manual scale");
     let err = targets.scale(&counted, &stale, 6).await.expect_err("changed meanwhile");
-    assert!(matches!(err, TargetError::Conflict { .. }), "{err:?}");
+    assert!(matches!(err, WorkloadError::Conflict { .. }), "{err:?}");
     assert_eq!(widgets.get("counted").await.expect("get widget").data["spec"]["size"], json!(8));
 }
 
@@ -370,13 +361,13 @@ async fn a_custom_resource_names_the_missing_scale_and_pod_rights_and_recovers_w
 
     let user = format!("widget-scaler-{ns}");
     cluster.grant(&ns, "list-widgets", &user, &[(&[group], &["widgets"], &["list", "watch"])]).await;
-    let targets = Targets::new(cluster.client_as(&user));
+    let targets = Workloads::new(cluster.client_as(&user));
     let w = target(&format!("{group}/v1"), "Widget", &ns, "w");
     targets.watch(&w);
 
     let err = read_until(&targets, &w, "scale forbidden", |r| r.is_err()).await.expect_err("an error");
     assert!(
-        matches!(&err, TargetError::Forbidden { verb, resource, .. } if verb == "get" && resource == "widgets/scale"),
+        matches!(&err, WorkloadError::Forbidden { verb, resource, .. } if verb == "get" && resource == "widgets/scale"),
         "{err:?}"
     );
     // Granting /scale: the target retries by itself (the object does not change).
@@ -385,7 +376,7 @@ async fn a_custom_resource_names_the_missing_scale_and_pod_rights_and_recovers_w
         &targets,
         &w,
         "pods forbidden",
-        |r| matches!(r, Err(TargetError::Forbidden { resource, .. }) if resource == "pods"),
+        |r| matches!(r, Err(WorkloadError::Forbidden { resource, .. }) if resource == "pods"),
     )
     .await
     .expect_err("an error");
@@ -414,7 +405,7 @@ async fn reads_come_from_the_watch_cache_and_follow_external_changes() {
     cluster.create_deployment(&ns, "api", 2).await;
     cluster.set_workload_status("Deployment", &ns, "web", 2, 2).await;
 
-    let targets = Targets::new(cluster.client_as(&user));
+    let targets = Workloads::new(cluster.client_as(&user));
     let web = target("apps/v1", "Deployment", &ns, "web");
     let api = target("apps/v1", "Deployment", &ns, "api");
     targets.watch(&web);
@@ -433,7 +424,8 @@ async fn reads_come_from_the_watch_cache_and_follow_external_changes() {
     manual_scale(cluster, "Deployment", &ns, "api", 4).await;
     reading_where(&targets, &web, "external status change", |r| r.ready_replicas == Some(1)).await;
     reading_where(&targets, &api, "external scale", |r| r.spec_replicas == 4).await;
-    // A target added while the namespace's watch runs is served too (the watch lists again).
+    // A target added while the namespace's watch runs is served too (the store holds every
+    // deployment of the namespace).
     cluster.create_deployment(&ns, "late", 3).await;
     let late = target("apps/v1", "Deployment", &ns, "late");
     targets.watch(&late);
@@ -446,10 +438,10 @@ async fn reads_come_from_the_watch_cache_and_follow_external_changes() {
         on_deployments.iter().all(|r| r.verb == "list" || r.verb == "watch"),
         "only list and watch, never a GET per read: {on_deployments:#?}"
     );
-    // One list at the start (a burst of additions is debounced, though a slow one may cost a
-    // second) and one for the late target; never one per read.
+    // One list at the start; a late target needs no re-list (at most a check of its one name
+    // if its creation had not reached the watch yet); never one per read.
     let lists = on_deployments.iter().filter(|r| r.verb == "list").count();
-    assert!((2..=3).contains(&lists), "{on_deployments:#?}");
+    assert!((1..=2).contains(&lists), "{on_deployments:#?}");
     assert!(on_deployments.iter().all(|r| r.namespace == ns), "namespace-scoped watches only: {on_deployments:#?}");
     assert!(requests.iter().all(|r| r.resource != "pods"), "no pod requests for deployments: {requests:#?}");
 
@@ -491,7 +483,7 @@ async fn connect_uses_the_kubeconfig_and_its_contexts() {
         assert!(sets.get("db").await.is_ok(), "context {context:?}");
     }
     let Err(err) = connect(Some(&path), Some("nonexistent")).await else { panic!("connected to no such context") };
-    assert!(matches!(err, TargetError::Config(_)), "{err:?}");
+    assert!(matches!(err, WorkloadError::Config(_)), "{err:?}");
     let Err(err) = connect(Some(&dir.path().join("missing")), None).await else { panic!("connected with no file") };
-    assert!(matches!(&err, TargetError::Config(m) if m.contains("missing")), "{err:?}");
+    assert!(matches!(&err, WorkloadError::Config(m) if m.contains("missing")), "{err:?}");
 }

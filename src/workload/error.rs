@@ -1,4 +1,4 @@
-//! Errors of the target layer. Each concerns one autoscaler's target: the runtime reports it
+//! Errors of the workload layer. Each concerns one autoscaler's target: the runtime reports it
 //! for that autoscaler and keeps the others running.
 
 use kube::runtime::watcher;
@@ -8,7 +8,7 @@ use super::object::split_api_version;
 /// Why a target could not be read or scaled. `Clone` because the cache hands the same error to
 /// every read until the cause goes away.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum TargetError {
+pub enum WorkloadError {
     /// The target object does not exist.
     #[error("{kind} {namespace}/{name} does not exist")]
     NotFound { kind: String, namespace: String, name: String },
@@ -34,18 +34,18 @@ pub enum TargetError {
     /// No usable client configuration (kubeconfig missing or invalid, unknown context).
     #[error("Kubernetes client configuration: {0}")]
     Config(String),
-    /// `read` or `scale` of a target that `Targets::watch` was not called for (a caller bug).
-    #[error("{0} is not watched (call Targets::watch first)")]
+    /// `read` or `scale` of a target that `Workloads::watch` was not called for (a caller bug).
+    #[error("{0} is not watched (call Workloads::watch first)")]
     NotWatched(String),
 }
 
-impl TargetError {
+impl WorkloadError {
     /// Whether a write that ended in this error may still have been applied: the API server
     /// failed or never answered, so the request may have reached etcd (or may yet).
     pub fn outcome_unknown(&self) -> bool {
         match self {
-            TargetError::Connection(_) => true,
-            TargetError::Api { code, .. } => *code >= 500,
+            WorkloadError::Connection(_) => true,
+            WorkloadError::Api { code, .. } => *code >= 500,
             _ => false,
         }
     }
@@ -59,7 +59,7 @@ fn group_text(group: &str) -> String {
     }
 }
 
-/// What a request was doing, to turn the API server's answer into the right `TargetError`.
+/// What a request was doing, to turn the API server's answer into the right `WorkloadError`.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Request<'a> {
     pub verb: &'a str,
@@ -92,52 +92,52 @@ impl<'a> Request<'a> {
 }
 
 impl Request<'_> {
-    pub(crate) fn error(&self, err: &kube::Error) -> TargetError {
+    pub(crate) fn error(&self, err: &kube::Error) -> WorkloadError {
         match err {
             kube::Error::Api(status) => self.status_error(status.code, &status.message),
-            other => TargetError::Connection(other.to_string()),
+            other => WorkloadError::Connection(other.to_string()),
         }
     }
 
-    pub(crate) fn status_error(&self, code: u16, message: &str) -> TargetError {
+    pub(crate) fn status_error(&self, code: u16, message: &str) -> WorkloadError {
         match code {
-            403 => TargetError::Forbidden {
+            403 => WorkloadError::Forbidden {
                 verb: self.verb.to_string(),
                 resource: self.resource.to_string(),
                 api_group: split_api_version(self.api_version).0.to_string(),
                 namespace: self.namespace.to_string(),
                 message: message.to_string(),
             },
-            404 if self.collection => TargetError::UnknownKind {
+            404 if self.collection => WorkloadError::UnknownKind {
                 api_version: self.api_version.to_string(),
                 kind: self.kind.to_string(),
                 reason: format!("{} {} answered 404: {message}", self.verb, self.resource),
             },
-            404 => TargetError::NotFound {
+            404 => WorkloadError::NotFound {
                 kind: self.kind.to_string(),
                 namespace: self.namespace.to_string(),
                 name: self.name.to_string(),
             },
             // The version is filled in by the caller, which knows it.
-            409 => TargetError::Conflict {
+            409 => WorkloadError::Conflict {
                 kind: self.kind.to_string(),
                 namespace: self.namespace.to_string(),
                 name: self.name.to_string(),
                 resource_version: String::new(),
             },
-            _ => TargetError::Api { code, message: message.to_string() },
+            _ => WorkloadError::Api { code, message: message.to_string() },
         }
     }
 
     /// A watcher's error: the initial list is a `list`, the rest are `watch`.
-    pub(crate) fn watch_error(&self, err: &watcher::Error) -> TargetError {
+    pub(crate) fn watch_error(&self, err: &watcher::Error) -> WorkloadError {
         let as_verb = |verb| Request { verb, ..*self };
         match err {
             watcher::Error::InitialListFailed(e) => as_verb("list").error(e),
             watcher::Error::WatchStartFailed(e) | watcher::Error::WatchFailed(e) => as_verb("watch").error(e),
             watcher::Error::WatchError(status) => as_verb("watch").status_error(status.code, &status.message),
             watcher::Error::NoResourceVersion => {
-                TargetError::Api { code: 0, message: "the API server's list had no resourceVersion".to_string() }
+                WorkloadError::Api { code: 0, message: "the API server's list had no resourceVersion".to_string() }
             }
         }
     }
@@ -163,7 +163,7 @@ mod tests {
     fn forbidden_names_the_verb_resource_group_and_namespace() {
         let err = request(false).status_error(403, "User \"x\" cannot patch resource");
         let text = err.to_string();
-        assert!(matches!(&err, TargetError::Forbidden { verb, .. } if verb == "patch"), "{err:?}");
+        assert!(matches!(&err, WorkloadError::Forbidden { verb, .. } if verb == "patch"), "{err:?}");
         assert!(text.contains("cannot patch deployments/scale (API group \"apps\") in namespace \"prod\""), "{text}");
         let core =
             Request { api_version: "v1", resource: "pods", verb: "list", ..request(true) }.status_error(403, "no");
@@ -174,14 +174,14 @@ mod tests {
     fn a_404_is_a_missing_object_or_an_unserved_kind() {
         assert_eq!(
             request(false).status_error(404, "gone"),
-            TargetError::NotFound { kind: "Deployment".into(), namespace: "prod".into(), name: "web".into() }
+            WorkloadError::NotFound { kind: "Deployment".into(), namespace: "prod".into(), name: "web".into() }
         );
-        assert!(matches!(request(true).status_error(404, "gone"), TargetError::UnknownKind { .. }));
+        assert!(matches!(request(true).status_error(404, "gone"), WorkloadError::UnknownKind { .. }));
     }
 
     #[test]
     fn conflicts_and_other_codes() {
-        assert!(matches!(request(false).status_error(409, "changed"), TargetError::Conflict { .. }));
-        assert_eq!(request(false).status_error(422, "bad"), TargetError::Api { code: 422, message: "bad".into() });
+        assert!(matches!(request(false).status_error(409, "changed"), WorkloadError::Conflict { .. }));
+        assert_eq!(request(false).status_error(422, "bad"), WorkloadError::Api { code: 422, message: "bad".into() });
     }
 }

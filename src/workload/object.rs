@@ -42,23 +42,6 @@ pub(crate) fn kind_paths(group: &str, kind: &str) -> KindPaths {
     }
 }
 
-/// What the cache keeps of one watched object: a few numbers, not the object.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct ObjectInfo {
-    pub resource_version: String,
-    /// Built-in kinds only (custom kinds read it from `/scale`).
-    pub spec_replicas: u32,
-    /// Built-in kinds only.
-    pub status_replicas: u32,
-    /// `status.readyReplicas`. Built-in kinds: 0 when absent (the API omits zero). Custom
-    /// kinds: `None` when absent, which sends readiness to the pod count.
-    pub ready_replicas: Option<u32>,
-    /// Built-in kinds only: the selector in label-selector syntax.
-    pub selector: Option<String>,
-    /// What the object's metadata says of watermarkd's own writes.
-    pub marks: Marks,
-}
-
 /// What watermarkd left on a target: its persisted state, and when it last wrote the scale.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Marks {
@@ -68,60 +51,6 @@ pub struct Marks {
     /// `managedFields` entry's time, whole seconds, rounded down). It is the API server's own
     /// record, so it survives the daemon dying between a scale and its state write.
     pub scaled_at: Option<watermarkd_engine::Timestamp>,
-}
-
-impl Marks {
-    pub(crate) fn read(metadata: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Marks {
-        let state_annotation = metadata.annotations.as_ref().and_then(|a| a.get(super::STATE_ANNOTATION)).cloned();
-        let scaled_at = metadata
-            .managed_fields
-            .iter()
-            .flatten()
-            .filter(|entry| entry.manager.as_deref() == Some(super::FIELD_MANAGER))
-            .filter_map(|entry| entry.time.as_ref())
-            .map(|time| watermarkd_engine::Timestamp::from_unix_millis(time.0.as_millisecond()))
-            .max();
-        Marks { state_annotation, scaled_at }
-    }
-}
-
-impl ObjectInfo {
-    /// Reads the counts from an object's `spec` and `status` (the object without metadata, as
-    /// `DynamicObject::data` holds it).
-    pub(crate) fn read(paths: KindPaths, resource_version: String, data: &Value) -> ObjectInfo {
-        let ready = json_u32(data, &["status", "readyReplicas"]);
-        match paths {
-            KindPaths::Builtin(shape) => ObjectInfo {
-                resource_version,
-                // The API defaults spec.replicas to 1, so absent only happens in hand-made data.
-                spec_replicas: json_u32(data, &["spec", "replicas"]).unwrap_or(1),
-                status_replicas: json_u32(data, &["status", "replicas"]).unwrap_or(0),
-                ready_replicas: Some(ready.unwrap_or(0)),
-                selector: data.pointer("/spec/selector").and_then(|s| match shape {
-                    SelectorShape::LabelSelector => format_label_selector(s),
-                    SelectorShape::Map => format_match_labels(s),
-                }),
-                marks: Marks::default(),
-            },
-            KindPaths::Custom => ObjectInfo {
-                resource_version,
-                spec_replicas: 0,
-                status_replicas: 0,
-                ready_replicas: ready,
-                selector: None,
-                marks: Marks::default(),
-            },
-        }
-    }
-}
-
-/// The non-negative integer at `path`, if there is one that fits a `u32`.
-pub(crate) fn json_u32(value: &Value, path: &[&str]) -> Option<u32> {
-    let mut at = value;
-    for key in path {
-        at = at.get(key)?;
-    }
-    at.as_u64().and_then(|n| u32::try_from(n).ok())
 }
 
 /// A `LabelSelector` in the string syntax `/scale` uses (`status.selector`) and list calls
@@ -204,63 +133,6 @@ mod tests {
         assert_eq!(kind_paths("", "ReplicationController"), KindPaths::Builtin(SelectorShape::Map));
         assert_eq!(kind_paths("example.com", "Deployment"), KindPaths::Custom);
         assert_eq!(kind_paths("apps", "DaemonSet"), KindPaths::Custom);
-    }
-
-    #[test]
-    fn builtin_reads_spec_status_ready_and_selector() {
-        let data = json!({
-            "spec": { "replicas": 5, "selector": { "matchLabels": { "tier": "web", "app": "billing" } } },
-            "status": { "replicas": 4, "readyReplicas": 3 },
-        });
-        let info = ObjectInfo::read(KindPaths::Builtin(SelectorShape::LabelSelector), "42".into(), &data);
-        assert_eq!(
-            info,
-            ObjectInfo {
-                resource_version: "42".into(),
-                spec_replicas: 5,
-                status_replicas: 4,
-                ready_replicas: Some(3),
-                selector: Some("app=billing,tier=web".into()),
-                marks: Marks::default(),
-            }
-        );
-    }
-
-    #[test]
-    fn builtin_missing_status_fields_mean_zero() {
-        // A Deployment with no ready pods has no readyReplicas at all: that is 0, not unknown.
-        let data = json!({ "spec": { "replicas": 2 }, "status": { "replicas": 2 } });
-        let info = ObjectInfo::read(KindPaths::Builtin(SelectorShape::LabelSelector), "1".into(), &data);
-        assert_eq!((info.status_replicas, info.ready_replicas, info.selector), (2, Some(0), None));
-        let empty = ObjectInfo::read(KindPaths::Builtin(SelectorShape::LabelSelector), "1".into(), &json!({}));
-        assert_eq!((empty.spec_replicas, empty.status_replicas, empty.ready_replicas), (1, 0, Some(0)));
-    }
-
-    #[test]
-    fn custom_ready_replicas_only_when_present() {
-        let with = json!({ "spec": { "size": 3 }, "status": { "readyReplicas": 2 } });
-        assert_eq!(ObjectInfo::read(KindPaths::Custom, "7".into(), &with).ready_replicas, Some(2));
-        let without = json!({ "spec": { "size": 3 }, "status": { "ready": 2 } });
-        assert_eq!(ObjectInfo::read(KindPaths::Custom, "7".into(), &without).ready_replicas, None);
-    }
-
-    #[test]
-    fn replication_controller_selector_is_a_map() {
-        let data = json!({ "spec": { "replicas": 1, "selector": { "b": "2", "a": "1" } } });
-        let info = ObjectInfo::read(KindPaths::Builtin(SelectorShape::Map), "1".into(), &data);
-        assert_eq!(info.selector.as_deref(), Some("a=1,b=2"));
-    }
-
-    #[test]
-    fn json_u32_rejects_negative_fractional_and_huge_values() {
-        let data = json!({ "a": { "n": 3, "neg": -1, "frac": 1.5, "huge": 5_000_000_000_u64, "text": "3" } });
-        assert_eq!(json_u32(&data, &["a", "n"]), Some(3));
-        assert_eq!(json_u32(&data, &["a", "neg"]), None);
-        assert_eq!(json_u32(&data, &["a", "frac"]), None);
-        assert_eq!(json_u32(&data, &["a", "huge"]), None);
-        assert_eq!(json_u32(&data, &["a", "text"]), None);
-        assert_eq!(json_u32(&data, &["a", "missing"]), None);
-        assert_eq!(json_u32(&data, &["missing", "n"]), None);
     }
 
     #[test]
