@@ -135,9 +135,9 @@ impl StringList {
 /// The command-line layer: flags override the file and the environment.
 #[derive(Clone, Debug, Default, clap::Args)]
 pub struct RunArgs {
-    /// The rules file to run (rules-file mode; reloaded when it changes and on SIGHUP).
-    #[arg(long, value_name = "FILE")]
-    pub config: Option<PathBuf>,
+    /// The rules file to run (reloaded when it changes and on SIGHUP).
+    #[arg(long, value_name = "FILE", visible_alias = "config")]
+    pub rules: Option<PathBuf>,
     /// Also run the WatermarkPodAutoscaler objects in the cluster.
     #[arg(long)]
     pub crd: bool,
@@ -318,7 +318,7 @@ impl Settings {
         };
         let labels_as_tags = LabelsAsTags::new(&labels_as_tags).map_err(SettingsError::Invalid)?;
         let settings = Settings {
-            rules: args.config.clone().or(layer.rules),
+            rules: args.rules.clone().or(layer.rules),
             crd: args.crd || layer.crd.unwrap_or(false),
             namespaces,
             listen,
@@ -337,10 +337,10 @@ impl Settings {
         };
         if settings.rules.is_none() {
             return Err(SettingsError::Invalid(if settings.crd {
-                "--crd needs a rules file (--config or `rules`) that declares the backends WPA metrics are sent to"
+                "--crd needs a rules file (--rules or `rules`) that declares the backends WPA metrics are sent to"
                     .into()
             } else {
-                "nothing to run: give a rules file (--config or `rules`), and --crd to run WPA objects too".into()
+                "nothing to run: give a rules file (--rules or `rules`), and --crd to run WPA objects too".into()
             }));
         }
         Ok(settings)
