@@ -29,7 +29,7 @@ use crate::backend::recommender::{RecommenderClients, WorkloadState};
 use crate::backend::{BackendError, MetricBackend, MetricQuery, Observation, QueryBackend, QueryError};
 use crate::crd::{WatermarkPodAutoscaler, WatermarkPodAutoscalerStatus};
 use crate::events::EventPublisher;
-use crate::lease::{Authority, LeaderElector, LeaseSettings, Role};
+use crate::lease::{Authority, LeaderElector, Role};
 use crate::resource::{ResourceMetrics, ResourceQuery};
 use crate::rules::{self, Autoscaler, RulesError, RulesFile};
 use crate::settings::Settings;
@@ -547,11 +547,7 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
     let recommenders = RecommenderClients::new(settings.cluster_name.clone(), HttpClientMetrics::new(&registry)?);
     let readiness = Arc::new(Readiness::default());
 
-    let rules_path = settings.rules.clone();
-    let rules = match &rules_path {
-        Some(path) => Some(rules::load_rules(path)?),
-        None => None,
-    };
+    let rules = rules::load_rules(&settings.rules)?;
     readiness.rules_loaded.store(true, Ordering::Release);
     daemon.last_reload_successful.set(1);
 
@@ -576,11 +572,7 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
     // Without a Lease this daemon always leads; the sender lives as long as the loop below.
     let (_fixed_role, fixed_role_rx) = watch::channel(Role::Leader);
     let (mut role, elector) = if settings.lease.enabled {
-        let mut lease = LeaseSettings::new(&settings.lease.namespace, &settings.lease.name, &settings.lease.identity);
-        lease.lease_duration = settings.lease.duration;
-        lease.renew_deadline = settings.lease.renew_deadline;
-        lease.retry_period = settings.lease.retry_period;
-        let elector = LeaderElector::new(client.clone(), lease);
+        let elector = LeaderElector::new(client.clone(), settings.lease.clone());
         (elector.subscribe(), Some(elector))
     } else {
         (fixed_role_rx, None)
@@ -607,14 +599,8 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
     });
 
     let (commands_tx, mut commands) = mpsc::channel::<Command>(16);
-    let (backends, file_autoscalers) = match rules {
-        Some(rules) => {
-            let (backends, desired) = sources::split(rules, settings.dry_run);
-            (Some(backends), desired)
-        }
-        None => (None, Vec::new()),
-    };
-    let (rules_tx, rules_rx) = watch::channel(backends.clone());
+    let (backends, file_autoscalers) = sources::split(rules, settings.dry_run);
+    let (rules_tx, rules_rx) = watch::channel(Some(backends.clone()));
     let (reload_tx, reload_rx) = mpsc::channel::<()>(4);
     let mut source_tasks = JoinSet::new();
     let mut scheduler = Scheduler {
@@ -626,21 +612,19 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
         cycles: JoinSet::new(),
     };
     let max_permits = u32::try_from(settings.max_concurrency).unwrap_or(u32::MAX);
-    if let (Some(path), Some(backends)) = (rules_path.clone(), backends) {
-        // Applied before readiness is judged, so "caches synced" covers these targets.
-        scheduler.apply(Command::Backends(backends));
-        scheduler.apply(Command::Replace { source: SourceKind::File, desired: file_autoscalers });
-        source_tasks.spawn(sources::watch_rules_file(sources::RulesWatch {
-            path,
-            poll: settings.reload_poll,
-            commands: commands_tx.clone(),
-            rules: rules_tx,
-            reload: reload_rx,
-            shared: Arc::clone(&shared),
-            notifier: systemd::Notifier::from_env(),
-            shutdown: shutdown.clone(),
-        }));
-    }
+    // Applied before readiness is judged, so "caches synced" covers these targets.
+    scheduler.apply(Command::Backends(backends));
+    scheduler.apply(Command::Replace { source: SourceKind::File, desired: file_autoscalers });
+    source_tasks.spawn(sources::watch_rules_file(sources::RulesWatch {
+        path: settings.rules.clone(),
+        poll: settings.reload_poll,
+        commands: commands_tx.clone(),
+        rules: rules_tx,
+        reload: reload_rx,
+        shared: Arc::clone(&shared),
+        notifier: systemd::Notifier::from_env(),
+        shutdown: shutdown.clone(),
+    }));
     let crd_synced = Arc::new(AtomicBool::new(!settings.crd));
     if settings.crd {
         source_tasks.spawn(sources::watch_wpas(sources::WpaWatch {
