@@ -57,7 +57,8 @@ fn main() -> ExitCode {
         // A reader that stops early (`| head`) is not a failure of ours.
         Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("watermarkd: {err:#}");
+            // eprintln! would panic if standard error is closed; the exit code still tells.
+            let _ = writeln!(io::stderr(), "watermarkd: {err:#}");
             ExitCode::from(2)
         }
     }

@@ -1,6 +1,15 @@
 //! The Datadog client against recorded answers and against a fake API over real HTTP on
 //! 127.0.0.1: parsing, point selection, every fault mode, batching and pacing.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "test code: clippy.toml lets #[test] functions unwrap and print, and the helpers beside them do the same"
+)]
+
 #[path = "support/fake_datadog.rs"]
 mod fake_datadog;
 

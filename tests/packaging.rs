@@ -10,6 +10,15 @@
 //! see tests/support/kube_cluster.rs) accepts every manifest, and then lets the ServiceAccount
 //! do each thing in the table and nothing else that was tried.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "test code: clippy.toml lets #[test] functions unwrap and print, and the helpers beside them do the same"
+)]
+
 #[path = "support/kube_cluster.rs"]
 mod kube_cluster;
 

@@ -10,6 +10,15 @@
 //! The Prometheus response parser is private to its module, so it is driven through
 //! `PrometheusClient::evaluate` against a loopback server that answers what the case says.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "test code: clippy.toml lets #[test] functions unwrap and print, and the helpers beside them do the same"
+)]
+
 use std::collections::BTreeSet;
 use std::convert::Infallible;
 use std::path::Path;

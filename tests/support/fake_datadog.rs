@@ -14,7 +14,7 @@
 //!
 //! Include it with `#[path = "support/fake_datadog.rs"] mod fake_datadog;`.
 
-#![allow(dead_code)]
+#![allow(dead_code, reason = "every test binary that includes this file uses only part of it")]
 
 use std::collections::HashMap;
 use std::convert::Infallible;
