@@ -9,6 +9,15 @@
 //! A benchmark, not a test: it prints a report (the numbers in BENCHMARKS.md come from it) and
 //! fails only when the harness itself cannot run.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "a benchmark: it prints its measurements and stops at the first failure"
+)]
+
 #[path = "../tests/support/fake_datadog.rs"]
 mod fake_datadog;
 #[path = "../tests/support/kube_cluster.rs"]
@@ -91,7 +100,8 @@ fn cpu_seconds(pid: u32) -> f64 {
     let after = &stat[stat.rfind(')').expect("stat format") + 2..];
     let fields: Vec<&str> = after.split_whitespace().collect();
     let ticks: f64 = fields[11].parse::<f64>().expect("utime") + fields[12].parse::<f64>().expect("stime");
-    // SAFETY: sysconf has no preconditions.
+    // SAFETY: sysconf takes a constant and touches no memory of ours.
+    #[expect(unsafe_code, reason = "std does not expose the clock tick rate /proc/PID/stat counts in")]
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     ticks / hz
 }
@@ -115,7 +125,9 @@ struct Daemon(Child);
 impl Drop for Daemon {
     /// SIGTERM first, so that a profiler wrapping the daemon writes its report.
     fn drop(&mut self) {
-        // SAFETY: kill only sends a signal to our own child.
+        // SAFETY: kill takes plain integers and touches no memory of ours; the pid is our child's,
+        // not yet reaped, so it cannot have been reused.
+        #[expect(unsafe_code, reason = "std's Child can only SIGKILL; a profiler around the daemon needs SIGTERM")]
         unsafe {
             libc::kill(self.0.id() as i32, libc::SIGTERM);
         }

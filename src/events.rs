@@ -147,7 +147,7 @@ impl EventPublisher {
         Ok(Published::Sent)
     }
 
-    #[allow(clippy::too_many_arguments)]
+    #[expect(clippy::too_many_arguments, reason = "the fields of one Event, from its one caller")]
     fn event(
         &self,
         object: &ObjectReference,

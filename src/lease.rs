@@ -40,31 +40,64 @@ pub enum Role {
     },
 }
 
-#[derive(Clone, Debug)]
+/// The Lease name when none is configured.
+pub const DEFAULT_NAME: &str = "watermarkd";
+/// The Lease namespace when none is configured and the daemon does not run in a pod.
+pub const DEFAULT_NAMESPACE: &str = "watermarkd";
+pub const DEFAULT_LEASE_DURATION: Duration = Duration::from_secs(15);
+pub const DEFAULT_RENEW_DEADLINE: Duration = Duration::from_secs(10);
+pub const DEFAULT_RETRY_PERIOD: Duration = Duration::from_secs(2);
+
+/// The `[lease]` settings, and what [`LeaderElector`] runs with.
+///
+/// `enabled: false` (`--no-leader-election`) keeps the other fields: `identity` still names
+/// this daemon in the Events it publishes, and the durations are still checked, so turning
+/// election back on cannot reveal a bad value only then.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LeaseSettings {
+    /// Whether the daemon elects a leader at all; the elector itself does not read it.
+    pub enabled: bool,
     pub namespace: String,
     pub name: String,
     /// This process, unique among the candidates (e.g. the pod name, or host plus pid).
     pub identity: String,
-    /// How long a lease holds without renewal (default 15s).
+    /// How long a lease holds without renewal (`[lease] duration`).
     pub lease_duration: Duration,
-    /// A leader that could not renew for this long stops scaling (default 10s; shorter than the
-    /// lease duration so it stops before another daemon may start).
+    /// A leader that could not renew for this long stops scaling (shorter than the lease
+    /// duration so it stops before another daemon may start).
     pub renew_deadline: Duration,
-    /// How often to renew or retry (default 2s).
+    /// How often to renew or retry.
     pub retry_period: Duration,
 }
 
 impl LeaseSettings {
+    /// Election on, with the default durations.
     pub fn new(namespace: &str, name: &str, identity: &str) -> Self {
         LeaseSettings {
+            enabled: true,
             namespace: namespace.to_string(),
             name: name.to_string(),
             identity: identity.to_string(),
-            lease_duration: Duration::from_secs(15),
-            renew_deadline: Duration::from_secs(10),
-            retry_period: Duration::from_secs(2),
+            lease_duration: DEFAULT_LEASE_DURATION,
+            renew_deadline: DEFAULT_RENEW_DEADLINE,
+            retry_period: DEFAULT_RETRY_PERIOD,
         }
+    }
+
+    /// The ordering the elector relies on: it retries before its deadline, and stops leading
+    /// before another daemon may take over.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.renew_deadline >= self.lease_duration {
+            return Err(format!(
+                "lease.renew_deadline ({}) must be shorter than lease.duration ({})",
+                humantime::format_duration(self.renew_deadline),
+                humantime::format_duration(self.lease_duration)
+            ));
+        }
+        if self.retry_period >= self.renew_deadline {
+            return Err("lease.retry_period must be shorter than lease.renew_deadline".into());
+        }
+        Ok(())
     }
 }
 

@@ -21,11 +21,11 @@ enum Command {
     /// Exits 1 when any file has a problem.
     Check {
         /// Rules files (TOML) to validate.
-        #[arg(value_name = "FILE", required_unless_present = "config")]
+        #[arg(value_name = "FILE", required_unless_present = "rules")]
         files: Vec<PathBuf>,
-        /// A rules file to validate, as `run --config` names it (repeatable).
-        #[arg(long = "config", value_name = "FILE")]
-        config: Vec<PathBuf>,
+        /// A rules file to validate, as `run --rules` names it (repeatable).
+        #[arg(long, value_name = "FILE", visible_alias = "config")]
+        rules: Vec<PathBuf>,
     },
     /// Compute one decision per JSON object read on standard input (one document, or JSON Lines).
     ///
@@ -57,7 +57,8 @@ fn main() -> ExitCode {
         // A reader that stops early (`| head`) is not a failure of ours.
         Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("watermarkd: {err:#}");
+            // eprintln! would panic if standard error is closed; the exit code still tells.
+            let _ = writeln!(io::stderr(), "watermarkd: {err:#}");
             ExitCode::from(2)
         }
     }
@@ -68,8 +69,8 @@ fn run() -> anyhow::Result<ExitCode> {
     let stdout = io::stdout();
     let mut out = stdout.lock();
     let code = match cli.command {
-        Command::Check { mut files, config } => {
-            files.extend(config);
+        Command::Check { mut files, rules } => {
+            files.extend(rules);
             let ok = watermarkd::rules::run_check(&files, &mut out).context("writing the check report")?;
             if ok {
                 ExitCode::SUCCESS

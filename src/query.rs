@@ -17,8 +17,8 @@ use crate::telemetry::BackendMetrics;
 #[derive(Debug, clap::Args)]
 pub struct QueryArgs {
     /// The rules file whose metrics to query.
-    #[arg(long, value_name = "FILE")]
-    pub config: PathBuf,
+    #[arg(long, value_name = "FILE", visible_alias = "config")]
+    pub rules: PathBuf,
     /// Only this autoscaler (default: all of them).
     #[arg(long, value_name = "NAME")]
     pub autoscaler: Option<String>,
@@ -46,7 +46,7 @@ pub struct MetricAnswer<'a> {
 /// Queries every metric of the selected autoscalers once, each backend in one cycle, and prints
 /// the answers. Returns false when any metric has no value.
 pub async fn run(args: &QueryArgs, out: &mut impl Write) -> Result<bool, QueryCommandError> {
-    let rules = rules::load_rules(&args.config)?;
+    let rules = rules::load_rules(&args.rules)?;
     let selected = select(&rules, args)?;
     let now = Timestamp::from_system_time(SystemTime::now());
     let Answers { metrics: answers, rate_limits } = query_all(&rules, &selected, now).await?;
@@ -76,7 +76,7 @@ pub async fn run(args: &QueryArgs, out: &mut impl Write) -> Result<bool, QueryCo
         }
     }
     if selected.is_empty() {
-        writeln!(out, "{}: no autoscalers", args.config.display())?;
+        writeln!(out, "{}: no autoscalers", args.rules.display())?;
     }
     for (backend, budget) in rate_limits {
         write!(
@@ -99,7 +99,7 @@ fn select<'a>(rules: &'a RulesFile, args: &QueryArgs) -> Result<Vec<&'a Autoscal
             Some(a) => Ok(vec![a]),
             None => Err(QueryCommandError::UnknownAutoscaler {
                 name: name.clone(),
-                config: args.config.display().to_string(),
+                config: args.rules.display().to_string(),
                 known: rules.autoscalers.iter().map(|a| a.name.as_str()).collect::<Vec<_>>().join(", "),
             }),
         },

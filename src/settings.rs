@@ -4,11 +4,12 @@
 //! objects and can be reloaded; settings are read once at start.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::lease::{self, LeaseSettings};
 use crate::telemetry::LabelsAsTags;
 
 /// Where the settings file is looked for when `--settings` is not given.
@@ -34,8 +35,8 @@ pub enum LogFormat {
 /// Everything `watermarkd run` needs besides the rules.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Settings {
-    /// The rules file (rules-file mode). `None` with `crd`: WPA objects only.
-    pub rules: Option<PathBuf>,
+    /// The rules file. Required even with `crd`: it declares the backends WPA metrics go to.
+    pub rules: PathBuf,
     /// Run the WatermarkPodAutoscaler objects of the cluster.
     pub crd: bool,
     /// Namespaces whose WPA objects to run; empty: all of them.
@@ -62,21 +63,10 @@ pub struct Settings {
     /// names none: this setting, else the `K8S_CLUSTER_NAME` environment variable the Datadog
     /// controller reads, else none.
     pub cluster_name: Option<String>,
-    pub lease: LeaseSettingsFile,
+    pub lease: LeaseSettings,
     /// The WPA labels exported on `wpa_controller_labels_info` (the Datadog controller's
     /// `DD_LABELS_AS_TAGS`).
     pub labels_as_tags: LabelsAsTags,
-}
-
-#[derive(Clone, Debug, PartialEq)]
-pub struct LeaseSettingsFile {
-    pub enabled: bool,
-    pub name: String,
-    pub namespace: String,
-    pub identity: String,
-    pub duration: Duration,
-    pub renew_deadline: Duration,
-    pub retry_period: Duration,
 }
 
 /// The file/environment layer. Every field is optional so that a layer only says what it sets.
@@ -135,9 +125,9 @@ impl StringList {
 /// The command-line layer: flags override the file and the environment.
 #[derive(Clone, Debug, Default, clap::Args)]
 pub struct RunArgs {
-    /// The rules file to run (rules-file mode; reloaded when it changes and on SIGHUP).
-    #[arg(long, value_name = "FILE")]
-    pub config: Option<PathBuf>,
+    /// The rules file to run (reloaded when it changes and on SIGHUP).
+    #[arg(long, value_name = "FILE", visible_alias = "config")]
+    pub rules: Option<PathBuf>,
     /// Also run the WatermarkPodAutoscaler objects in the cluster.
     #[arg(long)]
     pub crd: bool,
@@ -261,8 +251,11 @@ impl Settings {
         let listen = listen_text.parse().map_err(|_| {
             SettingsError::Invalid(format!("listen: {listen_text:?} is not an address like 0.0.0.0:8080"))
         })?;
-        let default_interval =
-            duration("default_interval", args.default_interval.clone().or(layer.default_interval), 15)?;
+        let default_interval = duration(
+            "default_interval",
+            args.default_interval.clone().or(layer.default_interval),
+            Duration::from_secs(15),
+        )?;
         if default_interval < Duration::from_secs(1) {
             return Err(SettingsError::Invalid("default_interval: must be at least 1s".into()));
         }
@@ -277,30 +270,25 @@ impl Settings {
             .or_else(|| env.pod_name.clone())
             .or_else(|| env.hostname.clone())
             .unwrap_or_else(|| format!("watermarkd-{}", std::process::id()));
-        let lease = LeaseSettingsFile {
+        let lease = LeaseSettings {
             enabled: !args.no_leader_election && lease.enabled.unwrap_or(true),
-            name: args.lease_name.clone().or(lease.name).unwrap_or_else(|| "watermarkd".into()),
+            name: args.lease_name.clone().or(lease.name).unwrap_or_else(|| lease::DEFAULT_NAME.into()),
             namespace: args
                 .lease_namespace
                 .clone()
                 .or(lease.namespace)
                 .or_else(|| env.pod_namespace.clone())
-                .unwrap_or_else(|| "watermarkd".into()),
+                .unwrap_or_else(|| lease::DEFAULT_NAMESPACE.into()),
             identity,
-            duration: duration("lease.duration", args.lease_duration.clone().or(lease.duration), 15)?,
-            renew_deadline: duration("lease.renew_deadline", lease.renew_deadline, 10)?,
-            retry_period: duration("lease.retry_period", lease.retry_period, 2)?,
+            lease_duration: duration(
+                "lease.duration",
+                args.lease_duration.clone().or(lease.duration),
+                lease::DEFAULT_LEASE_DURATION,
+            )?,
+            renew_deadline: duration("lease.renew_deadline", lease.renew_deadline, lease::DEFAULT_RENEW_DEADLINE)?,
+            retry_period: duration("lease.retry_period", lease.retry_period, lease::DEFAULT_RETRY_PERIOD)?,
         };
-        if lease.renew_deadline >= lease.duration {
-            return Err(SettingsError::Invalid(format!(
-                "lease.renew_deadline ({}) must be shorter than lease.duration ({})",
-                humantime::format_duration(lease.renew_deadline),
-                humantime::format_duration(lease.duration)
-            )));
-        }
-        if lease.retry_period >= lease.renew_deadline {
-            return Err(SettingsError::Invalid("lease.retry_period must be shorter than lease.renew_deadline".into()));
-        }
+        lease.validate().map_err(SettingsError::Invalid)?;
         let mut namespaces = if args.namespaces.is_empty() {
             layer.namespaces.map(StringList::into_vec).unwrap_or_default()
         } else {
@@ -317,9 +305,19 @@ impl Settings {
                 .unwrap_or_default(),
         };
         let labels_as_tags = LabelsAsTags::new(&labels_as_tags).map_err(SettingsError::Invalid)?;
-        let settings = Settings {
-            rules: args.config.clone().or(layer.rules),
-            crd: args.crd || layer.crd.unwrap_or(false),
+        let crd = args.crd || layer.crd.unwrap_or(false);
+        let reload_poll = duration("reload_poll", layer.reload_poll, Duration::from_secs(1))?;
+        let Some(rules) = args.rules.clone().or(layer.rules) else {
+            return Err(SettingsError::Invalid(if crd {
+                "--crd needs a rules file (--rules or `rules`) that declares the backends WPA metrics are sent to"
+                    .into()
+            } else {
+                "nothing to run: give a rules file (--rules or `rules`), and --crd to run WPA objects too".into()
+            }));
+        };
+        Ok(Settings {
+            rules,
+            crd,
             namespaces,
             listen,
             log_format: args.log_format.or(layer.log_format).unwrap_or(LogFormat::Text),
@@ -329,31 +327,18 @@ impl Settings {
             default_interval,
             dry_run: args.dry_run || layer.dry_run.unwrap_or(false),
             max_concurrency,
-            reload_poll: duration("reload_poll", layer.reload_poll, 1)?,
+            reload_poll,
             default_backend: layer.default_backend.unwrap_or_else(|| "datadog".into()),
             cluster_name: layer.cluster_name.filter(|name| !name.is_empty()).or_else(|| env.cluster_name.clone()),
             lease,
             labels_as_tags,
-        };
-        if settings.rules.is_none() {
-            return Err(SettingsError::Invalid(if settings.crd {
-                "--crd needs a rules file (--config or `rules`) that declares the backends WPA metrics are sent to"
-                    .into()
-            } else {
-                "nothing to run: give a rules file (--config or `rules`), and --crd to run WPA objects too".into()
-            }));
-        }
-        Ok(settings)
-    }
-
-    pub fn rules_path(&self) -> Option<&Path> {
-        self.rules.as_deref()
+        })
     }
 }
 
-fn duration(field: &str, text: Option<String>, default_seconds: u64) -> Result<Duration, SettingsError> {
+fn duration(field: &str, text: Option<String>, default: Duration) -> Result<Duration, SettingsError> {
     match text {
-        None => Ok(Duration::from_secs(default_seconds)),
+        None => Ok(default),
         Some(text) => humantime::parse_duration(text.trim())
             .map_err(|e| SettingsError::Invalid(format!("{field}: {text:?} is not a duration like 15s ({e})"))),
     }
@@ -399,7 +384,7 @@ mod tests {
         );
         let environment = env(&[("WATERMARKD__LOG_LEVEL", "warn"), ("WATERMARKD__LEASE__NAME", "from-env")]);
         let settings = Settings::load(&args, &environment).expect("valid");
-        assert_eq!(settings.rules.as_deref(), Some(Path::new("/etc/watermarkd/rules.toml")));
+        assert_eq!(settings.rules, std::path::Path::new("/etc/watermarkd/rules.toml"));
         assert_eq!(settings.log_level, "warn");
         assert_eq!(settings.lease.name, "from-env");
         assert_eq!(settings.listen.to_string(), "127.0.0.1:9000");
@@ -467,6 +452,22 @@ mod tests {
         let overridden =
             Environment { cluster_name: Some("eu-1".into()), ..env(&[("WATERMARKD__CLUSTER_NAME", "ap-3")]) };
         assert_eq!(Settings::load(&args, &overridden).expect("valid").cluster_name.as_deref(), Some("ap-3"));
+    }
+
+    #[test]
+    fn leader_election_off_keeps_the_identity_and_the_checks() {
+        let (_dir, mut args) = args_with_file("rules = \"r.toml\"\n[lease]\nname = \"from-file\"\n");
+        args.no_leader_election = true;
+        let settings = Settings::load(&args, &env(&[])).expect("valid");
+        assert!(!settings.lease.enabled);
+        assert_eq!(settings.lease.identity, "host-a", "Events still name this daemon");
+        assert_eq!(settings.lease.lease_duration, lease::DEFAULT_LEASE_DURATION);
+        args.lease_duration = Some("5s".into());
+        let err = Settings::load(&args, &env(&[])).expect_err("renew deadline past the duration");
+        assert!(
+            err.to_string().contains("lease.renew_deadline (10s) must be shorter than lease.duration (5s)"),
+            "{err}"
+        );
     }
 
     #[test]

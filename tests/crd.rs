@@ -3,6 +3,15 @@
 //! accepts and rejects exactly what the Datadog CRD does, compared structurally and on a real
 //! kube-apiserver (started by the test; scripts/install-test-deps installs it).
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "test code: clippy.toml lets #[test] functions unwrap and print, and the helpers beside them do the same"
+)]
+
 #[path = "support/kube_cluster.rs"]
 mod kube_cluster;
 

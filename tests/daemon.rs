@@ -5,6 +5,15 @@
 //!
 //! Needs kube-apiserver, etcd and prometheus: scripts/install-test-deps installs them.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "test code: clippy.toml lets #[test] functions unwrap and print, and the helpers beside them do the same"
+)]
+
 #[macro_use]
 #[path = "support/eventually.rs"]
 mod eventually;

@@ -1,6 +1,15 @@
 //! The Datadog client against recorded answers and against a fake API over real HTTP on
 //! 127.0.0.1: parsing, point selection, every fault mode, batching and pacing.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "test code: clippy.toml lets #[test] functions unwrap and print, and the helpers beside them do the same"
+)]
+
 #[path = "support/fake_datadog.rs"]
 mod fake_datadog;
 
@@ -12,10 +21,7 @@ use std::time::Duration;
 use serde_json::Value;
 use tempfile::TempDir;
 use tokio::time::Instant;
-use watermarkd::backend::datadog::{
-    parse_v2_scalar, parse_v2_timeseries, read_v1_answer, read_v2_error, DatadogClient, Outcome, RateLimitHeaders,
-    V1Answer, V1Context,
-};
+use watermarkd::backend::datadog::{read_v1_answer, DatadogClient, Outcome, RateLimitHeaders, V1Answer, V1Context};
 use watermarkd::backend::{MetricQuery, Observation, ObservationDetail, QueryError};
 use watermarkd::rules::{DatadogBackend, SecretSource};
 use watermarkd::telemetry::BackendMetrics;
@@ -118,7 +124,6 @@ struct Fixture {
     status: u16,
     headers: RateLimitHeaders,
     body: String,
-    json: Value,
 }
 
 fn fixture(name: &str) -> Fixture {
@@ -133,7 +138,7 @@ fn fixture(name: &str) -> Fixture {
         Value::String(s) => s.clone(),
         _ => raw_response_body(&text).to_string(),
     };
-    Fixture { status: u16::try_from(response["status"].as_u64().unwrap()).unwrap(), headers, body, json }
+    Fixture { status: u16::try_from(response["status"].as_u64().unwrap()).unwrap(), headers, body }
 }
 
 /// The text of the response's `body` value: the last `"body":` key of the file, up to the end of
@@ -262,65 +267,6 @@ fn every_recorded_answer_parses_to_the_expected_reading_or_error() {
     assert_eq!((outcome, retryable), (Outcome::Forbidden, false));
     for needle in ["Forbidden", "API key", "application key", "timeseries_query", "datadoghq.com"] {
         assert!(message.contains(needle), "{needle:?} missing from {message:?}");
-    }
-
-    // v2 timeseries.
-    let ts = |name: &'static str| parse_v2_timeseries(fixture(cover(name)).body.as_bytes()).unwrap();
-    let to_ms = |name: &str| fixture(name).json["request"]["body"]["data"]["attributes"]["to"].as_i64().unwrap();
-    let parsed = ts("v2_timeseries_ok.json");
-    assert_eq!(parsed.series.len(), 1);
-    assert_eq!(parsed.series[0].unit, None);
-    assert_eq!(parsed.series[0].points.len(), 3);
-    let now = Timestamp::from_unix_millis(to_ms("v2_timeseries_ok.json"));
-    let o = parsed.observation(now, Duration::from_secs(3_600));
-    assert_eq!(o.reading, Reading::Value { value: 1.0, at: Timestamp::from_unix_millis(1_711_977_705_000) });
-    assert_eq!(
-        error(&parsed.observation(now, Duration::from_secs(120))),
-        QueryError::Stale { age_seconds: 3_496, max_age_seconds: 120 }
-    );
-
-    let parsed = ts("v2_timeseries_ok_cpu_user.json");
-    assert_eq!((parsed.series[0].points.len(), parsed.series[0].unit.as_deref()), (718, Some("percent")));
-    let o = parsed
-        .observation(Timestamp::from_unix_millis(to_ms("v2_timeseries_ok_cpu_user.json")), Duration::from_secs(120));
-    assert_reading(&o.reading, 4.279323, 1_711_394_865_000);
-
-    let parsed = ts("v2_timeseries_ok_2022.json");
-    assert_eq!((parsed.series[0].points.len(), parsed.series[0].unit.as_deref()), (1642, Some("percent")));
-    let o = parsed.observation(Timestamp::from_unix_millis(1_671_620_505_000), Duration::from_secs(120));
-    assert_reading(&o.reading, 4.62785, 1_671_620_500_000);
-
-    let parsed = ts("v2_timeseries_ok_empty.json");
-    assert!(parsed.series.is_empty());
-    assert!(matches!(error(&parsed.observation(t0(), Duration::from_secs(120))), QueryError::NoData(_)));
-
-    let parsed = ts("v2_timeseries_ok_events.json");
-    assert_eq!(parsed.series[0].points.len(), 72);
-    let o = parsed
-        .observation(Timestamp::from_unix_millis(to_ms("v2_timeseries_ok_events.json")), Duration::from_secs(120));
-    assert_eq!(o.reading, Reading::Value { value: 12.0, at: Timestamp::from_unix_millis(1_776_294_285_000) });
-
-    // v2 scalar.
-    let sc = |name: &'static str| parse_v2_scalar(fixture(cover(name)).body.as_bytes()).unwrap();
-    let parsed = sc("v2_scalar_ok.json");
-    assert_eq!(parsed.columns[0].unit.as_deref(), Some("percent"));
-    assert_reading(&parsed.observation(t0()).reading, 6.368151928283307, T0_MS);
-    let parsed = sc("v2_scalar_ok_empty_values.json");
-    assert_eq!(parsed.columns[0].unit.as_deref(), Some("microsecond"));
-    assert!(matches!(error(&parsed.observation(t0())), QueryError::NoData(_)));
-    let parsed = sc("v2_scalar_ok_events.json");
-    assert_eq!(parsed.columns[0].unit, None);
-    assert_eq!(parsed.observation(t0()).reading, Reading::Value { value: 322.0, at: t0() });
-
-    // v2 errors.
-    for (name, text) in [
-        ("v2_timeseries_400.json", "Invalid type. Expected \"timeseries_request\""),
-        ("v2_scalar_400.json", "Queries ending outside the retention date are invalid"),
-    ] {
-        let f = fixture(cover(name));
-        let (err, outcome) = read_v2_error(f.status, &f.headers, f.body.as_bytes(), "datadoghq.com");
-        assert_eq!(outcome, Outcome::BadQuery);
-        assert!(matches!(&err, QueryError::BadQuery(m) if m.contains(text)), "{err:?}");
     }
 
     // Every fixture in the directory was checked above.
@@ -721,39 +667,6 @@ async fn secrets_never_appear_in_errors_or_observations() {
             assert!(!text.contains(key), "a key leaked: {text}");
         }
     }
-}
-
-// ---------------------------------------------------------------------------------------------
-// v2 endpoints over HTTP
-
-#[tokio::test]
-async fn the_v2_endpoints_send_json_api_requests_and_read_the_recorded_answers() {
-    let fake = FakeDatadog::start().await;
-    let s = setup(&fake);
-    let ts = fixture("v2_timeseries_ok_cpu_user.json");
-    let sc = fixture("v2_scalar_ok.json");
-    fake.set_v2(Some((200, ts.body)), Some((200, sc.body)));
-    let from = Timestamp::from_unix_millis(1_711_391_281_000);
-    let to = Timestamp::from_unix_millis(1_711_394_881_000);
-    let series =
-        s.client.timeseries_v2("avg:system.cpu.user{*}", from, to, Some(Duration::from_secs(5))).await.unwrap();
-    assert_eq!(series.series[0].points.len(), 718);
-    let scalar = s.client.scalar_v2("avg:system.cpu.user{*}", "avg", from, to).await.unwrap();
-    assert_reading(&scalar.observation(to).reading, 6.368151928283307, to.unix_millis());
-    let log = fake.log();
-    let sent: Value = serde_json::from_str(&log[0].body).unwrap();
-    assert_eq!(sent["data"]["type"], "timeseries_request");
-    assert_eq!(sent["data"]["attributes"]["interval"], 5000);
-    assert_eq!(sent["data"]["attributes"]["from"], 1_711_391_281_000_i64);
-    assert_eq!(sent["data"]["attributes"]["queries"][0]["query"], "avg:system.cpu.user{*}");
-    let sent: Value = serde_json::from_str(&log[1].body).unwrap();
-    assert_eq!(sent["data"]["type"], "scalar_request");
-    assert_eq!(sent["data"]["attributes"]["queries"][0]["aggregator"], "avg");
-
-    let bad = fixture("v2_timeseries_400.json");
-    fake.set_v2(Some((400, bad.body)), None);
-    let err = s.client.timeseries_v2("avg:x{*}", from, to, None).await.unwrap_err();
-    assert!(matches!(err, QueryError::BadQuery(m) if m.contains("timeseries_request")));
 }
 
 // ---------------------------------------------------------------------------------------------

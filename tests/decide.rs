@@ -1,5 +1,14 @@
 //! `watermarkd decide` through the real binary: the documented JSON contract.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "test code: clippy.toml lets #[test] functions unwrap and print, and the helpers beside them do the same"
+)]
+
 use std::io::Write;
 use std::process::{Command, Stdio};
 

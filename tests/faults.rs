@@ -22,6 +22,15 @@
 //! beyond the period) wait the fallback minute by design, so the test takes about 80 s.
 //! Needs kube-apiserver, etcd and prometheus: scripts/install-test-deps installs them.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "test code: clippy.toml lets #[test] functions unwrap and print, and the helpers beside them do the same"
+)]
+
 #[macro_use]
 #[path = "support/eventually.rs"]
 mod eventually;

@@ -1,6 +1,15 @@
 //! Leader election against a real kube-apiserver: one leader at a time, takeover after a
 //! holder goes silent for a lease duration, immediate takeover after a release.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "test code: clippy.toml lets #[test] functions unwrap and print, and the helpers beside them do the same"
+)]
+
 #[path = "support/kube_cluster.rs"]
 mod kube_cluster;
 

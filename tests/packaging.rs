@@ -10,6 +10,15 @@
 //! see tests/support/kube_cluster.rs) accepts every manifest, and then lets the ServiceAccount
 //! do each thing in the table and nothing else that was tried.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "test code: clippy.toml lets #[test] functions unwrap and print, and the helpers beside them do the same"
+)]
+
 #[path = "support/kube_cluster.rs"]
 mod kube_cluster;
 
@@ -135,7 +144,8 @@ fn all<T: DeserializeOwned + Serialize>(file: &str, kind: &str) -> Vec<T> {
     documents(file).iter().filter(|d| kind_of(d) == kind).map(|d| typed(file, d)).collect()
 }
 
-/// `watermarkd check --config FILE`, exactly as the unit's ExecStartPre runs it.
+/// The unit's ExecStartPre check, spelled `--config`: the older name of `--rules`, which scripts
+/// written before the rename still use.
 fn assert_check_passes(path: &Path, what: &str) {
     let output = Command::new(env!("CARGO_BIN_EXE_watermarkd"))
         .args(["check", "--config"])
@@ -1044,7 +1054,7 @@ fn the_unit_has_the_notify_protocol_commands_and_hardening() {
     assert_eq!(one("NotifyAccess"), "main");
     let watchdog = one("WatchdogSec");
     assert!(humantime::parse_duration(&watchdog).is_ok_and(|d| d.as_secs() >= 10), "WatchdogSec={watchdog}");
-    assert_eq!(one("ExecStartPre"), format!("/usr/bin/watermarkd check --config {RULES_PATH}"));
+    assert_eq!(one("ExecStartPre"), format!("/usr/bin/watermarkd check --rules {RULES_PATH}"));
     assert_eq!(one("ExecStart"), format!("/usr/bin/watermarkd run --settings {SETTINGS_PATH}"));
     assert_eq!(one("ExecReload"), "/bin/kill -HUP $MAINPID");
     assert_eq!(one("User"), SYSTEM_USER);

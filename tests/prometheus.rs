@@ -5,6 +5,15 @@
 //! Needs `prometheus` and `openssl`: scripts/install-test-deps installs them. Missing binaries
 //! fail the tests rather than skip them.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "test code: clippy.toml lets #[test] functions unwrap and print, and the helpers beside them do the same"
+)]
+
 #[path = "support/prometheus_server.rs"]
 mod prometheus_server;
 

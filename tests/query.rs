@@ -1,6 +1,15 @@
 //! `watermarkd query` as a person runs it: the real binary, a rules file, and a real Prometheus
 //! scraping an exporter this test controls.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "test code: clippy.toml lets #[test] functions unwrap and print, and the helpers beside them do the same"
+)]
+
 #[path = "support/fake_datadog.rs"]
 mod fake_datadog;
 #[path = "support/prometheus_server.rs"]

@@ -5,6 +5,15 @@
 //!
 //! Needs `openssl` for the throwaway certificates (scripts/install-test-deps installs it).
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "test code: clippy.toml lets #[test] functions unwrap and print, and the helpers beside them do the same"
+)]
+
 #[path = "support/fake_recommender.rs"]
 mod fake_recommender;
 #[path = "support/prometheus_server.rs"]

@@ -1,6 +1,15 @@
 //! `watermarkd check` through the real binary: every example in config/ passes, and broken
 //! files list all of their problems with file, line, autoscaler and field, and exit 1.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "test code: clippy.toml lets #[test] functions unwrap and print, and the helpers beside them do the same"
+)]
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 

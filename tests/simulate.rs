@@ -4,6 +4,15 @@
 //! spike, held through the scraper gap, followed the daily curve, did not flap), computed from
 //! the trace itself where possible so that a wrong summary cannot vouch for itself.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "test code: clippy.toml lets #[test] functions unwrap and print, and the helpers beside them do the same"
+)]
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::UNIX_EPOCH;

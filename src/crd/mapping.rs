@@ -487,7 +487,7 @@ impl Mapper {
 
     /// One metric as a rules-file metric table, or `None` when it is broken beyond that (its
     /// problem reported).
-    #[allow(clippy::too_many_arguments)]
+    #[expect(clippy::too_many_arguments, reason = "one metric and the mapping's context, from its one caller")]
     fn metric(
         &mut self,
         index: usize,

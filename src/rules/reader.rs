@@ -256,7 +256,7 @@ mod tests {
     use super::super::tree::from_toml;
     use super::*;
 
-    fn read<T>(text: &str, f: impl FnOnce(&mut Table, &mut Sink) -> T) -> (T, Vec<String>) {
+    fn read<T>(text: &str, f: impl FnOnce(&mut Table<'_>, &mut Sink) -> T) -> (T, Vec<String>) {
         let root = from_toml(text).unwrap();
         let mut sink = Sink::default();
         let mut table = Table::new(&root, Scope::default(), &mut sink).unwrap();

@@ -11,7 +11,9 @@
 pub fn limit_arenas() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
-        // SAFETY: mallopt only adjusts allocator parameters.
+        // SAFETY: mallopt only sets an allocator parameter; glibc takes its own lock, and
+        // M_ARENA_MAX with a positive value is valid at any time.
+        #[expect(unsafe_code, reason = "glibc's mallopt has no safe binding")]
         unsafe {
             libc::mallopt(libc::M_ARENA_MAX, 2);
         }
@@ -22,7 +24,9 @@ pub fn limit_arenas() {
 pub fn release_free() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
-        // SAFETY: malloc_trim only releases memory the allocator holds as free.
+        // SAFETY: malloc_trim only returns pages the allocator holds as free to the kernel, under
+        // glibc's own locks; no memory in use is touched.
+        #[expect(unsafe_code, reason = "glibc's malloc_trim has no safe binding")]
         unsafe {
             libc::malloc_trim(0);
         }

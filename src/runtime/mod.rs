@@ -37,12 +37,12 @@ use tokio::time::Instant;
 use crate::backend::recommender::RecommenderClients;
 use crate::backend::BackendError;
 use crate::events::EventPublisher;
-use crate::lease::{Authority, LeaderElector, LeaseSettings, Role};
+use crate::lease::{Authority, LeaderElector, Role};
 use crate::resource::ResourceMetrics;
 use crate::rules::{self, RulesError};
 use crate::settings::Settings;
-use crate::workload::{WorkloadError, Workloads};
 use crate::telemetry::{AutoscalerMetrics, BackendMetrics, DaemonMetrics, HttpClientMetrics, Readiness};
+use crate::workload::{WorkloadError, Workloads};
 use scheduler::{Command, Scheduler, TargetChanges};
 use shared::{Clock, Shared};
 use source::SourceKind;
@@ -77,8 +77,7 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
     let recommenders = RecommenderClients::new(settings.cluster_name.clone(), HttpClientMetrics::new(&registry)?);
     let readiness = Arc::new(Readiness::default());
 
-    let rules_path = settings.rules.clone().unwrap_or_default();
-    let rules = rules::load_rules(&rules_path)?;
+    let rules = rules::load_rules(&settings.rules)?;
     readiness.rules_loaded.store(true, Ordering::Release);
     daemon.last_reload_successful.set(1);
 
@@ -102,11 +101,7 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
     let (lease_stop_tx, lease_stop) = watch::channel(false);
     let (_fixed_role, fixed_role_rx) = watch::channel(Role::Leader);
     let (mut role, elector) = if settings.lease.enabled {
-        let mut lease = LeaseSettings::new(&settings.lease.namespace, &settings.lease.name, &settings.lease.identity);
-        lease.lease_duration = settings.lease.duration;
-        lease.renew_deadline = settings.lease.renew_deadline;
-        lease.retry_period = settings.lease.retry_period;
-        let elector = LeaderElector::new(client.clone(), lease);
+        let elector = LeaderElector::new(client.clone(), settings.lease.clone());
         (elector.subscribe(), Some(elector))
     } else {
         (fixed_role_rx, None)
@@ -141,7 +136,7 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
     follow(&targets, scheduler.apply(Command::Replace { source: SourceKind::RulesFile, desired: file_autoscalers }));
     let mut source_tasks = JoinSet::new();
     source_tasks.spawn(rules_file::watch_rules_file(rules_file::RulesWatch {
-        path: rules_path,
+        path: settings.rules.clone(),
         poll: settings.reload_poll,
         commands: commands_tx.clone(),
         rules: rules_tx,

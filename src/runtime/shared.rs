@@ -11,8 +11,8 @@ use crate::backend::recommender::RecommenderClients;
 use crate::events::EventPublisher;
 use crate::lease::Authority;
 use crate::resource::ResourceMetrics;
-use crate::workload::Workloads;
 use crate::telemetry::{AutoscalerMetrics, DaemonMetrics};
+use crate::workload::Workloads;
 
 /// Wall time that advances with tokio's clock: monotonic (a clock step does not open or close a
 /// window) and paused with it in tests.

@@ -308,7 +308,7 @@ fn shade_spans(svg: &mut String, spans: &[Span], time: TimeAxis, top: f64, heigh
     svg.push('\n');
 }
 
-#[allow(clippy::too_many_arguments)]
+#[expect(clippy::too_many_arguments, reason = "the panel's geometry and data, from its one caller")]
 fn metric_panel(
     svg: &mut String,
     rule: &Rule,
@@ -405,7 +405,7 @@ fn metric_panel(
     frame(svg, panel, time);
 }
 
-#[allow(clippy::too_many_arguments)]
+#[expect(clippy::too_many_arguments, reason = "the panel's geometry and data, from its one caller")]
 fn replicas_panel(
     svg: &mut String,
     rule: &Rule,

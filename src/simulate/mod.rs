@@ -32,8 +32,8 @@ use crate::rules::{self, RulesError};
 #[command(after_long_help = TRACE_HELP)]
 pub struct SimulateArgs {
     /// Rules file (TOML) that defines the autoscaler.
-    #[arg(long, value_name = "FILE")]
-    pub config: PathBuf,
+    #[arg(long, value_name = "FILE", visible_alias = "config")]
+    pub rules: PathBuf,
 
     /// Name of the autoscaler to replay (its rule and its evaluation interval are used).
     #[arg(long, value_name = "NAME")]
@@ -141,9 +141,9 @@ pub fn load_trace(path: &Path, rule: &Rule) -> Result<Trace, SimulateError> {
 
 /// The `simulate` command.
 pub fn run(args: &SimulateArgs, out: &mut impl Write) -> Result<(), SimulateError> {
-    let rules = rules::load_rules(&args.config)?;
+    let rules = rules::load_rules(&args.rules)?;
     let autoscaler = rules.autoscaler(&args.autoscaler).ok_or_else(|| SimulateError::UnknownAutoscaler {
-        config: args.config.clone(),
+        config: args.rules.clone(),
         name: args.autoscaler.clone(),
         defined: rules.autoscalers.iter().map(|a| a.name.clone()).collect(),
     })?;

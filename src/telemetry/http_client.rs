@@ -59,8 +59,7 @@ impl HttpClientMetrics {
 
     /// Metrics on a private registry, for tests and one-shot commands.
     pub fn detached() -> Self {
-        // Registering fresh collectors on a fresh registry cannot collide.
-        #[allow(clippy::expect_used)]
+        #[expect(clippy::expect_used, reason = "fresh collectors on a fresh registry cannot collide")]
         Self::new(&Registry::new()).expect("fresh registry accepts every collector")
     }
 

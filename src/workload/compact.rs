@@ -342,7 +342,7 @@ fn lenient_u32<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<u32>
     struct Count;
     impl<'de> Visitor<'de> for Count {
         type Value = Option<u32>;
-        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
             f.write_str("any value")
         }
         answer_non_numbers!(None);
@@ -372,7 +372,7 @@ where
     struct Object<T>(PhantomData<T>);
     impl<'de, T: Deserialize<'de> + Default> Visitor<'de> for Object<T> {
         type Value = T;
-        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
             f.write_str("any value")
         }
         answer_non_numbers!(T::default());
@@ -396,7 +396,7 @@ impl<'de> DeserializeSeed<'de> for KeyIs {
 
 impl<'de> Visitor<'de> for KeyIs {
     type Value = bool;
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a string")
     }
     fn visit_str<E: serde::de::Error>(self, key: &str) -> Result<bool, E> {
@@ -409,7 +409,7 @@ fn state_annotation<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option
     struct Annotations;
     impl<'de> Visitor<'de> for Annotations {
         type Value = Option<String>;
-        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
             f.write_str("annotations")
         }
         answer_non_numbers!(None);
@@ -443,7 +443,7 @@ fn scaled_at<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Timest
     struct Entries;
     impl<'de> Visitor<'de> for Entries {
         type Value = Option<Timestamp>;
-        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
             f.write_str("managed fields")
         }
         fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {

@@ -1204,6 +1204,7 @@ mod heap {
 
     // SAFETY: every call is passed on to the system allocator unchanged; the counters are
     // const-initialised thread-locals without destructors, which never allocate.
+    #[expect(unsafe_code, reason = "a global allocator is an unsafe trait; counting is how the test measures memory")]
     unsafe impl GlobalAlloc for Counting {
         unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
             // SAFETY: as the caller promised for `layout`.

@@ -1,7 +1,7 @@
 //! `watermarkd run` as a separate process, the way it is deployed: its own flags, environment
 //! and listen port; its log in a file the test can read; stopped with a signal of the test's
 //! choice (SIGTERM, SIGKILL, SIGHUP for a reload).
-#![allow(dead_code)]
+#![allow(dead_code, reason = "every test binary that includes this file uses only part of it")]
 
 use std::io::Read;
 use std::net::TcpListener as StdListener;
@@ -58,7 +58,8 @@ impl DaemonProcess {
     }
 
     fn signal(&self, signal: i32) {
-        // SAFETY: kill only sends a signal to our own child's pid.
+        // SAFETY: kill takes plain integers and touches no memory of ours.
+        #[expect(unsafe_code, reason = "std's Child can only SIGKILL; the tests send SIGHUP and SIGTERM")]
         unsafe {
             libc::kill(self.pid(), signal);
         }

@@ -14,7 +14,7 @@
 //!
 //! Include it with `#[path = "support/fake_datadog.rs"] mod fake_datadog;`.
 
-#![allow(dead_code)]
+#![allow(dead_code, reason = "every test binary that includes this file uses only part of it")]
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -181,8 +181,6 @@ struct State {
     arrivals: usize,
     in_flight: usize,
     max_in_flight: usize,
-    v2_timeseries: Option<(u16, String)>,
-    v2_scalar: Option<(u16, String)>,
     fault: Option<Fault>,
 }
 
@@ -278,8 +276,6 @@ impl FakeDatadog {
             arrivals: 0,
             in_flight: 0,
             max_in_flight: 0,
-            v2_timeseries: None,
-            v2_scalar: None,
             fault: None,
         }));
         let connections = Arc::new(Mutex::new(Vec::new()));
@@ -357,13 +353,6 @@ impl FakeDatadog {
         let (window, _) = state.calendar();
         let limit = state.budget.limit;
         state.used.insert(window, limit);
-    }
-
-    /// What `POST /api/v2/query/timeseries` and `/scalar` answer: status and raw body.
-    pub fn set_v2(&self, timeseries: Option<(u16, String)>, scalar: Option<(u16, String)>) {
-        let mut state = self.state.lock().unwrap();
-        state.v2_timeseries = timeseries;
-        state.v2_scalar = scalar;
     }
 
     pub fn log(&self) -> Vec<Recorded> {
@@ -613,19 +602,6 @@ async fn answer(state: &Arc<Mutex<State>>, base: &str, req: Request<Incoming>) -
 
     match (method.as_str(), path.as_str()) {
         ("GET", "/api/v1/query") => {}
-        ("POST", "/api/v2/query/timeseries") | ("POST", "/api/v2/query/scalar") => {
-            let configured = {
-                let s = state.lock().unwrap();
-                if path.ends_with("timeseries") {
-                    s.v2_timeseries.clone()
-                } else {
-                    s.v2_scalar.clone()
-                }
-            };
-            let (status, text) = configured.unwrap_or((404, r#"{"errors":["not configured"]}"#.to_string()));
-            record(status, window);
-            return respond(status, "application/vnd.api+json", &headers, text);
-        }
         _ => {
             record(404, window);
             return json_response(404, &headers, json!({"errors": ["Not found"]}));

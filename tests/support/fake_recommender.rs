@@ -1,7 +1,7 @@
 //! A replica recommender on a free loopback port, for tests/recommender.rs and tests/daemon.rs:
 //! it answers every POST with the status, body and delay the test sets, and records each
 //! request (method, content type, JSON body).
-#![allow(dead_code)]
+#![allow(dead_code, reason = "every test binary that includes this file uses only part of it")]
 
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};

@@ -75,11 +75,11 @@
 //! returns what a user (token or impersonated) asked for, with when the API server received it
 //! and when it answered, e.g. to assert that reads are served from a watch cache without a GET,
 //! or when a write landed.
-#![allow(dead_code)]
+#![allow(dead_code, reason = "every test binary that includes this file uses only part of it")]
 
 // Each support file is compiled into every test binary that names it, so a test using two of
 // them has two copies of this small module.
-#[allow(clippy::duplicate_mod)]
+#[allow(clippy::duplicate_mod, reason = "a test binary that names two support files has two copies of this one")]
 #[path = "test_pki.rs"]
 mod test_pki;
 
@@ -215,7 +215,9 @@ impl Watched {
     /// Sends `signal` to the process itself.
     fn signal(&self, signal: i32) {
         let pid = self.pid();
-        // SAFETY: kill only sends a signal, to a process this test started.
+        // SAFETY: kill takes plain integers and touches no memory of ours; the pid is one this
+        // test started.
+        #[expect(unsafe_code, reason = "std's Child can only SIGKILL; the tests also stop and continue processes")]
         let sent = unsafe { libc::kill(pid, signal) };
         assert_eq!(sent, 0, "cannot signal {} (pid {pid}): {}", self.name, std::io::Error::last_os_error());
     }

@@ -47,11 +47,11 @@
 //!
 //! One APIService per group and version exists in a cluster, so there is one metrics server
 //! per test binary (`shared`); tests keep apart by namespace.
-#![allow(dead_code)]
+#![allow(dead_code, reason = "every test binary that includes this file uses only part of it")]
 
 // Each support file is compiled into every test binary that names it, so a test using two of
 // them has two copies of this small module.
-#[allow(clippy::duplicate_mod)]
+#[allow(clippy::duplicate_mod, reason = "a test binary that names two support files has two copies of this one")]
 #[path = "test_pki.rs"]
 mod test_pki;
 

@@ -9,11 +9,11 @@
 //! - `PrometheusProxy`: forwards to a real Prometheus, and injects per query what a real one
 //!   cannot be made to answer (5xx, slow, HTML, truncated, `status: error`, old samples); it can
 //!   also close its port (connection refused) and open it again.
-#![allow(dead_code)]
+#![allow(dead_code, reason = "every test binary that includes this file uses only part of it")]
 
 // Each support file is compiled into every test binary that names it, so a test using two of
 // them has two copies of this small module.
-#[allow(clippy::duplicate_mod)]
+#[allow(clippy::duplicate_mod, reason = "a test binary that names two support files has two copies of this one")]
 #[path = "test_pki.rs"]
 mod test_pki;
 

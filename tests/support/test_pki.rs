@@ -1,6 +1,6 @@
 //! Throwaway certificates for tests, made by `openssl` with EC keys (quick to generate) and
 //! valid two days: a CA, and certificates it signs for a server or a client.
-#![allow(dead_code)]
+#![allow(dead_code, reason = "every test binary that includes this file uses only part of it")]
 
 use std::path::Path;
 use std::process::{Command, Stdio};

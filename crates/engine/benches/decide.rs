@@ -1,5 +1,14 @@
 //! The cost of one decision: the daemon makes 10,000 of these per cycle at scale.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "a benchmark: it prints its measurements and stops at the first failure"
+)]
+
 use std::time::Duration;
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion};

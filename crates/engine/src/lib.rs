@@ -4,6 +4,9 @@
 //! the `decide` command and the simulator all drive it the same way. `docs/engine.md` at the
 //! repository root is the specification this crate implements.
 
+// Pure arithmetic on owned data: nothing here could need it, so no local allow may add it.
+#![forbid(unsafe_code)]
+
 mod decide;
 mod decision;
 mod input;

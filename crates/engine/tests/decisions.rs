@@ -1,5 +1,14 @@
 //! Table tests: one decision per case, through the public API, for every rule in docs/engine.md.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "test code: clippy.toml lets #[test] functions unwrap and print, and the helpers beside them do the same"
+)]
+
 mod common;
 
 use common::*;

@@ -1,5 +1,14 @@
 //! Property tests: invariants that must hold for every rule, target, reading and state.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "test code: clippy.toml lets #[test] functions unwrap and print, and the helpers beside them do the same"
+)]
+
 mod common;
 
 use common::*;

@@ -62,8 +62,8 @@
 //! retried with jittered exponential backoff until the cycle's deadline, which the caller
 //! gives (`backend::QueryBackend`): waiting for a request slot, every attempt (each given
 //! `min(timeout, time left)`) and every backoff sleep fit before it, and what is not answered
-//! by then is `QueryError::Timeout`, so a cycle never runs into the next. The v2 requests have
-//! no cycle: theirs ends 2 x `timeout` after they start. Retries and split batches are requests
+//! by then is `QueryError::Timeout`, so a cycle never runs into the next. Retries and split
+//! batches are requests
 //! no admission paid for: they are debited from the reserve, and not made when only half of it
 //! is left. 403 is a configuration error (no hot retry), 400 a bad query
 //! (a batch of several is re-sent one query per request, once, so only the bad query fails, and
@@ -83,7 +83,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
-use reqwest::header::{HeaderMap, HeaderName, HeaderValue, ACCEPT, CONTENT_TYPE};
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue, ACCEPT};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -96,15 +96,11 @@ use crate::telemetry::BackendMetrics;
 pub use batch::{is_balanced, split_top_level, top_level_commas, MAX_QUERIES_PER_REQUEST, MAX_URL_CHARS};
 pub use pacing::{RateLimitHeaders, RateLimitSnapshot, DEFAULT_LIMIT, DEFAULT_PERIOD, RESERVE_PERCENT};
 pub use parse::{
-    default_max_age, error_text, parse_v2_scalar, parse_v2_timeseries, penultimate, rate_limit_wait, read_v1_answer,
-    read_v2_error, Outcome, V1Answer, V1Context, V2Column, V2Scalar, V2Series, V2Timeseries,
+    default_max_age, error_text, penultimate, rate_limit_wait, read_v1_answer, Outcome, V1Answer, V1Context,
 };
 
 use pacing::{Admission, Pacer};
 
-/// A v2 request (`watermarkd query`, backtests: no cycle to fit in), retries included, ends
-/// within this many request timeouts.
-const RETRY_BUDGET_TIMEOUTS: u32 = 2;
 /// An attempt with less time than this left before the deadline is not started.
 const MIN_ATTEMPT: Duration = Duration::from_millis(50);
 const API_KEY_HEADER: &str = "dd-api-key";
@@ -342,46 +338,6 @@ impl DatadogClient {
         }
         out
     }
-
-    /// `POST /api/v2/query/timeseries` for one metrics query (backtests, `watermarkd query`).
-    /// Not paced with the cycles: the v2 endpoints have budgets of their own.
-    pub async fn timeseries_v2(
-        &self,
-        query: &str,
-        from: Timestamp,
-        to: Timestamp,
-        interval: Option<Duration>,
-    ) -> Result<V2Timeseries, QueryError> {
-        let mut attributes = serde_json::json!({
-            "formulas": [{"formula": "a"}],
-            "from": from.unix_millis(),
-            "to": to.unix_millis(),
-            "queries": [{"data_source": "metrics", "name": "a", "query": query}],
-        });
-        if let (Some(interval), Some(map)) = (interval, attributes.as_object_mut()) {
-            map.insert("interval".into(), serde_json::json!(u64::try_from(interval.as_millis()).unwrap_or(u64::MAX)));
-        }
-        let body = serde_json::json!({"data": {"type": "timeseries_request", "attributes": attributes}});
-        self.inner.post_v2("/api/v2/query/timeseries", body, parse_v2_timeseries).await
-    }
-
-    /// `POST /api/v2/query/scalar` for one metrics query, reduced by `aggregator` (`avg`, `max`,
-    /// `min`, `sum`, `last`, ...).
-    pub async fn scalar_v2(
-        &self,
-        query: &str,
-        aggregator: &str,
-        from: Timestamp,
-        to: Timestamp,
-    ) -> Result<V2Scalar, QueryError> {
-        let body = serde_json::json!({"data": {"type": "scalar_request", "attributes": {
-            "formulas": [{"formula": "a"}],
-            "from": from.unix_millis(),
-            "to": to.unix_millis(),
-            "queries": [{"data_source": "metrics", "name": "a", "query": query, "aggregator": aggregator}],
-        }}});
-        self.inner.post_v2("/api/v2/query/scalar", body, parse_v2_scalar).await
-    }
 }
 
 impl super::QueryBackend for DatadogClient {
@@ -404,11 +360,6 @@ struct CycleContext {
 impl Inner {
     fn v1_endpoint(&self) -> String {
         format!("{}/api/v1/query", self.base)
-    }
-
-    /// The deadline of a v2 request, which has no cycle of its own.
-    fn retry_budget(&self) -> Duration {
-        self.timeout.saturating_mul(RETRY_BUDGET_TIMEOUTS)
     }
 
     /// Queries answered without a request: empty, unbalanced, several queries in one, or known bad.
@@ -545,45 +496,15 @@ impl Inner {
                 }
             };
         tracing::debug!(backend = %self.name, queries, url_chars = url.len(), "Datadog query");
-        self.exchange(|| self.http.get(url), true, cx.started, cx.deadline, read).await
-    }
-
-    async fn post_v2<T>(
-        &self,
-        path: &str,
-        body: serde_json::Value,
-        parse: impl Fn(&[u8]) -> Result<T, QueryError> + Sync,
-    ) -> Result<T, QueryError> {
-        let url = format!("{}{path}", self.base);
-        let body = body.to_string();
-        let read = |status: u16, rate: &RateLimitHeaders, bytes: &[u8]| {
-            if (200..300).contains(&status) {
-                parse(bytes).map_err(|error| Failure {
-                    error,
-                    outcome: Outcome::Protocol,
-                    retryable: false,
-                    status: Some(status),
-                })
-            } else {
-                let (error, outcome) = read_v2_error(status, rate, bytes, &self.place);
-                let retryable = matches!(outcome, Outcome::ServerError);
-                Err(Failure { error, outcome, retryable, status: Some(status) })
-            }
-        };
-        let request = || self.http.post(&url).header(CONTENT_TYPE, "application/json").body(body.clone());
-        let started = Instant::now();
-        self.exchange(request, false, started, started + self.retry_budget(), read)
-            .await
-            .map_err(|failure| self.scrub_error(failure.error))
+        self.exchange(|| self.http.get(url), cx.started, cx.deadline, read).await
     }
 
     /// Sends one request, retrying what is worth retrying until the deadline (however many
-    /// attempts that is). `paced`: the v1 query endpoint, whose headers feed the pacer and
-    /// whose 429 blocks everything. `started`: when the cycle began, for the timeout's text.
+    /// attempts that is). Every answer's headers feed the pacer, and a 429 blocks everything.
+    /// `started`: when the cycle began, for the timeout's text.
     async fn exchange<T>(
         &self,
         request: impl Fn() -> reqwest::RequestBuilder,
-        paced: bool,
         started: Instant,
         deadline: Instant,
         read: impl Fn(u16, &RateLimitHeaders, &[u8]) -> Result<T, Failure>,
@@ -614,21 +535,19 @@ impl Inner {
         let mut backoff = BACKOFF.build();
         let mut last: Option<Failure> = None;
         loop {
-            if paced {
-                if let Some(reset_in_seconds) = lock(&self.pacer).blocked(Instant::now()) {
-                    return Err(Failure {
-                        error: QueryError::RateLimited { reset_in_seconds },
-                        outcome: Outcome::RateLimited,
-                        retryable: false,
-                        status: None,
-                    });
-                }
+            if let Some(reset_in_seconds) = lock(&self.pacer).blocked(Instant::now()) {
+                return Err(Failure {
+                    error: QueryError::RateLimited { reset_in_seconds },
+                    outcome: Outcome::RateLimited,
+                    retryable: false,
+                    status: None,
+                });
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left < MIN_ATTEMPT {
                 return Err(last.unwrap_or_else(|| timed_out(deadline.saturating_duration_since(started))));
             }
-            let result = self.attempt(&request, self.timeout.min(left), paced, &read).await;
+            let result = self.attempt(&request, self.timeout.min(left), &read).await;
             let failure = match result {
                 Ok(value) => return Ok(value),
                 Err(failure) if failure.retryable => failure,
@@ -639,7 +558,7 @@ impl Inner {
                 return Err(failure);
             }
             // A retry is a request the cycle was not admitted for: it comes out of the reserve.
-            if paced && !lock(&self.pacer).take_extra(Instant::now(), 1) {
+            if !lock(&self.pacer).take_extra(Instant::now(), 1) {
                 return Err(failure);
             }
             tracing::debug!(backend = %self.name, error = %self.scrub_error(failure.error.clone()), ?delay, "retrying");
@@ -653,7 +572,6 @@ impl Inner {
         &self,
         request: &impl Fn() -> reqwest::RequestBuilder,
         timeout: Duration,
-        paced: bool,
         read: &impl Fn(u16, &RateLimitHeaders, &[u8]) -> Result<T, Failure>,
     ) -> Result<T, Failure> {
         let started = Instant::now();
@@ -661,12 +579,10 @@ impl Inner {
             Ok(response) => {
                 let status = response.status().as_u16();
                 let rate = RateLimitHeaders::from_header_map(response.headers());
-                if paced {
-                    self.note_rate(&rate, status != 429);
-                }
+                self.note_rate(&rate, status != 429);
                 match response.bytes().await {
                     Ok(body) => {
-                        if paced && status == 429 {
+                        if status == 429 {
                             let wait = rate_limit_wait(&rate);
                             lock(&self.pacer).rate_limited(Instant::now(), wait);
                             tracing::warn!(

@@ -1,6 +1,6 @@
 //! Builders shared by the engine's test files: a rule with sane defaults changed by a closure,
 //! readings, and times relative to a fixed `now`.
-#![allow(dead_code)]
+#![allow(dead_code, reason = "every test binary that includes this file uses only part of it")]
 
 use std::time::Duration;
 
