@@ -164,7 +164,7 @@ async fn every_datadog_controller_series_and_label_is_served() {
     for (name, namespace, target_name, team, dry_run) in autoscalers {
         let object_labels: BTreeMap<String, String> =
             [(TAG.to_string(), team.to_string()), ("other".to_string(), "x".to_string())].into_iter().collect();
-        let labels = SeriesLabels {
+        let labels = std::sync::Arc::new(SeriesLabels {
             wpa_name: name.into(),
             wpa_namespace: namespace.into(),
             resource_name: target_name.into(),
@@ -172,7 +172,7 @@ async fn every_datadog_controller_series_and_label_is_served() {
             resource_kind: "Deployment".into(),
             tags: metrics.tags(Some(&object_labels)),
             dry_run,
-        };
+        });
         let rule = watermarkd::rules::rule_from_json(&serde_json::json!({
             "min_replicas": 1, "max_replicas": 10, "dry_run": dry_run,
             "metric": [{ "name": "latency", "query": "q", "high_watermark": 10, "low_watermark": 5 }]

@@ -218,7 +218,11 @@ pub(crate) fn read_autoscaler(node: &Node, form: Form<'_>, sink: &mut Sink) -> P
         parsed.rule = rule.ok();
         match recommender {
             Some((recommender, _)) => parsed.recommender = Some(recommender),
-            None => parsed.metrics = metrics.into_iter().map(|m| m.source).collect(),
+            None => {
+                parsed.metrics = metrics.into_iter().map(|m| m.source).collect();
+                // Collected in place into the larger entries' allocation: keep only what is used.
+                parsed.metrics.shrink_to_fit();
+            }
         }
     }
     if let Form::Crd { field, .. } = form {

@@ -355,9 +355,9 @@ fn restore(desired: &Desired, memory: &mut Memory, reading: &ScaleReading, now: 
     let persisted = match (&desired.source, &mut memory.persisted) {
         (Source::Wpa(wpa), Persisted::Status { status, .. }) => {
             if status.is_none() {
-                status.clone_from(&wpa.status);
+                *status = wpa.status.clone().map(Box::new);
             }
-            state::from_wpa_status(status.as_ref())
+            state::from_wpa_status(status.as_deref())
         }
         (Source::Wpa(_), Persisted::Annotation { .. }) => State::default(),
         (Source::RulesFile, persisted) => {

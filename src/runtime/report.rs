@@ -53,7 +53,7 @@ pub async fn decision_status(
     write: &ScaleWrite,
 ) {
     let Persisted::Status { status, written_at } = persisted else { return };
-    let previous = status.clone().or_else(|| wpa.status.clone());
+    let previous = status.as_deref().cloned().or_else(|| wpa.status.clone());
     let next = crd::next_status(previous.as_ref(), &wpa.spec, decision, write, shared.clock.now());
     if !crd::status_changed(previous.as_ref(), &next) {
         return;
@@ -67,7 +67,7 @@ pub async fn decision_status(
         return;
     }
     if write_status(shared, wpa, &next).await {
-        *status = Some(next);
+        *status = Some(Box::new(next));
         *written_at = Some(tokio::time::Instant::now());
     }
 }
@@ -149,7 +149,7 @@ pub async fn target_unreadable(shared: &Shared, desired: &Desired, persisted: &m
             let note = format!("cannot read the target: {message}");
             publish(shared, &wpa_reference(wpa), EventType::Warning, reason, &note, "GetScale", Repeats::Suppress)
                 .await;
-            let previous = status.clone().or_else(|| wpa.status.clone());
+            let previous = status.as_deref().cloned().or_else(|| wpa.status.clone());
             let mut next = previous.clone().unwrap_or_default();
             crd::set_condition(
                 &mut next,
@@ -160,7 +160,7 @@ pub async fn target_unreadable(shared: &Shared, desired: &Desired, persisted: &m
                 shared.clock.now(),
             );
             if crd::status_changed(previous.as_ref(), &next) && write_status(shared, wpa, &next).await {
-                *status = Some(next);
+                *status = Some(Box::new(next));
             }
         }
         _ if matches!(err, WorkloadError::NotFound { .. }) => {}

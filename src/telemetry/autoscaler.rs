@@ -213,12 +213,12 @@ struct MetricRecord {
     proposal: Option<u32>,
 }
 
-/// Everything exported about one autoscaler. The label sets are rendered once, when the
-/// autoscaler first reports, and shared by every later record of it.
+/// Everything exported about one autoscaler. The label set is the running autoscaler's own,
+/// rendered once per scrape rather than kept rendered: at 10,000 autoscalers the texts would
+/// hold 3 MB between scrapes.
 #[derive(Clone, Debug)]
 struct Record {
-    labels: Arc<str>,
-    info_labels: Arc<str>,
+    labels: Arc<SeriesLabels>,
     metrics: Vec<MetricRecord>,
     effective: Option<u32>,
     restricted: [bool; 3],
@@ -231,14 +231,6 @@ struct Record {
     downscale_total: u64,
     /// Per [`CONDITIONS`] entry: its status as last set (`None`: never set).
     conditions: [Option<bool>; CONDITIONS.len()],
-}
-
-/// The label sets of a record: the previous record's, or rendered now.
-fn rendered(labels: &SeriesLabels, previous: Option<&Record>) -> (Arc<str>, Arc<str>) {
-    match previous {
-        Some(p) => (Arc::clone(&p.labels), Arc::clone(&p.info_labels)),
-        None => (labels.render().into(), labels.render_info().into()),
-    }
 }
 
 /// The previous conditions with these set; a condition not set this time keeps its status, as
@@ -273,7 +265,8 @@ struct Slot {
 /// stale duplicate of every series that nothing removes again.
 #[derive(Default)]
 pub struct AutoscalerMetrics {
-    slots: Mutex<HashMap<SeriesLabels, Slot>>,
+    /// Keyed by the running autoscaler's own label set (shared, not copied).
+    slots: Mutex<HashMap<Arc<SeriesLabels>, Slot>>,
     labels_as_tags: LabelsAsTags,
 }
 
@@ -294,9 +287,9 @@ impl AutoscalerMetrics {
 
     /// An autoscaler with this label set is running: its evaluations may report. Each call is
     /// undone by one [`remove`](Self::remove).
-    pub fn admit(&self, labels: &SeriesLabels) {
+    pub fn admit(&self, labels: &Arc<SeriesLabels>) {
         let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
-        slots.entry(labels.clone()).or_default().holders += 1;
+        slots.entry(Arc::clone(labels)).or_default().holders += 1;
     }
 
     /// An autoscaler with this label set stopped, or now runs under other labels: when no
@@ -314,8 +307,8 @@ impl AutoscalerMetrics {
 
     /// A running autoscaler's label set changes (a `dry_run` flip, new labels-as-tags): its
     /// series go, and start over under the new labels at its next report.
-    pub fn relabel(&self, old: &SeriesLabels, new: &SeriesLabels) {
-        if old != new {
+    pub fn relabel(&self, old: &SeriesLabels, new: &Arc<SeriesLabels>) {
+        if *old != **new {
             self.remove(old);
             self.admit(new);
         }
@@ -323,10 +316,11 @@ impl AutoscalerMetrics {
 
     /// Replaces the record of an admitted label set; a report under any other is late (see
     /// [`AutoscalerMetrics`]) and dropped.
-    fn replace(&self, labels: &SeriesLabels, build: impl FnOnce(Option<&Record>) -> Record) {
+    fn replace(&self, labels: &SeriesLabels, build: impl FnOnce(Arc<SeriesLabels>, Option<&Record>) -> Record) {
         let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(key) = slots.get_key_value(labels).map(|(key, _)| Arc::clone(key)) else { return };
         if let Some(slot) = slots.get_mut(labels) {
-            slot.record = Some(Arc::new(build(slot.record.as_deref())));
+            slot.record = Some(Arc::new(build(key, slot.record.as_deref())));
         }
     }
 
@@ -360,11 +354,9 @@ impl AutoscalerMetrics {
             _ => (0, 0),
         };
         let labels_dry_run = labels.dry_run;
-        self.replace(labels, |previous| {
-            let (labels, info_labels) = rendered(labels, previous);
+        self.replace(labels, |labels, previous| {
             Record {
                 labels,
-                info_labels,
                 metrics: decision
                     .metrics
                     .iter()
@@ -399,11 +391,9 @@ impl AutoscalerMetrics {
     /// controller does on a failed reconcile, AbleToScale and ScalingActive turn False.
     pub fn observe_failure(&self, labels: &SeriesLabels, rule: &Rule) {
         let dry_run = labels.dry_run;
-        self.replace(labels, |previous| {
-            let (labels, info_labels) = rendered(labels, previous);
+        self.replace(labels, |labels, previous| {
             Record {
                 labels,
-                info_labels,
                 metrics: Vec::new(),
                 effective: None,
                 restricted: [false; 3],
@@ -426,7 +416,12 @@ impl AutoscalerMetrics {
     /// The records as they are now, for one scrape.
     pub fn snapshot(&self) -> Snapshot {
         let slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut records: Vec<Arc<Record>> = slots.values().filter_map(|slot| slot.record.clone()).collect();
+        let records: Vec<Arc<Record>> = slots.values().filter_map(|slot| slot.record.clone()).collect();
+        drop(slots);
+        let mut records: Vec<Rendered> = records
+            .into_iter()
+            .map(|record| Rendered { labels: record.labels.render(), info_labels: record.labels.render_info(), record })
+            .collect();
         records.sort_by(|a, b| a.labels.cmp(&b.labels));
         Snapshot { records }
     }
@@ -434,7 +429,14 @@ impl AutoscalerMetrics {
 
 /// The series of one scrape, written out a family and a slice of autoscalers at a time.
 pub struct Snapshot {
-    records: Vec<Arc<Record>>,
+    records: Vec<Rendered>,
+}
+
+/// A record with its label sets rendered for this scrape.
+struct Rendered {
+    labels: String,
+    info_labels: String,
+    record: Arc<Record>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -541,8 +543,8 @@ impl Snapshot {
             let _ = write!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n");
         }
         let end = ((slice + 1) * per_chunk).min(self.records.len());
-        for record in &self.records[slice * per_chunk..end] {
-            write_samples(&mut out, family, name, record);
+        for rendered in &self.records[slice * per_chunk..end] {
+            write_samples(&mut out, family, name, rendered);
         }
         out
     }
@@ -561,8 +563,8 @@ fn line(out: &mut String, name: &str, labels: &str, extra: Option<(&str, &str)>,
     };
 }
 
-fn write_samples(out: &mut String, family: Family, name: &str, record: &Record) {
-    let labels = &*record.labels;
+fn write_samples(out: &mut String, family: Family, name: &str, rendered: &Rendered) {
+    let (labels, record) = (rendered.labels.as_str(), &*rendered.record);
     let per_metric = |out: &mut String, value: &dyn Fn(&MetricRecord) -> Option<String>| {
         for m in &record.metrics {
             if let Some(v) = value(m) {
@@ -605,7 +607,7 @@ fn write_samples(out: &mut String, family: Family, name: &str, record: &Record) 
             }
         }
         Family::LabelsInfo => {
-            let _ = writeln!(out, "{name}{{{}}} 1", record.info_labels);
+            let _ = writeln!(out, "{name}{{{}}} 1", rendered.info_labels);
         }
     }
 }
@@ -629,7 +631,7 @@ mod tests {
 
     /// Metrics with these label sets admitted, as the scheduler does for running autoscalers.
     fn admitted(metrics: AutoscalerMetrics, running: &[&SeriesLabels]) -> AutoscalerMetrics {
-        running.iter().for_each(|labels| metrics.admit(labels));
+        running.iter().for_each(|labels| metrics.admit(&Arc::new((*labels).clone())));
         metrics
     }
 
@@ -752,7 +754,7 @@ mod tests {
             "max_replicas": 10, "metric": [{ "name": "load", "query": "q", "high_watermark": 10 }]
         }))
         .expect("rule");
-        metrics.admit(&series);
+        metrics.admit(&Arc::new(series.clone()));
         metrics.observe_failure(&series, &rule);
         let text = exported(&metrics);
         let info = r#"wpa_controller_labels_info{app_kubernetes_io_name="web",namespace="prod",resource_namespace="prod",team="pay\"ments\\eu\nwest",wpa_name="web",wpa_namespace="prod"} 1"#;
@@ -792,7 +794,7 @@ mod tests {
         metrics.observe(&reporting, &rule, &decision, true, [("AbleToScale", true)]);
         assert_eq!(exported(&metrics), "", "a report before the autoscaler is admitted is dropped");
 
-        metrics.admit(&reporting);
+        metrics.admit(&Arc::new(reporting.clone()));
         metrics.observe(&reporting, &rule, &decision, true, [("AbleToScale", true)]);
         let before = exported(&metrics);
         let per_autoscaler: Vec<&str> =
@@ -805,7 +807,7 @@ mod tests {
 
         // The flip, as the scheduler makes it: the old label set goes, the new one is admitted.
         metrics.remove(&reporting);
-        metrics.admit(&dry);
+        metrics.admit(&Arc::new(dry.clone()));
         // An evaluation still under way with the old labels reports late: dropped.
         metrics.observe(&reporting, &rule, &decision, true, [("AbleToScale", true)]);
         metrics.observe_failure(&reporting, &rule);
@@ -833,7 +835,7 @@ mod tests {
         assert_ne!(counted(&before, WEB).as_deref(), Some("0"), "the first report counted a scale-up: {before}");
 
         // A label set two autoscalers share stays until both have gone.
-        metrics.admit(&dry);
+        metrics.admit(&Arc::new(dry.clone()));
         metrics.remove(&dry);
         assert!(!exported(&metrics).is_empty(), "one holder left");
         metrics.remove(&dry);

@@ -331,8 +331,11 @@ impl Rule {
         if spec.metrics.is_empty() {
             errors.push(RuleError::new("metric", "at least one metric is required"));
         }
-        let metrics: Vec<MetricRule> =
+        let mut metrics: Vec<MetricRule> =
             spec.metrics.iter().enumerate().filter_map(|(i, m)| check_metric(i, m, &mut errors)).collect();
+        // A filtered collect starts at four places; a rule lives as long as its autoscaler,
+        // and 10,000 of them would keep 3.6 MB of spare room.
+        metrics.shrink_to_fit();
 
         let knobs_set: Vec<&str> = [
             ("scale_up_limit_factor", spec.scale_up_limit_factor.is_some()),
