@@ -90,21 +90,102 @@ pub(crate) struct SyntaxError {
 }
 
 /// Parses a TOML document into a tree whose nodes know their lines.
+///
+/// The TOML parser holds about 30 times the text while it works (its events, then a spanned
+/// table), so a file of 10,000 autoscalers (3 MB) would take 100 MB at its peak. A file whose
+/// `[[autoscaler]]` sections come last and hold only their own tables is therefore parsed one
+/// section at a time (see [`split_autoscalers`]); the tree is the same. Any other shape is
+/// parsed whole.
 pub(crate) fn from_toml(text: &str) -> Result<Node, SyntaxError> {
     let lines = Lines::new(text);
+    let Some(sections) = split_autoscalers(text) else { return parse_at(text, 0, &lines) };
+    let (prelude, autoscalers) = sections;
+    let mut root = parse_at(&text[..prelude], 0, &lines)?;
+    let Kind::Table(entries) = &mut root.kind else { return parse_at(text, 0, &lines) };
+    if entries.iter().any(|e| e.key == "autoscaler") {
+        return parse_at(text, 0, &lines);
+    }
+    let mut items = Vec::with_capacity(autoscalers.len());
+    let mut key_line = None;
+    for range in autoscalers {
+        let mut section = parse_at(&text[range.clone()], range.start, &lines)?;
+        let Kind::Table(section_entries) = &mut section.kind else { return parse_at(text, 0, &lines) };
+        let Some(position) = section_entries.iter().position(|e| e.key == "autoscaler") else {
+            return parse_at(text, 0, &lines);
+        };
+        if section_entries.len() != 1 {
+            return parse_at(text, 0, &lines);
+        }
+        let entry = section_entries.swap_remove(position);
+        key_line = key_line.or(entry.line);
+        match entry.value.kind {
+            Kind::Array(mut one) if one.len() == 1 => items.append(&mut one),
+            _ => return parse_at(text, 0, &lines),
+        }
+    }
+    let value = Node { kind: Kind::Array(items), line: key_line };
+    let at = entries.partition_point(|e| e.key.as_str() < "autoscaler");
+    entries.insert(at, Entry { key: "autoscaler".into(), line: key_line, value });
+    Ok(root)
+}
+
+/// Parses `text`, which starts at byte `base` of the file whose lines are `lines`.
+fn parse_at(text: &str, base: usize, lines: &Lines) -> Result<Node, SyntaxError> {
     match DeTable::parse(text) {
         Ok(root) => {
             let span = root.span();
-            Ok(convert_toml(&DeValue::Table(root.into_inner()), span, &lines))
+            Ok(convert_toml(&DeValue::Table(root.into_inner()), span, base, lines))
         }
         Err(err) => Err(SyntaxError {
-            line: err.span().map(|span| lines.line(span.start)),
+            line: err.span().map(|span| lines.line(base + span.start)),
             message: err.message().lines().map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join("; "),
         }),
     }
 }
 
-fn convert_toml(value: &DeValue<'_>, span: Range<usize>, lines: &Lines) -> Node {
+/// Where a rules file can be cut into sections parsed one at a time: the byte length of what
+/// precedes the first `[[autoscaler]]` header, and the range of each `[[autoscaler]]` section
+/// (its header up to the next one). Only for a file where every header from the first
+/// `[[autoscaler]]` on is `[[autoscaler]]` or one of an autoscaler's own tables
+/// (`[autoscaler.…]`, `[[autoscaler.…]]`), and with no multi-line string that could hide a
+/// header-like line; `None` otherwise (and for small files, where it would gain nothing).
+fn split_autoscalers(text: &str) -> Option<(usize, Vec<Range<usize>>)> {
+    const WORTH_IT: usize = 64 * 1024;
+    if text.len() < WORTH_IT || text.contains("\"\"\"") || text.contains("'''") {
+        return None;
+    }
+    let mut prelude = None;
+    let mut starts = Vec::new();
+    let mut offset = 0;
+    for line in text.split_inclusive('\n') {
+        let at = offset;
+        offset += line.len();
+        let trimmed = line.trim_start();
+        if !trimmed.starts_with('[') {
+            continue;
+        }
+        // The header's name: brackets, then up to the closing ones; only plain names here.
+        let header = trimmed.split('#').next().unwrap_or_default().trim_end();
+        let (array, name) = match header.strip_prefix("[[").and_then(|h| h.strip_suffix("]]")) {
+            Some(name) => (true, name),
+            None => (false, header.strip_prefix('[')?.strip_suffix(']')?),
+        };
+        if !name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')) {
+            return None;
+        }
+        if array && name == "autoscaler" {
+            prelude.get_or_insert(at);
+            starts.push(at);
+        } else if prelude.is_some() && !name.starts_with("autoscaler.") {
+            return None;
+        }
+    }
+    let prelude = prelude?;
+    let ends = starts.iter().skip(1).copied().chain(std::iter::once(text.len()));
+    Some((prelude, starts.iter().copied().zip(ends).map(|(start, end)| start..end).collect()))
+}
+
+fn convert_toml(value: &DeValue<'_>, span: Range<usize>, base: usize, lines: &Lines) -> Node {
     let kind = match value {
         DeValue::String(s) => Kind::String(s.to_string()),
         DeValue::Integer(i) => {
@@ -115,20 +196,20 @@ fn convert_toml(value: &DeValue<'_>, span: Range<usize>, lines: &Lines) -> Node 
         DeValue::Boolean(b) => Kind::Bool(*b),
         DeValue::Datetime(_) => Kind::Other("a date-time"),
         DeValue::Array(items) => {
-            Kind::Array(items.iter().map(|item| convert_toml(item.get_ref(), item.span(), lines)).collect())
+            Kind::Array(items.iter().map(|item| convert_toml(item.get_ref(), item.span(), base, lines)).collect())
         }
         DeValue::Table(table) => Kind::Table(
             table
                 .iter()
                 .map(|(key, value)| Entry {
                     key: key.get_ref().to_string(),
-                    line: Some(lines.line(key.span().start)),
-                    value: convert_toml(value.get_ref(), value.span(), lines),
+                    line: Some(lines.line(base + key.span().start)),
+                    value: convert_toml(value.get_ref(), value.span(), base, lines),
                 })
                 .collect(),
         ),
     };
-    Node { kind, line: Some(lines.line(span.start)) }
+    Node { kind, line: Some(lines.line(base + span.start)) }
 }
 
 /// Converts a JSON value; JSON carries no line numbers.
@@ -166,6 +247,60 @@ mod tests {
         let Kind::Array(metrics) = &autoscalers[0].entry("metric").unwrap().value.kind else { panic!() };
         assert_eq!(metrics[0].line, Some(5));
         assert!(matches!(metrics[0].entry("q").unwrap().value.kind, Kind::Float(f) if f == 1.5));
+    }
+
+    /// A tree as text, lines included, to compare two parses.
+    fn dump(node: &Node) -> String {
+        match &node.kind {
+            Kind::Table(entries) => {
+                let inner: Vec<String> =
+                    entries.iter().map(|e| format!("{}@{:?}={}", e.key, e.line, dump(&e.value))).collect();
+                format!("{{{}}}@{:?}", inner.join(","), node.line)
+            }
+            Kind::Array(items) => format!("[{}]@{:?}", items.iter().map(dump).collect::<Vec<_>>().join(","), node.line),
+            other => format!("{}@{:?}", other.describe(), node.line),
+        }
+    }
+
+    fn big_file(tail: &str) -> String {
+        let mut text = String::from("# rules\nversion = 1\n[backend.dd]\ntype = \"datadog\"\n\n");
+        for i in 0..600 {
+            text.push_str(&format!(
+                "[[autoscaler]]  # number {i}\nname = \"web-{i}\"\ntarget = {{ kind = \"Deployment\", name = \"web-{i}\" }}\n\
+                 [autoscaler.behavior.scale_up]\nstabilization_window = \"1m\"\n\
+                 [[autoscaler.metric]]\nquery = \"avg:load{{app:web-{i}}}\"\nhigh_watermark = {i}.5\n\n"
+            ));
+        }
+        text.push_str(tail);
+        text
+    }
+
+    #[test]
+    fn a_large_file_parsed_by_sections_is_the_same_tree_with_the_same_lines() {
+        let text = big_file("");
+        assert!(split_autoscalers(&text).is_some(), "this shape is split");
+        let lines = Lines::new(&text);
+        let whole = parse_at(&text, 0, &lines).unwrap();
+        let sections = from_toml(&text).unwrap();
+        assert_eq!(dump(&sections), dump(&whole));
+    }
+
+    #[test]
+    fn other_shapes_are_parsed_whole_and_errors_keep_their_lines() {
+        // A table of another kind after the autoscalers: parsed whole.
+        let text = big_file("[backend.prom]\ntype = \"prometheus\"\n");
+        assert!(split_autoscalers(&text).is_none());
+        let lines = Lines::new(&text);
+        assert_eq!(dump(&from_toml(&text).unwrap()), dump(&parse_at(&text, 0, &lines).unwrap()));
+        // A syntax error deep in a section names its line in the file.
+        let mut broken = big_file("");
+        let line = broken.lines().count() + 2;
+        broken.push_str("[[autoscaler]]\nname = \n");
+        let err = from_toml(&broken).unwrap_err();
+        assert_eq!(err.line, Some(line));
+        // A TOML error only the whole file shows (a table defined twice) is still found.
+        let twice = big_file("[[autoscaler]]\nname = \"x\"\n[autoscaler.behavior]\n[autoscaler.behavior]\n");
+        assert!(from_toml(&twice).is_err());
     }
 
     #[test]
