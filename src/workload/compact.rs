@@ -152,44 +152,51 @@ pub(crate) struct StoredWorkload {
     pub seen: Option<Timestamp>,
 }
 
-/// The store is per kind and namespace, so the key needs neither: `()` as the dynamic type
-/// (an `ApiResource` would be five Strings cloned into every key), and no namespace,
+/// A `Lookup` for a stored type keyed by its name alone: the store is per kind and namespace
+/// (pods: per namespace and selector), so the key needs neither. `()` as the dynamic type (an
+/// `ApiResource` would be five Strings cloned into every key), and no namespace,
 /// resourceVersion or uid in the key (kept once, in the object, or not at all).
-impl Lookup for StoredWorkload {
-    type DynamicType = ();
+macro_rules! keyed_by_name {
+    ($type:ty, $kind:literal, $version:literal, $plural:literal) => {
+        impl Lookup for $type {
+            type DynamicType = ();
 
-    fn kind(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("")
-    }
+            fn kind(_: &()) -> Cow<'_, str> {
+                Cow::Borrowed($kind)
+            }
 
-    fn group(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("")
-    }
+            fn group(_: &()) -> Cow<'_, str> {
+                Cow::Borrowed("")
+            }
 
-    fn version(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("")
-    }
+            fn version(_: &()) -> Cow<'_, str> {
+                Cow::Borrowed($version)
+            }
 
-    fn plural(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("")
-    }
+            fn plural(_: &()) -> Cow<'_, str> {
+                Cow::Borrowed($plural)
+            }
 
-    fn name(&self) -> Option<Cow<'_, str>> {
-        Some(Cow::Borrowed(&self.name))
-    }
+            fn name(&self) -> Option<Cow<'_, str>> {
+                Some(Cow::Borrowed(&self.name))
+            }
 
-    fn namespace(&self) -> Option<Cow<'_, str>> {
-        None
-    }
+            fn namespace(&self) -> Option<Cow<'_, str>> {
+                None
+            }
 
-    fn resource_version(&self) -> Option<Cow<'_, str>> {
-        None
-    }
+            fn resource_version(&self) -> Option<Cow<'_, str>> {
+                None
+            }
 
-    fn uid(&self) -> Option<Cow<'_, str>> {
-        None
-    }
+            fn uid(&self) -> Option<Cow<'_, str>> {
+                None
+            }
+        }
+    };
 }
+
+keyed_by_name!(StoredWorkload, "", "", "");
 
 /// When a replica count was first seen: kept while it stays the same, `at` when it changed,
 /// `None` when there was nothing before it (its age is unknown). `previous` is the count and
@@ -263,42 +270,7 @@ pub(crate) struct ReadyPod {
     pub ready: bool,
 }
 
-/// Keyed by name alone, like [`StoredWorkload`]: a pod store is one namespace and selector.
-impl Lookup for ReadyPod {
-    type DynamicType = ();
-
-    fn kind(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("Pod")
-    }
-
-    fn group(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("")
-    }
-
-    fn version(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("v1")
-    }
-
-    fn plural(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("pods")
-    }
-
-    fn name(&self) -> Option<Cow<'_, str>> {
-        Some(Cow::Borrowed(&self.name))
-    }
-
-    fn namespace(&self) -> Option<Cow<'_, str>> {
-        None
-    }
-
-    fn resource_version(&self) -> Option<Cow<'_, str>> {
-        None
-    }
-
-    fn uid(&self) -> Option<Cow<'_, str>> {
-        None
-    }
-}
+keyed_by_name!(ReadyPod, "Pod", "v1", "pods");
 
 /// Accepts every JSON value that is not a number or a map, answering `$default`.
 macro_rules! answer_non_numbers {
