@@ -182,7 +182,9 @@ impl RejectedStatuses {
     /// Reports each WPA that does not run (its status when it changed, and a Warning event),
     /// and forgets the ones that run again or are gone. Only the leader writes.
     pub async fn report(&mut self, shared: &Shared, rejected: &[Rejection]) {
-        self.written.retain(|key, _| rejected.iter().any(|r| ObjectKey::of(&r.wpa.metadata) == *key));
+        let still: std::collections::HashSet<ObjectKey> =
+            rejected.iter().map(|r| ObjectKey::of(&r.wpa.metadata)).collect();
+        self.written.retain(|key, _| still.contains(key));
         if !shared.is_leader() {
             return;
         }

@@ -127,13 +127,15 @@ impl WpaIndex {
     /// The rules file's backends changed: every WPA maps again.
     pub fn set_backends(&mut self, backends: &RulesFile) {
         self.options = MappingOptions::new(self.default_backend.clone()).with_backends(&backends.backends);
-        let problem = self.options.check().err().or_else(|| self.options.default_backend_problem());
+        let invalid = self.options.check().err();
+        let fatal = invalid.is_some();
+        let problem = invalid.or_else(|| self.options.default_backend_problem());
         if problem != self.options_problem {
-            match (&problem, self.options.check()) {
-                (Some(problem), Err(_)) => {
+            match (&problem, fatal) {
+                (Some(problem), true) => {
                     tracing::error!(problem = %problem, "WatermarkPodAutoscaler objects cannot run")
                 }
-                (Some(problem), Ok(())) => tracing::info!(
+                (Some(problem), false) => tracing::info!(
                     problem = %problem,
                     "WatermarkPodAutoscaler metrics without a query in the watermarkd.io/queries annotation cannot \
                      run; the others do"
