@@ -120,6 +120,36 @@ fn memory_mib(pid: u32) -> (f64, f64) {
     (field("VmRSS:"), field("VmHWM:"))
 }
 
+/// Resident memory by kind of mapping, in MiB, from `/proc/PID/smaps`: the brk heap, other
+/// anonymous memory (malloc arenas past the first, thread stacks, large allocations), the
+/// daemon's own binary, and everything else (shared libraries, the vDSO).
+fn resident_by_mapping(pid: u32) -> String {
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap_or_default();
+    let (mut heap, mut anon, mut binary, mut other) = (0.0, 0.0, 0.0, 0.0);
+    let mut current = "";
+    for line in smaps.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields.first().is_some_and(|f| f.contains('-') && !f.ends_with(':')) {
+            current = match fields.get(5) {
+                None => "anon",
+                Some(&"[heap]") => "heap",
+                Some(path) if path.ends_with("/watermarkd") => "binary",
+                Some(path) if path.starts_with("[stack") => "anon",
+                Some(_) => "other",
+            };
+        } else if fields.first() == Some(&"Rss:") {
+            let mib = fields.get(1).and_then(|kb| kb.parse::<f64>().ok()).unwrap_or(0.0) / 1024.0;
+            match current {
+                "heap" => heap += mib,
+                "anon" => anon += mib,
+                "binary" => binary += mib,
+                _ => other += mib,
+            }
+        }
+    }
+    format!("heap {heap:.1}, other anonymous {anon:.1}, binary {binary:.1}, libraries {other:.1} MiB")
+}
+
 struct Daemon(Child);
 
 impl Drop for Daemon {
@@ -249,6 +279,7 @@ async fn scenario(n: usize, budget: Option<Budget>) {
     let (rss, hwm) = memory_mib(pid);
     let cycles = wall / INTERVAL.as_secs_f64();
     println!("resident memory: {rss:.1} MiB now, {hwm:.1} MiB peak");
+    println!("  by mapping: {}", resident_by_mapping(pid));
     println!(
         "CPU: {:.3} core-seconds per 15s cycle ({:.1}% of one core), over {wall:.0}s",
         cpu / cycles,
