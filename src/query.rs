@@ -100,7 +100,7 @@ fn select<'a>(rules: &'a RulesFile, args: &QueryArgs) -> Result<Vec<&'a Autoscal
             None => Err(QueryCommandError::UnknownAutoscaler {
                 name: name.clone(),
                 config: args.rules.display().to_string(),
-                known: rules.autoscalers.iter().map(|a| a.name.as_str()).collect::<Vec<_>>().join(", "),
+                known: rules.autoscalers.iter().map(|a| &*a.name).collect::<Vec<_>>().join(", "),
             }),
         },
     }
@@ -163,8 +163,8 @@ pub async fn query_all<'a>(
         }
     }
     // Back to file order: autoscaler, then metric.
-    let order: BTreeMap<&str, usize> = selected.iter().enumerate().map(|(i, a)| (a.name.as_str(), i)).collect();
-    answers.sort_by_key(|a| (order.get(a.autoscaler.name.as_str()).copied(), a.metric_index));
+    let order: BTreeMap<&str, usize> = selected.iter().enumerate().map(|(i, a)| (&*a.name, i)).collect();
+    answers.sort_by_key(|a| (order.get(&*a.autoscaler.name).copied(), a.metric_index));
     Ok(Answers { metrics: answers, rate_limits })
 }
 

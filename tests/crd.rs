@@ -99,7 +99,7 @@ fn billing_complete_is_the_rules_files_billing_autoscaler() {
         (&from_wpa.target.api_version, &from_wpa.target.kind, &from_wpa.target.name),
         (&from_file.target.api_version, &from_file.target.kind, &from_file.target.name)
     );
-    assert_eq!((from_wpa.name.as_str(), from_wpa.target.namespace.as_str()), ("default/billing", "default"));
+    assert_eq!((&*from_wpa.name, &*from_wpa.target.namespace), ("default/billing", "default"));
     assert_eq!(from_wpa.metrics[0].backend, from_file.metrics[0].backend);
     assert_eq!(
         from_wpa.metrics[0].query,
@@ -113,9 +113,9 @@ fn the_datadog_sample_maps_with_its_convergence_and_tolerance() {
     let mapped =
         map_wpa(&wpa("datadoghq_v1alpha1_watermarkpodautoscaler.yaml"), &options(), &NoDatadogMetrics).unwrap();
     let autoscaler = &mapped.autoscaler;
-    assert_eq!(autoscaler.name, "default/example-watermarkpodautoscaler");
+    assert_eq!(&*autoscaler.name, "default/example-watermarkpodautoscaler");
     assert_eq!(
-        (autoscaler.target.api_version.as_str(), autoscaler.target.kind.as_str(), autoscaler.target.name.as_str()),
+        (&*autoscaler.target.api_version, &*autoscaler.target.kind, &*autoscaler.target.name),
         ("apps/v1", "Deployment", "alpine")
     );
     let rule = &autoscaler.rule;
@@ -446,7 +446,7 @@ async fn status_through_the_status_subresource(cluster: &KubeCluster, namespace:
     assert_eq!(listed.items[0].spec, object.spec);
 
     let mapped = map_wpa(&created, &options(), &NoDatadogMetrics).unwrap();
-    assert_eq!(mapped.autoscaler.name, format!("{namespace}/example-watermarkpodautoscaler"));
+    assert_eq!(&*mapped.autoscaler.name, format!("{namespace}/example-watermarkpodautoscaler"));
     let now = Timestamp::from_unix_millis(1_714_564_800_000);
     let target = Target { spec_replicas: 2, status_replicas: Some(2), ready_replicas: Some(2) };
     let reading = Reading::Value { value: 1_200_000.0, at: now };

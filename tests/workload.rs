@@ -32,12 +32,7 @@ use watermarkd::rules::TargetRef;
 use watermarkd::workload::{connect, ScaleReading, WorkloadError, Workloads};
 
 fn target(api_version: &str, kind: &str, namespace: &str, name: &str) -> TargetRef {
-    TargetRef {
-        api_version: api_version.to_string(),
-        kind: kind.to_string(),
-        namespace: namespace.to_string(),
-        name: name.to_string(),
-    }
+    TargetRef { api_version: api_version.into(), kind: kind.into(), namespace: namespace.into(), name: name.into() }
 }
 
 const WAIT: Duration = Duration::from_secs(10);

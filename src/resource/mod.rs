@@ -49,7 +49,7 @@ pub const BACKEND_LABEL: &str = "metrics.k8s.io";
 /// One resource metric to read: its source, in the namespace of its autoscaler's target.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ResourceQuery {
-    pub namespace: String,
+    pub namespace: Arc<str>,
     pub source: ResourceSource,
 }
 
@@ -70,7 +70,7 @@ impl ResourceMetrics {
 
     /// Answers `queries` in their order, all by `deadline`.
     pub async fn evaluate(&self, queries: &[ResourceQuery], now: Timestamp, deadline: Instant) -> Vec<Observation> {
-        let mut groups: BTreeMap<(String, String), Option<Snapshot>> = BTreeMap::new();
+        let mut groups: BTreeMap<(Arc<str>, String), Option<Snapshot>> = BTreeMap::new();
         for query in queries {
             groups.insert((query.namespace.clone(), query.source.selector.clone()), None);
         }

@@ -3,6 +3,7 @@
 //! back to the field names and lines of the document.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use watermarkd_engine::{
@@ -16,7 +17,7 @@ use super::reader::Table;
 use super::selector::{parse_selector, selector_text};
 use super::tree::{Kind, Node};
 use super::{
-    Backend, MetricSource, PodAggregation, Recommender, Reducer, ResourceName, ResourceSource, TargetRef,
+    intern, Backend, MetricSource, PodAggregation, Recommender, Reducer, ResourceName, ResourceSource, TargetRef,
     RESOURCE_BACKEND, RESOURCE_MAX_AGE,
 };
 
@@ -242,7 +243,7 @@ fn unnamed_scope(form: Form<'_>) -> Scope {
 
 fn read_target(table: &mut Table<'_>, sink: &mut Sink) -> Option<TargetRef> {
     let mut target = table.table(sink, "target")?;
-    let api_version = target.text(sink, "api_version").unwrap_or_else(|| DEFAULT_API_VERSION.to_string());
+    let api_version = target.text(sink, "api_version");
     let kind = target.text(sink, "kind");
     let kind = target.require(sink, "kind", kind);
     let namespace = target.text(sink, "namespace");
@@ -250,7 +251,12 @@ fn read_target(table: &mut Table<'_>, sink: &mut Sink) -> Option<TargetRef> {
     let name = target.text(sink, "name");
     let name = target.require(sink, "name", name);
     target.finish(sink, TARGET_KEYS);
-    Some(TargetRef { api_version, kind: kind?, namespace: namespace?, name: name? })
+    Some(TargetRef {
+        api_version: intern(api_version.as_deref().unwrap_or(DEFAULT_API_VERSION)),
+        kind: intern(&kind?),
+        namespace: intern(&namespace?),
+        name: Arc::from(name?),
+    })
 }
 
 fn read_interval(table: &mut Table<'_>, sink: &mut Sink) -> Option<Duration> {

@@ -15,8 +15,9 @@ mod reader;
 pub mod selector;
 mod tree;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use watermarkd_engine::Rule;
@@ -50,7 +51,7 @@ pub const DEFAULT_INTERVAL: Duration = autoscaler::DEFAULT_INTERVAL;
 
 impl RulesFile {
     pub fn autoscaler(&self, name: &str) -> Option<&Autoscaler> {
-        self.autoscalers.iter().find(|a| a.name == name)
+        self.autoscalers.iter().find(|a| &*a.name == name)
     }
 }
 
@@ -132,7 +133,7 @@ pub struct TlsSettings {
 /// One autoscaler: what it scales, how often, by which rule, from which queries.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Autoscaler {
-    pub name: String,
+    pub name: Arc<str>,
     pub target: TargetRef,
     /// How often it is evaluated (at least 1s), when the rule says; see [`Autoscaler::interval`].
     pub interval_set: Option<Duration>,
@@ -201,13 +202,45 @@ impl Recommender {
 }
 
 /// A resource with a `/scale` subresource.
+///
+/// Shared text: the series labels of the autoscaler reuse these, and the API version, kind and
+/// namespace are interned (see [`intern`]), since thousands of targets repeat a handful of them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TargetRef {
     /// Default `apps/v1`.
-    pub api_version: String,
-    pub kind: String,
-    pub namespace: String,
-    pub name: String,
+    pub api_version: Arc<str>,
+    pub kind: Arc<str>,
+    pub namespace: Arc<str>,
+    pub name: Arc<str>,
+}
+
+/// The one shared copy of `text` among the texts interned and still in use.
+///
+/// Entries no rule holds any more are dropped whenever the set has doubled since the last
+/// sweep, so namespaces that come and go cost amortised constant time and no lasting memory.
+pub fn intern(text: &str) -> Arc<str> {
+    static INTERNED: Mutex<Interned> = Mutex::new(Interned { texts: None, swept_at: 0 });
+    let Ok(mut interned) = INTERNED.lock() else {
+        // A panic elsewhere while holding the lock: sharing is an optimisation, not a need.
+        return Arc::from(text);
+    };
+    let Interned { texts, swept_at } = &mut *interned;
+    let texts = texts.get_or_insert_with(HashSet::new);
+    if let Some(shared) = texts.get(text) {
+        return Arc::clone(shared);
+    }
+    if texts.len() >= 2 * (*swept_at).max(64) {
+        texts.retain(|t| Arc::strong_count(t) > 1);
+        *swept_at = texts.len();
+    }
+    let shared: Arc<str> = Arc::from(text);
+    texts.insert(Arc::clone(&shared));
+    shared
+}
+
+struct Interned {
+    texts: Option<HashSet<Arc<str>>>,
+    swept_at: usize,
 }
 
 /// Where one metric's value comes from.
@@ -361,7 +394,7 @@ fn read_autoscalers(
         first_line_of.insert(name.clone(), parsed.name_line);
         if let (Some(target), Some(rule)) = (parsed.target, parsed.rule) {
             autoscalers.push(Autoscaler {
-                name,
+                name: name.into(),
                 target,
                 interval_set: parsed.interval,
                 rule,
@@ -426,7 +459,7 @@ pub(crate) fn autoscaler_from_document(
     let parsed = read_autoscaler(&node, Form::Crd { backends, field }, &mut sink);
     match (parsed.name, parsed.target, parsed.rule) {
         (Some(name), Some(target), Some(rule)) if !sink.has_problems() => Ok(Autoscaler {
-            name,
+            name: name.into(),
             target,
             interval_set: parsed.interval,
             rule,

@@ -158,7 +158,7 @@ reducer = "sum"
     );
     let rules = parse(&text);
     let a = rules.autoscaler("all").unwrap();
-    assert_eq!(a.target.api_version, "argoproj.io/v1alpha1");
+    assert_eq!(&*a.target.api_version, "argoproj.io/v1alpha1");
     assert_eq!(a.interval_set, Some(Duration::from_secs(90)));
     let rule = &a.rule;
     assert_eq!(rule.algorithm(), Algorithm::Average);
@@ -587,7 +587,7 @@ fn the_demo_rules_are_what_the_simulator_expects() {
     let rules = load_rules(&Path::new(env!("CARGO_MANIFEST_DIR")).join("config/demo.toml")).unwrap();
     let Backend::Prometheus(prom) = &rules.backends["prom"] else { panic!("prom is not a prometheus backend") };
     assert_eq!(prom.url, "http://127.0.0.1:9090");
-    let names: Vec<&str> = rules.autoscalers.iter().map(|a| a.name.as_str()).collect();
+    let names: Vec<&str> = rules.autoscalers.iter().map(|a| &*a.name).collect();
     assert_eq!(names, ["daily", "spike", "flapping"]);
     let watermark = |a: &Autoscaler| match a.rule.velocity() {
         Velocity::Watermark(v) => v.clone(),
@@ -1082,4 +1082,26 @@ high_watermark = 1
         &found,
         &format!("rules.toml:{}: autoscaler \"web\": metric \"q\": readiness_delay {only}", at("readiness_delay")),
     );
+}
+
+#[test]
+fn targets_share_their_kind_namespace_and_api_version() {
+    let second = BILLING.replace("name = \"billing\"", "name = \"billing-2\"");
+    let rules = parse(&format!("{BACKENDS}{BILLING}{second}"));
+    let (a, b) = (&rules.autoscalers[0].target, &rules.autoscalers[1].target);
+    assert!(Arc::ptr_eq(&a.namespace, &b.namespace));
+    assert!(Arc::ptr_eq(&a.kind, &b.kind));
+    assert!(Arc::ptr_eq(&a.api_version, &b.api_version));
+    assert!(!Arc::ptr_eq(&a.name, &b.name));
+}
+
+#[test]
+fn interned_texts_nobody_holds_are_let_go() {
+    let held = intern("namespace-held-by-this-test");
+    let dropped = Arc::downgrade(&intern("namespace-nobody-holds"));
+    for i in 0..10_000 {
+        intern(&format!("namespace-{i}"));
+    }
+    assert!(dropped.upgrade().is_none(), "an unused text stays in the set");
+    assert!(Arc::ptr_eq(&held, &intern("namespace-held-by-this-test")));
 }

@@ -209,10 +209,10 @@ impl RejectedStatuses {
 fn target_reference(desired: &Desired) -> ObjectReference {
     let target = &desired.autoscaler.target;
     ObjectReference {
-        api_version: Some(target.api_version.clone()),
-        kind: Some(target.kind.clone()),
-        namespace: Some(target.namespace.clone()),
-        name: Some(target.name.clone()),
+        api_version: Some(target.api_version.to_string()),
+        kind: Some(target.kind.to_string()),
+        namespace: Some(target.namespace.to_string()),
+        name: Some(target.name.to_string()),
         ..ObjectReference::default()
     }
 }

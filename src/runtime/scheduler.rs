@@ -269,7 +269,7 @@ app_key_env = "HOME"
     }
 
     fn names(due: &Due) -> Vec<String> {
-        let mut names: Vec<String> = due.jobs.iter().map(|j| j.desired.autoscaler.name.clone()).collect();
+        let mut names: Vec<String> = due.jobs.iter().map(|j| j.desired.autoscaler.name.to_string()).collect();
         names.sort();
         names
     }
@@ -290,7 +290,7 @@ app_key_env = "HOME"
             tokio::time::sleep_until(due).await;
             let taken = scheduler.take_due(Instant::now(), true);
             for job in &taken.jobs {
-                runs.entry(job.desired.autoscaler.name.clone()).or_default().push(Instant::now() - start);
+                runs.entry(job.desired.autoscaler.name.to_string()).or_default().push(Instant::now() - start);
             }
         }
         let gaps = |times: &[Duration]| times.windows(2).map(|w| w[1] - w[0]).collect::<Vec<_>>();
@@ -320,7 +320,7 @@ app_key_env = "HOME"
         let first = scheduler.take_due(Instant::now(), true);
         assert_eq!(names(&first), ["a", "b"]);
         // `a` is still evaluating (its memory is held) when it falls due again.
-        let held: Vec<Job> = first.jobs.into_iter().filter(|j| j.desired.autoscaler.name == "a").collect();
+        let held: Vec<Job> = first.jobs.into_iter().filter(|j| &*j.desired.autoscaler.name == "a").collect();
         tokio::time::advance(Duration::from_secs(5)).await;
         let second = scheduler.take_due(Instant::now(), true);
         assert_eq!(names(&second), ["b"]);
@@ -359,7 +359,7 @@ app_key_env = "HOME"
         );
         let (_, desired, _) = self::scheduler(&text);
         let changes = scheduler.apply(Command::Replace { source: SourceKind::RulesFile, desired });
-        let names = |targets: &[TargetRef]| targets.iter().map(|t| t.name.clone()).collect::<Vec<_>>();
+        let names = |targets: &[TargetRef]| targets.iter().map(|t| t.name.to_string()).collect::<Vec<_>>();
         let mut followed = names(&changes.follow);
         followed.sort();
         assert_eq!(followed, ["b", "c"]);

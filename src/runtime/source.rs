@@ -10,7 +10,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::crd::{WatermarkPodAutoscaler, WatermarkPodAutoscalerStatus};
-use crate::rules::Autoscaler;
+use crate::rules::{intern, Autoscaler};
 use crate::telemetry::SeriesLabels;
 use watermarkd_engine::State;
 
@@ -127,8 +127,8 @@ impl Desired {
         Desired {
             key: AutoscalerKey::wpa(&namespace, &name),
             labels: Arc::new(SeriesLabels {
-                wpa_name: name,
-                wpa_namespace: namespace,
+                wpa_name: name.into(),
+                wpa_namespace: intern(&namespace),
                 resource_name: target.name.clone(),
                 resource_namespace: target.namespace.clone(),
                 resource_kind: target.kind.clone(),

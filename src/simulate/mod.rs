@@ -145,12 +145,12 @@ pub fn run(args: &SimulateArgs, out: &mut impl Write) -> Result<(), SimulateErro
     let autoscaler = rules.autoscaler(&args.autoscaler).ok_or_else(|| SimulateError::UnknownAutoscaler {
         config: args.rules.clone(),
         name: args.autoscaler.clone(),
-        defined: rules.autoscalers.iter().map(|a| a.name.clone()).collect(),
+        defined: rules.autoscalers.iter().map(|a| a.name.to_string()).collect(),
     })?;
     if autoscaler.recommender.is_some() {
         // A trace holds metric values; a recommender's answers depend on the replicas it is
         // told about, which a recorded trace cannot replay.
-        return Err(SimulateError::Recommender { name: autoscaler.name.clone() });
+        return Err(SimulateError::Recommender { name: autoscaler.name.to_string() });
     }
     let trace = load_trace(&args.trace, &autoscaler.rule)?;
     let options = ReplayOptions {

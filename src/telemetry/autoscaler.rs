@@ -20,12 +20,12 @@ use watermarkd_engine::{Action, Decision, Limit, Position, Rule};
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct SeriesLabels {
     /// The WPA name, or the rules-file autoscaler's name.
-    pub wpa_name: String,
+    pub wpa_name: Arc<str>,
     /// The WPA namespace; for a rules-file autoscaler, its target's namespace.
-    pub wpa_namespace: String,
-    pub resource_name: String,
-    pub resource_namespace: String,
-    pub resource_kind: String,
+    pub wpa_namespace: Arc<str>,
+    pub resource_name: Arc<str>,
+    pub resource_namespace: Arc<str>,
+    pub resource_kind: Arc<str>,
     /// Labels-as-tags for `wpa_controller_labels_info`: (Prometheus label name, value) of the
     /// object's Kubernetes labels that [`LabelsAsTags`] selects, sorted by name, empty values
     /// left out. See [`LabelsAsTags::tags`].

@@ -153,9 +153,9 @@ struct Resolved {
 /// A workload store's identity: the kind as the targets name it, and the namespace.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct StoreKey {
-    api_version: String,
-    kind: String,
-    namespace: String,
+    api_version: Arc<str>,
+    kind: Arc<str>,
+    namespace: Arc<str>,
 }
 
 impl StoreKey {
@@ -170,7 +170,7 @@ impl StoreKey {
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct PodKey {
-    namespace: String,
+    namespace: Arc<str>,
     selector: String,
 }
 
@@ -199,7 +199,7 @@ impl WorkloadStore {
 struct StoreEntry {
     store: Arc<WorkloadStore>,
     /// The watched targets of this kind and namespace, by name.
-    targets: HashMap<Box<str>, Target>,
+    targets: HashMap<Arc<str>, Target>,
     _task: AbortOnDrop,
 }
 
@@ -290,11 +290,11 @@ struct Registry {
 
 impl Registry {
     fn target_mut(&mut self, target: &TargetRef) -> Option<&mut Target> {
-        self.stores.get_mut(&StoreKey::of(target))?.targets.get_mut(target.name.as_str())
+        self.stores.get_mut(&StoreKey::of(target))?.targets.get_mut(&*target.name)
     }
 
     fn release_pods(&mut self, namespace: &str, selector: &str) {
-        let key = PodKey { namespace: namespace.to_string(), selector: selector.to_string() };
+        let key = PodKey { namespace: namespace.into(), selector: selector.to_string() };
         if let Some(entry) = self.pods.get_mut(&key) {
             entry.users -= 1;
             if entry.users == 0 {
@@ -311,12 +311,15 @@ impl Registry {
     }
 }
 
+/// (apiVersion, kind), interned.
+type KindKey = (Arc<str>, Arc<str>);
+
 /// What the store tasks share. Holds no registry, so dropping `Workloads` stops them.
 struct Context {
     client: Client,
     health: Arc<WatchHealth>,
     /// Discovery results by (apiVersion, kind). Only kinds that resolved with a `/scale`.
-    kinds: Mutex<HashMap<(String, String), Arc<Resolved>>>,
+    kinds: Mutex<HashMap<KindKey, Arc<Resolved>>>,
     /// Held while a kind is being discovered: the stores of one kind in many namespaces make
     /// one discovery request, not one each.
     resolving: tokio::sync::Mutex<()>,
@@ -375,7 +378,7 @@ impl Workloads {
         };
         let target = entry
             .targets
-            .entry(target.name.clone().into_boxed_str())
+            .entry(Arc::clone(&target.name))
             .or_insert_with(|| Target { unconfirmed: joined, ..Target::default() });
         target.refs += 1;
     }
@@ -386,12 +389,12 @@ impl Workloads {
         let mut registry = self.registry();
         let key = StoreKey::of(target);
         let Some(entry) = registry.stores.get_mut(&key) else { return };
-        let Some(watched) = entry.targets.get_mut(target.name.as_str()) else { return };
+        let Some(watched) = entry.targets.get_mut(&*target.name) else { return };
         watched.refs -= 1;
         if watched.refs > 0 {
             return;
         }
-        let removed = entry.targets.remove(target.name.as_str());
+        let removed = entry.targets.remove(&*target.name);
         if entry.targets.is_empty() {
             registry.stores.remove(&key);
         }
@@ -431,7 +434,7 @@ impl Workloads {
         registry
             .stores
             .get(&StoreKey::of(target))
-            .filter(|entry| entry.targets.contains_key(target.name.as_str()))
+            .filter(|entry| entry.targets.contains_key(&*target.name))
             .map(|entry| Arc::clone(&entry.store))
             .ok_or_else(|| WorkloadError::NotWatched(describe(target)))
     }
@@ -520,9 +523,9 @@ impl Workloads {
             return Ok(object);
         }
         let not_found = || WorkloadError::NotFound {
-            kind: target.kind.clone(),
-            namespace: target.namespace.clone(),
-            name: target.name.clone(),
+            kind: target.kind.to_string(),
+            namespace: target.namespace.to_string(),
+            name: target.name.to_string(),
         };
         let unconfirmed = {
             let mut registry = self.registry();
@@ -676,9 +679,9 @@ impl Workloads {
     pub async fn current_version(&self, target: &TargetRef) -> Result<String, WorkloadError> {
         let resolved = resolved_kind(&*self.store_of(target)?, target)?;
         self.list_version(&resolved, target).await?.ok_or_else(|| WorkloadError::NotFound {
-            kind: target.kind.clone(),
-            namespace: target.namespace.clone(),
-            name: target.name.clone(),
+            kind: target.kind.to_string(),
+            namespace: target.namespace.to_string(),
+            name: target.name.to_string(),
         })
     }
 
@@ -807,8 +810,8 @@ impl Context {
         let (group, version) = split_api_version(&key.api_version);
         let gvk = GroupVersionKind::gvk(group, version, &key.kind);
         let unknown = |reason: String| WorkloadError::UnknownKind {
-            api_version: key.api_version.clone(),
-            kind: key.kind.clone(),
+            api_version: key.api_version.to_string(),
+            kind: key.kind.to_string(),
             reason,
         };
         let (resource, capabilities) = match kube::discovery::pinned_kind(&self.client, &gvk).await {
@@ -832,8 +835,8 @@ impl Context {
         };
         if !capabilities.subresources.iter().any(|(sub, _)| sub.plural == "scale") {
             return Err(WorkloadError::NoScaleSubresource {
-                api_version: key.api_version.clone(),
-                kind: key.kind.clone(),
+                api_version: key.api_version.to_string(),
+                kind: key.kind.to_string(),
             });
         }
         let resolved = Arc::new(Resolved {
@@ -1102,7 +1105,7 @@ mod tests {
                 api_version: "apps/v1".into(),
                 kind: "Deployment".into(),
                 namespace: "bench".into(),
-                name: format!("web-{i}"),
+                name: format!("web-{i}").into(),
             })
             .collect();
         let workloads = Workloads::new(client);

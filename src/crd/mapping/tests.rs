@@ -103,11 +103,11 @@ const QUERIES: &str = "watermarkd.io/queries";
 fn a_complete_wpa_becomes_an_autoscaler() {
     let MappedWpa { autoscaler, notes } = mapped(BASE);
     assert!(notes.is_empty());
-    assert_eq!(autoscaler.name, "prod/billing");
-    assert_eq!(autoscaler.target.kind, "Deployment");
-    assert_eq!(autoscaler.target.namespace, "prod");
-    assert_eq!(autoscaler.target.name, "billing");
-    assert_eq!(autoscaler.target.api_version, "apps/v1");
+    assert_eq!(&*autoscaler.name, "prod/billing");
+    assert_eq!(&*autoscaler.target.kind, "Deployment");
+    assert_eq!(&*autoscaler.target.namespace, "prod");
+    assert_eq!(&*autoscaler.target.name, "billing");
+    assert_eq!(&*autoscaler.target.api_version, "apps/v1");
     assert_eq!(autoscaler.interval_set, None);
     assert_eq!(autoscaler.metrics.len(), 1);
     let metric = &autoscaler.metrics[0];
@@ -212,12 +212,12 @@ fn converge_towards_watermark_reads_the_datadog_words() {
 fn the_namespace_defaults_and_the_api_version_too() {
     let yaml = BASE.replace("  namespace: prod\n", "").replace("apiVersion: apps/v1, ", "");
     let autoscaler = mapped(&yaml).autoscaler;
-    assert_eq!(autoscaler.name, "default/billing");
-    assert_eq!(autoscaler.target.namespace, "default");
-    assert_eq!(autoscaler.target.api_version, "apps/v1");
+    assert_eq!(&*autoscaler.name, "default/billing");
+    assert_eq!(&*autoscaler.target.namespace, "default");
+    assert_eq!(&*autoscaler.target.api_version, "apps/v1");
     let yaml = BASE.replace("apiVersion: apps/v1, kind: Deployment", "apiVersion: argoproj.io/v1alpha1, kind: Rollout");
     let target = mapped(&yaml).autoscaler.target;
-    assert_eq!((target.api_version.as_str(), target.kind.as_str()), ("argoproj.io/v1alpha1", "Rollout"));
+    assert_eq!((&*target.api_version, &*target.kind), ("argoproj.io/v1alpha1", "Rollout"));
 }
 
 #[test]
