@@ -378,3 +378,23 @@ fn an_autoscaler_with_a_recommender_is_refused_with_the_reason() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("autoscaler \"web\" takes its replicas from a recommender"), "{stderr}");
 }
+
+#[test]
+fn the_per_replica_load_model_lets_added_replicas_bring_the_metric_down() {
+    let recorded = simulate_json("spike", &[]);
+    let modelled = simulate_json("spike", &["--load-model", "per-replica"]);
+    assert_eq!(recorded["summary"]["load_model"], "recorded");
+    assert_eq!(modelled["summary"]["load_model"], "per-replica");
+    // The spike's latency, read as total demand, is shared by the replicas the rule adds, so
+    // the rule needs fewer of them and spends less time above the high watermark.
+    let peak = |report: &Value| report["summary"]["peak_replicas"].as_u64().unwrap();
+    let above = |report: &Value| report["summary"]["seconds_above_high_watermark"].as_f64().unwrap();
+    assert!(peak(&modelled) < peak(&recorded), "peak {} vs {}", peak(&modelled), peak(&recorded));
+    assert!(above(&modelled) < above(&recorded), "above {} vs {}", above(&modelled), above(&recorded));
+
+    let trace = trace_path("spike");
+    let output = simulate(&["--autoscaler", "spike", "--trace", &trace, "--load-model", "per-replica"]);
+    assert!(output.status.success());
+    let text = String::from_utf8(output.stdout).unwrap();
+    assert!(text.contains("load model: per-replica"), "{text}");
+}

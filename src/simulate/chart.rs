@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 
 use watermarkd_engine::{Algorithm, Rule, Timestamp};
 
-use super::replay::{Cause, Replay, Restriction};
+use super::replay::{Cause, LoadModel, Replay, Restriction};
 use super::report::{human_duration, Summary};
 
 const WIDTH: f64 = 1280.0;
@@ -220,11 +220,12 @@ fn header(svg: &mut String, rule: &Rule, s: &Summary, spans: &[Span]) {
     };
     let _ = writeln!(
         svg,
-        r#"<text x="{MARGIN_LEFT}" y="50" fill="{MUTED}">{} → {} (UTC) · evaluated every {}{lag} · {} algorithm · replicas {}–{}</text>"#,
+        r#"<text x="{MARGIN_LEFT}" y="50" fill="{MUTED}">{} → {} (UTC) · evaluated every {}{lag} · {} algorithm · load model: {} · replicas {}–{}</text>"#,
         short_time(s.start),
         short_time(s.end),
         human_duration(s.interval_seconds),
         rule.algorithm(),
+        escape(s.load_model.describe()),
         rule.min_replicas(),
         rule.max_replicas(),
     );
@@ -328,7 +329,15 @@ fn metric_panel(
     panel.max = value_ticks.last().copied().unwrap_or(1.0);
 
     let unit = match rule.algorithm() {
-        Algorithm::Absolute => format!("{} (absolute: the value is the per-replica load)", metric.name),
+        Algorithm::Absolute if replay.options.load_model == LoadModel::PerReplica => {
+            format!(
+                "{} per ready replica (per-replica load model: trace demand ÷ simulated ready replicas)",
+                metric.name
+            )
+        }
+        Algorithm::Absolute => {
+            format!("{} (absolute: the value is the per-replica load, replayed as recorded)", metric.name)
+        }
         Algorithm::Average => format!("{} per ready replica (average: trace total ÷ ready replicas)", metric.name),
     };
     let _ = writeln!(

@@ -19,7 +19,7 @@ use std::time::Duration;
 use watermarkd_engine::Rule;
 
 pub(crate) use chart::render_svg;
-pub use replay::{replay, Replay};
+pub use replay::{replay, LoadModel, Replay};
 pub(crate) use replay::{ReplayError, ReplayOptions};
 pub use report::Summary;
 pub(crate) use report::{summarize, write_text, JsonReport};
@@ -59,6 +59,12 @@ pub struct SimulateArgs {
     #[arg(long, value_name = "DURATION", default_value = "0s", value_parser = humantime::parse_duration)]
     pub readiness_lag: Duration,
 
+    /// How the trace's values relate to the simulated replicas: `recorded` replays them as they
+    /// are; `per-replica` reads them as total demand, which an `absolute` rule sees divided by
+    /// the simulated ready replicas (a latency or CPU figure falls as replicas are added).
+    #[arg(long, value_enum, value_name = "MODEL", default_value_t = LoadModel::Recorded)]
+    pub load_model: LoadModel,
+
     /// Print the scale events and the summary as one JSON document instead of text.
     #[arg(long)]
     pub json: bool,
@@ -82,8 +88,10 @@ Trace format (CSV, a header row, then one row per observation, in time order):
 The engine is evaluated at the first timestamp and then every interval of the autoscaler up to
 the last timestamp; each evaluation sees the newest row at or before it. The simulated workload
 follows every scale decision at once; new replicas become ready after --readiness-lag.
-Recorded values do not react to the simulated replicas, except that `average` rules divide the
-total by the simulated ready replicas.";
+With --load-model recorded (the default) values do not react to the simulated replicas, except
+that `average` rules divide the total by the simulated ready replicas. With --load-model
+per-replica each value is the total demand, and an `absolute` rule sees it divided by the
+simulated ready replicas (no reading while none is ready).";
 
 /// Why `simulate` failed. The messages leave the underlying error out: it is the `source`,
 /// and the binary prints the whole chain (`context: cause`).
@@ -157,6 +165,7 @@ pub fn run(args: &SimulateArgs, out: &mut impl Write) -> Result<(), SimulateErro
         interval: autoscaler.interval(crate::rules::DEFAULT_INTERVAL),
         readiness_lag: args.readiness_lag,
         initial_replicas: args.initial_replicas,
+        load_model: args.load_model,
     };
     let simulation = simulate(&autoscaler.name, &autoscaler.rule, &trace, options)?;
 

@@ -7,7 +7,9 @@
 
 use std::time::Duration;
 
-use watermarkd_engine::{decide, Action, Decision, Guard, Limit, Position, Rule, State, Target, Timestamp};
+use watermarkd_engine::{
+    decide, Action, Algorithm, Decision, Guard, Limit, Position, Reading, Rule, State, Target, Timestamp,
+};
 
 use super::trace::{ReadingCursor, Trace};
 
@@ -23,6 +25,51 @@ pub struct ReplayOptions {
     pub readiness_lag: Duration,
     /// Replicas at the start; `None`: the trace's first row's `replicas`, else `min_replicas`.
     pub initial_replicas: Option<u32>,
+    /// How the recorded values relate to the simulated replicas.
+    pub load_model: LoadModel,
+}
+
+/// How a recorded value would have changed had the replica count been the simulated one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum LoadModel {
+    /// The values are replayed as recorded: right for a signal the replicas do not change (a
+    /// queue's depth, requests at the load balancer), and what an `average` rule divides by the
+    /// simulated ready replicas itself.
+    #[default]
+    Recorded,
+    /// The values are the total demand, and the metric an `absolute` rule sees is that demand
+    /// shared by the simulated ready replicas: scaling 3 -> 30 brings a per-replica latency or
+    /// CPU figure down tenfold. An `average` rule already divides a total, so it is unchanged.
+    PerReplica,
+}
+
+impl LoadModel {
+    /// How the chart and the report name it.
+    pub fn describe(self) -> &'static str {
+        match self {
+            LoadModel::Recorded => "recorded values",
+            LoadModel::PerReplica => "per-replica (values are total demand ÷ ready replicas)",
+        }
+    }
+}
+
+/// Why a metric is unavailable under the per-replica model while no replica is ready.
+pub const NO_READY_REPLICA_REASON: &str = "no ready replica to share the demand (per-replica load model)";
+
+/// The readings an evaluation sees under `model` with `ready` replicas ready.
+fn modelled(readings: Vec<Reading>, rule: &Rule, model: LoadModel, ready: u32) -> Vec<Reading> {
+    if model == LoadModel::Recorded || rule.algorithm() == Algorithm::Average {
+        return readings;
+    }
+    readings
+        .into_iter()
+        .map(|reading| match reading {
+            Reading::Value { .. } if ready == 0 => Reading::Unavailable { reason: NO_READY_REPLICA_REASON.into() },
+            Reading::Value { value, at } => Reading::Value { value: value / f64::from(ready), at },
+            unavailable => unavailable,
+        })
+        .collect()
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -263,13 +310,10 @@ pub fn replay(rule: &Rule, trace: &Trace, options: ReplayOptions) -> Result<Repl
             }
         }
 
-        let readings = cursor.readings_at(now);
         let spec = workload.spec;
-        let target = Target {
-            spec_replicas: spec,
-            status_replicas: Some(spec),
-            ready_replicas: Some(workload.ready_at(now).min(spec)),
-        };
+        let ready = workload.ready_at(now).min(spec);
+        let readings = modelled(cursor.readings_at(now), rule, options.load_model, ready);
+        let target = Target { spec_replicas: spec, status_replicas: Some(spec), ready_replicas: Some(ready) };
         let mut decision = decide(rule, target, &readings, &state, now);
         state = std::mem::take(&mut decision.state);
         decision.state_if_not_written = State::default();
@@ -336,7 +380,12 @@ mod tests {
     }
 
     fn options(interval: u64) -> ReplayOptions {
-        ReplayOptions { interval: Duration::from_secs(interval), readiness_lag: Duration::ZERO, initial_replicas: None }
+        ReplayOptions {
+            interval: Duration::from_secs(interval),
+            readiness_lag: Duration::ZERO,
+            initial_replicas: None,
+            load_model: LoadModel::Recorded,
+        }
     }
 
     fn offsets(replay: &Replay) -> Vec<i64> {
@@ -350,6 +399,40 @@ mod tests {
         assert_eq!(offsets(&replay), vec![0, 30, 60, 90]);
         let replay_exact = super::replay(&rule(|_| {}), &trace, options(25)).unwrap();
         assert_eq!(offsets(&replay_exact), vec![0, 25, 50, 75, 100]);
+    }
+
+    #[test]
+    fn per_replica_load_shares_the_demand_among_the_simulated_ready_replicas() {
+        // A demand of 300 on 2 replicas: 150 each, above the high watermark of 100.
+        let rows: Vec<_> = (0..6).map(|i| (i * 30, Some(300.0), if i == 0 { Some(2) } else { None })).collect();
+        let trace = trace(&rows);
+        let recorded = replay(&rule(|_| {}), &trace, options(30)).unwrap();
+        // As recorded, 300 never falls, and the rule keeps adding replicas up to its maximum.
+        assert_eq!(recorded.ticks.last().unwrap().spec_after, 50);
+        let per_replica = ReplayOptions { load_model: LoadModel::PerReplica, ..options(30) };
+        let modelled = replay(&rule(|_| {}), &trace, per_replica).unwrap();
+        let seen: Vec<Option<f64>> = modelled.ticks.iter().map(|t| t.decision.metrics[0].value).collect();
+        assert_eq!(seen, vec![Some(150.0), Some(100.0), Some(100.0), Some(100.0), Some(100.0), Some(100.0)]);
+        assert_eq!(modelled.changes.len(), 1, "{:?}", modelled.changes);
+        assert_eq!(modelled.ticks.last().unwrap().spec_after, 3);
+        // An `average` rule divides the total itself: the model changes nothing for it.
+        let average = rule(|s| s.algorithm = Some(Algorithm::Average));
+        let as_recorded = replay(&average, &trace, options(30)).unwrap();
+        assert_eq!(replay(&average, &trace, per_replica).unwrap().changes, as_recorded.changes);
+    }
+
+    #[test]
+    fn per_replica_readings_wait_for_new_replicas_to_be_ready() {
+        let rows: Vec<_> = (0..4).map(|i| (i * 30, Some(300.0), if i == 0 { Some(2) } else { None })).collect();
+        let lagged =
+            ReplayOptions { load_model: LoadModel::PerReplica, readiness_lag: Duration::from_secs(90), ..options(30) };
+        let replay = replay(&rule(|_| {}), &trace(&rows), lagged).unwrap();
+        // Until the third replica is ready (90 s after the scale), the two old ones still carry
+        // 150 each; then the three share it.
+        let seen: Vec<Option<f64>> = replay.ticks.iter().map(|t| t.decision.metrics[0].value).collect();
+        assert_eq!(seen, [Some(150.0), Some(150.0), Some(150.0), Some(100.0)]);
+        let ready: Vec<u32> = replay.ticks.iter().map(|t| t.decision.ready_replicas).collect();
+        assert_eq!(ready, [2, 2, 2, 3]);
     }
 
     #[test]

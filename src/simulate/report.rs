@@ -6,7 +6,7 @@ use std::io::{self, Write};
 use serde::Serialize;
 use watermarkd_engine::{Guard, Limit, Position, Timestamp};
 
-use super::replay::{Cause, Replay, Restriction, ScaleChange};
+use super::replay::{Cause, LoadModel, Replay, Restriction, ScaleChange};
 
 /// The numbers a replay is judged by.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -17,6 +17,8 @@ pub struct Summary {
     pub duration_seconds: f64,
     pub interval_seconds: f64,
     pub readiness_lag_seconds: f64,
+    /// How the recorded values were related to the simulated replicas.
+    pub load_model: LoadModel,
     pub evaluations: usize,
     /// Scales the engine decided.
     pub scale_ups: usize,
@@ -77,6 +79,7 @@ pub fn summarize(autoscaler: &str, replay: &Replay) -> Summary {
         duration_seconds: duration.as_secs_f64(),
         interval_seconds: interval.as_secs_f64(),
         readiness_lag_seconds: replay.options.readiness_lag.as_secs_f64(),
+        load_model: replay.options.load_model,
         evaluations: replay.ticks.len(),
         scale_ups: 0,
         scale_downs: 0,
@@ -221,13 +224,14 @@ fn percent(part: f64, whole: f64) -> String {
 pub fn write_text(out: &mut impl Write, replay: &Replay, summary: &Summary) -> io::Result<()> {
     writeln!(
         out,
-        "Autoscaler {:?}: {} to {} ({}), evaluated every {}, readiness lag {}",
+        "Autoscaler {:?}: {} to {} ({}), evaluated every {}, readiness lag {}, load model: {}",
         summary.autoscaler,
         summary.start,
         summary.end,
         human_duration(summary.duration_seconds),
         human_duration(summary.interval_seconds),
         human_duration(summary.readiness_lag_seconds),
+        summary.load_model.describe(),
     )?;
     writeln!(out)?;
     if replay.changes.is_empty() {
@@ -366,8 +370,12 @@ mod tests {
         // below (4 -> 2), inside.
         let text = "timestamp,m,replicas\n0,70,2\n30,150,\n60,150,\n90,70,\n120,30,\n150,70,\n";
         let trace = parse_trace(text, &["m".to_string()]).unwrap();
-        let options =
-            ReplayOptions { interval: Duration::from_secs(30), readiness_lag: Duration::ZERO, initial_replicas: None };
+        let options = ReplayOptions {
+            interval: Duration::from_secs(30),
+            readiness_lag: Duration::ZERO,
+            initial_replicas: None,
+            load_model: LoadModel::Recorded,
+        };
         let replay = replay(&rule, &trace, options).unwrap();
         let summary = summarize("test", &replay);
 
