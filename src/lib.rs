@@ -4,6 +4,7 @@
 //! code paths a person does.
 
 pub mod backend;
+pub mod backtest;
 pub mod crd;
 pub mod decide;
 pub mod events;

@@ -1,4 +1,4 @@
-use std::io::{self, Write};
+use std::io::{self, IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -34,6 +34,9 @@ enum Command {
     Decide,
     /// Replay a metric trace (CSV) through an autoscaler's rule and report what it would do.
     Simulate(watermarkd::simulate::SimulateArgs),
+    /// Replay an autoscaler's own metric history through its rule, and through another version
+    /// of it with --against, and report what each would have done.
+    Backtest(watermarkd::backtest::BacktestArgs),
     /// Ask the backends what every metric of the rules reads right now, and how it was chosen.
     ///
     /// Exits 1 when any metric has no usable value.
@@ -89,6 +92,13 @@ fn run() -> anyhow::Result<ExitCode> {
         }
         Command::Simulate(args) => {
             watermarkd::simulate::run(&args, &mut out)?;
+            ExitCode::SUCCESS
+        }
+        Command::Backtest(args) => {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            let mut err = std::io::stderr();
+            let terminal = err.is_terminal();
+            runtime.block_on(watermarkd::backtest::run(&args, &mut out, &mut err, terminal))?;
             ExitCode::SUCCESS
         }
         Command::Query(args) => {

@@ -125,6 +125,40 @@ pub enum QueryError {
     Protocol(String),
 }
 
+/// A stretch of history, read as a live daemon would have read it at `start`, `start + step`,
+/// ... up to `end`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HistorySpan {
+    pub start: Timestamp,
+    pub end: Timestamp,
+    pub step: Duration,
+}
+
+impl HistorySpan {
+    /// The evaluation times: `start`, then every `step` up to `end`.
+    pub fn steps(&self) -> Vec<Timestamp> {
+        let step_ms = i64::try_from(self.step.as_millis()).unwrap_or(i64::MAX).max(1);
+        let count = (self.end.unix_millis() - self.start.unix_millis()).max(0) / step_ms + 1;
+        (0..count).map(|k| Timestamp::from_unix_millis(self.start.unix_millis() + k * step_ms)).collect()
+    }
+}
+
+/// Why a metric's history could not be read. Each names the backend and the query, since a
+/// backtest reads several.
+#[derive(Debug, thiserror::Error)]
+pub enum HistoryError {
+    #[error("backend {backend:?}: query {query:?}: {error}")]
+    Query { backend: String, query: String, error: QueryError },
+    #[error(
+        "backend {backend:?}: query {query:?} returns {count} series over the history, where an autoscaler metric          needs one: aggregate them in the query (sum, max, avg by nothing) or give the metric a reducer"
+    )]
+    SeveralSeries { backend: String, query: String, count: usize },
+    #[error(
+        "backend {backend:?}: query {query:?} has {points} data points between {start} and {end}; a backtest          needs at least {needed} (is the history kept that long, or the query right?)"
+    )]
+    TooShort { backend: String, query: String, points: usize, needed: usize, start: Timestamp, end: Timestamp },
+}
+
 /// Why a backend could not be built from its configuration.
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
@@ -170,6 +204,22 @@ impl MetricBackend {
         match self {
             MetricBackend::Datadog(c) => c.timeout(),
             MetricBackend::Prometheus(c) => c.timeout(),
+        }
+    }
+}
+
+impl MetricBackend {
+    /// What a live evaluation would have read at each step of `span` (see each client's
+    /// `history`).
+    pub async fn history(
+        &self,
+        query: &MetricQuery,
+        span: HistorySpan,
+        progress: &dyn Fn(usize),
+    ) -> Result<Vec<(Timestamp, Observation)>, HistoryError> {
+        match self {
+            MetricBackend::Datadog(c) => c.history(query, span, progress).await,
+            MetricBackend::Prometheus(c) => c.history(query, span, progress).await,
         }
     }
 }

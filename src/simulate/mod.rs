@@ -23,7 +23,7 @@ pub use replay::{replay, LoadModel, Replay};
 pub(crate) use replay::{ReplayError, ReplayOptions};
 pub use report::Summary;
 pub(crate) use report::{summarize, write_text, JsonReport};
-pub(crate) use trace::{parse_trace, Trace, TraceError};
+pub(crate) use trace::{parse_timestamp, parse_trace, Trace, TraceError, TraceRow};
 
 use crate::rules::{self, RulesError};
 
@@ -188,7 +188,7 @@ pub fn run(args: &SimulateArgs, out: &mut impl Write) -> Result<(), SimulateErro
 }
 
 /// Writes next to the destination and renames, so that a viewer never shows half a chart.
-fn write_atomically(path: &Path, contents: &[u8]) -> io::Result<()> {
+pub(crate) fn write_atomically(path: &Path, contents: &[u8]) -> io::Result<()> {
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
     let tmp = PathBuf::from(tmp);

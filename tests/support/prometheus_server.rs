@@ -149,8 +149,30 @@ impl PrometheusServer {
 
     /// Same, with `--web.route-prefix` (e.g. `/prometheus`): the API is under the prefix.
     pub async fn start_with_prefix(target: &str, prefix: &str) -> Self {
+        Self::start_in(tempfile::tempdir().expect("temp dir"), target, prefix).await
+    }
+
+    /// A Prometheus whose storage already holds `openmetrics` (samples with timestamps, ending
+    /// in `# EOF`), written into TSDB blocks by `promtool tsdb create-blocks-from openmetrics`
+    /// before it starts: a history of any length, at once.
+    pub async fn start_with_history(openmetrics: &str) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let input = dir.path().join("history.om");
+        std::fs::write(&input, openmetrics).expect("write the OpenMetrics history");
+        let promtool = prometheus_binary().with_file_name("promtool");
+        let output = Command::new(&promtool)
+            .args(["tsdb", "create-blocks-from", "openmetrics", "--quiet"])
+            .arg(&input)
+            .arg(dir.path().join("data"))
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}; {INSTALL_HINT}", promtool.display()));
+        assert!(output.status.success(), "promtool failed: {}", String::from_utf8_lossy(&output.stderr));
+        // Nothing to scrape: the port is closed, and the history is all there is.
+        Self::start_in(dir, "127.0.0.1:9", "").await
+    }
+
+    async fn start_in(mut dir: tempfile::TempDir, target: &str, prefix: &str) -> Self {
         let binary = prometheus_binary();
-        let mut dir = tempfile::tempdir().expect("temp dir");
         let config = dir.path().join("prometheus.yml");
         std::fs::write(
             &config,

@@ -74,6 +74,7 @@
 //! Keys travel only in headers marked sensitive; every error text is scrubbed of them anyway.
 
 mod batch;
+mod history;
 mod pacing;
 mod parse;
 

@@ -286,6 +286,61 @@ fn read_v1_ok(body: &[u8], cx: &V1Context<'_>) -> V1Answer {
     V1Answer::Answered(by_index.iter().map(|found| observe_v1(found, cx)).collect())
 }
 
+/// One series of a range read for a backtest: its rollup and every bucket, null or not.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HistorySeries {
+    pub interval_seconds: Option<f64>,
+    /// `(ms, value)`; `None` for a null bucket and for one that is not a number.
+    pub points: Vec<(f64, Option<f64>)>,
+}
+
+/// Interprets one answer of `GET /api/v1/query` for a single query over a long range: every
+/// series with all its points. Failures are judged as for a live answer.
+pub fn read_v1_history(
+    status: u16,
+    rate: &RateLimitHeaders,
+    body: &[u8],
+    site: &str,
+) -> Result<Vec<HistorySeries>, (QueryError, Outcome, bool)> {
+    if !(200..=299).contains(&status) {
+        let cx = V1Context { queries: 1, now: Timestamp::from_unix_millis(0), max_age: None, site };
+        return match read_v1_answer(status, rate, body, &cx) {
+            V1Answer::Failed { error, outcome, retryable } => Err((error, outcome, retryable)),
+            V1Answer::Answered(_) => Ok(Vec::new()),
+        };
+    }
+    let protocol = |message: String| (QueryError::Protocol(message), Outcome::Protocol, false);
+    let marked = mark_non_numbers(body);
+    let parsed: V1Body = serde_json::from_slice(marked.as_deref().unwrap_or(body)).map_err(|err| {
+        protocol(format!("HTTP 200 with a body that is not a v1 query answer ({err}){}", snippet(body)))
+    })?;
+    if parsed.status.as_deref() == Some("error") {
+        let text = parsed.error.filter(|e| !e.trim().is_empty()).unwrap_or_else(|| "status \"error\"".to_string());
+        return Err((
+            QueryError::Server(truncate(&format!("HTTP 200 with status \"error\": {text}"))),
+            Outcome::ServerError,
+            false,
+        ));
+    }
+    let series = parsed.series.ok_or_else(|| protocol("HTTP 200 without `series`".to_string()))?;
+    series
+        .into_iter()
+        .map(|value| {
+            let series = serde_json::from_value::<V1Series>(value)
+                .map_err(|err| protocol(format!("a series of the answer cannot be read ({err})")))?;
+            let points = series
+                .pointlist
+                .into_iter()
+                .map(|(ms, value)| match value {
+                    PointValue::Number(number) => (ms, number.filter(|v| v.is_finite())),
+                    PointValue::Marked(_) => (ms, None),
+                })
+                .collect();
+            Ok(HistorySeries { interval_seconds: series.interval.filter(|i| i.is_finite() && *i > 0.0), points })
+        })
+        .collect()
+}
+
 /// An autoscaler query must resolve to exactly one series; none is "no data", several an error.
 /// The error keeps the series count for the observation's detail.
 fn exactly_one<T>(found: &[T]) -> Result<&T, (QueryError, usize)> {

@@ -19,6 +19,8 @@ pub(super) struct Connection {
     pub client: reqwest::Client,
     /// `<url>/api/v1/query`, keeping the url's path prefix.
     pub endpoint: Url,
+    /// `<url>/api/v1/query_range`, for backtests.
+    pub range_endpoint: Url,
     /// The endpoint for messages: without user info or query string.
     pub display_endpoint: String,
     /// `params` from the configuration, sent after `query` and `time`.
@@ -63,7 +65,9 @@ impl Connection {
             (None, None) => Auth::None,
         };
 
-        Ok(Connection { client, endpoint, display_endpoint: display.to_string(), params, auth })
+        let mut range_endpoint = endpoint.clone();
+        range_endpoint.set_path(&format!("{}_range", endpoint.path()));
+        Ok(Connection { client, endpoint, range_endpoint, display_endpoint: display.to_string(), params, auth })
     }
 }
 

@@ -27,9 +27,15 @@ use watermarkd_engine::Timestamp;
 
 use self::connection::{chain, Connection};
 use self::response::{Answer, Failure};
-use super::{BackendError, MetricQuery, Observation, QueryError};
+use super::{BackendError, HistoryError, HistorySpan, MetricQuery, Observation, QueryError};
 use crate::rules::PrometheusBackend;
 use crate::telemetry::BackendMetrics;
+
+/// Steps per range request: Prometheus refuses more than 11,000 points per series.
+pub const MAX_RANGE_POINTS: usize = 10_000;
+
+/// Attempts after the first for one range request of a backtest.
+const HISTORY_RETRIES: usize = 4;
 
 /// Longer GET URLs go as a form POST instead: proxies and load balancers commonly cut request
 /// lines somewhere past 2 KiB, and Prometheus takes both.
@@ -68,6 +74,8 @@ struct Inner {
 struct Prepared {
     /// The whole request as a GET URL, or `None` when it is too long and goes as a form POST.
     get_url: Option<Url>,
+    /// A range query (`query_range`), not an instant one.
+    range: bool,
     /// `query`, `time`, then the configured `params`.
     form: Vec<(String, String)>,
 }
@@ -140,6 +148,44 @@ impl PrometheusClient {
     }
 }
 
+impl PrometheusClient {
+    /// What a live query would have seen at each step of `span`, from range queries of at most
+    /// [`MAX_RANGE_POINTS`] steps each, one after the other. `progress` hears how many steps
+    /// have been read so far.
+    pub async fn history(
+        &self,
+        query: &MetricQuery,
+        span: HistorySpan,
+        progress: &dyn Fn(usize),
+    ) -> Result<Vec<(Timestamp, Observation)>, HistoryError> {
+        let inner = &self.inner;
+        let steps = span.steps();
+        let mut out = Vec::with_capacity(steps.len());
+        let mut series = 0;
+        for chunk in steps.chunks(MAX_RANGE_POINTS) {
+            let (Some(first), Some(last)) = (chunk.first(), chunk.last()) else { continue };
+            let prepared = inner.prepare_range(&query.query, *first, *last, span.step);
+            let answer = inner.fetch_range(&prepared).await.map_err(|error| HistoryError::Query {
+                backend: inner.name.clone(),
+                query: query.query.clone(),
+                error,
+            })?;
+            inner.report_warnings(&query.query, &answer);
+            series = series.max(response::series_count(&answer));
+            if series > 1 && query.reducer.is_none() {
+                return Err(HistoryError::SeveralSeries {
+                    backend: inner.name.clone(),
+                    query: query.query.clone(),
+                    count: series,
+                });
+            }
+            out.extend(chunk.iter().copied().zip(response::observe_steps(&answer, query.reducer, chunk)));
+            progress(out.len());
+        }
+        Ok(out)
+    }
+}
+
 impl Inner {
     /// One query, with retries, by the cycle's deadline.
     async fn fetch(&self, query: &str, now: Timestamp, deadline: Instant) -> Result<Answer, QueryError> {
@@ -190,7 +236,44 @@ impl Inner {
         let mut url = self.connection.endpoint.clone();
         url.query_pairs_mut().extend_pairs(form.iter());
         let get_url = (url.as_str().len() <= MAX_GET_URL_CHARS).then_some(url);
-        Prepared { get_url, form }
+        Prepared { get_url, range: false, form }
+    }
+
+    fn prepare_range(&self, query: &str, start: Timestamp, end: Timestamp, step: Duration) -> Prepared {
+        let step_ms = i64::try_from(step.as_millis()).unwrap_or(i64::MAX);
+        let mut form = vec![
+            ("query".to_string(), query.to_string()),
+            ("start".to_string(), format_time(start)),
+            ("end".to_string(), format_time(end)),
+            ("step".to_string(), format_time(Timestamp::from_unix_millis(step_ms))),
+        ];
+        form.extend(self.connection.params.iter().cloned());
+        let mut url = self.connection.range_endpoint.clone();
+        url.query_pairs_mut().extend_pairs(form.iter());
+        let get_url = (url.as_str().len() <= MAX_GET_URL_CHARS).then_some(url);
+        Prepared { get_url, range: true, form }
+    }
+
+    /// One range request, retried a few times on what another attempt may fix.
+    async fn fetch_range(&self, prepared: &Prepared) -> Result<Answer, QueryError> {
+        let backoff = ExponentialBuilder::new()
+            .with_min_delay(Duration::from_millis(500))
+            .with_max_delay(Duration::from_secs(8))
+            .with_max_times(HISTORY_RETRIES)
+            .with_jitter();
+        let send = || async {
+            let result = self.send(prepared, self.timeout).await;
+            let outcome = result.as_ref().map_or_else(|f| f.outcome, |_| "ok");
+            self.metrics.requests.with_label_values(&[self.name.as_str(), outcome]).inc();
+            result
+        };
+        send.retry(backoff)
+            .when(|failure: &Failure| failure.retry)
+            .notify(|failure, delay| {
+                tracing::debug!(backend = %self.name, error = %failure.error, ?delay, "retrying a range query");
+            })
+            .await
+            .map_err(|failure| failure.error)
     }
 
     /// One HTTP request, counted in the metrics whatever its outcome.
@@ -211,7 +294,10 @@ impl Inner {
         let client = &self.connection.client;
         let request = match &prepared.get_url {
             Some(url) => client.get(url.clone()),
-            None => client.post(self.connection.endpoint.clone()).form(&prepared.form),
+            None => {
+                let endpoint = if prepared.range { &self.connection.range_endpoint } else { &self.connection.endpoint };
+                client.post(endpoint.clone()).form(&prepared.form)
+            }
         };
         let request = self.connection.auth.apply(request.timeout(timeout));
         let mut response = request.send().await.map_err(|e| self.transport(e, timeout))?;

@@ -3,6 +3,8 @@
 //!
 //! Pure functions over bytes, so that every quirk is covered by unit tests without a server.
 
+use std::collections::BTreeMap;
+
 use serde::Deserialize;
 use watermarkd_engine::Timestamp;
 
@@ -22,7 +24,9 @@ pub(super) enum QueryResult {
     /// One sample per series.
     Vector(Vec<Sample>),
     Scalar(Sample),
-    /// `matrix` or `string`: a valid answer, but not a value an autoscaler can use.
+    /// A range query's answer: each series' samples, in time order.
+    Matrix(Vec<Vec<Sample>>),
+    /// `string`: a valid answer, but not a value an autoscaler can use.
     Unusable(String),
 }
 
@@ -81,6 +85,12 @@ struct Data {
     #[serde(rename = "resultType")]
     result_type: String,
     result: serde_json::Value,
+}
+
+#[derive(Deserialize)]
+struct MatrixEntry {
+    values: Option<Vec<(f64, String)>>,
+    histograms: Option<serde_json::Value>,
 }
 
 #[derive(Deserialize)]
@@ -219,7 +229,28 @@ fn success(body: Body) -> Result<Answer, Failure> {
                 .map_err(|e| Failure::protocol(format!("malformed scalar result: {e}")))?;
             QueryResult::Scalar(Sample::Float { at_seconds, value })
         }
-        "matrix" | "string" => QueryResult::Unusable(data.result_type),
+        "matrix" => {
+            let entries: Vec<MatrixEntry> = serde_json::from_value(data.result)
+                .map_err(|e| Failure::protocol(format!("malformed matrix result: {e}")))?;
+            let series = entries
+                .into_iter()
+                .map(|entry| {
+                    let mut samples: Vec<Sample> = entry
+                        .values
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(|(at_seconds, value)| Sample::Float { at_seconds, value })
+                        .collect();
+                    // Histogram samples are not numbers; one stands for all of them.
+                    if entry.histograms.is_some() {
+                        samples.push(Sample::Histogram);
+                    }
+                    samples
+                })
+                .collect();
+            QueryResult::Matrix(series)
+        }
+        "string" => QueryResult::Unusable(data.result_type),
         other => return Err(Failure::protocol(format!("unknown result type {other:?}"))),
     };
     Ok(Answer { result, warnings })
@@ -249,18 +280,67 @@ pub(super) fn observe(answer: &Answer, reducer: Option<Reducer>) -> Observation 
             detail.series = Some(samples.len());
             vector(samples, reducer)
         }
-        QueryResult::Unusable(kind) => Err(QueryError::BadQuery(format!(
-            "the query returns a {kind}; an instant vector or a scalar is needed{}",
-            if kind == "matrix" {
-                " (drop the [range] selector, or wrap it in a function such as rate() or max_over_time())"
-            } else {
-                ""
-            }
-        ))),
+        QueryResult::Matrix(_) => Err(unusable("matrix")),
+        QueryResult::Unusable(kind) => Err(unusable(kind)),
     };
     match result {
         Ok((value, at)) => Observation::value(value, at, detail),
         Err(error) => Observation::unavailable_with(error, detail),
+    }
+}
+
+fn unusable(kind: &str) -> QueryError {
+    QueryError::BadQuery(format!(
+        "the query returns a {kind}; an instant vector or a scalar is needed{}",
+        if kind == "matrix" {
+            " (drop the [range] selector, or wrap it in a function such as rate() or max_over_time())"
+        } else {
+            ""
+        }
+    ))
+}
+
+/// What a live query at each of `steps` would have seen, from a range query's answer: the
+/// samples of every series at that step, judged as an instant query's vector is (no sample is
+/// no data, several need the metric's reducer, NaN is no number). The answer of a range query
+/// that is not a matrix judges every step alike.
+pub(super) fn observe_steps(answer: &Answer, reducer: Option<Reducer>, steps: &[Timestamp]) -> Vec<Observation> {
+    let QueryResult::Matrix(series) = &answer.result else {
+        return steps.iter().map(|_| observe(answer, reducer)).collect();
+    };
+    let mut at_step: BTreeMap<i64, Vec<Sample>> = BTreeMap::new();
+    for sample in series.iter().flatten() {
+        let key = match sample {
+            Sample::Float { at_seconds, .. } => (at_seconds * 1000.0).round() as i64,
+            // Dated nowhere: it makes every step unusable.
+            Sample::Histogram => i64::MIN,
+        };
+        at_step.entry(key).or_default().push(sample.clone());
+    }
+    let histogram = at_step.remove(&i64::MIN);
+    steps
+        .iter()
+        .map(|step| {
+            if histogram.is_some() {
+                return Observation::unavailable(QueryError::BadQuery(HISTOGRAM.into()));
+            }
+            let samples = at_step.get(&step.unix_millis()).map_or(&[][..], Vec::as_slice);
+            let detail = ObservationDetail { series: Some(samples.len()), ..ObservationDetail::default() };
+            match vector(samples, reducer) {
+                Ok((value, at)) => Observation::value(value, at, detail),
+                Err(error) => Observation::unavailable_with(error, detail),
+            }
+        })
+        .collect()
+}
+
+/// How many distinct series a range answer holds.
+pub(super) fn series_count(answer: &Answer) -> usize {
+    match &answer.result {
+        QueryResult::Matrix(series) => series.len(),
+        QueryResult::Vector(samples) => samples.len(),
+        QueryResult::Scalar(_) => 1,
+        QueryResult::Unusable(_) => 0,
     }
 }
 
