@@ -116,8 +116,8 @@ fn run() -> anyhow::Result<ExitCode> {
             // Before any blocking-pool thread exists, so that all of them share the limited arenas.
             watermarkd::runtime::allocator::limit_arenas();
             // One thread: a cycle at 10,000 autoscalers is well under a core-second every 15 s,
-            // and a second worker cost a second malloc arena and stack (megabytes resident)
-            // and more CPU in cross-thread wakeups than it saved.
+            // and a second worker cost a second malloc arena and stack (about 8 MB resident
+            // there) without making a cycle cheaper (BENCHMARKS.md).
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
             runtime.block_on(watermarkd::runtime::run(settings))?;
             ExitCode::SUCCESS
