@@ -12,7 +12,7 @@ mod compare;
 mod progress;
 
 use std::io::{self, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -43,7 +43,7 @@ pub struct BacktestArgs {
     pub since: Duration,
 
     /// The end of the history [default: now]: RFC 3339 (2024-05-01T12:00:00Z) or Unix seconds.
-    #[arg(long, value_name = "TIME", value_parser = parse_time)]
+    #[arg(long, value_name = "TIME", value_parser = simulate::parse_timestamp)]
     pub until: Option<Timestamp>,
 
     /// Another rules file (usually the rules before a change) whose autoscaler of the same name
@@ -77,10 +77,6 @@ pub struct BacktestArgs {
     /// Print the report as one JSON document instead of text.
     #[arg(long)]
     pub json: bool,
-}
-
-fn parse_time(text: &str) -> Result<Timestamp, String> {
-    simulate::parse_timestamp(text)
 }
 
 /// Why a backtest could not run. Every message names the autoscaler, the backend or the file.
@@ -154,20 +150,22 @@ pub async fn run(
     let metrics = Arc::new(BackendMetrics::detached());
     let bar = ProgressBar::new(err, err_is_terminal);
 
-    let history = read_history(&rules, autoscaler, span, args, &metrics, &bar).await?;
+    let history = History {
+        span,
+        metrics: read_metrics(&rules, &args.rules, autoscaler, span, &metrics, &bar).await?,
+        replicas: read_replicas(&rules, autoscaler, span, args, &metrics, &bar).await?,
+    };
     let against = match &args.against {
         Some(path) => {
             let other_rules = rules::load_rules(path)?;
             let other = find(&other_rules, &args.autoscaler, path)?.clone();
-            // The same queries are read once; a changed query is read from its own backends.
-            let other_history = if same_queries(autoscaler, &other) {
-                history.clone()
+            // The same target, so the same actual replicas; the same queries are read once.
+            let other_metrics = if same_queries(autoscaler, &other) {
+                history.metrics.clone()
             } else {
-                let mut other_args = args.clone();
-                other_args.replicas = None;
-                read_history(&other_rules, &other, span, &other_args, &metrics, &bar).await?
+                read_metrics(&other_rules, path, &other, span, &metrics, &bar).await?
             };
-            Some((other, other_history))
+            Some((other, History { span, metrics: other_metrics, replicas: history.replicas.clone() }))
         }
         None => None,
     };
@@ -197,7 +195,7 @@ pub async fn run(
     Ok(())
 }
 
-fn find<'a>(rules: &'a RulesFile, name: &str, file: &std::path::Path) -> Result<&'a Autoscaler, BacktestError> {
+fn find<'a>(rules: &'a RulesFile, name: &str, file: &Path) -> Result<&'a Autoscaler, BacktestError> {
     let autoscaler = rules.autoscaler(name).ok_or_else(|| BacktestError::UnknownAutoscaler {
         file: file.display().to_string(),
         name: name.to_string(),
@@ -220,39 +218,59 @@ fn same_queries(a: &Autoscaler, b: &Autoscaler) -> bool {
             .all(|(x, y)| (&x.backend, &x.query, x.reducer) == (&y.backend, &y.query, y.reducer))
 }
 
-async fn read_history(
+/// The backend a metric of `autoscaler` (defined in `file`) names.
+fn backend(
+    rules: &RulesFile,
+    file: &Path,
+    autoscaler: &Autoscaler,
+    name: &str,
+    metrics: &Arc<BackendMetrics>,
+) -> Result<MetricBackend, BacktestError> {
+    let config = rules.backends.get(name).ok_or_else(|| BacktestError::UnknownBackend {
+        name: autoscaler.name.to_string(),
+        backend: name.to_string(),
+        file: file.display().to_string(),
+    })?;
+    Ok(MetricBackend::new(name, config, Arc::clone(metrics))?)
+}
+
+/// Each metric's history, in the rule's order.
+async fn read_metrics(
+    rules: &RulesFile,
+    file: &Path,
+    autoscaler: &Autoscaler,
+    span: HistorySpan,
+    metrics: &Arc<BackendMetrics>,
+    bar: &ProgressBar<'_, impl Write>,
+) -> Result<Vec<Vec<(Timestamp, Observation)>>, BacktestError> {
+    let steps = span.steps().len();
+    let mut metric_history = Vec::with_capacity(autoscaler.metrics.len());
+    for source in &autoscaler.metrics {
+        let client = backend(rules, file, autoscaler, &source.backend, metrics)?;
+        let query = MetricQuery { query: source.query.clone(), reducer: source.reducer };
+        let label = format!("{} / {}", autoscaler.name, source.name);
+        metric_history.push(client.history(&query, span, &|done| bar.show(&label, done, steps)).await?);
+    }
+    Ok(metric_history)
+}
+
+/// The target's actual replicas at each step, where known: from `--replicas`, else from
+/// `--replicas-query` or the daemon's exported series on the autoscaler's first backend.
+async fn read_replicas(
     rules: &RulesFile,
     autoscaler: &Autoscaler,
     span: HistorySpan,
     args: &BacktestArgs,
     metrics: &Arc<BackendMetrics>,
     bar: &ProgressBar<'_, impl Write>,
-) -> Result<History, BacktestError> {
-    let steps = span.steps().len();
-    let backend = |name: &str| -> Result<MetricBackend, BacktestError> {
-        let config = rules.backends.get(name).ok_or_else(|| BacktestError::UnknownBackend {
-            name: autoscaler.name.to_string(),
-            backend: name.to_string(),
-            file: args.rules.display().to_string(),
-        })?;
-        Ok(MetricBackend::new(name, config, Arc::clone(metrics))?)
-    };
-    let mut metric_history = Vec::with_capacity(autoscaler.metrics.len());
-    for source in &autoscaler.metrics {
-        let client = backend(&source.backend)?;
-        let query = MetricQuery { query: source.query.clone(), reducer: source.reducer };
-        let label = format!("{} / {}", autoscaler.name, source.name);
-        let read = client.history(&query, span, &|done| bar.show(&label, done, steps)).await?;
-        metric_history.push(read);
-    }
-
-    let replicas = match (&args.replicas, &args.replicas_query) {
-        (Some(path), _) => replicas_from_file(path, span)?,
-        (None, query) => {
-            let first = &autoscaler.metrics[0];
-            let client = backend(&first.backend)?;
-            let query = query.clone().unwrap_or_else(|| default_replicas_query(&client, autoscaler));
+) -> Result<Vec<(Timestamp, Option<u32>)>, BacktestError> {
+    let replicas = match &args.replicas {
+        Some(path) => replicas_from_file(path, span)?,
+        None => {
+            let client = backend(rules, &args.rules, autoscaler, &autoscaler.metrics[0].backend, metrics)?;
+            let query = args.replicas_query.clone().unwrap_or_else(|| default_replicas_query(&client, autoscaler));
             let label = format!("{} / actual replicas", autoscaler.name);
+            let steps = span.steps().len();
             let query = MetricQuery { query, reducer: None };
             match client.history(&query, span, &|done| bar.show(&label, done, steps)).await {
                 Ok(read) => read.into_iter().map(|(at, o)| (at, replicas_of(&o))).collect(),
@@ -268,7 +286,7 @@ async fn read_history(
     if args.load_model == LoadModel::PerReplica && replicas.iter().all(|(_, r)| r.is_none()) {
         return Err(BacktestError::NoReplicaHistory);
     }
-    Ok(History { span, metrics: metric_history, replicas })
+    Ok(replicas)
 }
 
 /// The effective replicas the daemon exports for this autoscaler, as its backend spells it.

@@ -52,24 +52,24 @@ impl DatadogClient {
         let mut encoded = String::new();
         form_encode(&query.query, &mut encoded);
 
+        let site = inner.place.as_str();
+        let read = |status: u16, rate: &super::RateLimitHeaders, body: &[u8]| {
+            read_v1_history(status, rate, body, site).map_err(|(error, outcome, retryable)| Failure {
+                error,
+                outcome,
+                retryable,
+                status: Some(status),
+            })
+        };
         let mut series: Option<HistorySeries> = None;
         let mut from = first;
         while from < last {
             let to = (from + window).min(last);
             inner.admitted().await;
             let url = format!("{}?from={from}&to={to}&query={encoded}", inner.v1_endpoint());
-            let site = inner.place.clone();
             let started = Instant::now();
-            let read = |status: u16, rate: &super::RateLimitHeaders, body: &[u8]| {
-                read_v1_history(status, rate, body, &site).map_err(|(error, outcome, retryable)| Failure {
-                    error,
-                    outcome,
-                    retryable,
-                    status: Some(status),
-                })
-            };
             let answer = inner
-                .exchange(|| inner.http.get(&url), started, started + REQUEST_BUDGET, read)
+                .exchange(|| inner.http.get(&url), started, started + REQUEST_BUDGET, &read)
                 .await
                 .map_err(|failure| failed(failure.error))?;
             match answer.as_slice() {
