@@ -174,6 +174,14 @@ struct PodKey {
     selector: String,
 }
 
+fn not_found(target: &TargetRef) -> WorkloadError {
+    WorkloadError::NotFound {
+        kind: target.kind.to_string(),
+        namespace: target.namespace.to_string(),
+        name: target.name.to_string(),
+    }
+}
+
 fn describe(target: &TargetRef) -> String {
     format!("{} {}/{} ({})", target.kind, target.namespace, target.name, target.api_version)
 }
@@ -522,11 +530,6 @@ impl Workloads {
         if let Some(object) = store.get(&target.name) {
             return Ok(object);
         }
-        let not_found = || WorkloadError::NotFound {
-            kind: target.kind.to_string(),
-            namespace: target.namespace.to_string(),
-            name: target.name.to_string(),
-        };
         let unconfirmed = {
             let mut registry = self.registry();
             let watched = registry.target_mut(target).ok_or_else(|| WorkloadError::NotWatched(describe(target)))?;
@@ -538,7 +541,7 @@ impl Workloads {
             unconfirmed
         };
         if !unconfirmed {
-            return Err(not_found());
+            return Err(not_found(target));
         }
         if Box::pin(self.list_version(resolved, target)).await?.is_none() {
             let mut registry = self.registry();
@@ -546,7 +549,7 @@ impl Workloads {
                 watched.unconfirmed = false;
             }
             registry.drop_pods_of(target);
-            return Err(not_found());
+            return Err(not_found(target));
         }
         loop {
             if let Some(object) = store.get(&target.name) {
@@ -678,11 +681,7 @@ impl Workloads {
     /// A list of the one name, so that it needs no verb beyond the watch's.
     pub async fn current_version(&self, target: &TargetRef) -> Result<String, WorkloadError> {
         let resolved = resolved_kind(&*self.store_of(target)?, target)?;
-        self.list_version(&resolved, target).await?.ok_or_else(|| WorkloadError::NotFound {
-            kind: target.kind.to_string(),
-            namespace: target.namespace.to_string(),
-            name: target.name.to_string(),
-        })
+        self.list_version(&resolved, target).await?.ok_or_else(|| not_found(target))
     }
 
     async fn list_version(&self, resolved: &Resolved, target: &TargetRef) -> Result<Option<String>, WorkloadError> {
