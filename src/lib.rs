@@ -16,6 +16,7 @@ pub mod rules;
 pub mod runtime;
 pub mod settings;
 pub mod simulate;
+pub mod sparse;
 pub mod state;
 pub mod telemetry;
 pub mod workload;

@@ -325,6 +325,71 @@ async fn a_manual_scale_is_kept_and_later_decisions_start_from_it() {
     assert!(notes[1].starts_with("New size: 9; old size: 6; reason: "), "{notes:?}");
 }
 
+/// A shadow rule beside the active one: decided at every evaluation on the same readings, its
+/// would-be replicas and divergences exported, and never written: the target follows the active
+/// rule alone, and the state on it is the active rule's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shadow_rule_reports_what_it_would_do_and_never_writes() {
+    let cluster = KubeCluster::shared();
+    // 7: inside the active rule's band [5, 10]; above the shadow's [2, 4].
+    let setup = Setup::start("e2e-shadow", "web", 2, "load 7\n", |text| {
+        let active = &text[text.find("\n[[autoscaler]]").expect("an autoscaler")..];
+        let shadow = active
+            .replacen("name = \"web\"\n", "name = \"web-next\"\nshadow = true\n", 1)
+            .replace("high_watermark = 10\nlow_watermark = 5", "high_watermark = 4\nlow_watermark = 2");
+        assert!(shadow.contains("shadow = true") && shadow.contains("high_watermark = 4"), "{shadow}");
+        format!("{text}{shadow}")
+    })
+    .await;
+    let ns = setup.ns.clone();
+    let mut daemon = DaemonProcess::start(&setup.args(&["--no-leader-election"]), &[]);
+    daemon.wait_ready(STARTUP).await;
+    let shadow = [("wpa_name", "web"), ("shadow", "web-next")];
+    let divergences = eventually!(Duration::from_secs(20), "the shadow diverging on several evaluations", {
+        match daemon.sample("watermarkd_shadow_divergence_total", &shadow).await {
+            Some(n) if n >= 3.0 => Ok(n),
+            other => Err(format!("{other:?}")),
+        }
+    });
+    // 2 + the default 50%: what the shadow would do, while the active rule holds at 2.
+    assert_eq!(daemon.sample("watermarkd_shadow_replicas", &shadow).await, Some(3.0));
+    assert_eq!(daemon.sample("wpa_controller_replicas_scaling_effective", &[("wpa_name", "web")]).await, Some(2.0));
+    let evaluations = daemon.sample("watermarkd_shadow_evaluations_total", &shadow).await.expect("evaluations");
+    assert!(evaluations >= divergences, "{evaluations} evaluations, {divergences} divergences");
+    assert_eq!(spec_replicas(cluster, "Deployment", &ns, "web").await, 2, "the shadow never writes");
+    assert!(
+        daemon.sample("wpa_controller_value", &[("wpa_name", "web-next")]).await.is_none(),
+        "a shadow has no autoscaler series of its own"
+    );
+    assert!(daemon.log().contains("the shadow rule diverges from the active rule"), "{}", daemon.log());
+
+    // Both rules agree below the shadow's band too (1 < 2 and < 5): the active scales down, the
+    // shadow would have done the same, and the divergences stop counting.
+    setup.exporter.set("load 1\n");
+    eventually!(Duration::from_secs(20), "the active rule scaling down", {
+        match spec_replicas(cluster, "Deployment", &ns, "web").await {
+            1 => Ok(()),
+            n => Err(format!("{n} replicas")),
+        }
+    });
+    follow_spec(cluster, "Deployment", &ns, "web").await;
+    let settled = eventually!(Duration::from_secs(20), "agreement", {
+        let before = daemon.sample("watermarkd_shadow_divergence_total", &shadow).await;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let after = daemon.sample("watermarkd_shadow_divergence_total", &shadow).await;
+        if before == after {
+            Ok(after)
+        } else {
+            Err(format!("{before:?} -> {after:?}"))
+        }
+    });
+    assert!(settled >= Some(divergences), "a counter never goes back: {settled:?}");
+    assert!(daemon.log().contains("the shadow rule agrees again"), "{}", daemon.log());
+    let state = annotation(cluster, "Deployment", &ns, "web", "watermarkd.io/state").await.expect("state");
+    assert!(state.contains("\"autoscaler\":\"web\""), "the active rule's state: {state}");
+    assert!(daemon.terminate(Duration::from_secs(15)), "a clean exit on SIGTERM; log:\n{}", daemon.log());
+}
+
 /// A custom resource with a scale subresource is scaled like a Deployment, and an autoscaler
 /// whose target does not exist fails alone: the others keep running.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -213,6 +213,15 @@ pub fn map_wpa(
         };
         mapper.problem(&annotation_key_path(POD_AGGREGATION_ANNOTATION), why);
     }
+    match annotations.and_then(|a| a.get(SHADOW_ANNOTATION)).map(String::as_str) {
+        None | Some("false") => {}
+        Some("true") => {
+            document.insert("shadow".into(), Value::Bool(true));
+            mapper.path("shadow", &annotation_key_path(SHADOW_ANNOTATION));
+        }
+        Some(other) => mapper
+            .problem(&annotation_key_path(SHADOW_ANNOTATION), format!("must be \"true\" or \"false\", not {other:?}")),
+    }
     let context = ResourceContext { readiness_delay_seconds: spec.readiness_delay_seconds, pod_aggregation };
     if let Some(recommender) = &spec.recommender {
         notes.extend(mapper.recommender(&mut document, recommender));
@@ -290,6 +299,10 @@ pub fn map_wpa(
 /// The annotation that chooses how a WPA's Resource metrics combine their pods: `sum` (the
 /// Datadog controller's way, the default) or `average` (per pod, as the HPA's `AverageValue`).
 pub const POD_AGGREGATION_ANNOTATION: &str = "watermarkd.io/pod-aggregation";
+
+/// The annotation that makes a WPA a shadow rule: `"true"`, and it is evaluated beside the
+/// active WPA on the same target in its namespace, and never writes the scale or its status.
+pub const SHADOW_ANNOTATION: &str = "watermarkd.io/shadow";
 
 /// `metadata.annotations["KEY"]`, as problems name an annotation.
 fn annotation_key_path(key: &str) -> String {

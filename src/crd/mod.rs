@@ -18,7 +18,7 @@ mod status;
 mod types;
 
 pub use annotation::QUERIES_ANNOTATION;
-pub use mapping::{map_wpa, MapError, MappingOptions, Unsupported};
+pub use mapping::{map_wpa, MapError, MappingOptions, Unsupported, SHADOW_ANNOTATION};
 pub(crate) use query::DatadogMetricIndex;
 pub use query::NoDatadogMetrics;
 pub use schema::{crd_yaml, custom_resource_definition};

@@ -47,6 +47,7 @@ const AUTOSCALER_KEYS: &[&str] = &[
     "tolerate_zero",
     "min_available_replica_percentage",
     "dry_run",
+    "shadow",
     "metric",
     "recommender",
 ];
@@ -122,8 +123,12 @@ pub(crate) struct Parsed {
     pub rule: Option<Rule>,
     pub metrics: Vec<MetricSource>,
     pub recommender: Option<Recommender>,
+    /// `shadow = true`: evaluated beside the active rule on its target, never written.
+    pub shadow: bool,
     /// The line of the entry's name (for duplicate-name problems).
     pub name_line: Option<usize>,
+    /// The line of `shadow` (for problems with the shadow's pairing).
+    pub shadow_line: Option<usize>,
 }
 
 /// One metric as read, before we know whether the whole entry is valid.
@@ -147,7 +152,9 @@ pub(crate) fn read_autoscaler(node: &Node, form: Form<'_>, sink: &mut Sink) -> P
         rule: None,
         metrics: Vec::new(),
         recommender: None,
+        shadow: false,
         name_line,
+        shadow_line: node.entry("shadow").and_then(|e| e.line),
     };
     if node.entries().is_none() {
         let message = match form {
@@ -172,6 +179,7 @@ pub(crate) fn read_autoscaler(node: &Node, form: Form<'_>, sink: &mut Sink) -> P
     let target = read_target(&mut table, &mut own);
     parsed.target = if complete { table.require(&mut own, "target", target) } else { target };
     parsed.interval = read_interval(&mut table, &mut own);
+    parsed.shadow = table.flag(&mut own, "shadow").unwrap_or(false);
 
     let mut metrics = read_metrics(&mut table, form, &mut own);
     let recommender = read_recommender(&mut table, form, &mut own);

@@ -89,6 +89,9 @@ pub(crate) fn summary(autoscaler: &Autoscaler) -> String {
     if rule.dry_run() {
         parts.push("dry run".into());
     }
+    if autoscaler.shadow {
+        parts.push("shadow: compared with the active rule on its target, never written".into());
+    }
     parts.join(", ")
 }
 

@@ -143,6 +143,9 @@ pub struct Autoscaler {
     /// The replica source that replaces the metrics (`[autoscaler.recommender]`, a WPA's
     /// `spec.recommender`); the rule then has one metric, named after it, carrying its watermarks.
     pub recommender: Option<Box<Recommender>>,
+    /// A shadow rule (`shadow = true`): evaluated live beside the active autoscaler on the same
+    /// target, on the same kind of readings, and never written; it only reports what it would do.
+    pub shadow: bool,
 }
 
 /// An HTTP service that recommends a replica count, asked with the request and read with the
@@ -205,7 +208,7 @@ impl Recommender {
 ///
 /// Shared text: the series labels of the autoscaler reuse these, and the API version, kind and
 /// namespace are interned (see [`intern`]), since thousands of targets repeat a handful of them.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct TargetRef {
     /// Default `apps/v1`.
     pub api_version: Arc<str>,
@@ -378,6 +381,7 @@ fn read_autoscalers(
     let Some(nodes) = root.list(sink, "autoscaler", "[[autoscaler]] sections") else { return Vec::new() };
     let mut first_line_of: HashMap<String, Option<usize>> = HashMap::new();
     let mut autoscalers = Vec::new();
+    let mut shadow_lines = Vec::new();
     for (index, node) in nodes.iter().enumerate() {
         let parsed = read_autoscaler(node, Form::File { index, backends }, sink);
         let Some(name) = parsed.name else { continue };
@@ -400,10 +404,47 @@ fn read_autoscalers(
                 rule,
                 metrics: parsed.metrics,
                 recommender: parsed.recommender.map(Box::new),
+                shadow: parsed.shadow,
             });
+            shadow_lines.push(parsed.shadow_line);
         }
     }
+    check_shadow_pairs(&autoscalers, &shadow_lines, sink);
     autoscalers
+}
+
+/// Every shadow rule needs exactly one active autoscaler on its target, the one it is compared
+/// with.
+fn check_shadow_pairs(autoscalers: &[Autoscaler], shadow_lines: &[Option<usize>], sink: &mut Sink) {
+    let mut active_on: HashMap<&TargetRef, Vec<&str>> = HashMap::new();
+    for active in autoscalers.iter().filter(|a| !a.shadow) {
+        active_on.entry(&active.target).or_default().push(&active.name);
+    }
+    for (shadow, line) in autoscalers.iter().zip(shadow_lines).filter(|(a, _)| a.shadow) {
+        let target = &shadow.target;
+        let message = match active_on.get(target).map_or(&[][..], Vec::as_slice) {
+            [_] => continue,
+            [] => format!(
+                "is true, but no active autoscaler in this file targets {} {}/{}: a shadow rule runs beside the \
+                 active rule on its target and is compared with it",
+                target.kind, target.namespace, target.name
+            ),
+            several => format!(
+                "is true, and several active autoscalers target {} {}/{} ({}): a shadow rule is compared with the \
+                 one active rule on its target",
+                target.kind,
+                target.namespace,
+                target.name,
+                several.join(", ")
+            ),
+        };
+        sink.problems.push(Problem {
+            line: *line,
+            autoscaler: Some(shadow.name.to_string()),
+            field: "shadow".into(),
+            message,
+        });
+    }
 }
 
 /// Reads and parses a rules file; a file that cannot be read is a `RulesError` too.
@@ -465,6 +506,7 @@ pub(crate) fn autoscaler_from_document(
             rule,
             metrics: parsed.metrics,
             recommender: parsed.recommender.map(Box::new),
+            shadow: parsed.shadow,
         }),
         _ if sink.has_problems() => Err(sink.into_sorted()),
         // Not reachable (a missing part is always reported), but never return Err(empty).

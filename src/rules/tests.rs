@@ -368,6 +368,39 @@ fn duplicate_names_are_reported_with_the_first_line() {
 }
 
 #[test]
+fn a_shadow_rule_needs_one_active_autoscaler_on_its_target() {
+    let shadow = BILLING.replacen("name = \"billing\"\n", "name = \"billing-next\"\nshadow = true\n", 1);
+    let rules = parse(&format!("{BACKENDS}{BILLING}{shadow}"));
+    let flags: Vec<(&str, bool)> = rules.autoscalers.iter().map(|a| (&*a.name, a.shadow)).collect();
+    assert_eq!(flags, [("billing", false), ("billing-next", true)]);
+    assert!(summary(&rules.autoscalers[1])
+        .ends_with(", shadow: compared with the active rule on its target, never written"));
+
+    let text = format!("{BACKENDS}{shadow}");
+    let line = line_of(&text, "shadow = true");
+    assert_eq!(
+        problems(&text),
+        [format!(
+            "rules.toml:{line}: autoscaler \"billing-next\": shadow is true, but no active autoscaler in this file \
+             targets Deployment prod/billing: a shadow rule runs beside the active rule on its target and is compared \
+             with it"
+        )]
+    );
+    // Another target, even in the same namespace, is not a partner.
+    let elsewhere = BILLING.replace("name = \"billing\" }", "name = \"checkout\" }");
+    assert_eq!(problems(&format!("{BACKENDS}{elsewhere}{shadow}")).len(), 1);
+
+    let twin = BILLING.replace("name = \"billing\"\n", "name = \"billing-2\"\n");
+    let text = format!("{BACKENDS}{BILLING}{twin}{shadow}");
+    let p = problems(&text);
+    assert_eq!(p.len(), 1, "{p:?}");
+    assert!(p[0].contains("several active autoscalers target Deployment prod/billing (billing, billing-2)"), "{p:?}");
+
+    let text = format!("{BACKENDS}{BILLING}{}", shadow.replace("shadow = true", "shadow = \"yes\""));
+    assert!(problems(&text)[0].contains("shadow must be true or false"), "{:?}", problems(&text));
+}
+
+#[test]
 fn interval_must_be_at_least_one_second() {
     let text = format!("{BACKENDS}{BILLING}").replace("max_replicas = 9", "max_replicas = 9\ninterval = \"500ms\"");
     let p = problems(&text);

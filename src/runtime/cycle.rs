@@ -12,6 +12,7 @@ use tokio::time::Instant;
 
 use super::evaluate;
 use super::scheduler::{Due, Job};
+use super::source::Desired;
 use super::Shared;
 use crate::backend::recommender::WorkloadState;
 use crate::backend::{MetricQuery, Observation, QueryBackend, QueryError};
@@ -49,34 +50,47 @@ struct Slot {
     metric: usize,
 }
 
+/// A recommender to ask: which rule of the job (the autoscaler, or a shadow) and its slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Asked {
+    job: JobId,
+    rule: usize,
+    slot: Slot,
+}
+
 /// Which source answers which slots, and which jobs ask a recommender.
 #[derive(Debug, Default)]
 struct Plan {
     by_via: BTreeMap<Via, Vec<Slot>>,
-    recommended: Vec<JobId>,
+    recommended: Vec<Asked>,
 }
 
 impl Plan {
-    fn new<'a>(autoscalers: impl Iterator<Item = &'a Autoscaler>) -> (Plan, Answers) {
+    /// A job's slots are its autoscaler's metrics, then each shadow rule's (see
+    /// `Desired::rules`): one query of a backend serves them all.
+    fn new<'a>(jobs: impl Iterator<Item = &'a Desired>) -> (Plan, Answers) {
         let mut plan = Plan::default();
         let mut answers = Answers::default();
-        for (j, autoscaler) in autoscalers.enumerate() {
+        for (j, desired) in jobs.enumerate() {
             let job = JobId(j);
-            let mut sources: Vec<Via> = autoscaler.metrics.iter().map(Via::of).collect();
+            let mut sources: Vec<Via> = Vec::new();
+            let mut offset = 0;
+            let mut asked = 0;
+            for (rule, autoscaler) in desired.rules().enumerate() {
+                for (metric, source) in autoscaler.metrics.iter().enumerate() {
+                    sources.push(Via::of(source));
+                    plan.by_via.entry(Via::of(source)).or_default().push(Slot { job, metric: offset + metric });
+                }
+                if autoscaler.recommender.is_some() {
+                    // A recommender is its rule's one reading.
+                    plan.recommended.push(Asked { job, rule, slot: Slot { job, metric: offset } });
+                    asked += 1;
+                }
+                offset += autoscaler.rule.metrics().len();
+            }
             sources.sort_unstable();
             sources.dedup();
-            let recommender = autoscaler.recommender.is_some();
-            if recommender {
-                plan.recommended.push(job);
-            }
-            answers.jobs.push(Pending {
-                // A recommender is the autoscaler's one reading, in the first slot.
-                observations: vec![None; autoscaler.rule.metrics().len()],
-                waiting: sources.len() + usize::from(recommender),
-            });
-            for (metric, source) in autoscaler.metrics.iter().enumerate() {
-                plan.by_via.entry(Via::of(source)).or_default().push(Slot { job, metric });
-            }
+            answers.jobs.push(Pending { observations: vec![None; offset], waiting: sources.len() + asked });
         }
         (plan, answers)
     }
@@ -143,21 +157,21 @@ fn deadline(started: Instant, intervals: impl Iterator<Item = Duration>) -> Inst
 pub async fn run(shared: Arc<Shared>, permits: Arc<Semaphore>, due: Due) {
     let Due { jobs, backends } = due;
     let now = shared.clock.now();
-    let (plan, mut answers) = Plan::new(jobs.iter().map(|j| &j.desired.autoscaler));
+    let (plan, mut answers) = Plan::new(jobs.iter().map(|j| &*j.desired));
     let deadline =
         deadline(Instant::now(), jobs.iter().map(|j| j.desired.autoscaler.interval(shared.default_interval)));
     let mut queries: JoinSet<(Vec<Slot>, Vec<Observation>)> = JoinSet::new();
-    let metric_of = |slot: &Slot| &jobs[slot.job.0].desired.autoscaler.metrics[slot.metric];
+    let metric_of = |slot: &Slot| jobs.get(slot.job.0).and_then(|j| j.desired.metric_source(slot.metric));
     for (via, slots) in plan.by_via {
         let shared = Arc::clone(&shared);
         match via {
             Via::Backend(name) => {
+                // Every slot was planned from a metric of its job, so each has one.
+                let slots: Vec<Slot> = slots.into_iter().filter(|slot| metric_of(slot).is_some()).collect();
                 let batch: Vec<MetricQuery> = slots
                     .iter()
-                    .map(|slot| {
-                        let source = metric_of(slot);
-                        MetricQuery { query: source.query.clone(), reducer: source.reducer }
-                    })
+                    .filter_map(metric_of)
+                    .map(|source| MetricQuery { query: source.query.clone(), reducer: source.reducer })
                     .collect();
                 let client = backends.get(&name).cloned();
                 queries.spawn(async move {
@@ -178,11 +192,13 @@ pub async fn run(shared: Arc<Shared>, permits: Arc<Semaphore>, due: Due) {
                 });
             }
             Via::Resources => {
+                let slots: Vec<Slot> =
+                    slots.into_iter().filter(|slot| metric_of(slot).is_some_and(|m| m.resource.is_some())).collect();
                 let batch: Vec<ResourceQuery> = slots
                     .iter()
                     .filter_map(|slot| {
                         let autoscaler = &jobs[slot.job.0].desired.autoscaler;
-                        let source = metric_of(slot).resource.clone()?;
+                        let source = metric_of(slot)?.resource.clone()?;
                         Some(ResourceQuery { namespace: autoscaler.target.namespace.clone(), source })
                     })
                     .collect();
@@ -199,12 +215,15 @@ pub async fn run(shared: Arc<Shared>, permits: Arc<Semaphore>, due: Due) {
             }
         }
     }
-    for job in plan.recommended {
-        let desired = Arc::clone(&jobs[job.0].desired);
+    for asked in plan.recommended {
+        let desired = Arc::clone(&jobs[asked.job.0].desired);
         let shared = Arc::clone(&shared);
         queries.spawn(async move {
-            let observation = ask_recommender(&shared, &desired.autoscaler, deadline).await;
-            (vec![Slot { job, metric: 0 }], vec![observation])
+            let observation = match desired.rules().nth(asked.rule) {
+                Some(autoscaler) => ask_recommender(&shared, autoscaler, deadline).await,
+                None => Observation::unavailable(QueryError::Configuration("no recommender".into())),
+            };
+            (vec![asked.slot], vec![observation])
         });
     }
     let count = jobs.len();
@@ -276,8 +295,9 @@ mod tests {
     use super::*;
     use watermarkd_engine::Reading;
 
-    fn autoscalers(text: &str) -> Vec<Autoscaler> {
-        crate::rules::parse_rules(text, "rules.toml").expect("rules").autoscalers
+    fn autoscalers(text: &str) -> Vec<Desired> {
+        let rules = crate::rules::parse_rules(text, "rules.toml").expect("rules");
+        super::super::rules_file::split(rules, false).1
     }
 
     const RULES: &str = r#"

@@ -12,7 +12,10 @@ use super::source::{Desired, Persisted, Source, SourceKind};
 use super::Shared;
 use crate::backend::{Observation, QueryError};
 use crate::crd::{self, ScaleWrite};
+use crate::rules::Autoscaler;
+use crate::sparse::Sparse;
 use crate::state;
+use crate::telemetry::ShadowOutcome;
 use crate::workload::{ScaleReading, WorkloadError};
 
 /// Attempts at a scale write that keeps meeting a newer object.
@@ -40,6 +43,18 @@ pub struct Memory {
     /// What makes a change of the target's replica count this process did not confirm look
     /// like a scale that landed late.
     suspicion: state::Suspicion,
+    /// The shadow rules' own memories, in the order of `Desired::shadows`.
+    shadows: Sparse<ShadowMemory>,
+}
+
+/// What a shadow rule remembers between evaluations.
+#[derive(Debug)]
+struct ShadowMemory {
+    /// The rule it was kept for: a changed shadow rule starts over.
+    autoscaler: Autoscaler,
+    state: State,
+    /// Whether its last evaluation diverged from the active rule (a change is logged).
+    diverging: bool,
 }
 
 impl Memory {
@@ -52,6 +67,7 @@ impl Memory {
             failing: None,
             unconfirmed_write: None,
             suspicion: state::Suspicion::default(),
+            shadows: Sparse::default(),
         }
     }
 }
@@ -84,11 +100,11 @@ pub async fn evaluate(
 ) -> Outcome {
     let autoscaler = &desired.autoscaler;
     let target = &autoscaler.target;
+    let mut observations = observations;
+    let mut shadow_observations = observations.split_off(autoscaler.rule.metrics().len().min(observations.len()));
     // Skipped by the Datadog pacing: the engine holds, but nothing failed.
     let deferred = observations.iter().any(|o| matches!(o.detail.error, Some(QueryError::Deferred { .. })));
-    let partial: Vec<(usize, String)> =
-        observations.iter().enumerate().filter_map(|(i, o)| Some((i, o.detail.partial.clone()?))).collect();
-    let readings: Vec<Reading> = observations.into_iter().map(|o| o.reading).collect();
+    let (readings, partial) = readings_of(observations);
     let rule = if shared.dry_run { autoscaler.rule.clone().with_dry_run(true) } else { autoscaler.rule.clone() };
     let epoch = shared.epoch.load(Ordering::Acquire);
 
@@ -221,6 +237,12 @@ pub async fn evaluate(
                 .conditions;
         let conditions = conditions.iter().map(|c| (c.type_.as_str(), c.status == "True"));
         shared.autoscaler_metrics.observe(&desired.labels, &rule, &decision, scaled, conditions);
+        if !desired.shadows.is_empty() {
+            let shadows = std::mem::take(&mut shadow_observations);
+            let outcomes =
+                evaluate_shadows(desired, memory, observed, shadows, (&current, &decision, &next_state), now);
+            shared.autoscaler_metrics.observe_shadows(&desired.labels, &outcomes);
+        }
         persist(shared, desired, memory, &decision, &write, &next_state).await;
         report::decision_events(shared, desired, &decision, &write, deferred).await;
         memory.failing = None;
@@ -231,6 +253,80 @@ pub async fn evaluate(
             _ => Outcome::Scaled,
         };
     }
+}
+
+/// The readings of observations, and which of them are partial (a lower bound), with why.
+fn readings_of(observations: Vec<Observation>) -> (Vec<Reading>, Vec<(usize, String)>) {
+    let partial = observations.iter().enumerate().filter_map(|(i, o)| Some((i, o.detail.partial.clone()?))).collect();
+    (observations.into_iter().map(|o| o.reading).collect(), partial)
+}
+
+/// Decides each shadow rule on its readings (taken in the same cycle as the active rule's, and
+/// the same answers where the queries are the same), against the same observation of the
+/// target and at the same instant, and compares it with what the active rule decided. Nothing
+/// is written. A shadow keeps its own delays and stabilization history, while its windows
+/// count from the target's real scales (the active rule's `active` states before and after
+/// this decision), since that is the workload it would have taken over.
+fn evaluate_shadows(
+    desired: &Desired,
+    memory: &mut Memory,
+    target: Target,
+    observations: Vec<Observation>,
+    active: (&State, &Decision, &State),
+    now: watermarkd_engine::Timestamp,
+) -> Vec<ShadowOutcome> {
+    let (before, decision, after) = active;
+    let mut kept = memory.shadows.take();
+    let mut observations = observations.into_iter();
+    let mut memories = Vec::with_capacity(desired.shadows.len());
+    let mut outcomes = Vec::with_capacity(desired.shadows.len());
+    for shadow in desired.shadows.iter() {
+        let rule = &shadow.autoscaler.rule;
+        let (readings, partial) = readings_of(observations.by_ref().take(rule.metrics().len()).collect());
+        let mut own = match kept.iter().position(|m| m.autoscaler == shadow.autoscaler) {
+            Some(i) => kept.swap_remove(i),
+            None => ShadowMemory {
+                autoscaler: shadow.autoscaler.clone(),
+                state: State {
+                    last_scale_time: before.last_scale_time,
+                    scale_events: before.scale_events.clone(),
+                    ..State::default()
+                },
+                diverging: false,
+            },
+        };
+        let would = decide_on_partial_data(rule, target, &readings, &partial, &own.state, now);
+        let diverged = would.replicas != decision.replicas;
+        if diverged != own.diverging {
+            tracing::info!(
+                autoscaler = %desired.autoscaler.name,
+                shadow = %shadow.name,
+                active_replicas = decision.replicas,
+                shadow_replicas = would.replicas,
+                shadow_reason = %would.reason,
+                "{}",
+                if diverged { "the shadow rule diverges from the active rule" } else { "the shadow rule agrees again" }
+            );
+        } else {
+            tracing::debug!(
+                autoscaler = %desired.autoscaler.name,
+                shadow = %shadow.name,
+                shadow_replicas = would.replicas,
+                shadow_reason = %would.reason,
+                "shadow decision"
+            );
+        }
+        own.diverging = diverged;
+        own.state = State {
+            last_scale_time: after.last_scale_time,
+            scale_events: after.scale_events.clone(),
+            ..would.state_if_not_written
+        };
+        outcomes.push(ShadowOutcome { name: shadow.name.clone(), replicas: would.replicas, diverged });
+        memories.push(own);
+    }
+    memory.shadows = Sparse::from(memories);
+    outcomes
 }
 
 /// Decides, with partial readings (lower bounds: some pods had no usable sample) used only to

@@ -19,6 +19,11 @@ use crate::rules::{self, RulesFile};
 /// daemon's --dry-run, which the series' `dry_run` label includes.
 pub fn split(rules: RulesFile, daemon_dry_run: bool) -> (Arc<RulesFile>, Vec<Desired>) {
     let desired = rules.autoscalers.into_iter().map(|a| Desired::from_rules_file(a, daemon_dry_run)).collect();
+    // The file was checked: every shadow has its one active autoscaler.
+    let (desired, lone) = super::source::attach_shadows(desired);
+    for (shadow, why) in lone {
+        tracing::error!(autoscaler = %shadow.autoscaler.name, problem = %why, "shadow rule not run");
+    }
     (Arc::new(RulesFile { backends: rules.backends, autoscalers: Vec::new() }), desired)
 }
 

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use crate::crd::{WatermarkPodAutoscaler, WatermarkPodAutoscalerStatus};
 use crate::rules::{intern, Autoscaler};
+use crate::sparse::Sparse;
 use crate::telemetry::SeriesLabels;
 use watermarkd_engine::State;
 
@@ -91,6 +92,77 @@ pub struct Desired {
     /// Shared with the autoscaler's series (see `AutoscalerMetrics::admit`).
     pub labels: Arc<SeriesLabels>,
     pub source: Source,
+    /// The shadow rules on the same target, evaluated with this autoscaler and compared with it.
+    pub shadows: Sparse<Shadow>,
+}
+
+/// A shadow rule, as its active autoscaler carries it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Shadow {
+    /// Its name in the `shadow` label: the rules-file autoscaler's name, or the WPA's name.
+    pub name: Arc<str>,
+    pub autoscaler: Autoscaler,
+}
+
+impl Desired {
+    /// The rules of one evaluation, in the order their readings come: this autoscaler's,
+    /// then each shadow's.
+    pub fn rules(&self) -> impl Iterator<Item = &Autoscaler> {
+        std::iter::once(&self.autoscaler).chain(self.shadows.iter().map(|s| &s.autoscaler))
+    }
+
+    /// The metric whose reading is the `index`-th of the evaluation (see [`Desired::rules`]).
+    pub fn metric_source(&self, index: usize) -> Option<&crate::rules::MetricSource> {
+        let mut offset = 0;
+        for autoscaler in self.rules() {
+            let count = autoscaler.rule.metrics().len();
+            if index < offset + count {
+                return autoscaler.metrics.get(index - offset);
+            }
+            offset += count;
+        }
+        None
+    }
+}
+
+/// Hands each shadow rule to the one active autoscaler on its target, from the same source
+/// (and so, for WPAs, the same namespace). Returns the autoscalers to run and the shadows that
+/// have no such partner, or several, with why.
+pub fn attach_shadows(desired: Vec<Desired>) -> (Vec<Desired>, Vec<(Desired, String)>) {
+    let (shadows, mut active): (Vec<Desired>, Vec<Desired>) = desired.into_iter().partition(|d| d.autoscaler.shadow);
+    if shadows.is_empty() {
+        return (active, Vec::new());
+    }
+    let mut on_target: std::collections::HashMap<crate::rules::TargetRef, Vec<usize>> =
+        std::collections::HashMap::new();
+    for (i, d) in active.iter().enumerate() {
+        on_target.entry(d.autoscaler.target.clone()).or_default().push(i);
+    }
+    let mut lone = Vec::new();
+    for shadow in shadows {
+        let target = &shadow.autoscaler.target;
+        let described = format!("{} {}/{}", target.kind, target.namespace, target.name);
+        match on_target.get(target).map_or(&[][..], Vec::as_slice) {
+            [one] => {
+                let name = Arc::clone(&shadow.labels.wpa_name);
+                active[*one].shadows.push(Shadow { name, autoscaler: shadow.autoscaler });
+            }
+            [] => lone.push((
+                shadow,
+                format!("no active autoscaler targets {described}: a shadow rule runs beside the active one"),
+            )),
+            several => {
+                let names: Vec<&str> = several.iter().map(|i| &*active[*i].labels.wpa_name).collect();
+                let why = format!(
+                    "several active autoscalers target {described} ({}): a shadow rule is compared with the one \
+                     active rule on its target",
+                    names.join(", ")
+                );
+                lone.push((shadow, why));
+            }
+        }
+    }
+    (active, lone)
 }
 
 impl Desired {
@@ -111,6 +183,7 @@ impl Desired {
             }),
             autoscaler,
             source: Source::RulesFile,
+            shadows: Sparse::default(),
         }
     }
 
@@ -137,6 +210,7 @@ impl Desired {
             }),
             autoscaler,
             source: Source::Wpa(wpa),
+            shadows: Sparse::default(),
         }
     }
 }
@@ -164,6 +238,46 @@ impl Persisted {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn desired(text: &str) -> Vec<Desired> {
+        let rules = crate::rules::parse_rules(text, "rules.toml").expect("rules");
+        rules.autoscalers.into_iter().map(|a| Desired::from_rules_file(a, false)).collect()
+    }
+
+    fn autoscaler(name: &str, target: &str, shadow: bool) -> String {
+        format!(
+            "\n[[autoscaler]]\nname = \"{name}\"\nshadow = {shadow}\n\
+             target = {{ kind = \"Deployment\", namespace = \"shop\", name = \"{target}\" }}\n\
+             min_replicas = 1\nmax_replicas = 10\n[[autoscaler.metric]]\nbackend = \"p\"\nquery = \"q\"\n\
+             high_watermark = 10\nlow_watermark = 1\n"
+        )
+    }
+
+    #[test]
+    fn shadows_ride_with_the_active_autoscaler_on_their_target() {
+        let text = format!(
+            "[backend.p]\ntype = \"prometheus\"\nurl = \"http://127.0.0.1:1\"\n{}{}{}{}",
+            autoscaler("web", "web", false),
+            autoscaler("api", "api", false),
+            autoscaler("web-next", "web", true),
+            autoscaler("web-other", "web", true),
+        );
+        let (running, lone) = attach_shadows(desired(&text));
+        assert!(lone.is_empty());
+        let shape: Vec<(String, Vec<String>)> = running
+            .iter()
+            .map(|d| (d.autoscaler.name.to_string(), d.shadows.iter().map(|s| s.name.to_string()).collect()))
+            .collect();
+        assert_eq!(
+            shape,
+            [("web".into(), vec!["web-next".to_string(), "web-other".to_string()]), ("api".into(), Vec::new())]
+        );
+        let names: Vec<&str> = running[0].rules().map(|a| &*a.name).collect();
+        assert_eq!(names, ["web", "web-next", "web-other"]);
+        // The readings come in that order: one metric each.
+        assert_eq!(running[0].metric_source(2).map(|m| m.query.as_str()), Some("q"));
+        assert!(running[0].metric_source(3).is_none());
+    }
 
     #[test]
     fn keys_print_as_they_always_did_so_phases_survive_an_upgrade() {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use super::source::{AutoscalerKey, Desired};
 use crate::crd::{self, DatadogMetric, DatadogMetricIndex, MapError, MappingOptions, WatermarkPodAutoscaler};
-use crate::rules::RulesFile;
+use crate::rules::{Problem, RulesFile};
 use crate::telemetry::LabelsAsTags;
 
 /// Where one watch looks: one namespace, or every namespace.
@@ -274,6 +274,26 @@ impl WpaIndex {
                 }
             }
         }
+        let (desired, lone) = super::source::attach_shadows(desired);
+        for (shadow, why) in lone {
+            let Some(wpa) = shadow.source.wpa() else { continue };
+            let key = ObjectKey::of(&wpa.metadata);
+            let error = MapError::Invalid {
+                problems: vec![Problem {
+                    line: None,
+                    autoscaler: Some(shadow.autoscaler.name.to_string()),
+                    field: format!("metadata.annotations[{:?}]", crd::SHADOW_ANNOTATION),
+                    message: format!("is \"true\", but {why}"),
+                }],
+                unsupported: Vec::new(),
+            };
+            let message = error.to_string();
+            if self.rejected.get(&key) != Some(&message) {
+                tracing::warn!(wpa = %key, error = %message, "WPA not run");
+            }
+            said.insert(key, message);
+            rejected.push(Rejection { wpa: Arc::clone(wpa), error });
+        }
         self.rejected = said;
         Update::Replace { desired, rejected }
     }
@@ -393,6 +413,52 @@ mod tests {
         labelled.metadata.labels = Some([("team".to_string(), "a".to_string())].into());
         index.apply_wpa(Arc::new(labelled));
         assert!(matches!(index.update(), Update::Replace { .. }));
+    }
+
+    /// A WPA named `name` on `wpa`'s target, marked a shadow rule with `value`.
+    fn shadow(of: &WatermarkPodAutoscaler, name: &str, value: &str) -> Arc<WatermarkPodAutoscaler> {
+        let mut shadow = of.clone();
+        shadow.metadata.name = Some(name.into());
+        shadow.metadata.annotations = Some([(crd::SHADOW_ANNOTATION.to_string(), value.to_string())].into());
+        Arc::new(shadow)
+    }
+
+    #[test]
+    fn a_shadow_wpa_runs_with_the_active_one_on_its_target_or_is_rejected() {
+        let mut index = index(&[Scope::All]);
+        let web = wpa("shop", "web", "10");
+        let other_namespace = wpa("stage", "web", "10");
+        index.reset_wpas(
+            &Scope::All,
+            [
+                Arc::clone(&web),
+                shadow(&web, "web-next", "true"),
+                // Same target name, other namespace: no active WPA on its target.
+                shadow(&other_namespace, "web-next", "true"),
+                shadow(&web, "web-typo", "yes"),
+            ],
+        );
+        index.reset_metrics(&Scope::All, []);
+        let update = index.update();
+        assert_eq!(
+            names(&update),
+            (vec!["crd/shop/web".to_string()], vec!["shop/web-typo".to_string(), "stage/web-next".to_string()])
+        );
+        let Update::Replace { desired, rejected } = update else { unreachable!() };
+        let shadows: Vec<&str> = desired[0].shadows.iter().map(|s| &*s.name).collect();
+        assert_eq!(shadows, ["web-next"]);
+        assert!(desired[0].shadows[0].autoscaler.shadow);
+        let errors: Vec<String> = rejected.iter().map(|r| r.error.to_string()).collect();
+        assert!(
+            errors[0].contains(r#"metadata.annotations["watermarkd.io/shadow"] must be "true" or "false", not "yes""#),
+            "{errors:?}"
+        );
+        assert!(
+            errors[1].contains(
+                r#"metadata.annotations["watermarkd.io/shadow"] is "true", but no active autoscaler targets Deployment stage/web"#
+            ),
+            "{errors:?}"
+        );
     }
 
     #[test]

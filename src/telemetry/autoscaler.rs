@@ -16,6 +16,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use watermarkd_engine::{Action, Decision, Limit, Position, Rule};
 
+use crate::sparse::Sparse;
+
 /// Who an autoscaler's series are about.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct SeriesLabels {
@@ -213,6 +215,27 @@ struct MetricRecord {
     proposal: Option<u32>,
 }
 
+/// What one shadow rule made of an evaluation of its active autoscaler.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ShadowOutcome {
+    /// The `shadow` label.
+    pub name: Arc<str>,
+    /// What it would have set.
+    pub replicas: u32,
+    /// Whether that differs from what the active rule set (or, in a dry run, would have).
+    pub diverged: bool,
+}
+
+#[derive(Clone, Debug)]
+struct ShadowRecord {
+    /// The `shadow` label's value, escaped.
+    name: String,
+    /// `None` after an evaluation that could not decide.
+    replicas: Option<u32>,
+    evaluations_total: u64,
+    divergence_total: u64,
+}
+
 /// Everything exported about one autoscaler. The label set is the running autoscaler's own,
 /// rendered once per scrape rather than kept rendered: at 10,000 autoscalers the texts would
 /// hold 3 MB between scrapes.
@@ -231,6 +254,7 @@ struct Record {
     downscale_total: u64,
     /// Per [`CONDITIONS`] entry: its status as last set (`None`: never set).
     conditions: [Option<bool>; CONDITIONS.len()],
+    shadows: Sparse<ShadowRecord>,
 }
 
 /// The previous conditions with these set; a condition not set this time keeps its status, as
@@ -382,8 +406,38 @@ impl AutoscalerMetrics {
                 upscale_total: previous.map_or(0, |p| p.upscale_total) + added,
                 downscale_total: previous.map_or(0, |p| p.downscale_total) + removed,
                 conditions: conditions(previous, set_conditions),
+                shadows: previous.map(|p| p.shadows.clone()).unwrap_or_default(),
             }
         });
+    }
+
+    /// Sets the series of the shadow rules evaluated with the autoscaler's last evaluation
+    /// (after [`observe`](Self::observe)). A shadow no longer listed loses its series.
+    pub fn observe_shadows(&self, labels: &SeriesLabels, outcomes: &[ShadowOutcome]) {
+        let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(slot) = slots.get_mut(labels) else { return };
+        if let Some(previous) = slot.record.as_deref() {
+            let mut record = previous.clone();
+            let before = record.shadows.take();
+            let shadows: Vec<ShadowRecord> = outcomes
+                .iter()
+                .map(|outcome| {
+                    let name = escape(&outcome.name);
+                    let (evaluations, divergences) = before
+                        .iter()
+                        .find(|s| s.name == name)
+                        .map_or((0, 0), |s| (s.evaluations_total, s.divergence_total));
+                    ShadowRecord {
+                        name,
+                        replicas: Some(outcome.replicas),
+                        evaluations_total: evaluations + 1,
+                        divergence_total: divergences + u64::from(outcome.diverged),
+                    }
+                })
+                .collect();
+            record.shadows = Sparse::from(shadows);
+            slot.record = Some(Arc::new(record));
+        }
     }
 
     /// An evaluation that could not decide (target unreadable): the autoscaler is not active
@@ -409,6 +463,11 @@ impl AutoscalerMetrics {
                     previous,
                     [("AbleToScale", false), ("ScalingActive", false), ("DryRun", dry_run)],
                 ),
+                // Nothing was evaluated: the shadows keep their counts and lose their value.
+                shadows: previous
+                    .map(|p| p.shadows.iter().map(|s| ShadowRecord { replicas: None, ..s.clone() }).collect::<Vec<_>>())
+                    .unwrap_or_default()
+                    .into(),
             }
         });
     }
@@ -423,13 +482,16 @@ impl AutoscalerMetrics {
             .map(|record| Rendered { labels: record.labels.render(), info_labels: record.labels.render_info(), record })
             .collect();
         records.sort_by(|a, b| a.labels.cmp(&b.labels));
-        Snapshot { records }
+        let shadows = records.iter().any(|r| !r.record.shadows.is_empty());
+        Snapshot { records, shadows }
     }
 }
 
 /// The series of one scrape, written out a family and a slice of autoscalers at a time.
 pub struct Snapshot {
     records: Vec<Rendered>,
+    /// Whether any autoscaler has a shadow rule (see [`shadow_family`]).
+    shadows: bool,
 }
 
 /// A record with its label sets rendered for this scrape.
@@ -456,12 +518,15 @@ enum Family {
     DownscaleTotal,
     Conditions,
     LabelsInfo,
+    ShadowReplicas,
+    ShadowEvaluations,
+    ShadowDivergence,
 }
 
 /// The families, in output order: what, name, type, help. The Datadog controller still
 /// exports the watermarks under their first, misspelled names (`..._watermak`) beside the
 /// correct ones; dashboards built on either keep working, so both are here.
-const FAMILIES: [(Family, &str, &str, &str); 17] = [
+const FAMILIES: [(Family, &str, &str, &str); 20] = [
     (Family::Value, "wpa_controller_value", "gauge", "The metric's value, as compared with the watermarks"),
     (Family::HighWatermark, "wpa_controller_high_watermark", "gauge", "The metric's high watermark"),
     (
@@ -519,7 +584,30 @@ const FAMILIES: [(Family, &str, &str, &str); 17] = [
         "gauge",
         "Always 1: the autoscaler's labels-as-tags, to join on wpa_name and resource_namespace",
     ),
+    (
+        Family::ShadowReplicas,
+        "watermarkd_shadow_replicas",
+        "gauge",
+        "Replicas the shadow rule would set, decided on the same readings as the active rule, never written",
+    ),
+    (
+        Family::ShadowEvaluations,
+        "watermarkd_shadow_evaluations_total",
+        "counter",
+        "Evaluations of the shadow rule beside the active rule",
+    ),
+    (
+        Family::ShadowDivergence,
+        "watermarkd_shadow_divergence_total",
+        "counter",
+        "Evaluations in which the shadow rule would have set another replica count than the active rule",
+    ),
 ];
+
+/// Families only a shadow rule has: without one they are left out, headers included.
+fn shadow_family(family: Family) -> bool {
+    matches!(family, Family::ShadowReplicas | Family::ShadowEvaluations | Family::ShadowDivergence)
+}
 
 impl Snapshot {
     /// How many chunks [`Snapshot::render`] writes, each at most `per_chunk` autoscalers of one
@@ -538,6 +626,9 @@ impl Snapshot {
         }
         let (family, slice) = (index / slices, index % slices);
         let Some(&(family, name, kind, help)) = FAMILIES.get(family) else { return String::new() };
+        if shadow_family(family) && !self.shadows {
+            return String::new();
+        }
         let mut out = String::new();
         if slice == 0 {
             let _ = write!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n");
@@ -608,6 +699,23 @@ fn write_samples(out: &mut String, family: Family, name: &str, rendered: &Render
         }
         Family::LabelsInfo => {
             let _ = writeln!(out, "{name}{{{}}} 1", rendered.info_labels);
+        }
+        Family::ShadowReplicas => {
+            for shadow in record.shadows.iter() {
+                if let Some(replicas) = shadow.replicas {
+                    line(out, name, labels, Some(("shadow", &shadow.name)), replicas);
+                }
+            }
+        }
+        Family::ShadowEvaluations => {
+            for shadow in record.shadows.iter() {
+                line(out, name, labels, Some(("shadow", &shadow.name)), shadow.evaluations_total);
+            }
+        }
+        Family::ShadowDivergence => {
+            for shadow in record.shadows.iter() {
+                line(out, name, labels, Some(("shadow", &shadow.name)), shadow.divergence_total);
+            }
         }
     }
 }
@@ -840,5 +948,49 @@ mod tests {
         assert!(!exported(&metrics).is_empty(), "one holder left");
         metrics.remove(&dry);
         assert_eq!(exported(&metrics), "");
+    }
+    #[test]
+    fn shadow_series_count_evaluations_and_divergences_and_exist_only_with_a_shadow() {
+        let metrics = admitted(AutoscalerMetrics::new(), &[&labels("web")]);
+        let rule = crate::rules::rule_from_json(&serde_json::json!({
+            "min_replicas": 1, "max_replicas": 10,
+            "metric": [{ "name": "load", "query": "q", "high_watermark": 10, "low_watermark": 5 }]
+        }))
+        .expect("rule");
+        let target = Target { spec_replicas: 2, status_replicas: Some(2), ready_replicas: Some(2) };
+        let now = Timestamp::from_unix_millis(1_700_000_000_000);
+        let decision = decide(&rule, target, &[Reading::Value { value: 7.0, at: now }], &State::default(), now);
+        metrics.observe(&labels("web"), &rule, &decision, false, []);
+        assert!(!exported(&metrics).contains("watermarkd_shadow"), "no shadow, no family: {}", exported(&metrics));
+
+        let next = |replicas: u32, diverged: bool| ShadowOutcome { name: "web-next".into(), replicas, diverged };
+        metrics.observe_shadows(&labels("web"), &[next(3, true)]);
+        metrics.observe(&labels("web"), &rule, &decision, false, []);
+        metrics.observe_shadows(&labels("web"), &[next(2, false)]);
+        let text = exported(&metrics);
+        assert!(text.contains(&format!("watermarkd_shadow_replicas{{{WEB},shadow=\"web-next\"}} 2\n")), "{text}");
+        assert!(
+            text.contains(&format!("watermarkd_shadow_evaluations_total{{{WEB},shadow=\"web-next\"}} 2\n")),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("watermarkd_shadow_divergence_total{{{WEB},shadow=\"web-next\"}} 1\n")),
+            "{text}"
+        );
+        assert!(text.contains("# TYPE watermarkd_shadow_divergence_total counter\n"), "{text}");
+
+        // A failed evaluation: the counts stay, the would-be replicas go.
+        metrics.observe_failure(&labels("web"), &rule);
+        let text = exported(&metrics);
+        assert!(!text.contains("watermarkd_shadow_replicas{"), "{text}");
+        assert!(
+            text.contains(&format!("watermarkd_shadow_divergence_total{{{WEB},shadow=\"web-next\"}} 1\n")),
+            "{text}"
+        );
+
+        // The shadow is removed from the rules: its series go with the next evaluation.
+        metrics.observe(&labels("web"), &rule, &decision, false, []);
+        metrics.observe_shadows(&labels("web"), &[]);
+        assert!(!exported(&metrics).contains("watermarkd_shadow"), "{}", exported(&metrics));
     }
 }

@@ -7,7 +7,7 @@ mod http_client;
 pub mod logging;
 mod server;
 
-pub use autoscaler::{AutoscalerMetrics, LabelsAsTags, SeriesLabels};
+pub use autoscaler::{AutoscalerMetrics, LabelsAsTags, SeriesLabels, ShadowOutcome};
 pub(crate) use daemon::DaemonMetrics;
 pub use http_client::HttpClientMetrics;
 pub use server::{serve, Readiness};
