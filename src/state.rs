@@ -60,9 +60,11 @@ pub fn needs_write(written: Option<&State>, next: &State) -> bool {
             || next.above_since.is_some()
             || next.below_since.is_some()
             || !next.scale_events.is_empty()
-            || !next.recommendations.is_empty();
+            || !next.recommendations.is_empty()
+            || next.zero.is_some();
     };
     written.last_scale_time != next.last_scale_time
+        || written.zero != next.zero
         || written.above_since != next.above_since
         || written.below_since != next.below_since
         || written.scale_events.len() < next.scale_events.len()
@@ -110,6 +112,8 @@ pub fn from_wpa_status(status: Option<&WatermarkPodAutoscalerStatus>) -> State {
         below_since: since(BELOW_LOW_WATERMARK),
         recommendations: Vec::new(),
         scale_events: Vec::new(),
+        // A WPA's minimum is at least 1: it never scales to zero.
+        zero: None,
     }
 }
 
@@ -152,6 +156,15 @@ pub fn restore(persisted: State, marks: &Marks, rule: &Rule, now: Timestamp) -> 
     }
     for event in &mut state.scale_events {
         clamp(&mut event.at, "scale event time");
+    }
+    if let Some(zero) = state.zero.as_deref_mut() {
+        for (time, field) in
+            [(&mut zero.idle_since, "idle since"), (&mut zero.scaled_to_zero_at, "scaled to zero at")]
+        {
+            if let Some(time) = time {
+                clamp(time, field);
+            }
+        }
     }
     if !rule.recommendation_horizon().is_zero() {
         if let Some(newest) = state.recommendations.last_mut() {
@@ -250,7 +263,7 @@ pub struct Restored {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use watermarkd_engine::ScaleEvent;
+    use watermarkd_engine::{ScaleEvent, ZeroState};
 
     fn t(ms: i64) -> Timestamp {
         Timestamp::from_unix_millis(ms)
@@ -263,6 +276,7 @@ mod tests {
             below_since: None,
             recommendations: vec![Recommendation { replicas: 4, at: t(1_700_000_011_000) }],
             scale_events: vec![ScaleEvent { from: 3, to: 4, at: t(1_700_000_000_500) }],
+            zero: Some(Box::new(ZeroState { idle_since: Some(t(1_700_000_012_000)), scaled_to_zero_at: None })),
         }
     }
 
@@ -429,16 +443,18 @@ mod tests {
             below_since: Some(t(1_700_000_100_001)),
             recommendations: vec![Recommendation { replicas: 4, at: t(1_700_000_100_000 + year) }],
             scale_events: vec![ScaleEvent { from: 3, to: 4, at: t(1_700_000_200_000) }],
+            zero: Some(Box::new(ZeroState { idle_since: None, scaled_to_zero_at: Some(t(1_700_000_100_000 + year)) })),
         };
         let restored = restore(persisted, &Marks::default(), &rule, now);
         assert_eq!(restored.state.last_scale_time, Some(now));
         assert_eq!(restored.state.above_since, Some(t(1_700_000_050_000)), "a past time is kept");
+        assert_eq!(restored.state.zero.as_ref().and_then(|z| z.scaled_to_zero_at), Some(now));
         assert_eq!(restored.state.below_since, Some(now));
         assert_eq!(restored.state.recommendations[0].at, now);
         assert_eq!(restored.state.scale_events[0].at, now);
         assert_eq!(
             restored.future,
-            ["last scale time", "below-low-watermark since", "recommendation time", "scale event time"]
+            ["last scale time", "below-low-watermark since", "recommendation time", "scale event time", "scaled to zero at"]
         );
         // The API server's record of a scale, from a skewed clock, is no exception.
         let marks = Marks { state_annotation: None, scaled_at: Some(t(1_700_000_500_000)) };

@@ -386,6 +386,15 @@ impl Mapper {
                 None
             }
         };
+        if spec.min_replicas == Some(0) {
+            // Scale to zero needs an activation per metric, which a WPA has no field for; the
+            // Datadog CRD's minimum is 1, and a WPA keeps that meaning.
+            self.problem(
+                "spec.minReplicas",
+                "(0) must be at least 1: a WatermarkPodAutoscaler does not scale to zero (a rules-file autoscaler \
+                 can, with min_replicas = 0 and an activation per metric)",
+            );
+        }
         let mut put = |document: &mut Map<String, Value>, key: &str, wpa: &str, value: Option<Value>| {
             self.paths.insert(key.to_string(), format!("spec.{wpa}"));
             if let Some(value) = value {
@@ -394,7 +403,8 @@ impl Mapper {
         };
         let int = |v: Option<i64>| v.map(Value::from);
         let quantity = |q: &Option<Quantity>| q.as_ref().map(Quantity::to_json);
-        put(document, "min_replicas", "minReplicas", int(spec.min_replicas));
+        let min_replicas = spec.min_replicas.filter(|&min| min != 0);
+        put(document, "min_replicas", "minReplicas", int(min_replicas));
         put(document, "max_replicas", "maxReplicas", int(spec.max_replicas));
         // The Datadog controller defaults an empty algorithm (Go's zero value) to absolute.
         let algorithm = spec.algorithm.as_ref().filter(|a| !a.is_empty()).map(|a| Value::String(a.clone()));

@@ -193,7 +193,7 @@ fn scaling_active(decision: &Decision) -> Update {
         .map(|m| format!("{}: {}", m.name, m.note.as_deref().unwrap_or("unavailable")))
         .collect();
     match decision.guard {
-        Some(Guard::Paused) => Update::new(
+        Some(Guard::Paused | Guard::AtZero) => Update::new(
             SCALING_ACTIVE,
             false,
             "ScalingDisabled",
@@ -250,6 +250,7 @@ fn scaling_limited(decision: &Decision) -> Option<Update> {
         (
             _,
             Limit::Paused
+            | Limit::ScaledToZero
             | Limit::NoData
             | Limit::AboveMax
             | Limit::BelowMin

@@ -47,6 +47,7 @@ const AUTOSCALER_KEYS: &[&str] = &[
     "tolerate_zero",
     "min_available_replica_percentage",
     "dry_run",
+    "scale_to_zero_delay",
     "shadow",
     "metric",
     "recommender",
@@ -64,6 +65,7 @@ const METRIC_KEYS: &[&str] = &[
     "low_watermark",
     "max_age",
     "reducer",
+    "activation",
 ];
 /// The keys of a resource metric only.
 const RESOURCE_KEYS: &[&str] = &["selector", "pod_aggregation", "readiness_delay"];
@@ -308,6 +310,7 @@ fn read_rule_spec(table: &mut Table<'_>, sink: &mut Sink, metrics: &[MetricEntry
         tolerate_zero: table.flag(sink, "tolerate_zero"),
         min_available_replica_percentage: table.count(sink, "min_available_replica_percentage"),
         dry_run: table.flag(sink, "dry_run"),
+        scale_to_zero_delay: table.duration(sink, "scale_to_zero_delay"),
     }
 }
 
@@ -357,7 +360,7 @@ fn read_recommender(table: &mut Table<'_>, form: Form<'_>, sink: &mut Sink) -> O
             reducer: None,
             resource: None,
         },
-        spec: MetricSpec { name, low_watermark: low, high_watermark: high, max_age: None },
+        spec: MetricSpec { name, low_watermark: low, high_watermark: high, max_age: None, activation: None },
         name_line: rec.line,
         average_line: None,
     };
@@ -490,6 +493,7 @@ fn read_metric(node: &Node, index: usize, parent: &Scope, form: Form<'_>, sink: 
         low_watermark: metric.number(sink, "low_watermark"),
         high_watermark: metric.number(sink, "high_watermark"),
         max_age,
+        activation: metric.number(sink, "activation"),
     };
     metric.finish(sink, METRIC_KEYS);
     entry

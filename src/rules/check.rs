@@ -21,6 +21,9 @@ pub fn run_check(files: &[PathBuf], out: &mut impl Write) -> std::io::Result<boo
                 writeln!(out, "{}: ok, {count}", file.display())?;
                 for autoscaler in &rules.autoscalers {
                     writeln!(out, "  {}", summary(autoscaler))?;
+                    for warning in warnings(autoscaler) {
+                        writeln!(out, "    warning: {warning}")?;
+                    }
                 }
             }
             Err(err) => {
@@ -89,10 +92,56 @@ pub(crate) fn summary(autoscaler: &Autoscaler) -> String {
     if rule.dry_run() {
         parts.push("dry run".into());
     }
+    if let Some(zero) = rule.scale_to_zero() {
+        let activations: Vec<String> = rule
+            .metrics()
+            .iter()
+            .zip(&zero.activations)
+            .map(|(metric, activation)| format!("{} > {}", metric.name, format_quantity(activation)))
+            .collect();
+        parts.push(format!(
+            "scales to zero after {} idle, wakes on {}",
+            seconds(zero.delay),
+            activations.join(" or ")
+        ));
+    }
     if autoscaler.shadow {
         parts.push("shadow: compared with the active rule on its target, never written".into());
     }
     parts.join(", ")
+}
+
+/// What is valid but will not do what its author probably means: today, scale to zero on
+/// metrics that read nothing, or never read idle, at zero pods.
+pub fn warnings(autoscaler: &Autoscaler) -> Vec<String> {
+    let rule = &autoscaler.rule;
+    let Some(zero) = rule.scale_to_zero() else { return Vec::new() };
+    let mut out = Vec::new();
+    if rule.algorithm() == Algorithm::Average {
+        out.push(
+            "min_replicas = 0 with algorithm = \"average\": a per-replica average reads nothing at zero replicas; \
+             scale to zero suits metrics that do not come from the pods (a queue depth, a request rate at the load \
+             balancer), compared as totals with each activation"
+                .to_string(),
+        );
+    }
+    for (source, activation) in autoscaler.metrics.iter().zip(&zero.activations) {
+        if source.resource.is_some() {
+            out.push(format!(
+                "metric {:?} is read from the pods, so at zero replicas it reads nothing and can never wake the \
+                 workload: another metric, from outside the pods, has to",
+                source.name
+            ));
+        }
+        if activation.is_zero() && !rule.tolerate_zero() {
+            out.push(format!(
+                "metric {:?} has activation 0 and tolerate_zero is off: a reading of exactly 0 is not taken as idle, \
+                 so the workload never goes to zero; set tolerate_zero = true if 0 is a real reading (an empty queue)",
+                source.name
+            ));
+        }
+    }
+    out
 }
 
 fn velocity(velocity: &Velocity) -> String {

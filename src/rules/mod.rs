@@ -23,7 +23,7 @@ use std::time::Duration;
 use watermarkd_engine::Rule;
 
 use autoscaler::{read_autoscaler, Form};
-pub use check::run_check;
+pub use check::{run_check, warnings};
 pub(crate) use problem::{Problem, RulesError};
 use problem::{Scope, Sink};
 pub(crate) use quantity::parse_quantity;

@@ -401,6 +401,52 @@ fn a_shadow_rule_needs_one_active_autoscaler_on_its_target() {
 }
 
 #[test]
+fn scale_to_zero_reads_its_keys_and_names_what_is_missing() {
+    let queue = r#"
+[[autoscaler]]
+name = "worker"
+target = { kind = "Deployment", namespace = "prod", name = "worker" }
+min_replicas = 0
+max_replicas = 20
+scale_to_zero_delay = "10m"
+tolerate_zero = true
+
+[[autoscaler.metric]]
+name = "queue"
+backend = "prom"
+query = "sum(queue_depth)"
+high_watermark = 100
+low_watermark = 10
+activation = 0
+"#;
+    let rules = parse(&format!("{BACKENDS}{queue}"));
+    let worker = &rules.autoscalers[0];
+    let zero = worker.rule.scale_to_zero().expect("scales to zero");
+    assert_eq!((zero.delay, zero.activations.clone()), (Duration::from_secs(600), vec![d("0")]));
+    assert!(summary(worker).contains("0..20 replicas"), "{}", summary(worker));
+    assert!(summary(worker).ends_with("scales to zero after 600s idle, wakes on queue > 0"), "{}", summary(worker));
+    assert!(warnings(worker).is_empty(), "{:?}", warnings(worker));
+
+    let text = format!("{BACKENDS}{}", queue.replace("activation = 0\n", ""));
+    // Missing, so named at its table.
+    let line = line_of(&text, "[[autoscaler.metric]]");
+    assert_eq!(
+        problems(&text),
+        [format!(
+            "rules.toml:{line}: autoscaler \"worker\": metric \"queue\": activation is required with min_replicas = 0: \
+             the value above which the workload wakes from zero"
+        )]
+    );
+
+    // Valid, but a per-replica average and an unforgiving zero are said.
+    let text = format!("{BACKENDS}{}", queue.replace("tolerate_zero = true\n", "algorithm = \"average\"\n"));
+    let said = warnings(&parse(&text).autoscalers[0]);
+    assert_eq!(said.len(), 2, "{said:?}");
+    assert!(said[0].starts_with("min_replicas = 0 with algorithm = \"average\""), "{said:?}");
+    assert!(said[1].contains("activation 0 and tolerate_zero is off"), "{said:?}");
+}
+
+#[test]
 fn interval_must_be_at_least_one_second() {
     let text = format!("{BACKENDS}{BILLING}").replace("max_replicas = 9", "max_replicas = 9\ninterval = \"500ms\"");
     let p = problems(&text);
@@ -581,7 +627,7 @@ fn json_rule_problems_have_no_lines_and_no_position_prefix() {
         [
             "interval (0s) must be at least 1s",
             "metric[0] needs a name (or a query, which then serves as its name)",
-            "metric \"cpu\": extra is not a known key (known keys: name, backend, query, resource, selector, pod_aggregation, readiness_delay, high_watermark, low_watermark, max_age, reducer)",
+            "metric \"cpu\": extra is not a known key (known keys: name, backend, query, resource, selector, pod_aggregation, readiness_delay, high_watermark, low_watermark, max_age, reducer, activation)",
             "algorithm (\"Average\") must be \"absolute\" or \"average\"",
             "min_replicas (5) must not exceed max_replicas (4)",
             "metric \"cpu\": low_watermark (0.8) must not exceed high_watermark (0.5)",

@@ -18,6 +18,11 @@ use crate::rules::{self, RulesFile};
 /// needs). The autoscalers move: the daemon keeps one copy of each. `daemon_dry_run` is the
 /// daemon's --dry-run, which the series' `dry_run` label includes.
 pub fn split(rules: RulesFile, daemon_dry_run: bool) -> (Arc<RulesFile>, Vec<Desired>) {
+    for autoscaler in &rules.autoscalers {
+        for warning in rules::warnings(autoscaler) {
+            tracing::warn!(autoscaler = %autoscaler.name, "{warning}");
+        }
+    }
     let desired = rules.autoscalers.into_iter().map(|a| Desired::from_rules_file(a, daemon_dry_run)).collect();
     // The file was checked: every shadow has its one active autoscaler.
     let (desired, lone) = super::source::attach_shadows(desired);

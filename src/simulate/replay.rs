@@ -195,6 +195,8 @@ impl Restriction {
             Limit::NotReady => Some(Restriction::NotReady),
             Limit::NoData => Some(Restriction::NoData),
             Limit::Paused | Limit::MinAvailable | Limit::NoReadyReplicas => Some(Restriction::Guarded),
+            // Scale to zero moving the count is the rule working.
+            Limit::ScaledToZero => None,
         }
     }
 
@@ -212,7 +214,7 @@ impl Restriction {
         if let Some(guard) = decision.guard {
             return match guard {
                 // Moving back inside min/max is the rule working, not a restriction.
-                Guard::AboveMax | Guard::BelowMin => None,
+                Guard::AboveMax | Guard::BelowMin | Guard::AtZero => None,
                 Guard::NoData => Some(Restriction::NoData),
                 Guard::Paused | Guard::MinAvailable | Guard::NoReadyReplicas => Some(Restriction::Guarded),
             };
@@ -354,6 +356,7 @@ mod tests {
                 low_watermark: Some(Decimal::from_int(50)),
                 high_watermark: Some(Decimal::from_int(100)),
                 max_age: None,
+                activation: None,
             }],
             upscale_forbidden_window: Some(Duration::ZERO),
             downscale_forbidden_window: Some(Duration::ZERO),

@@ -128,7 +128,12 @@ pub fn summarize(autoscaler: &str, replay: &Replay) -> Summary {
 
         let counts = &mut summary.restricted;
         match decision.limit {
-            Limit::WithinRange | Limit::Paused | Limit::NoData | Limit::MinAvailable | Limit::NoReadyReplicas => {}
+            Limit::WithinRange
+            | Limit::ScaledToZero
+            | Limit::Paused
+            | Limit::NoData
+            | Limit::MinAvailable
+            | Limit::NoReadyReplicas => {}
             Limit::UpscaleCapping => counts.upscale_capping += 1,
             Limit::DownscaleCapping => counts.downscale_capping += 1,
             Limit::TooFew | Limit::BelowMin => counts.too_few += 1,
@@ -155,6 +160,7 @@ pub fn summarize(autoscaler: &str, replay: &Replay) -> Summary {
 fn guard_name(guard: Guard) -> &'static str {
     match guard {
         Guard::Paused => "paused",
+        Guard::AtZero => "at_zero",
         Guard::NoData => "no_data",
         Guard::AboveMax => "above_max",
         Guard::BelowMin => "below_min",
@@ -358,6 +364,7 @@ mod tests {
                 low_watermark: Some(Decimal::from_int(50)),
                 high_watermark: Some(Decimal::from_int(100)),
                 max_age: None,
+                activation: None,
             }],
             upscale_forbidden_window: Some(Duration::ZERO),
             downscale_forbidden_window: Some(Duration::ZERO),

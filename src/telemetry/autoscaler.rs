@@ -363,7 +363,12 @@ impl AutoscalerMetrics {
             Limit::UpscaleCapping => 1,
             Limit::DownscaleCapping | Limit::NotReady => 2,
             Limit::TooFew | Limit::TooMany | Limit::AboveMax | Limit::BelowMin => 0,
-            Limit::WithinRange | Limit::Paused | Limit::NoData | Limit::MinAvailable | Limit::NoReadyReplicas => {
+            Limit::WithinRange
+            | Limit::ScaledToZero
+            | Limit::Paused
+            | Limit::NoData
+            | Limit::MinAvailable
+            | Limit::NoReadyReplicas => {
                 usize::MAX
             }
         };

@@ -34,6 +34,29 @@ struct Normalized {
 ///
 /// `readings[i]` is the reading for `rule.metrics()[i]`; a missing entry counts as unavailable.
 pub fn decide(rule: &Rule, target: Target, readings: &[Reading], state: &State, now: Timestamp) -> Decision {
+    match rule.scale_to_zero() {
+        Some(zero) => crate::zero::decide(rule, zero, target, readings, state, now),
+        None => {
+            let mut decision = decide_running(rule, target, readings, state, now);
+            if target.spec_replicas > 0 {
+                // Running under a rule that does not scale to zero: nothing of it is left.
+                decision.state.zero = None;
+                decision.state_if_not_written.zero = None;
+            }
+            decision
+        }
+    }
+}
+
+/// §1 to §5: the decision of a rule that does not scale to zero, and of one that does while
+/// the workload runs (its floor is then one replica).
+pub(crate) fn decide_running(
+    rule: &Rule,
+    target: Target,
+    readings: &[Reading],
+    state: &State,
+    now: Timestamp,
+) -> Decision {
     let spec = target.spec_replicas;
     let ready = target.effective_ready();
     let evaluated: Vec<Evaluated> = rule
@@ -76,8 +99,10 @@ pub fn decide(rule: &Rule, target: Target, readings: &[Reading], state: &State, 
         state_if_not_written: state.clone(),
     };
 
-    // §5: a person paused the workload; nothing here is ours to change, not even the state.
-    if spec == 0 {
+    // §5: a person paused the workload; nothing here is ours to change, not even the state. A
+    // workload this rule's earlier version scaled to zero is not paused: a rule that no longer
+    // scales to zero brings it back to its minimum (the guard below).
+    if spec == 0 && !crate::zero::scaled_here(state) {
         decision.metrics = evaluated.into_iter().map(|e| e.outcome).collect();
         decision.guard = Some(Guard::Paused);
         decision.limit = Limit::Paused;
@@ -130,15 +155,15 @@ pub fn decide(rule: &Rule, target: Target, readings: &[Reading], state: &State, 
     // §5 guards, in order.
     let guard = if spec > rule.max_replicas() && all_usable {
         Some((Guard::AboveMax, rule.max_replicas()))
-    } else if spec < rule.min_replicas() && usable > 0 {
-        Some((Guard::BelowMin, rule.min_replicas()))
+    } else if spec < rule.min_running_replicas() && usable > 0 {
+        Some((Guard::BelowMin, rule.min_running_replicas()))
     } else if usable == 0 {
         Some((Guard::NoData, spec))
     } else if u64::from(ready) * 100 < u64::from(rule.min_available_replica_percentage()) * u64::from(spec) {
         Some((Guard::MinAvailable, spec))
     } else if ready == 0 {
         Some((Guard::NoReadyReplicas, spec))
-    } else if spec > rule.max_replicas() || spec < rule.min_replicas() {
+    } else if spec > rule.max_replicas() || spec < rule.min_running_replicas() {
         // Out of bounds but the data needed to act on it is missing: hold.
         Some((Guard::NoData, spec))
     } else {
@@ -462,6 +487,7 @@ fn carried_state(
             .copied()
             .collect(),
         scale_events: state.scale_events.iter().filter(|e| now.since(e.at) < event_horizon).copied().collect(),
+        zero: state.zero.clone(),
     }
 }
 
@@ -522,7 +548,7 @@ fn limit_step(spec: u32, factor: &Decimal) -> u32 {
 }
 
 fn normalize_watermark(rule: &Rule, knobs: &WatermarkVelocity, spec: u32, ready: u32, proposal: u32) -> Normalized {
-    let (min, max) = (rule.min_replicas(), rule.max_replicas());
+    let (min, max) = (rule.min_running_replicas(), rule.max_replicas());
     let upscale_limit = if knobs.scale_up_limit_factor.is_zero() {
         spec
     } else {
@@ -578,7 +604,7 @@ fn normalize_behavior(
     next: &mut State,
     now: Timestamp,
 ) -> Normalized {
-    let (min, max) = (rule.min_replicas(), rule.max_replicas());
+    let (min, max) = (rule.min_running_replicas(), rule.max_replicas());
     let young = |window: Duration| old.recommendations.iter().filter(move |r| now.since(r.at) < window);
     let lower = young(behavior.scale_up.stabilization_window).map(|r| r.replicas).fold(proposal, u32::min);
     let upper = young(behavior.scale_down.stabilization_window).map(|r| r.replicas).fold(proposal, u32::max);
@@ -721,13 +747,14 @@ fn describe_metrics(rule: &Rule, evaluated: &[Evaluated]) -> Option<String> {
 fn guard_verdict(guard: Guard, rule: &Rule, spec: u32, ready: u32, metrics: &[MetricOutcome]) -> String {
     match guard {
         Guard::Paused => "the workload is paused".into(),
+        Guard::AtZero => "the workload is at zero".into(),
         Guard::NoData => {
             if metrics.iter().all(|m| m.position == Position::Unavailable) {
                 format!("no metric data: holding {spec} (missing data is never read as 0)")
             } else {
                 format!(
                     "spec {spec} is outside {}..{} but not every metric is available: holding {spec}",
-                    rule.min_replicas(),
+                    rule.min_running_replicas(),
                     rule.max_replicas()
                 )
             }
@@ -736,7 +763,7 @@ fn guard_verdict(guard: Guard, rule: &Rule, spec: u32, ready: u32, metrics: &[Me
             format!("spec {spec} is above max_replicas {}: scaling to {}", rule.max_replicas(), rule.max_replicas())
         }
         Guard::BelowMin => {
-            format!("spec {spec} is below min_replicas {}: scaling to {}", rule.min_replicas(), rule.min_replicas())
+            format!("spec {spec} is below min_replicas {}: scaling to {}", rule.min_running_replicas(), rule.min_running_replicas())
         }
         Guard::MinAvailable => format!(
             "only {ready} of {spec} replicas are ready, under min_available_replica_percentage {}%: holding {spec}",
@@ -786,6 +813,7 @@ fn velocity_verdict(decision: &Decision, proposal: u32, normalized: &Normalized,
             Limit::NotReady => "unready replicas (not scaling below the ready count)".into(),
             // Guards decide before normalization and never reach here.
             Limit::WithinRange
+            | Limit::ScaledToZero
             | Limit::Paused
             | Limit::NoData
             | Limit::AboveMax

@@ -55,6 +55,8 @@ pub enum Limit {
     TooMany,
     /// Scaling down was held because replicas are not ready and the floor is above ready.
     NotReady,
+    /// Scale to zero set the count: to zero after the idle delay, or from zero on activation.
+    ScaledToZero,
     /// A guard decided (§5), not the velocity model: which one.
     Paused,
     NoData,
@@ -69,6 +71,7 @@ impl Limit {
     pub fn of_guard(guard: Guard) -> Limit {
         match guard {
             Guard::Paused => Limit::Paused,
+            Guard::AtZero => Limit::ScaledToZero,
             Guard::NoData => Limit::NoData,
             Guard::AboveMax => Limit::AboveMax,
             Guard::BelowMin => Limit::BelowMin,
@@ -107,6 +110,8 @@ pub struct Timing {
 pub enum Guard {
     /// `spec == 0`: a person paused the workload.
     Paused,
+    /// `spec == 0`, and this rule scaled it there: it wakes when a metric crosses its activation.
+    AtZero,
     /// No metric was available: hold.
     NoData,
     /// `spec > max_replicas`: go to max.

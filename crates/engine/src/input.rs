@@ -107,4 +107,27 @@ pub struct State {
     pub recommendations: Vec<Recommendation>,
     /// Scale events younger than the longest policy period.
     pub scale_events: Vec<ScaleEvent>,
+    /// Scale to zero's clocks, for a rule with `min_replicas = 0` (boxed: most rules have none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub zero: Option<Box<ZeroState>>,
+}
+
+/// What scale to zero remembers (docs/engine.md §6).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ZeroState {
+    /// Since when every metric has been at or below its activation threshold.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub idle_since: Option<Timestamp>,
+    /// When this rule took the workload to zero. A workload at 0 replicas without it was paused
+    /// by a person, and is left alone.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scaled_to_zero_at: Option<Timestamp>,
+}
+
+impl ZeroState {
+    /// `None` when there is nothing to remember.
+    pub(crate) fn boxed(self) -> Option<Box<ZeroState>> {
+        (self != ZeroState::default()).then(|| Box::new(self))
+    }
 }

@@ -14,13 +14,15 @@ mod number;
 mod rule;
 mod serde_secs;
 mod time;
+mod zero;
 
 pub use decide::decide;
 pub use decision::{Action, Decision, Guard, Limit, MetricOutcome, Position, Stabilization, Timing};
-pub use input::{Reading, Recommendation, ScaleEvent, State, Target};
+pub use input::{Reading, Recommendation, ScaleEvent, State, Target, ZeroState};
 pub use number::{Decimal, ParseDecimalError};
 pub use rule::{
     Algorithm, Behavior, BehaviorSpec, ConvergeTowards, MetricRule, MetricSpec, Policy, PolicyKind, Rule, RuleError,
-    RuleSpec, ScalingRules, ScalingRulesSpec, SelectPolicy, Velocity, WatermarkVelocity,
+    RuleSpec, ScaleToZero, ScalingRules, ScalingRulesSpec, SelectPolicy, Velocity, WatermarkVelocity,
+    DEFAULT_SCALE_TO_ZERO_DELAY,
 };
 pub use time::Timestamp;

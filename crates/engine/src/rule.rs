@@ -152,6 +152,9 @@ pub struct MetricSpec {
     pub high_watermark: Option<Decimal>,
     /// Readings older than this are unavailable. `None`: the backend alone judges staleness.
     pub max_age: Option<Duration>,
+    /// With `min_replicas = 0`: a value above this wakes the workload from zero, and one at or
+    /// below it lets it go to zero (docs/engine.md §6).
+    pub activation: Option<Decimal>,
 }
 
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -188,6 +191,19 @@ pub struct RuleSpec {
     pub tolerate_zero: Option<bool>,
     pub min_available_replica_percentage: Option<u32>,
     pub dry_run: Option<bool>,
+    /// With `min_replicas = 0`: how long every metric must have stayed at or below its
+    /// activation before one replica goes to zero.
+    pub scale_to_zero_delay: Option<Duration>,
+}
+
+/// Scale to zero, on with `min_replicas = 0` (docs/engine.md §6).
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct ScaleToZero {
+    /// Per metric, in the rule's order: above it, the workload is active.
+    pub activations: Vec<Decimal>,
+    /// How long every metric must have been at or below its activation before 1 -> 0.
+    #[serde(with = "crate::serde_secs")]
+    pub delay: Duration,
 }
 
 /// A validated rule. Its fields can only be built through `Rule::new`.
@@ -211,6 +227,9 @@ pub struct Rule {
     tolerate_zero: bool,
     min_available_replica_percentage: u32,
     dry_run: bool,
+    /// Boxed: most rules never go to zero, and a rule lives as long as its autoscaler.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    scale_to_zero: Option<Box<ScaleToZero>>,
 }
 
 /// One problem with a rule, naming the field as the rules file spells it
@@ -236,6 +255,8 @@ pub const DEFAULT_DOWNSCALE_FORBIDDEN_WINDOW: Duration = Duration::from_secs(300
 /// KEP-853 limits.
 pub const MAX_STABILIZATION_WINDOW: Duration = Duration::from_secs(3600);
 pub const MAX_POLICY_PERIOD: Duration = Duration::from_secs(1800);
+/// How long a workload must have been idle at one replica before it goes to zero, by default.
+pub const DEFAULT_SCALE_TO_ZERO_DELAY: Duration = Duration::from_secs(300);
 
 fn check_tolerance(field: &str, tolerance: &Decimal, errors: &mut Vec<RuleError>) {
     if tolerance.is_negative() || tolerance >= &Decimal::from_int(1) {
@@ -295,9 +316,7 @@ impl Rule {
     pub fn new(spec: RuleSpec) -> Result<Rule, Vec<RuleError>> {
         let mut errors = Vec::new();
         let min_replicas = spec.min_replicas.unwrap_or(1);
-        if min_replicas == 0 {
-            errors.push(RuleError::new("min_replicas", "must be at least 1"));
-        }
+        let scale_to_zero = check_scale_to_zero(&spec, min_replicas, &mut errors);
         let max_replicas = match spec.max_replicas {
             Some(max) => max,
             None => {
@@ -421,11 +440,22 @@ impl Rule {
             tolerate_zero: spec.tolerate_zero.unwrap_or(false),
             min_available_replica_percentage,
             dry_run: spec.dry_run.unwrap_or(false),
+            scale_to_zero,
         })
     }
 
+    /// As configured: 0 when the rule scales to zero.
     pub fn min_replicas(&self) -> u32 {
         self.min_replicas
+    }
+    /// The fewest replicas the watermark formulas and velocity limits go to: a running workload
+    /// goes to zero only by the scale-to-zero rule.
+    pub fn min_running_replicas(&self) -> u32 {
+        self.min_replicas.max(1)
+    }
+    /// Scale to zero, when `min_replicas` is 0.
+    pub fn scale_to_zero(&self) -> Option<&ScaleToZero> {
+        self.scale_to_zero.as_deref()
     }
     pub fn max_replicas(&self) -> u32 {
         self.max_replicas
@@ -566,6 +596,37 @@ fn check_metric(index: usize, m: &MetricSpec, errors: &mut Vec<RuleError>) -> Op
         high_watermark: high,
         max_age: m.max_age,
     })
+}
+
+/// `min_replicas = 0` needs an activation on every metric; activations and the delay mean
+/// nothing otherwise, and are refused rather than silently ignored.
+fn check_scale_to_zero(spec: &RuleSpec, min_replicas: u32, errors: &mut Vec<RuleError>) -> Option<Box<ScaleToZero>> {
+    let field = |i: usize| format!("metric[{i}].activation");
+    if min_replicas > 0 {
+        for (i, metric) in spec.metrics.iter().enumerate() {
+            if metric.activation.is_some() {
+                errors.push(RuleError::new(field(i), "only applies with min_replicas = 0 (scale to zero)"));
+            }
+        }
+        if spec.scale_to_zero_delay.is_some() {
+            errors.push(RuleError::new("scale_to_zero_delay", "only applies with min_replicas = 0 (scale to zero)"));
+        }
+        return None;
+    }
+    let mut activations = Vec::with_capacity(spec.metrics.len());
+    for (i, metric) in spec.metrics.iter().enumerate() {
+        match &metric.activation {
+            Some(activation) if activation.is_negative() => {
+                errors.push(RuleError::new(field(i), format!("({activation}) must not be negative")));
+            }
+            Some(activation) => activations.push(activation.clone()),
+            None => errors.push(RuleError::new(
+                field(i),
+                "is required with min_replicas = 0: the value above which the workload wakes from zero",
+            )),
+        }
+    }
+    Some(Box::new(ScaleToZero { activations, delay: spec.scale_to_zero_delay.unwrap_or(DEFAULT_SCALE_TO_ZERO_DELAY) }))
 }
 
 fn check_scaling_rules(

@@ -13,8 +13,9 @@ mod common;
 
 use common::*;
 use watermarkd_engine::{
-    decide, Action, Algorithm, BehaviorSpec, ConvergeTowards, Guard, Limit, Policy, PolicyKind, Position, Reading,
-    Recommendation, ScaleEvent, ScalingRulesSpec, SelectPolicy, State, Target,
+    decide, Action, Algorithm, BehaviorSpec, ConvergeTowards, Guard, Limit, MetricSpec, Policy, PolicyKind, Position,
+    Reading, Recommendation, Rule, RuleSpec, ScaleEvent, ScalingRulesSpec, SelectPolicy, State, Target, Timestamp,
+    ZeroState,
 };
 
 fn replicas(rule: &watermarkd_engine::Rule, t: Target, readings: &[Reading]) -> u32 {
@@ -722,4 +723,186 @@ fn with_unready_replicas_no_scale_down_stops_above_the_ready_count() {
     let d = decide(&r, target_ready(10, 8), &[value(0.3)], &State::default(), now());
     // floor(8 x 0.3 / 0.5) = 4, capped by the 50% limit to 5: at or below ready, so it goes.
     assert_eq!((d.proposal, d.replicas, d.action), (Some(4), 5, Action::ScaleDown));
+}
+
+// ---- §6 scale to zero ----------------------------------------------------------------------
+
+/// A queue-depth rule that scales to zero: watermarks 10..100 per replica, activation 5, idle
+/// delay 120 s, downscale window 60 s, tolerate_zero on (an empty queue reads 0).
+fn zero_rule() -> watermarkd_engine::Rule {
+    rule(|s| {
+        s.min_replicas = Some(0);
+        s.metrics = vec![MetricSpec { activation: Some(dec("5")), ..metric("queue", "10", "100") }];
+        s.scale_to_zero_delay = Some(secs(120));
+        s.downscale_forbidden_window = Some(secs(60));
+        s.upscale_forbidden_window = Some(secs(60));
+        s.tolerate_zero = Some(true);
+    })
+}
+
+fn at(seconds: i64) -> Timestamp {
+    Timestamp::from_unix_millis(now().unix_millis() + seconds * 1000)
+}
+
+fn value_at(v: f64, seconds: i64) -> Reading {
+    Reading::Value { value: v, at: at(seconds) }
+}
+
+#[test]
+fn min_replicas_zero_needs_an_activation_on_every_metric_and_nothing_else_takes_one() {
+    let problems = |change: &dyn Fn(&mut RuleSpec)| {
+        let mut spec = RuleSpec {
+            max_replicas: Some(5),
+            metrics: vec![metric("queue", "10", "100"), metric("rate", "1", "2")],
+            ..Default::default()
+        };
+        change(&mut spec);
+        Rule::new(spec).err().unwrap_or_default().iter().map(ToString::to_string).collect::<Vec<_>>()
+    };
+    assert_eq!(
+        problems(&|s| {
+            s.min_replicas = Some(0);
+            s.metrics[0].activation = Some(dec("5"));
+        }),
+        ["metric[1].activation: is required with min_replicas = 0: the value above which the workload wakes from zero"]
+    );
+    assert_eq!(
+        problems(&|s| {
+            s.metrics[1].activation = Some(dec("5"));
+            s.scale_to_zero_delay = Some(secs(60));
+        }),
+        [
+            "metric[1].activation: only applies with min_replicas = 0 (scale to zero)",
+            "scale_to_zero_delay: only applies with min_replicas = 0 (scale to zero)"
+        ]
+    );
+    assert_eq!(
+        problems(&|s| {
+            s.min_replicas = Some(0);
+            s.metrics[0].activation = Some(dec("-1"));
+            s.metrics[1].activation = Some(dec("0"));
+        }),
+        ["metric[0].activation: (-1) must not be negative"]
+    );
+    let r = zero_rule();
+    assert_eq!((r.min_replicas(), r.min_running_replicas()), (0, 1));
+    assert_eq!(r.scale_to_zero().map(|z| z.delay), Some(secs(120)));
+}
+
+#[test]
+fn one_idle_replica_goes_to_zero_after_the_delay_and_the_window() {
+    let r = zero_rule();
+    let scaled = State { last_scale_time: Some(ago(30)), ..Default::default() };
+    // Idle from now on: the delay starts; the window (60 s) has 30 s left.
+    let d = decide(&r, target(1), &[value(0.0)], &scaled, now());
+    assert_eq!((d.action, d.replicas), (Action::Hold, 1), "{}", d.reason);
+    assert_eq!(d.state.zero.as_ref().and_then(|z| z.idle_since), Some(now()));
+    assert_eq!(d.timing.downscale_delay_seconds_left, 120.0);
+    assert!(d.reason.ends_with("every metric at or below its activation for 0s: to zero in 120s"), "{}", d.reason);
+
+    // 119 s later still idle: one second to go.
+    let d = decide(&r, target(1), &[value_at(3.0, 119)], &d.state, at(119));
+    assert_eq!((d.action, d.replicas), (Action::Hold, 1), "{}", d.reason);
+    assert_eq!(d.timing.downscale_delay_seconds_left, 1.0);
+
+    // At 120 s: to zero, marked as this rule's.
+    let d = decide(&r, target(1), &[value_at(3.0, 120)], &d.state, at(120));
+    assert_eq!((d.action, d.replicas, d.write), (Action::ScaleDown, 0, true), "{}", d.reason);
+    assert_eq!(d.limit, Limit::ScaledToZero);
+    assert_eq!(d.reason, "queue 3 <= activation 5 for 120s (scale_to_zero_delay 120s): scaling 1 -> 0");
+    assert_eq!(d.state.zero.as_ref().and_then(|z| z.scaled_to_zero_at), Some(at(120)));
+    assert_eq!(d.state.last_scale_time, Some(at(120)));
+    assert_eq!(d.state_if_not_written.zero.as_ref().and_then(|z| z.scaled_to_zero_at), None, "not written: not ours");
+}
+
+#[test]
+fn only_from_one_replica_and_never_on_missing_data_or_an_unknown_zero() {
+    let r = zero_rule();
+    let idle_long = State {
+        zero: Some(Box::new(ZeroState { idle_since: Some(ago(600)), scaled_to_zero_at: None })),
+        ..Default::default()
+    };
+    // Three replicas idle: the watermark rule takes them down to one first.
+    let d = decide(&r, target(3), &[value(0.0)], &idle_long, now());
+    assert_eq!((d.action, d.replicas), (Action::ScaleDown, 1), "{}", d.reason);
+    // Missing data at one replica: no scale, and the idle clock stops.
+    let d = decide(&r, target(1), &[unavailable("timeout")], &idle_long, now());
+    assert_eq!((d.action, d.replicas), (Action::Hold, 1), "{}", d.reason);
+    assert_eq!(d.state.zero, None);
+    // A 0 that could be a broken pipeline is not idle unless tolerate_zero says it is.
+    let strict = rule(|s| {
+        s.min_replicas = Some(0);
+        s.metrics = vec![MetricSpec { activation: Some(dec("5")), ..metric("queue", "10", "100") }];
+    });
+    let d = decide(&strict, target(1), &[value(0.0)], &idle_long, now());
+    assert_eq!((d.action, d.replicas), (Action::Hold, 1), "{}", d.reason);
+    let d = decide(&strict, target(1), &[value(2.0)], &idle_long, now());
+    assert_eq!((d.action, d.replicas), (Action::ScaleDown, 0), "{}", d.reason);
+    // An activation above the high watermark never takes a loaded workload to zero.
+    let odd = rule(|s| {
+        s.min_replicas = Some(0);
+        s.metrics = vec![MetricSpec { activation: Some(dec("500")), ..metric("queue", "10", "100") }];
+        s.upscale_forbidden_window = Some(secs(600));
+    });
+    let recent = State { last_scale_time: Some(ago(1)), ..idle_long.clone() };
+    let d = decide(&odd, target(1), &[value(300.0)], &recent, now());
+    assert_eq!((d.action, d.replicas), (Action::Hold, 1), "{}", d.reason);
+}
+
+#[test]
+fn at_zero_only_activity_above_the_activation_wakes_it_and_a_paused_workload_stays_paused() {
+    let r = zero_rule();
+    let ours = State {
+        last_scale_time: Some(ago(10)),
+        zero: Some(Box::new(ZeroState { idle_since: None, scaled_to_zero_at: Some(ago(10)) })),
+        ..Default::default()
+    };
+    let zero = Target { spec_replicas: 0, status_replicas: Some(0), ready_replicas: Some(0) };
+    for reading in [value(5.0), value(0.0), unavailable("no data")] {
+        let d = decide(&r, zero, std::slice::from_ref(&reading), &ours, now());
+        assert_eq!((d.guard, d.action, d.replicas), (Some(Guard::AtZero), Action::Hold, 0), "{}", d.reason);
+        assert_eq!(d.state, ours, "{reading:?}");
+        assert!(d.reason.ends_with(": staying at zero"), "{}", d.reason);
+    }
+    // Above the activation: up to one at once, the upscale window notwithstanding.
+    let d = decide(&r, zero, &[value(5.5)], &ours, now());
+    assert_eq!((d.action, d.replicas, d.write), (Action::ScaleUp, 1, true), "{}", d.reason);
+    assert_eq!(d.reason, "queue 5.5 > activation 5: waking from zero to 1 replica");
+    assert_eq!((d.state.zero.clone(), d.state.last_scale_time), (None, Some(now())));
+    assert_eq!(d.state_if_not_written, ours, "a failed write leaves it ours, at zero");
+
+    // Zero without the mark: a person paused it.
+    let d = decide(&r, zero, &[value(500.0)], &State::default(), now());
+    assert_eq!((d.guard, d.replicas, d.write), (Some(Guard::Paused), 0, false));
+
+    // A rule that no longer scales to zero brings its own zero back to the minimum.
+    let plain = rule(|s| s.min_replicas = Some(2));
+    let d = decide(&plain, zero, &[value(0.7)], &ours, now());
+    assert_eq!((d.guard, d.replicas, d.write), (Some(Guard::BelowMin), 2, true), "{}", d.reason);
+    let running = decide(&plain, target(2), &[value(0.7)], &d.state, now());
+    assert_eq!(running.state.zero, None, "nothing of scale to zero stays in a running rule's state");
+}
+
+#[test]
+fn no_flapping_at_the_activation_edge() {
+    // The value hovers around the activation every 15 s for an hour: once woken it never
+    // accumulates the idle delay, so it goes to zero at most once and never comes back down.
+    let r = zero_rule();
+    let mut state = State {
+        zero: Some(Box::new(ZeroState { idle_since: None, scaled_to_zero_at: Some(ago(1)) })),
+        ..Default::default()
+    };
+    let mut spec = 0;
+    let mut moves = Vec::new();
+    for step in 0..240 {
+        let t = step * 15;
+        let v = if step % 2 == 0 { 5.1 } else { 4.9 };
+        let d = decide(&r, target(spec), &[value_at(v, t)], &state, at(t));
+        if d.replicas != spec {
+            moves.push((t, spec, d.replicas));
+        }
+        spec = d.replicas;
+        state = d.state;
+    }
+    assert_eq!(moves, [(0, 0, 1)], "woken once, then held at one");
 }

@@ -65,6 +65,7 @@ fn rule_strategy() -> impl Strategy<Value = Rule> {
                         low_watermark: Some(low),
                         high_watermark: Some(high),
                         max_age: None,
+                        activation: None,
                     }],
                     replica_modulo: Some(modulo),
                     converge_towards_watermark: converge,
@@ -109,6 +110,7 @@ fn case_strategy() -> impl Strategy<Value = Case> {
                     .iter()
                     .map(|&(r, a)| ScaleEvent { from: r, to: r.saturating_add(2), at: ago(a) })
                     .collect(),
+                zero: None,
             },
         })
 }
@@ -207,7 +209,7 @@ proptest! {
             tolerance: Some(Decimal::zero()),
             scale_up_limit_factor: Some(Decimal::from_int(1_000_000_000)),
             scale_down_limit_factor: Some(Decimal::from_parts(9999, -2)),
-            metrics: vec![MetricSpec { name: "m".into(), low_watermark: Some(w.clone()), high_watermark: Some(w.clone()), max_age: None }],
+            metrics: vec![MetricSpec { name: "m".into(), low_watermark: Some(w.clone()), high_watermark: Some(w.clone()), max_age: None, activation: None }],
             ..Default::default()
         }).unwrap();
         let reading: f64 = v.to_string().parse().unwrap();
@@ -236,6 +238,7 @@ fn two_metric_copy(rule: &Rule) -> Rule {
         low_watermark: Some(m.low_watermark.clone()),
         high_watermark: Some(m.high_watermark.clone()),
         max_age: None,
+        activation: None,
     };
     Rule::new(RuleSpec {
         min_replicas: Some(rule.min_replicas()),
