@@ -390,6 +390,76 @@ async fn a_shadow_rule_reports_what_it_would_do_and_never_writes() {
     assert!(daemon.terminate(Duration::from_secs(15)), "a clean exit on SIGTERM; log:\n{}", daemon.log());
 }
 
+/// Holds `replicas` on the Deployment for `seconds`, failing at the first other count.
+async fn stays_at(cluster: &KubeCluster, ns: &str, name: &str, replicas: i64, seconds: u64) {
+    for _ in 0..seconds * 2 {
+        let now = spec_replicas(cluster, "Deployment", ns, name).await;
+        assert_eq!(now, replicas, "the count moved from {replicas}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+async fn reaches(cluster: &KubeCluster, ns: &str, name: &str, replicas: i64, within: Duration) {
+    eventually!(within, &format!("{name} at {replicas}"), {
+        match spec_replicas(cluster, "Deployment", ns, name).await {
+            n if n == replicas => Ok(()),
+            n => Err(format!("{n} replicas")),
+        }
+    });
+}
+
+/// Scale to zero on the real API server: an idle worker goes 1 -> 0 after the delay, a value at
+/// the activation does not wake it, a restart at zero keeps it there and still knows the zero
+/// is its own (activity wakes it 0 -> 1), activity above the activation keeps it at one for
+/// many delays, and a zero a person sets is a pause that activity does not undo.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scale_to_zero_wakes_on_activation_and_sleeps_after_the_delay() {
+    let cluster = KubeCluster::shared();
+    let setup = Setup::start("e2e-zero", "worker", 1, "load 0\n", |text| {
+        text.replace("min_replicas = 1\n", "min_replicas = 0\nscale_to_zero_delay = \"3s\"\ntolerate_zero = true\n")
+            .replace("low_watermark = 5\n", "low_watermark = 5\nactivation = 5\n")
+    })
+    .await;
+    assert!(setup.valid_rules.contains("activation = 5"), "{}", setup.valid_rules);
+    let (ns, exporter) = (setup.ns.clone(), &setup.exporter);
+    let args = setup.args(&["--no-leader-election"]);
+    let mut daemon = DaemonProcess::start(&args, &[]);
+    daemon.wait_ready(STARTUP).await;
+
+    // Idle: to zero once the 3 s delay has run.
+    let idle = std::time::Instant::now();
+    reaches(cluster, &ns, "worker", 0, Duration::from_secs(20)).await;
+    assert!(idle.elapsed() >= Duration::from_secs(3), "to zero after {:?}, before the delay", idle.elapsed());
+    cluster.set_workload_status("Deployment", &ns, "worker", 0, 0).await;
+    let state = annotation(cluster, "Deployment", &ns, "worker", "watermarkd.io/state").await.expect("state");
+    let state: Value = serde_json::from_str(&state).expect("JSON state");
+    assert!(state["state"]["zero"]["scaled_to_zero_at"].is_string(), "recorded as this rule's zero: {state}");
+
+    // Exactly at the activation is not above it: it sleeps on.
+    exporter.set("load 5\n");
+    stays_at(cluster, &ns, "worker", 0, 4).await;
+
+    // A restart while at zero: still at zero, and still its own zero.
+    assert!(daemon.terminate(Duration::from_secs(15)), "a clean exit; log:\n{}", daemon.log());
+    let mut daemon = DaemonProcess::start(&args, &[]);
+    daemon.wait_ready(STARTUP).await;
+    stays_at(cluster, &ns, "worker", 0, 4).await;
+    assert_eq!(daemon.sample("wpa_controller_replicas_scaling_effective", &[("wpa_name", "worker")]).await, Some(0.0));
+    exporter.set("load 8\n");
+    reaches(cluster, &ns, "worker", 1, Duration::from_secs(10)).await;
+    cluster.set_workload_status("Deployment", &ns, "worker", 1, 1).await;
+
+    // Active (8 > 5) and inside the band: one replica, for three times the delay.
+    stays_at(cluster, &ns, "worker", 1, 9).await;
+
+    // A person scales it to zero: a pause, which activity does not undo.
+    manual_scale(cluster, "Deployment", &ns, "worker", 0).await;
+    cluster.set_workload_status("Deployment", &ns, "worker", 0, 0).await;
+    stays_at(cluster, &ns, "worker", 0, 4).await;
+    assert!(daemon.log().contains("the workload is paused by a person"), "{}", daemon.log());
+    assert!(daemon.terminate(Duration::from_secs(15)), "a clean exit; log:\n{}", daemon.log());
+}
+
 /// A custom resource with a scale subresource is scaled like a Deployment, and an autoscaler
 /// whose target does not exist fails alone: the others keep running.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
