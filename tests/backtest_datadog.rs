@@ -79,9 +79,13 @@ fn rules(url: &str, high: &str) -> String {
     )
 }
 
-/// Runs the binary off the runtime's threads: the fake answers it from this test's runtime.
-async fn backtest(dir: &Path, args: &[&str]) -> Output {
+/// `backtest` of the autoscaler of `dir/new.toml` over `since` up to UNTIL, then `extra`. The
+/// binary runs off the runtime's threads: the fake answers it from this test's runtime.
+async fn backtest(dir: &Path, since: &str, extra: &[&str]) -> Output {
     let dir = dir.to_path_buf();
+    let until = UNTIL.to_string();
+    let mut args = vec!["--rules", "new.toml", "--autoscaler", "web", "--since", since, "--until", &until];
+    args.extend_from_slice(extra);
     let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
     tokio::task::spawn_blocking(move || {
         Command::new(env!("CARGO_BIN_EXE_watermarkd"))
@@ -149,24 +153,7 @@ async fn replays_six_hours_read_in_hour_windows_through_both_rules() {
     let fake = fake(ROOMY).await;
     let dir = write_rules(&fake, "0.5");
     std::fs::write(dir.path().join("old.toml"), rules(&fake.url, "1.0")).unwrap();
-    let until = UNTIL.to_string();
-    let output = backtest(
-        dir.path(),
-        &[
-            "--rules",
-            "new.toml",
-            "--autoscaler",
-            "web",
-            "--since",
-            "6h",
-            "--until",
-            &until,
-            "--against",
-            "old.toml",
-            "--json",
-        ],
-    )
-    .await;
+    let output = backtest(dir.path(), "6h", &["--against", "old.toml", "--json", "--out", "chart.svg"]).await;
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "backtest failed: {stderr}");
     let report: Value = serde_json::from_slice(&output.stdout).unwrap();
@@ -206,6 +193,19 @@ async fn replays_six_hours_read_in_hour_windows_through_both_rules() {
     assert_hour_windows(&fake, REPLICAS, START);
     assert_eq!(fake.requests(), 2 * windows(&fake, LATENCY).len(), "{:?}", fake.log());
     assert_within_budget(&fake, ROOMY);
+
+    // One chart with both rules: each rule's effective replicas and the actual replicas as
+    // lines of their own, named in the legend, and both rules' figures in the header.
+    let svg = std::fs::read_to_string(dir.path().join("chart.svg")).unwrap();
+    for class in ["replicas-rule", "replicas-against", "replicas-actual"] {
+        let line =
+            svg.lines().find(|l| l.contains(&format!("class=\"{class}\""))).unwrap_or_else(|| panic!("no {class}"));
+        assert!(line.starts_with("<path d=\"M"), "{class}: not a drawn line: {line}");
+    }
+    for label in [">this rule<", ">--against old.toml<", ">actual<", ">against high 1<", ">against low 0.1<"] {
+        assert!(svg.contains(label), "no {label} in the chart");
+    }
+    assert!(svg.contains(">0 (0↑ 0↓)<") && svg.contains(">4 (4↑ 0↓)<"), "both rules' scale events in the header");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -213,9 +213,7 @@ async fn a_query_with_several_series_is_refused_naming_the_backend() {
     let fake = fake(ROOMY).await;
     fake.set(LATENCY, Behavior::Several(2));
     let dir = write_rules(&fake, "0.5");
-    let until = UNTIL.to_string();
-    let output =
-        backtest(dir.path(), &["--rules", "new.toml", "--autoscaler", "web", "--since", "1h", "--until", &until]).await;
+    let output = backtest(dir.path(), "1h", &[]).await;
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success(), "{stderr}");
     assert!(stderr.contains(r#"backend "dd""#) && stderr.contains("returns 2 series"), "{stderr}");
@@ -229,9 +227,7 @@ async fn a_small_budget_makes_the_backtest_wait_not_fail() {
     let budget = Budget { limit: 4, period: Duration::from_secs(2), offset: Duration::ZERO };
     let fake = fake(budget).await;
     let dir = write_rules(&fake, "0.5");
-    let until = UNTIL.to_string();
-    let output =
-        backtest(dir.path(), &["--rules", "new.toml", "--autoscaler", "web", "--since", "2h", "--until", &until]).await;
+    let output = backtest(dir.path(), "2h", &[]).await;
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "backtest failed: {stderr}");
     let start = UNTIL - 2 * 3600;
