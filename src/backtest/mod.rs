@@ -70,7 +70,8 @@ pub struct BacktestArgs {
     #[arg(long, value_name = "DURATION", default_value = "0s", value_parser = humantime::parse_duration)]
     pub readiness_lag: Duration,
 
-    /// Also write an SVG chart of the replay.
+    /// Also write an SVG chart of the replay; with --against, one chart of both rules beside
+    /// the actual replicas.
     #[arg(long, value_name = "chart.svg")]
     pub out: Option<PathBuf>,
 
@@ -173,14 +174,29 @@ pub async fn run(
 
     let primary = replay(autoscaler, &history, args)?;
     let secondary = match &against {
-        Some((other, other_history)) => Some(replay(other, other_history, args)?),
+        Some((other, other_history)) => Some((other, replay(other, other_history, args)?)),
         None => None,
     };
     if let Some(path) = &args.out {
-        let svg = simulate::render_svg(&autoscaler.rule, &primary.replay, &primary.summary);
+        let svg = match (&args.against, &secondary) {
+            (Some(file), Some((other, simulation))) => simulate::render_comparison_svg(
+                &autoscaler.rule,
+                &primary.replay,
+                &primary.summary,
+                &simulate::Against {
+                    label: format!("--against {}", file.display()),
+                    rule: &other.rule,
+                    replay: &simulation.replay,
+                    summary: &simulation.summary,
+                    actual: &history.replicas,
+                },
+            ),
+            _ => simulate::render_svg(&autoscaler.rule, &primary.replay, &primary.summary),
+        };
         simulate::write_atomically(path, svg.as_bytes())
             .map_err(|source| BacktestError::WriteChart { path: path.clone(), source })?;
     }
+    let secondary = secondary.map(|(_, simulation)| simulation);
     let comparison = Comparison::new(&primary, secondary.as_ref(), &history);
     if args.json {
         serde_json::to_writer_pretty(&mut *out, &comparison.json(&primary, secondary.as_ref()))?;

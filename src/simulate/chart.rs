@@ -1,6 +1,8 @@
 //! The SVG chart of a replay, written by hand: one panel per metric (usage against the
 //! watermarks and the tolerance band), a replicas panel (proposed vs effective, min/max), and
-//! shaded spans where scaling was restricted, all on one time axis.
+//! shaded spans where scaling was restricted, all on one time axis. A backtest with `--against`
+//! draws the other rule's watermarks and effective replicas, and the target's actual replicas,
+//! on the same panels.
 //!
 //! The output is self-contained (no scripts, no external fonts or styles) so that it renders
 //! the same in a browser, an image converter or a code review tool.
@@ -15,7 +17,13 @@ use super::report::{human_duration, Summary};
 const WIDTH: f64 = 1280.0;
 const MARGIN_LEFT: f64 = 76.0;
 const MARGIN_RIGHT: f64 = 96.0;
+/// Room for the other rule's watermark labels (`against high 0.75`) beside this rule's.
+const AGAINST_MARGIN_RIGHT: f64 = 120.0;
 const HEADER_HEIGHT: f64 = 118.0;
+/// The header's figures take a row per rule.
+const FIGURE_ROW_HEIGHT: f64 = 17.0;
+/// Where a comparison's figures name their rule, left of the figures.
+const RULE_NAME_WIDTH: f64 = 150.0;
 const PANEL_TITLE_HEIGHT: f64 = 30.0;
 const METRIC_PANEL_HEIGHT: f64 = 190.0;
 const STRIP_HEIGHT: f64 = 14.0;
@@ -36,6 +44,10 @@ const PROPOSAL_COLOR: &str = "#e07b00";
 const READY_COLOR: &str = "#7b8794";
 const BOUND_COLOR: &str = "#9aa5b1";
 const MANUAL_COLOR: &str = "#6a1b9a";
+const AGAINST_COLOR: &str = "#0f8b8d";
+const ACTUAL_COLOR: &str = "#c2185b";
+/// The other rule's watermarks: dotted, where this rule's are dashed.
+const AGAINST_DASH: &str = "2 3";
 const STRIP_BACKGROUND: &str = "#f5f7fa";
 const FRAME_COLOR: &str = "#9aa5b1";
 const DAY_GRID: &str = "#cbd2d9";
@@ -143,15 +155,61 @@ impl ValueAxis {
     }
 }
 
+/// The rest of a `backtest --against` chart: the other rule's replay over the same history, and
+/// what the target actually ran.
+pub struct Against<'a> {
+    /// How the legend and the header name the other rule (`--against FILE`).
+    pub label: String,
+    pub rule: &'a Rule,
+    pub replay: &'a Replay,
+    pub summary: &'a Summary,
+    /// The target's actual replicas at each step, where the history had them.
+    pub actual: &'a [(Timestamp, Option<u32>)],
+}
+
+impl Against<'_> {
+    /// The other rule's watermarks (low, high) for the metric of this name, as its replay
+    /// first evaluated them.
+    fn watermarks(&self, metric: &str) -> Option<(f64, f64)> {
+        let index = self.rule.metrics().iter().position(|m| m.name == metric)?;
+        let first = self.replay.ticks.iter().find_map(|t| t.decision.metrics.get(index))?;
+        Some((first.low_watermark, first.high_watermark))
+    }
+
+    /// The label shortened for the header's name column and the legend, keeping the end of a
+    /// long path (the file name).
+    fn short_label(&self) -> String {
+        const MAX_CHARS: usize = 22;
+        let count = self.label.chars().count();
+        if count <= MAX_CHARS {
+            return self.label.clone();
+        }
+        let tail: String = self.label.chars().skip(count - (MAX_CHARS - 1)).collect();
+        format!("…{tail}")
+    }
+}
+
 /// Renders the whole chart.
 pub fn render_svg(rule: &Rule, replay: &Replay, summary: &Summary) -> String {
+    render(rule, replay, summary, None)
+}
+
+/// Renders the chart of a backtest with `--against`: this rule's replay as `render_svg` draws
+/// it, with the other rule's watermarks and effective replicas and the actual replicas beside.
+pub fn render_comparison_svg(rule: &Rule, replay: &Replay, summary: &Summary, against: &Against<'_>) -> String {
+    render(rule, replay, summary, Some(against))
+}
+
+fn render(rule: &Rule, replay: &Replay, summary: &Summary, against: Option<&Against<'_>>) -> String {
+    let header_height = HEADER_HEIGHT + if against.is_some() { FIGURE_ROW_HEIGHT } else { 0.0 };
     let metric_count = rule.metrics().len();
-    let plot_width = WIDTH - MARGIN_LEFT - MARGIN_RIGHT;
+    let margin_right = if against.is_some() { AGAINST_MARGIN_RIGHT } else { MARGIN_RIGHT };
+    let plot_width = WIDTH - MARGIN_LEFT - margin_right;
     let span_ms = (replay.end.unix_millis() - replay.start.unix_millis()).max(1) as f64;
     let time = TimeAxis { start_ms: replay.start.unix_millis() as f64, span_ms, left: MARGIN_LEFT, width: plot_width };
 
     let metrics_height = metric_count as f64 * (PANEL_TITLE_HEIGHT + METRIC_PANEL_HEIGHT + PANEL_GAP);
-    let replicas_top = HEADER_HEIGHT + metrics_height + PANEL_TITLE_HEIGHT + STRIP_HEIGHT + 6.0;
+    let replicas_top = header_height + metrics_height + PANEL_TITLE_HEIGHT + STRIP_HEIGHT + 6.0;
     let height = replicas_top + REPLICAS_PANEL_HEIGHT + AXIS_HEIGHT;
     let spans = restriction_spans(replay);
 
@@ -161,26 +219,32 @@ pub fn render_svg(rule: &Rule, replay: &Replay, summary: &Summary) -> String {
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height:.0}" viewBox="0 0 {WIDTH} {height:.0}" font-family="{FONT}" font-size="12" fill="{INK}">"#
     );
     svg.push('\n');
+    let (command, desc) = match against {
+        None => ("simulate", summary_line(summary)),
+        Some(a) => {
+            ("backtest", format!("this rule: {}. {}: {}", summary_line(summary), a.label, summary_line(a.summary)))
+        }
+    };
     let _ = writeln!(
         svg,
-        "<title>watermarkd simulate: {}</title>\n<desc>{}</desc>",
+        "<title>watermarkd {command}: {}</title>\n<desc>{}</desc>",
         escape(&summary.autoscaler),
-        escape(&summary_line(summary))
+        escape(&desc)
     );
     svg.push_str(r#"<rect x="0" y="0" width="100%" height="100%" fill="white"/>"#);
     svg.push('\n');
-    header(&mut svg, rule, summary, &spans);
+    header(&mut svg, rule, summary, &spans, against);
 
     let ticks = time_ticks(replay.start, replay.end);
-    let mut top = HEADER_HEIGHT;
+    let mut top = header_height;
     for index in 0..metric_count {
         let panel = ValueAxis { max: 0.0, top: top + PANEL_TITLE_HEIGHT, height: METRIC_PANEL_HEIGHT };
-        metric_panel(&mut svg, rule, replay, index, panel, time, &ticks, &spans);
+        metric_panel(&mut svg, rule, replay, index, panel, time, &ticks, &spans, against);
         top += PANEL_TITLE_HEIGHT + METRIC_PANEL_HEIGHT + PANEL_GAP;
     }
     let strip_top = top + PANEL_TITLE_HEIGHT;
     let replicas = ValueAxis { max: 0.0, top: replicas_top, height: REPLICAS_PANEL_HEIGHT };
-    replicas_panel(&mut svg, rule, replay, top, strip_top, replicas, time, &ticks, &spans);
+    replicas_panel(&mut svg, rule, replay, top, strip_top, replicas, time, &ticks, &spans, against);
     time_labels(&mut svg, &ticks, time, replicas_top + REPLICAS_PANEL_HEIGHT);
     svg.push_str("</svg>\n");
     svg
@@ -206,12 +270,14 @@ fn summary_line(s: &Summary) -> String {
     )
 }
 
-fn header(svg: &mut String, rule: &Rule, s: &Summary, spans: &[Span]) {
+fn header(svg: &mut String, rule: &Rule, s: &Summary, spans: &[Span], against: Option<&Against<'_>>) {
+    let compared = against.map_or(String::new(), |a| format!(": this rule and {}", a.label));
     let _ = writeln!(
         svg,
-        r#"<text x="{MARGIN_LEFT}" y="30" font-size="20" font-weight="600">Autoscaler “{}” replayed over {}</text>"#,
+        r#"<text x="{MARGIN_LEFT}" y="30" font-size="20" font-weight="600">Autoscaler “{}” replayed over {}{}</text>"#,
         escape(&s.autoscaler),
-        human_duration(s.duration_seconds)
+        human_duration(s.duration_seconds),
+        escape(&compared)
     );
     let lag = if s.readiness_lag_seconds > 0.0 {
         format!(" · readiness lag {}", human_duration(s.readiness_lag_seconds))
@@ -230,19 +296,13 @@ fn header(svg: &mut String, rule: &Rule, s: &Summary, spans: &[Span]) {
         rule.max_replicas(),
     );
 
-    // The numbers a reviewer asks for first, as labelled figures.
-    let manual = if s.manual_changes > 0 { format!(" +{} manual", s.manual_changes) } else { String::new() };
-    let figures = [
-        ("scale events", format!("{} ({}↑ {}↓{manual})", s.scale_ups + s.scale_downs, s.scale_ups, s.scale_downs)),
-        ("replica-hours", format!("{:.1} (avg {:.1})", s.replica_hours, s.average_replicas)),
-        ("replicas", format!("{} → peak {} → {}", s.initial_replicas, s.peak_replicas, s.final_replicas)),
-        ("above high", percent_of(s.seconds_above_high_watermark, s.duration_seconds)),
-        ("below low", percent_of(s.seconds_below_low_watermark, s.duration_seconds)),
-        ("evaluations", s.evaluations.to_string()),
-    ];
-    let column = (WIDTH - MARGIN_LEFT - MARGIN_RIGHT) / figures.len() as f64;
-    for (i, (label, value)) in figures.iter().enumerate() {
-        let x = MARGIN_LEFT + i as f64 * column;
+    // The numbers a reviewer asks for first, as labelled figures; a comparison names each
+    // rule's row in the colour of its replicas line.
+    let left = MARGIN_LEFT + if against.is_some() { RULE_NAME_WIDTH } else { 0.0 };
+    let ours = figures(s);
+    let column = (WIDTH - left - MARGIN_RIGHT) / ours.len() as f64;
+    for (i, (label, value)) in ours.iter().enumerate() {
+        let x = left + i as f64 * column;
         let _ = writeln!(
             svg,
             r#"<text x="{x:.1}" y="70" font-size="11" fill="{MUTED}">{}</text><text x="{x:.1}" y="87" font-size="14" font-weight="600">{}</text>"#,
@@ -250,11 +310,33 @@ fn header(svg: &mut String, rule: &Rule, s: &Summary, spans: &[Span]) {
             escape(value)
         );
     }
+    let mut y = 106.0;
+    if let Some(a) = against {
+        let second = 87.0 + FIGURE_ROW_HEIGHT;
+        for (row_y, name, color) in
+            [(87.0, "this rule".to_string(), EFFECTIVE_COLOR), (second, a.short_label(), AGAINST_COLOR)]
+        {
+            let _ = write!(
+                svg,
+                r#"<text x="{MARGIN_LEFT}" y="{row_y:.1}" font-size="13" font-weight="600" fill="{color}">{}</text>"#,
+                escape(&name)
+            );
+        }
+        for (i, (_, value)) in figures(a.summary).iter().enumerate() {
+            let x = left + i as f64 * column;
+            let _ = write!(
+                svg,
+                r#"<text x="{x:.1}" y="{second:.1}" font-size="14" font-weight="600" fill="{AGAINST_COLOR}">{}</text>"#,
+                escape(value)
+            );
+        }
+        svg.push('\n');
+        y += FIGURE_ROW_HEIGHT;
+    }
 
     // Legend: the restriction colors (all of them, so charts compare), then the guard colour
     // only when it occurs.
     let mut x = MARGIN_LEFT;
-    let y = 106.0;
     let _ = write!(svg, r#"<text x="{x}" y="{:.1}" font-size="11" fill="{MUTED}">restricted:</text>"#, y + 4.0);
     x += 66.0;
     for kind in SpanKind::ALL {
@@ -273,6 +355,19 @@ fn header(svg: &mut String, rule: &Rule, s: &Summary, spans: &[Span]) {
         x += 16.0 + 7.0 * kind.label().len() as f64 + 14.0;
     }
     svg.push('\n');
+}
+
+/// A replay's headline numbers, labelled.
+fn figures(s: &Summary) -> [(&'static str, String); 6] {
+    let manual = if s.manual_changes > 0 { format!(" +{} manual", s.manual_changes) } else { String::new() };
+    [
+        ("scale events", format!("{} ({}↑ {}↓{manual})", s.scale_ups + s.scale_downs, s.scale_ups, s.scale_downs)),
+        ("replica-hours", format!("{:.1} (avg {:.1})", s.replica_hours, s.average_replicas)),
+        ("replicas", format!("{} → peak {} → {}", s.initial_replicas, s.peak_replicas, s.final_replicas)),
+        ("above high", percent_of(s.seconds_above_high_watermark, s.duration_seconds)),
+        ("below low", percent_of(s.seconds_below_low_watermark, s.duration_seconds)),
+        ("evaluations", s.evaluations.to_string()),
+    ]
 }
 
 fn percent_of(part: f64, whole: f64) -> String {
@@ -319,13 +414,16 @@ fn metric_panel(
     time: TimeAxis,
     ticks: &[TimeTick],
     spans: &[Span],
+    against: Option<&Against<'_>>,
 ) {
     let metric = &rule.metrics()[index];
     let outcomes = || replay.ticks.iter().filter_map(|t| t.decision.metrics.get(index).map(|m| (t.at(), m)));
     let Some((_, first)) = outcomes().next() else { return };
     let (low, high, band_low, band_high) = (first.low_watermark, first.high_watermark, first.band_low, first.band_high);
     let peak_usage = outcomes().filter_map(|(_, m)| m.usage).fold(0.0, f64::max);
-    let value_ticks = nice_ticks(peak_usage.max(band_high * 1.15));
+    let theirs = against.and_then(|a| a.watermarks(&metric.name));
+    let highest = theirs.map_or(band_high, |(_, their_high)| band_high.max(their_high));
+    let value_ticks = nice_ticks(peak_usage.max(highest * 1.15));
     panel.max = value_ticks.last().copied().unwrap_or(1.0);
 
     let unit = match rule.algorithm() {
@@ -358,27 +456,29 @@ fn metric_panel(
         band_bottom - band_top
     );
     let right = time.left + time.width;
-    for (value, color) in [(high, HIGH_COLOR), (low, LOW_COLOR)] {
-        let y = panel.y(value);
-        let _ = writeln!(
-            svg,
-            r#"<line x1="{MARGIN_LEFT}" y1="{y:.1}" x2="{right:.1}" y2="{y:.1}" stroke="{color}" stroke-width="1.4" stroke-dasharray="7 4"/>"#
-        );
+    let mut levels = vec![(high, HIGH_COLOR, "7 4", "high"), (low, LOW_COLOR, "7 4", "low")];
+    if let Some((their_low, their_high)) = theirs {
+        levels.extend([
+            (their_high, HIGH_COLOR, AGAINST_DASH, "against high"),
+            (their_low, LOW_COLOR, AGAINST_DASH, "against low"),
+        ]);
     }
-    side_labels(
-        svg,
-        right,
-        &mut [
-            (panel.y(high), format!("high {}", format_value(high)), HIGH_COLOR),
-            (panel.y(low), format!("low {}", format_value(low)), LOW_COLOR),
-        ],
-    );
+    for (value, color, dash, _) in &levels {
+        level_line(svg, time, panel.y(*value), color, 1.4, dash);
+    }
+    let mut labels: Vec<(f64, String, &str)> = levels
+        .iter()
+        .map(|(value, color, _, name)| (panel.y(*value), format!("{name} {}", format_value(*value)), *color))
+        .collect();
+    side_labels(svg, right, &mut labels);
     let (up, down) = (rule.upscale_tolerance().to_f64() * 100.0, rule.downscale_tolerance().to_f64() * 100.0);
     let tolerance = if up == down {
         format!("±{}", format_value(up))
     } else {
         format!("+{}/−{}", format_value(up), format_value(down))
     };
+    // The other rule's watermarks are named by their side labels: one more legend entry would
+    // run into the panel's title.
     legend(
         svg,
         right,
@@ -425,10 +525,17 @@ fn replicas_panel(
     time: TimeAxis,
     ticks: &[TimeTick],
     spans: &[Span],
+    against: Option<&Against<'_>>,
 ) {
     let (min, max) = (f64::from(rule.min_replicas()), f64::from(rule.max_replicas()));
     let peak_proposal = replay.ticks.iter().filter_map(|t| t.decision.proposal).max().unwrap_or(0);
-    let peak_spec = replay.changes.iter().map(|c| c.to).chain([replay.initial_replicas]).max().unwrap_or(0);
+    let actual_known = against.is_some_and(|a| a.actual.iter().any(|(_, r)| r.is_some()));
+    let peak_others = against.map_or(0, |a| {
+        let peak_actual = a.actual.iter().filter_map(|(_, r)| *r).max().unwrap_or(0);
+        a.summary.peak_replicas.max(peak_actual)
+    });
+    let peak_spec =
+        replay.changes.iter().map(|c| c.to).chain([replay.initial_replicas, peak_others]).max().unwrap_or(0);
     // A proposal far beyond max_replicas would flatten the lines that matter: cut it off at
     // 1.6x max_replicas and say so.
     let shown_max = (f64::from(peak_proposal).min(max * 1.6)).max(f64::from(peak_spec)).max(max * 1.1);
@@ -460,11 +567,7 @@ fn replicas_panel(
 
     let right = time.left + time.width;
     for value in [max, min] {
-        let y = panel.y(value);
-        let _ = writeln!(
-            svg,
-            r#"<line x1="{MARGIN_LEFT}" y1="{y:.1}" x2="{right:.1}" y2="{y:.1}" stroke="{BOUND_COLOR}" stroke-width="1.2" stroke-dasharray="3 3"/>"#
-        );
+        level_line(svg, time, panel.y(value), BOUND_COLOR, 1.2, "3 3");
     }
     side_labels(
         svg,
@@ -472,32 +575,39 @@ fn replicas_panel(
         &mut [(panel.y(max), format!("max {max}"), MUTED), (panel.y(min), format!("min {min}"), MUTED)],
     );
 
+    let step_line = |svg: &mut String, points: &[(Timestamp, Option<u32>)], stroke: &str| {
+        let _ = writeln!(svg, r#"<path d="{}" fill="none" {stroke}/>"#, step_path(points, replay.end, time, panel));
+    };
     // Proposed replicas: what the metrics asked for before limits, windows and delays.
     let proposal_points: Vec<(Timestamp, Option<u32>)> =
         replay.ticks.iter().map(|t| (t.at(), t.decision.proposal)).collect();
-    let proposal = step_path(&proposal_points, replay.end, time, panel);
-    let _ = writeln!(
-        svg,
-        r#"<path d="{proposal}" fill="none" stroke="{PROPOSAL_COLOR}" stroke-width="1.3" stroke-opacity="0.9"/>"#
-    );
+    step_line(svg, &proposal_points, &format!(r#"stroke="{PROPOSAL_COLOR}" stroke-width="1.3" stroke-opacity="0.9""#));
 
     if replay.options.readiness_lag > std::time::Duration::ZERO {
         let ready_points: Vec<(Timestamp, Option<u32>)> =
             replay.ticks.iter().map(|t| (t.at(), Some(t.decision.ready_replicas))).collect();
-        let ready = step_path(&ready_points, replay.end, time, panel);
-        let _ = writeln!(
-            svg,
-            r#"<path d="{ready}" fill="none" stroke="{READY_COLOR}" stroke-width="1.2" stroke-dasharray="4 2"/>"#
-        );
+        step_line(svg, &ready_points, &format!(r#"stroke="{READY_COLOR}" stroke-width="1.2" stroke-dasharray="4 2""#));
     }
 
-    // Effective replicas: the spec the workload ran, from the exact change times.
-    let mut effective_points = vec![(replay.start, Some(replay.initial_replicas))];
-    effective_points.extend(replay.changes.iter().map(|c| (c.at, Some(c.to))));
-    let effective = step_path(&effective_points, replay.end, time, panel);
-    let _ = writeln!(
+    // Beneath this rule's line, so that where they agree this rule's stays in view: what the
+    // target actually ran, then what the other rule would have run.
+    let mut class = "";
+    if let Some(a) = against {
+        if actual_known {
+            step_line(svg, a.actual, &format!(r#"class="replicas-actual" stroke="{ACTUAL_COLOR}" stroke-width="1.6""#));
+        }
+        let theirs = effective_points(a.replay);
+        step_line(
+            svg,
+            &theirs,
+            &format!(r#"class="replicas-against" stroke="{AGAINST_COLOR}" stroke-width="1.8" stroke-linejoin="round""#),
+        );
+        class = r#"class="replicas-rule" "#;
+    }
+    step_line(
         svg,
-        r#"<path d="{effective}" fill="none" stroke="{EFFECTIVE_COLOR}" stroke-width="2.2" stroke-linejoin="round"/>"#
+        &effective_points(replay),
+        &format!(r#"{class}stroke="{EFFECTIVE_COLOR}" stroke-width="2.2" stroke-linejoin="round""#),
     );
 
     for change in replay.changes.iter().filter(|c| c.cause == Cause::Manual) {
@@ -523,10 +633,20 @@ fn replicas_panel(
     }
     frame(svg, panel, time);
 
-    let mut entries = vec![
-        (Mark::Line { color: EFFECTIVE_COLOR, width: 2.2, dash: "" }, "effective (spec)".to_string()),
-        (Mark::Line { color: PROPOSAL_COLOR, width: 1.3, dash: "" }, "proposed by the metrics".to_string()),
-    ];
+    let mut entries = match against {
+        None => vec![(Mark::Line { color: EFFECTIVE_COLOR, width: 2.2, dash: "" }, "effective (spec)".to_string())],
+        Some(a) => {
+            let mut named = vec![
+                (Mark::Line { color: EFFECTIVE_COLOR, width: 2.2, dash: "" }, "this rule".to_string()),
+                (Mark::Line { color: AGAINST_COLOR, width: 1.8, dash: "" }, a.short_label()),
+            ];
+            if actual_known {
+                named.push((Mark::Line { color: ACTUAL_COLOR, width: 1.6, dash: "" }, "actual".to_string()));
+            }
+            named
+        }
+    };
+    entries.push((Mark::Line { color: PROPOSAL_COLOR, width: 1.3, dash: "" }, "proposed by the metrics".to_string()));
     if replay.options.readiness_lag > std::time::Duration::ZERO {
         entries.push((Mark::Line { color: READY_COLOR, width: 1.2, dash: "4 2" }, "ready".to_string()));
     }
@@ -592,6 +712,22 @@ fn side_labels(svg: &mut String, right: f64, labels: &mut [(f64, String, &str)])
             escape(text)
         );
     }
+}
+
+/// The spec the workload ran, from the exact change times.
+fn effective_points(replay: &Replay) -> Vec<(Timestamp, Option<u32>)> {
+    let mut points = vec![(replay.start, Some(replay.initial_replicas))];
+    points.extend(replay.changes.iter().map(|c| (c.at, Some(c.to))));
+    points
+}
+
+/// A horizontal line across the plot at `y`: a watermark or a replica bound.
+fn level_line(svg: &mut String, time: TimeAxis, y: f64, color: &str, width: f64, dash: &str) {
+    let right = time.left + time.width;
+    let _ = writeln!(
+        svg,
+        r#"<line x1="{MARGIN_LEFT}" y1="{y:.1}" x2="{right:.1}" y2="{y:.1}" stroke="{color}" stroke-width="{width}" stroke-dasharray="{dash}"/>"#
+    );
 }
 
 /// A step line through `(time, value)` points: each value holds until the next point (or
@@ -806,5 +942,65 @@ mod tests {
     #[test]
     fn names_are_escaped() {
         assert_eq!(escape(r#"a<b & "c""#), "a&lt;b &amp; &quot;c&quot;");
+    }
+
+    /// The `d` of the one path drawn with this class.
+    fn path_of<'s>(svg: &'s str, class: &str) -> &'s str {
+        let marker = format!("class=\"{class}\"");
+        let line = svg.lines().find(|l| l.contains(&marker)).unwrap_or_else(|| panic!("no {class} in the chart"));
+        let d = line.strip_prefix("<path d=\"").unwrap_or_else(|| panic!("{class} is not a path: {line}"));
+        &d[..d.find('"').unwrap()]
+    }
+
+    #[test]
+    fn a_comparison_draws_both_rules_and_the_actual_replicas() {
+        use crate::simulate::replay::tests::{options, rule, trace, T0};
+        use crate::simulate::simulate;
+        use watermarkd_engine::Decimal;
+
+        // 300 is above this rule's high watermark (100), not above the other's (400).
+        let this = rule(|_| {});
+        let other = rule(|spec| spec.metrics[0].high_watermark = Some(Decimal::from_int(400)));
+        let rows = trace(&[
+            (0, Some(80.0), Some(2)),
+            (60, Some(300.0), None),
+            (120, Some(300.0), None),
+            (180, Some(80.0), None),
+        ]);
+        let ours = simulate("web", &this, &rows, options(60)).unwrap();
+        let theirs = simulate("web", &other, &rows, options(60)).unwrap();
+        assert!(ours.summary.scale_ups > 0 && theirs.summary.scale_ups == 0, "{:?} {:?}", ours.summary, theirs.summary);
+        let at = |offset: i64| Timestamp::from_unix_millis((T0 + offset) * 1000);
+        let actual = [(at(0), Some(2)), (at(60), Some(3)), (at(120), None), (at(180), Some(3))];
+        let against = Against {
+            label: "--against <old>.toml".to_string(),
+            rule: &other,
+            replay: &theirs.replay,
+            summary: &theirs.summary,
+            actual: &actual,
+        };
+        let svg = render_comparison_svg(&this, &ours.replay, &ours.summary, &against);
+
+        let (rule_line, against_line, actual_line) =
+            (path_of(&svg, "replicas-rule"), path_of(&svg, "replicas-against"), path_of(&svg, "replicas-actual"));
+        assert!(rule_line.starts_with('M') && against_line.starts_with('M'), "{rule_line} / {against_line}");
+        // This rule steps up; the other holds at 2 (one segment); the actual replicas lift the
+        // pen where they are unknown.
+        assert!(rule_line.matches(" L").count() > 1, "{rule_line}");
+        assert_eq!(against_line.matches(" L").count(), 1, "{against_line}");
+        assert_eq!(actual_line.matches('M').count(), 2, "{actual_line}");
+
+        for text in
+            [">this rule<", ">--against &lt;old&gt;.toml<", ">actual<", ">against high 400<", ">against low 50<"]
+        {
+            assert!(svg.contains(text), "no {text} in the chart");
+        }
+        assert!(!svg.contains("<old>"), "an unescaped label");
+        assert!(svg.contains("<title>watermarkd backtest: web</title>"));
+
+        // The single-rule chart is unchanged by all this.
+        let single = render_svg(&this, &ours.replay, &ours.summary);
+        assert!(!single.contains("against") && !single.contains("class=\"replicas-"), "{single}");
+        assert!(single.contains(">effective (spec)<") && !svg.contains(">effective (spec)<"));
     }
 }

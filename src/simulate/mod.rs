@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use watermarkd_engine::Rule;
 
-pub(crate) use chart::render_svg;
+pub(crate) use chart::{render_comparison_svg, render_svg, Against};
 pub use replay::{replay, LoadModel, Replay};
 pub(crate) use replay::{ReplayError, ReplayOptions};
 pub use report::Summary;

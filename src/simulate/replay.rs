@@ -338,15 +338,16 @@ pub fn replay(rule: &Rule, trace: &Trace, options: ReplayOptions) -> Result<Repl
     Ok(Replay { start, end, options, initial_replicas, ticks, changes })
 }
 
+/// Also the chart's tests build their replays with these helpers.
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::simulate::trace::parse_trace;
     use watermarkd_engine::{Algorithm, Decimal, MetricSpec, RuleSpec};
 
-    const T0: i64 = 1_714_521_600; // 2024-05-01T00:00:00Z
+    pub(crate) const T0: i64 = 1_714_521_600; // 2024-05-01T00:00:00Z
 
-    fn rule(change: impl FnOnce(&mut RuleSpec)) -> Rule {
+    pub(crate) fn rule(change: impl FnOnce(&mut RuleSpec)) -> Rule {
         let mut spec = RuleSpec {
             min_replicas: Some(1),
             max_replicas: Some(50),
@@ -372,7 +373,7 @@ mod tests {
     }
 
     /// A trace with column `m` (and `replicas`) from `(seconds after T0, value, replicas)`.
-    fn trace(rows: &[(i64, Option<f64>, Option<u32>)]) -> Trace {
+    pub(crate) fn trace(rows: &[(i64, Option<f64>, Option<u32>)]) -> Trace {
         let mut text = String::from("timestamp,m,replicas\n");
         for (offset, value, replicas) in rows {
             let value = value.map(|v| v.to_string()).unwrap_or_default();
@@ -382,7 +383,7 @@ mod tests {
         parse_trace(&text, &["m".to_string()]).unwrap()
     }
 
-    fn options(interval: u64) -> ReplayOptions {
+    pub(crate) fn options(interval: u64) -> ReplayOptions {
         ReplayOptions {
             interval: Duration::from_secs(interval),
             readiness_lag: Duration::ZERO,

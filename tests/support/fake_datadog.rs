@@ -4,12 +4,14 @@
 //! dense buckets aligned to each series' interval with null gaps, tags series with `query_index`,
 //! and enforces a calendar-aligned rate budget on tokio time (so paused-clock tests work), with
 //! the `X-RateLimit-*` headers on every authenticated answer and an HTML 429 when exhausted.
-//! It records every request (URL length, sub-queries, status) for the tests to inspect.
+//! It records every request (URL length, sub-queries, `from`/`to`, status) for the tests to
+//! inspect.
 //!
 //! Faults for the daemon's fault matrix (tests/faults.rs), switchable while it runs: a
 //! request-level `Fault` answering every query request (a 5xx, a 429 with any headers, a 403, a
 //! slow, HTML, truncated, empty or `status: error` 200), per-query `Behavior`s (no data, all-null,
-//! non-finite tokens, several series, stale points, a 400), and refusing connections
+//! non-finite tokens, several series, stale points, a 400, a timeline in absolute time for
+//! histories read window by window), and refusing connections
 //! (`refuse_connections`: nothing listens on the port until `accept_connections`).
 //!
 //! Include it with `#[path = "support/fake_datadog.rs"] mod fake_datadog;`.
@@ -81,6 +83,12 @@ pub enum Behavior {
     /// what JSON cannot hold: `"NaN"`, `"Infinity"`, `"1e999"`): (seconds before `to`, aligned
     /// down to `interval`; token).
     RawPoints { interval: u64, points: Vec<(i64, String)> },
+    /// One series whose values belong to absolute time, not to the request's window, so that
+    /// a history read window by window sees one timeline: buckets aligned to `interval`, each
+    /// taking the value of the last segment (unix seconds it starts at, value) begun by then;
+    /// `None` is a null bucket. No buckets before the first segment, and none of them is
+    /// left empty as still filling: the timeline is the past.
+    Timeline { interval: u64, segments: Vec<(i64, Option<f64>)> },
 }
 
 /// What every request to `/api/v1/query` gets while it is set (`FakeDatadog::set_fault`),
@@ -161,6 +169,9 @@ pub struct Recorded {
     /// Length of the encoded query string (after `?`).
     pub query_string_len: usize,
     pub sub_queries: Vec<String>,
+    /// The `from` and `to` parameters (unix seconds), when they were numbers.
+    pub from: Option<i64>,
+    pub to: Option<i64>,
     pub status: u16,
     /// The calendar window it fell in.
     pub window: u64,
@@ -500,6 +511,17 @@ fn explicit(interval: u64, points: &[(i64, Option<f64>)], to: i64) -> Vec<(i64, 
     out
 }
 
+/// The buckets of a `Behavior::Timeline` within `[from, to]`.
+fn timeline(interval: u64, segments: &[(i64, Option<f64>)], from: i64, to: i64) -> Vec<(i64, Option<f64>)> {
+    buckets(from, to, interval)
+        .into_iter()
+        .filter_map(|ms| {
+            let (_, value) = segments.iter().take_while(|(start, _)| *start * 1000 <= ms).last()?;
+            Some((ms, *value))
+        })
+        .collect()
+}
+
 async fn handle(state: Arc<Mutex<State>>, base: &str, req: Request<Incoming>) -> Response<Full<Bytes>> {
     {
         let mut s = state.lock().unwrap();
@@ -529,6 +551,8 @@ async fn answer(state: &Arc<Mutex<State>>, base: &str, req: Request<Incoming>) -
         })
         .collect();
     let sub_queries = params.get("query").map(|q| split_queries(q)).unwrap_or_default();
+    let second = |name: &str| params.get(name).and_then(|v| v.parse::<i64>().ok());
+    let (from_param, to_param) = (second("from"), second("to"));
 
     let record = |status: u16, window: u64| {
         let mut s = state.lock().unwrap();
@@ -539,6 +563,8 @@ async fn answer(state: &Arc<Mutex<State>>, base: &str, req: Request<Incoming>) -
             url_len,
             query_string_len: raw_query.len(),
             sub_queries: sub_queries.clone(),
+            from: from_param,
+            to: to_param,
             status,
             window,
             body: body.clone(),
@@ -608,11 +634,7 @@ async fn answer(state: &Arc<Mutex<State>>, base: &str, req: Request<Incoming>) -
         }
     }
 
-    let (Some(from), Some(to), false) = (
-        params.get("from").and_then(|f| f.parse::<i64>().ok()),
-        params.get("to").and_then(|t| t.parse::<i64>().ok()),
-        sub_queries.is_empty(),
-    ) else {
+    let (Some(from), Some(to), false) = (from_param, to_param, sub_queries.is_empty()) else {
         record(400, window);
         return json_response(
             400,
@@ -698,6 +720,14 @@ async fn answer(state: &Arc<Mutex<State>>, base: &str, req: Request<Incoming>) -
                 }
             }
             Behavior::Series(spec) => series.push(series_json(index, q, "*", spec.interval, dense(spec, from, to))),
+            Behavior::Timeline { interval, segments } => {
+                let points = timeline(*interval, segments, from, to);
+                // Before the timeline begins there is no series at all, as for a metric not yet
+                // reported.
+                if !points.is_empty() {
+                    series.push(series_json(index, q, "*", *interval, points));
+                }
+            }
             Behavior::RawPoints { interval, points } => {
                 let step = (*interval).max(1) as i64;
                 let mut tokens: Vec<(i64, &String)> =
