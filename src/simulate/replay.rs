@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use watermarkd_engine::{
-    decide, Action, Algorithm, Decision, Guard, Limit, Position, Reading, Rule, State, Target, Timestamp,
+    decide, Action, Algorithm, Decision, Guard, Limit, Position, Reading, Rule, State, Target, Timestamp, ZeroState,
 };
 
 use super::trace::{ReadingCursor, Trace};
@@ -294,6 +294,11 @@ pub fn replay(rule: &Rule, trace: &Trace, options: ReplayOptions) -> Result<Repl
     let mut manual_changes = trace.rows.iter().skip(1).filter_map(|row| row.replicas.map(|r| (row, r))).peekable();
     let mut cursor = ReadingCursor::new(trace);
     let mut state = State::default();
+    if initial_replicas == 0 && rule.scale_to_zero().is_some() {
+        // A rule that scales to zero, starting at zero: its own zero, which activity wakes
+        // (a person's pause would keep the whole replay at zero and show nothing).
+        state.zero = Some(Box::new(ZeroState { idle_since: None, scaled_to_zero_at: Some(start) }));
+    }
     let mut ticks = Vec::with_capacity(usize::try_from(evaluations).unwrap_or(0));
     let mut changes = Vec::new();
 
@@ -394,6 +399,25 @@ pub(crate) mod tests {
 
     fn offsets(replay: &Replay) -> Vec<i64> {
         replay.ticks.iter().map(|t| t.at().unix_millis() / 1000 - T0).collect()
+    }
+
+    #[test]
+    fn a_rule_that_scales_to_zero_starts_at_its_own_zero_wakes_and_sleeps_again() {
+        let zero = rule(|s| {
+            s.min_replicas = Some(0);
+            s.metrics[0].activation = Some(Decimal::from_int(5));
+            s.scale_to_zero_delay = Some(Duration::from_secs(60));
+            s.tolerate_zero = Some(true);
+        });
+        // Quiet, a burst of 80 for two minutes, then quiet for five.
+        let rows: Vec<_> =
+            (0..20).map(|i| (i * 30, Some(if (2..6).contains(&i) { 80.0 } else { 0.0 }), None)).collect();
+        let replay = replay(&zero, &trace(&rows), options(30)).unwrap();
+        assert_eq!(replay.initial_replicas, 0);
+        let moves: Vec<(i64, u32, u32)> =
+            replay.changes.iter().map(|c| (c.at.unix_millis() / 1000 - T0, c.from, c.to)).collect();
+        // Woken at the burst; back at one replica's count as it ends; to zero a minute after.
+        assert_eq!(moves, [(60, 0, 1), (240, 1, 0)], "{:?}", replay.changes);
     }
 
     #[test]

@@ -763,7 +763,11 @@ fn guard_verdict(guard: Guard, rule: &Rule, spec: u32, ready: u32, metrics: &[Me
             format!("spec {spec} is above max_replicas {}: scaling to {}", rule.max_replicas(), rule.max_replicas())
         }
         Guard::BelowMin => {
-            format!("spec {spec} is below min_replicas {}: scaling to {}", rule.min_running_replicas(), rule.min_running_replicas())
+            format!(
+                "spec {spec} is below min_replicas {}: scaling to {}",
+                rule.min_running_replicas(),
+                rule.min_running_replicas()
+            )
         }
         Guard::MinAvailable => format!(
             "only {ready} of {spec} replicas are ready, under min_available_replica_percentage {}%: holding {spec}",

@@ -112,7 +112,7 @@ pub struct State {
     pub zero: Option<Box<ZeroState>>,
 }
 
-/// What scale to zero remembers (docs/engine.md §6).
+/// What scale to zero remembers (docs/engine.md §5b).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ZeroState {

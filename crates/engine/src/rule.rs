@@ -153,7 +153,7 @@ pub struct MetricSpec {
     /// Readings older than this are unavailable. `None`: the backend alone judges staleness.
     pub max_age: Option<Duration>,
     /// With `min_replicas = 0`: a value above this wakes the workload from zero, and one at or
-    /// below it lets it go to zero (docs/engine.md §6).
+    /// below it lets it go to zero (docs/engine.md §5b).
     pub activation: Option<Decimal>,
 }
 
@@ -196,7 +196,7 @@ pub struct RuleSpec {
     pub scale_to_zero_delay: Option<Duration>,
 }
 
-/// Scale to zero, on with `min_replicas = 0` (docs/engine.md §6).
+/// Scale to zero, on with `min_replicas = 0` (docs/engine.md §5b).
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct ScaleToZero {
     /// Per metric, in the rule's order: above it, the workload is active.

@@ -1,4 +1,4 @@
-//! Scale to zero (docs/engine.md §6): a rule with `min_replicas = 0` runs the ordinary decision
+//! Scale to zero (docs/engine.md §5b): a rule with `min_replicas = 0` runs the ordinary decision
 //! with a floor of one replica, and around it decides the two moves to and from zero.
 //!
 //! - At one replica, when every metric has been at or below its activation threshold for
@@ -167,7 +167,9 @@ fn activity(rule: &Rule, zero: &ScaleToZero, readings: &[Reading], now: Timestam
             let name = &metric.name;
             let (value, exact) = match readings.get(i) {
                 None => return Activity::Unknown(format!("{name} has no reading")),
-                Some(Reading::Unavailable { reason }) => return Activity::Unknown(format!("{name} unavailable ({reason})")),
+                Some(Reading::Unavailable { reason }) => {
+                    return Activity::Unknown(format!("{name} unavailable ({reason})"))
+                }
                 Some(Reading::Replicas { replicas, .. }) => {
                     (f64::from(*replicas), crate::number::Decimal::from_int(i64::from(*replicas)))
                 }
