@@ -99,11 +99,7 @@ pub(crate) fn summary(autoscaler: &Autoscaler) -> String {
             .zip(&zero.activations)
             .map(|(metric, activation)| format!("{} > {}", metric.name, format_quantity(activation)))
             .collect();
-        parts.push(format!(
-            "scales to zero after {} idle, wakes on {}",
-            seconds(zero.delay),
-            activations.join(" or ")
-        ));
+        parts.push(format!("scales to zero after {} idle, wakes on {}", seconds(zero.delay), activations.join(" or ")));
     }
     if autoscaler.shadow {
         parts.push("shadow: compared with the active rule on its target, never written".into());

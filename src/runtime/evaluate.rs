@@ -473,7 +473,7 @@ fn restore(desired: &Desired, memory: &mut Memory, reading: &ScaleReading, now: 
                     }
                 },
             };
-            *persisted = Persisted::Annotation { written: Some(restored.clone()) };
+            *persisted = Persisted::Annotation { written: Some(state::Written::of(&restored)) };
             restored
         }
     };
@@ -595,7 +595,7 @@ async fn persist(
             match result {
                 Ok(()) => {
                     shared.daemon.write("state", "ok");
-                    *written = Some(next_state.clone());
+                    *written = Some(state::Written::of(next_state));
                 }
                 Err(err) => {
                     shared.daemon.write("state", "error");

@@ -13,7 +13,6 @@ use crate::crd::{WatermarkPodAutoscaler, WatermarkPodAutoscalerStatus};
 use crate::rules::{intern, Autoscaler};
 use crate::sparse::Sparse;
 use crate::telemetry::SeriesLabels;
-use watermarkd_engine::State;
 
 /// Which source an autoscaler comes from. Each source replaces only its own autoscalers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -219,7 +218,7 @@ impl Desired {
 #[derive(Debug)]
 pub enum Persisted {
     /// The state annotation last written on the target, or read from it.
-    Annotation { written: Option<State> },
+    Annotation { written: Option<crate::state::Written> },
     /// The WPA status last written, or read from the object.
     /// Boxed: most autoscalers at scale come from a rules file, and inline the status would
     /// make every one's memory 70 bytes larger.

@@ -368,9 +368,7 @@ impl AutoscalerMetrics {
             | Limit::Paused
             | Limit::NoData
             | Limit::MinAvailable
-            | Limit::NoReadyReplicas => {
-                usize::MAX
-            }
+            | Limit::NoReadyReplicas => usize::MAX,
         };
         let timing = &decision.timing;
         let up = timing.upscale_window_seconds_left.max(timing.upscale_delay_seconds_left).max(0.0);

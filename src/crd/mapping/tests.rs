@@ -237,10 +237,8 @@ fn replica_problems_name_the_wpa_fields() {
     );
     assert_eq!(
         problems(&with(&[("minReplicas", Some("0"))])),
-        [
-            "spec.minReplicas (0) must be at least 1: a WatermarkPodAutoscaler does not scale to zero (a rules-file \
-             autoscaler can, with min_replicas = 0 and an activation per metric)"
-        ]
+        ["spec.minReplicas (0) must be at least 1: a WatermarkPodAutoscaler does not scale to zero (a rules-file \
+             autoscaler can, with min_replicas = 0 and an activation per metric)"]
     );
     assert_eq!(
         problems(&with(&[("replicaScalingAbsoluteModulo", Some("0")), ("minAvailableReplicaPercentage", Some("101"))])),

@@ -25,7 +25,13 @@ pub fn secs(s: u64) -> Duration {
 }
 
 pub fn metric(name: &str, low: &str, high: &str) -> MetricSpec {
-    MetricSpec { name: name.into(), low_watermark: Some(dec(low)), high_watermark: Some(dec(high)), max_age: None, activation: None }
+    MetricSpec {
+        name: name.into(),
+        low_watermark: Some(dec(low)),
+        high_watermark: Some(dec(high)),
+        max_age: None,
+        activation: None,
+    }
 }
 
 /// A rule with one metric `m` (low 0.5, high 1), bounds 1..100, generous limits, tolerance 0.
