@@ -416,13 +416,28 @@ fn read_autoscalers(
 /// Every shadow rule needs exactly one active autoscaler on its target, the one it is compared
 /// with.
 fn check_shadow_pairs(autoscalers: &[Autoscaler], shadow_lines: &[Option<usize>], sink: &mut Sink) {
-    let mut active_on: HashMap<&TargetRef, Vec<&str>> = HashMap::new();
+    let mut active_on: HashMap<&TargetRef, Vec<&Autoscaler>> = HashMap::new();
     for active in autoscalers.iter().filter(|a| !a.shadow) {
-        active_on.entry(&active.target).or_default().push(&active.name);
+        active_on.entry(&active.target).or_default().push(active);
     }
     for (shadow, line) in autoscalers.iter().zip(shadow_lines).filter(|(a, _)| a.shadow) {
         let target = &shadow.target;
         let message = match active_on.get(target).map_or(&[][..], Vec::as_slice) {
+            // It is decided with the active rule, so at its pace: another interval would be
+            // silently ignored.
+            [active] if shadow.interval_set.is_some_and(|i| Some(i) != active.interval_set) => {
+                sink.problems.push(Problem {
+                    line: *line,
+                    autoscaler: Some(shadow.name.to_string()),
+                    field: "interval".into(),
+                    message: format!(
+                        "cannot differ from the active autoscaler {:?}'s: a shadow rule is decided at each of its \
+                         evaluations (remove interval, or give both the same)",
+                        active.name
+                    ),
+                });
+                continue;
+            }
             [_] => continue,
             [] => format!(
                 "is true, but no active autoscaler in this file targets {} {}/{}: a shadow rule runs beside the \
@@ -435,7 +450,7 @@ fn check_shadow_pairs(autoscalers: &[Autoscaler], shadow_lines: &[Option<usize>]
                 target.kind,
                 target.namespace,
                 target.name,
-                several.join(", ")
+                several.iter().map(|a| &*a.name).collect::<Vec<_>>().join(", ")
             ),
         };
         sink.problems.push(Problem {

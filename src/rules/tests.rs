@@ -396,6 +396,13 @@ fn a_shadow_rule_needs_one_active_autoscaler_on_its_target() {
     assert_eq!(p.len(), 1, "{p:?}");
     assert!(p[0].contains("several active autoscalers target Deployment prod/billing (billing, billing-2)"), "{p:?}");
 
+    let text = format!("{BACKENDS}{BILLING}{}", shadow.replace("shadow = true", "shadow = true\ninterval = \"30s\""));
+    let p = problems(&text);
+    assert!(
+        p[0].contains("autoscaler \"billing-next\": interval cannot differ from the active autoscaler \"billing\"'s"),
+        "{p:?}"
+    );
+
     let text = format!("{BACKENDS}{BILLING}{}", shadow.replace("shadow = true", "shadow = \"yes\""));
     assert!(problems(&text)[0].contains("shadow must be true or false"), "{:?}", problems(&text));
 }
