@@ -5,6 +5,7 @@
 
 pub mod backend;
 pub mod backtest;
+pub mod cli_docs;
 pub mod crd;
 pub mod decide;
 pub mod events;

@@ -3,7 +3,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 /// Autoscales Kubernetes workloads from Datadog or Prometheus metrics with low and high
 /// watermarks, velocity limits and forbidden windows.
@@ -52,6 +52,22 @@ enum Command {
     /// Settings come from --settings (default /etc/watermarkd/watermarkd.toml), WATERMARKD__*
     /// variables and these flags, in increasing precedence. SIGHUP reloads the rules file.
     Run(watermarkd::settings::RunArgs),
+    /// Print the shell completion script for watermarkd.
+    ///
+    /// For example `watermarkd completions bash > /etc/bash_completion.d/watermarkd`.
+    Completions {
+        /// The shell to complete in.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page watermarkd.1 (roff), or write one page per subcommand with --dir.
+    ///
+    /// For example `watermarkd man > /usr/local/share/man/man1/watermarkd.1`.
+    Man {
+        /// Write watermarkd.1 and watermarkd-SUBCOMMAND.1 into this directory, and print their paths.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -125,6 +141,23 @@ fn run() -> anyhow::Result<ExitCode> {
         Command::Crd => {
             let yaml = watermarkd::crd::crd_yaml().context("writing the CRD as YAML")?;
             out.write_all(yaml.as_bytes())?;
+            ExitCode::SUCCESS
+        }
+        Command::Completions { shell } => {
+            watermarkd::cli_docs::write_completions(Cli::command(), shell, &mut out)
+                .context("writing the completion script")?;
+            ExitCode::SUCCESS
+        }
+        Command::Man { dir: None } => {
+            watermarkd::cli_docs::write_man_page(Cli::command(), &mut out).context("writing the man page")?;
+            ExitCode::SUCCESS
+        }
+        Command::Man { dir: Some(dir) } => {
+            let pages = watermarkd::cli_docs::write_man_pages(Cli::command(), &dir)
+                .with_context(|| format!("writing the man pages into {}", dir.display()))?;
+            for page in pages {
+                writeln!(out, "{}", page.display())?;
+            }
             ExitCode::SUCCESS
         }
     };
