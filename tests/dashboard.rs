@@ -2,11 +2,9 @@
 //! exports, with label names those series carry, so that a rename in the code or a typo in the
 //! dashboard shows up here rather than as an empty panel.
 //!
-//! The exported series are built in-process from the telemetry types: the backend and
+//! The exported series are built in-process from the telemetry types: the daemon's, backend and
 //! recommender-client metrics on one registry, the per-autoscaler series from an
-//! `AutoscalerMetrics` that has seen one decision and one shadow outcome. `DaemonMetrics` is not
-//! public (`pub(crate)` in src/telemetry/mod.rs), so its families are read from the names and
-//! label lists in src/telemetry/daemon.rs.
+//! `AutoscalerMetrics` that has seen one decision and one shadow outcome.
 
 #![allow(
     clippy::unwrap_used,
@@ -24,7 +22,9 @@ use std::sync::Arc;
 use prometheus::core::{Collector, MetricVec, MetricVecBuilder};
 use prometheus::{Registry, TextEncoder};
 use serde_json::Value;
-use watermarkd::telemetry::{AutoscalerMetrics, BackendMetrics, HttpClientMetrics, SeriesLabels, ShadowOutcome};
+use watermarkd::telemetry::{
+    AutoscalerMetrics, BackendMetrics, DaemonMetrics, HttpClientMetrics, SeriesLabels, ShadowOutcome,
+};
 use watermarkd_engine::{decide, Reading, State, Target, Timestamp};
 
 const DASHBOARD: &str = "deploy/grafana/watermarkd.json";
@@ -103,11 +103,19 @@ fn touch<T: MetricVecBuilder>(vec: &MetricVec<T>) {
     vec.get_metric_with_label_values(&vec!["x"; labels]).expect("label count from its own description");
 }
 
-/// The backend and recommender-client families, registered as `runtime::run` registers them.
+/// The daemon's, backend and recommender-client families, registered as `runtime::run` registers
+/// them.
 fn registry_text() -> String {
     let registry = Registry::new();
     let backend = BackendMetrics::new(&registry).expect("register backend metrics");
     let http = HttpClientMetrics::new(&registry).expect("register http client metrics");
+    let daemon = DaemonMetrics::new(&registry).expect("register daemon metrics");
+    touch(&daemon.evaluations);
+    touch(&daemon.evaluation_seconds);
+    touch(&daemon.cycle_seconds);
+    touch(&daemon.kubernetes_writes);
+    touch(&daemon.reloads);
+    touch(&daemon.autoscalers);
     touch(&backend.requests);
     touch(&backend.request_seconds);
     touch(&backend.rate_limit);
@@ -151,84 +159,10 @@ fn autoscaler_text() -> String {
     metrics.snapshot().render_all()
 }
 
-/// The text from the opening parenthesis at `open` to its match, string literals skipped.
-fn balanced(source: &str, open: usize) -> &str {
-    let bytes = source.as_bytes();
-    let (mut depth, mut i, mut in_string) = (0usize, open, false);
-    while i < bytes.len() {
-        match bytes[i] {
-            b'\\' if in_string => i += 1,
-            b'"' => in_string = !in_string,
-            b'(' if !in_string => depth += 1,
-            b')' if !in_string => {
-                depth -= 1;
-                if depth == 0 {
-                    return &source[open..=i];
-                }
-            }
-            _ => {}
-        }
-        i += 1;
-    }
-    panic!("unbalanced parentheses after byte {open}");
-}
-
-fn string_literals(text: &str) -> Vec<String> {
-    text.split('"').skip(1).step_by(2).map(str::to_string).collect()
-}
-
-/// `DaemonMetrics`' families, read from its constructor calls: the first string literal of each
-/// is the name, the `&[...]` list its labels. The count is checked against the `register` calls
-/// so that a constructor this scan does not know is noticed rather than skipped.
-fn daemon_families(into: &mut BTreeMap<String, Family>) {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/telemetry/daemon.rs");
-    let source = std::fs::read_to_string(&path).expect("src/telemetry/daemon.rs");
-    let constructors = [
-        ("IntCounterVec::new", "counter"),
-        ("IntCounter::new", "counter"),
-        ("IntGaugeVec::new", "gauge"),
-        ("IntGauge::new", "gauge"),
-        ("GaugeVec::new", "gauge"),
-        ("Gauge::new", "gauge"),
-        ("HistogramVec::new", "histogram"),
-        ("Histogram::with_opts", "histogram"),
-    ];
-    let mut found = 0;
-    for (constructor, kind) in constructors {
-        let call = format!("{constructor}(");
-        for (at, _) in source.match_indices(&call) {
-            // A shorter constructor is the tail of a longer one (`Gauge::new` of
-            // `IntGauge::new`): that match belongs to the longer one.
-            if source[..at].chars().next_back().is_some_and(|c| c.is_alphanumeric() || c == '_') {
-                continue;
-            }
-            let args = balanced(&source, at + constructor.len());
-            let name = string_literals(args).into_iter().next().expect("a name literal");
-            let labels = match args.find("&[") {
-                Some(start) => {
-                    let end = start + args[start..].find(']').expect("closing ]");
-                    string_literals(&args[start..end])
-                }
-                None => Vec::new(),
-            };
-            let family = into.entry(name).or_default();
-            family.kind = kind.to_string();
-            family.labels.extend(labels);
-            if kind == "histogram" {
-                family.labels.insert("le".into());
-            }
-            found += 1;
-        }
-    }
-    let registered = source.matches("registry.register(").count();
-    assert_eq!(found, registered, "families read from {} vs its registry.register calls", path.display());
-}
-
 fn exported() -> BTreeMap<String, Family> {
     let mut families = BTreeMap::new();
     parse_text(&registry_text(), &mut families);
     parse_text(&autoscaler_text(), &mut families);
-    daemon_families(&mut families);
     families
 }
 

@@ -8,7 +8,7 @@ pub mod logging;
 mod server;
 
 pub use autoscaler::{AutoscalerMetrics, LabelsAsTags, SeriesLabels, ShadowOutcome};
-pub(crate) use daemon::DaemonMetrics;
+pub use daemon::DaemonMetrics;
 pub use http_client::HttpClientMetrics;
 pub use server::{serve, Readiness};
 
