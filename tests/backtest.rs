@@ -160,4 +160,19 @@ async fn a_query_with_several_series_is_refused_naming_the_backend() {
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains(r#"backend "prom""#) && stderr.contains("2 series"), "{stderr}");
+    assert!(stderr.contains("metric needs one: aggregate"), "one space between the words: {stderr}");
+
+    // A history that is not there (before the data starts, or a query that matches nothing) is
+    // an error naming the backend, not a replay of nothing but holds.
+    std::fs::write(dir.path().join("rules.toml"), rules(&prometheus.url(), "50", "app_latency_seconds")).unwrap();
+    let before = (start - 600).to_string();
+    let output =
+        backtest(dir.path(), &["--rules", "rules.toml", "--autoscaler", "web", "--since", "1h", "--until", &before]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains(r#"backend "prom": query "app_latency_seconds" has a value at only 0 of the evaluations"#)
+            && stderr.contains("a backtest needs at least 25, a tenth"),
+        "{stderr}"
+    );
 }

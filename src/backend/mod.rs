@@ -150,11 +150,13 @@ pub enum HistoryError {
     #[error("backend {backend:?}: query {query:?}: {error}")]
     Query { backend: String, query: String, error: QueryError },
     #[error(
-        "backend {backend:?}: query {query:?} returns {count} series over the history, where an autoscaler metric          needs one: aggregate them in the query (sum, max, avg by nothing) or give the metric a reducer"
+        "backend {backend:?}: query {query:?} returns {count} series over the history, where an autoscaler metric \
+         needs one: aggregate them in the query (sum, max, avg by nothing) or give the metric a reducer"
     )]
     SeveralSeries { backend: String, query: String, count: usize },
     #[error(
-        "backend {backend:?}: query {query:?} has {points} data points between {start} and {end}; a backtest          needs at least {needed} (is the history kept that long, or the query right?)"
+        "backend {backend:?}: query {query:?} has a value at only {points} of the evaluations between {start} and \
+         {end}; a backtest needs at least {needed}, a tenth (is the history kept that long, and is the query right?)"
     )]
     TooShort { backend: String, query: String, points: usize, needed: usize, start: Timestamp, end: Timestamp },
 }
@@ -217,10 +219,25 @@ impl MetricBackend {
         span: HistorySpan,
         progress: &dyn Fn(usize),
     ) -> Result<Vec<(Timestamp, Observation)>, HistoryError> {
-        match self {
-            MetricBackend::Datadog(c) => c.history(query, span, progress).await,
-            MetricBackend::Prometheus(c) => c.history(query, span, progress).await,
+        let (name, read) = match self {
+            MetricBackend::Datadog(c) => (c.name(), c.history(query, span, progress).await?),
+            MetricBackend::Prometheus(c) => (c.name(), c.history(query, span, progress).await?),
+        };
+        // A replay where almost every evaluation has no data says only that the data is not
+        // there: a retention shorter than the span, or a query that matches nothing.
+        let points = read.iter().filter(|(_, o)| matches!(o.reading, Reading::Value { .. })).count();
+        let needed = read.len().div_ceil(10).max(2);
+        if points < needed {
+            return Err(HistoryError::TooShort {
+                backend: name.to_string(),
+                query: query.query.clone(),
+                points,
+                needed,
+                start: span.start,
+                end: span.end,
+            });
         }
+        Ok(read)
     }
 }
 

@@ -162,6 +162,11 @@ fn ceil_secs(d: Duration) -> u64 {
 }
 
 impl DatadogClient {
+    /// The `[backend.NAME]` it was built for.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
     /// Reads both keys now and builds the connection pool, once.
     pub fn new(name: &str, config: &DatadogBackend, metrics: Arc<BackendMetrics>) -> Result<Self, BackendError> {
         let secret = |source: &crate::rules::SecretSource| {

@@ -81,6 +81,11 @@ struct Prepared {
 }
 
 impl PrometheusClient {
+    /// The `[backend.NAME]` it was built for.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
     /// Reads the backend's secrets and certificates and builds its HTTP client.
     pub fn new(name: &str, config: &PrometheusBackend, metrics: Arc<BackendMetrics>) -> Result<Self, BackendError> {
         super::ensure_crypto_provider();
