@@ -22,6 +22,7 @@ fn metric(name: &str, low: &str, high: &str) -> MetricSpec {
         low_watermark: Decimal::parse(low).ok(),
         high_watermark: Decimal::parse(high).ok(),
         max_age: Some(Duration::from_secs(300)),
+        activation: None,
     }
 }
 
