@@ -53,7 +53,6 @@ struct Slot {
 /// A recommender to ask: which rule of the job (the autoscaler, or a shadow) and its slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Asked {
-    job: JobId,
     rule: usize,
     slot: Slot,
 }
@@ -83,7 +82,7 @@ impl Plan {
                 }
                 if autoscaler.recommender.is_some() {
                     // A recommender is its rule's one reading.
-                    plan.recommended.push(Asked { job, rule, slot: Slot { job, metric: offset } });
+                    plan.recommended.push(Asked { rule, slot: Slot { job, metric: offset } });
                     asked += 1;
                 }
                 offset += autoscaler.rule.metrics().len();
@@ -166,13 +165,14 @@ pub async fn run(shared: Arc<Shared>, permits: Arc<Semaphore>, due: Due) {
         let shared = Arc::clone(&shared);
         match via {
             Via::Backend(name) => {
-                // Every slot was planned from a metric of its job, so each has one.
-                let slots: Vec<Slot> = slots.into_iter().filter(|slot| metric_of(slot).is_some()).collect();
-                let batch: Vec<MetricQuery> = slots
-                    .iter()
-                    .filter_map(metric_of)
-                    .map(|source| MetricQuery { query: source.query.clone(), reducer: source.reducer })
-                    .collect();
+                // Every slot was planned from a metric of its job, so none is left out here.
+                let (slots, batch): (Vec<Slot>, Vec<MetricQuery>) = slots
+                    .into_iter()
+                    .filter_map(|slot| {
+                        let source = metric_of(&slot)?;
+                        Some((slot, MetricQuery { query: source.query.clone(), reducer: source.reducer }))
+                    })
+                    .unzip();
                 let client = backends.get(&name).cloned();
                 queries.spawn(async move {
                     let started = Instant::now();
@@ -192,16 +192,14 @@ pub async fn run(shared: Arc<Shared>, permits: Arc<Semaphore>, due: Due) {
                 });
             }
             Via::Resources => {
-                let slots: Vec<Slot> =
-                    slots.into_iter().filter(|slot| metric_of(slot).is_some_and(|m| m.resource.is_some())).collect();
-                let batch: Vec<ResourceQuery> = slots
-                    .iter()
+                let (slots, batch): (Vec<Slot>, Vec<ResourceQuery>) = slots
+                    .into_iter()
                     .filter_map(|slot| {
                         let autoscaler = &jobs[slot.job.0].desired.autoscaler;
-                        let source = metric_of(slot)?.resource.clone()?;
-                        Some(ResourceQuery { namespace: autoscaler.target.namespace.clone(), source })
+                        let source = metric_of(&slot)?.resource.clone()?;
+                        Some((slot, ResourceQuery { namespace: autoscaler.target.namespace.clone(), source }))
                     })
-                    .collect();
+                    .unzip();
                 queries.spawn(async move {
                     let started = Instant::now();
                     let observations = shared.resources.evaluate(&batch, now, deadline).await;
@@ -216,7 +214,7 @@ pub async fn run(shared: Arc<Shared>, permits: Arc<Semaphore>, due: Due) {
         }
     }
     for asked in plan.recommended {
-        let desired = Arc::clone(&jobs[asked.job.0].desired);
+        let desired = Arc::clone(&jobs[asked.slot.job.0].desired);
         let shared = Arc::clone(&shared);
         queries.spawn(async move {
             let observation = match desired.rules().nth(asked.rule) {

@@ -96,11 +96,10 @@ pub async fn evaluate(
     shared: &Shared,
     desired: &Desired,
     memory: &mut Memory,
-    observations: Vec<Observation>,
+    mut observations: Vec<Observation>,
 ) -> Outcome {
     let autoscaler = &desired.autoscaler;
     let target = &autoscaler.target;
-    let mut observations = observations;
     let mut shadow_observations = observations.split_off(autoscaler.rule.metrics().len().min(observations.len()));
     // Skipped by the Datadog pacing: the engine holds, but nothing failed.
     let deferred = observations.iter().any(|o| matches!(o.detail.error, Some(QueryError::Deferred { .. })));
