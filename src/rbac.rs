@@ -1,10 +1,12 @@
 //! The Kubernetes API permissions the daemon needs: every (API group, resource, verb) it uses,
 //! and nothing else. Data only.
 //!
-//! `deploy/rbac.yaml` grants exactly this list (the entries with
-//! [`Permission::namespaced_to_daemon`] in a Role in the daemon's namespace, the others in a
-//! ClusterRole) and the README (Install) shows it as a table; `tests/packaging.rs` fails when
-//! either differs from [`PERMISSIONS`]. When code starts making a new kind of API call, add it
+//! The Helm chart (`charts/watermarkd/templates/rbac.yaml`) and `deploy/rbac.yaml`, rendered
+//! from it, grant exactly this list (the entries with [`Permission::namespaced_to_daemon`] in a
+//! Role in the daemon's namespace, the others in a ClusterRole; the entries with
+//! [`Permission::crd_mode_only`] only when the chart enables CRD mode) and the README (Install)
+//! shows it as a table; `tests/packaging.rs` and `tests/chart.rs` fail when any of them differs
+//! from [`PERMISSIONS`]. When code starts making a new kind of API call, add it
 //! here first.
 //!
 //! Targets of other kinds (custom resources with a `/scale` subresource) need the verbs of the
@@ -16,6 +18,11 @@
 pub struct Permission {
     /// Granted only in the daemon's own namespace (a Role), not cluster-wide (a ClusterRole).
     pub namespaced_to_daemon: bool,
+    /// Used only in CRD mode (the `crd` setting): the daemon makes this call only when it runs
+    /// WatermarkPodAutoscaler objects. An installation that runs the rules file alone need not
+    /// grant it, so the chart leaves it out with `crd.enabled: false`: access to another
+    /// controller's custom resources should not be granted where it is never used.
+    pub crd_mode_only: bool,
     /// The API group; `""` is the core group.
     pub api_group: &'static str,
     /// Plural resource names; `name/subresource` for a subresource.
@@ -40,6 +47,7 @@ pub const PERMISSIONS: &[Permission] = &[
 /// that [`crate::crd::map_wpa`] maps onto autoscalers (`runtime` sources).
 pub const WPA_READ: Permission = Permission {
     namespaced_to_daemon: false,
+    crd_mode_only: true,
     api_group: "datadoghq.com",
     resources: &["watermarkpodautoscalers"],
     verbs: &["list", "watch"],
@@ -49,6 +57,7 @@ pub const WPA_READ: Permission = Permission {
 /// time) as computed by [`crate::crd::next_status`], only when it changed.
 pub const WPA_STATUS_WRITE: Permission = Permission {
     namespaced_to_daemon: false,
+    crd_mode_only: true,
     api_group: "datadoghq.com",
     resources: &["watermarkpodautoscalers/status"],
     verbs: &["patch"],
@@ -58,6 +67,7 @@ pub const WPA_STATUS_WRITE: Permission = Permission {
 /// references of the form `datadogmetric@namespace:name` to the `DatadogMetric`'s query.
 pub const DATADOG_METRIC_READ: Permission = Permission {
     namespaced_to_daemon: false,
+    crd_mode_only: true,
     api_group: "datadoghq.com",
     resources: &["datadogmetrics"],
     verbs: &["list", "watch"],
@@ -68,6 +78,7 @@ pub const DATADOG_METRIC_READ: Permission = Permission {
 /// (`workload::STATE_ANNOTATION`) that holds an autoscaler's persisted state (rules-file mode).
 pub const WORKLOAD_READ_AND_ANNOTATE: Permission = Permission {
     namespaced_to_daemon: false,
+    crd_mode_only: false,
     api_group: "apps",
     resources: &["deployments", "statefulsets", "replicasets"],
     verbs: &["list", "watch", "patch"],
@@ -78,6 +89,7 @@ pub const WORKLOAD_READ_AND_ANNOTATE: Permission = Permission {
 /// only custom kinds also need `get` on their `/scale`.)
 pub const WORKLOAD_SCALE: Permission = Permission {
     namespaced_to_daemon: false,
+    crd_mode_only: false,
     api_group: "apps",
     resources: &["deployments/scale", "statefulsets/scale", "replicasets/scale"],
     verbs: &["patch"],
@@ -87,23 +99,39 @@ pub const WORKLOAD_SCALE: Permission = Permission {
 /// shared by the targets with that selector) that counts ready pods, only for targets whose
 /// status has no `readyReplicas`. [`crate::resource`]: a list of the pods a
 /// resource metric selects, each cycle, to tell which count.
-pub const POD_READ: Permission =
-    Permission { namespaced_to_daemon: false, api_group: "", resources: &["pods"], verbs: &["list", "watch"] };
+pub const POD_READ: Permission = Permission {
+    namespaced_to_daemon: false,
+    crd_mode_only: false,
+    api_group: "",
+    resources: &["pods"],
+    verbs: &["list", "watch"],
+};
 
 /// [`crate::resource`]: resource metrics (cpu, memory) read as a list of the `PodMetrics` a
 /// metric's selector selects, each cycle (metrics-server serves them through the API server).
-pub const POD_METRICS_READ: Permission =
-    Permission { namespaced_to_daemon: false, api_group: "metrics.k8s.io", resources: &["pods"], verbs: &["list"] };
+pub const POD_METRICS_READ: Permission = Permission {
+    namespaced_to_daemon: false,
+    crd_mode_only: false,
+    api_group: "metrics.k8s.io",
+    resources: &["pods"],
+    verbs: &["list"],
+};
 
 /// [`crate::events`]: an Event on the target for each scale and each failure, each its own
 /// object (never patched into a series).
-pub const EVENT_WRITE: Permission =
-    Permission { namespaced_to_daemon: false, api_group: "events.k8s.io", resources: &["events"], verbs: &["create"] };
+pub const EVENT_WRITE: Permission = Permission {
+    namespaced_to_daemon: false,
+    crd_mode_only: false,
+    api_group: "events.k8s.io",
+    resources: &["events"],
+    verbs: &["create"],
+};
 
 /// [`crate::lease`]: leader election with one Lease in the daemon's own namespace: read it,
 /// create it when it is missing, renew it or take it over with an update.
 pub const LEASE: Permission = Permission {
     namespaced_to_daemon: true,
+    crd_mode_only: false,
     api_group: "coordination.k8s.io",
     resources: &["leases"],
     verbs: &["get", "create", "update"],

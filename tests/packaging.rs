@@ -22,19 +22,22 @@
 
 #[path = "support/kube_cluster.rs"]
 mod kube_cluster;
+#[path = "support/manifest_checks.rs"]
+mod manifest_checks;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::authorization::v1::{ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Container, EnvVar, EnvVarSource, Namespace, Service, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, Subject};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding, Subject};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
+use manifest_checks::{assert_same_grants, grants_of_rules, grants_of_table, kind_of, sorted_unique, typed};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use watermarkd::rbac::{Permission, PERMISSIONS};
@@ -48,7 +51,7 @@ const RULES_PATH: &str = "/etc/watermarkd/rules.toml";
 const SYSTEM_USER: &str = "watermarkd";
 
 /// The manifests deploy/kustomization.yaml must list: exactly the deploy/*.yaml files.
-const MANIFESTS: [&str; 7] = [
+const MANIFESTS: [&str; 8] = [
     "namespace.yaml",
     "crd.yaml",
     "serviceaccount.yaml",
@@ -56,6 +59,7 @@ const MANIFESTS: [&str; 7] = [
     "configmap.yaml",
     "deployment.yaml",
     "service.yaml",
+    "poddisruptionbudget.yaml",
 ];
 
 /// The top-level keys of the settings file (`watermarkd run --settings`); it rejects others.
@@ -99,39 +103,6 @@ fn documents(relative: &str) -> Vec<serde_yaml_ng::Value> {
         .map(|doc| serde_yaml_ng::Value::deserialize(doc).unwrap_or_else(|e| panic!("{relative}: {e}")))
         .filter(|value| !value.is_null())
         .collect()
-}
-
-fn kind_of(value: &serde_yaml_ng::Value) -> String {
-    value.get("kind").and_then(|k| k.as_str()).unwrap_or_default().to_string()
-}
-
-/// Deserializes `value` as `T` and checks that nothing was lost on the way: k8s-openapi ignores
-/// unknown fields, so a misspelt or misplaced field would otherwise pass unnoticed.
-fn typed<T: DeserializeOwned + Serialize>(file: &str, value: &serde_yaml_ng::Value) -> T {
-    let object: T = serde_yaml_ng::from_value(value.clone()).unwrap_or_else(|e| panic!("{file}: {e}"));
-    let original = serde_json::to_value(value).unwrap_or_else(|e| panic!("{file}: {e}"));
-    let round_trip = serde_json::to_value(&object).unwrap_or_else(|e| panic!("{file}: {e}"));
-    if let Some(path) = first_difference(&original, &round_trip, String::new()) {
-        let name = value.get("metadata").and_then(|m| m.get("name")).and_then(|n| n.as_str()).unwrap_or_default();
-        panic!("{file}: {} {name:?}: field {path} is not part of the type (misspelt or misplaced?)", kind_of(value));
-    }
-    object
-}
-
-/// The path of the first field of `original` that `round_trip` does not have with the same value.
-fn first_difference(original: &serde_json::Value, round_trip: &serde_json::Value, path: String) -> Option<String> {
-    use serde_json::Value;
-    match (original, round_trip) {
-        (Value::Object(a), Value::Object(b)) => a.iter().find_map(|(key, value)| match b.get(key) {
-            Some(other) => first_difference(value, other, format!("{path}.{key}")),
-            None => Some(format!("{path}.{key}")),
-        }),
-        (Value::Array(a), Value::Array(b)) if a.len() == b.len() => {
-            a.iter().zip(b).enumerate().find_map(|(i, (x, y))| first_difference(x, y, format!("{path}[{i}]")))
-        }
-        (a, b) if a == b => None,
-        _ => Some(if path.is_empty() { ".".into() } else { path }),
-    }
 }
 
 /// The single object of `kind` in a manifest.
@@ -299,6 +270,9 @@ fn every_manifest_parses_as_its_kubernetes_type_in_the_daemon_namespace() {
                 "Service" => Some(typed::<Service>(&relative, doc).metadata.namespace.unwrap_or_default()),
                 "Deployment" => Some(typed::<Deployment>(&relative, doc).metadata.namespace.unwrap_or_default()),
                 "Role" => Some(typed::<Role>(&relative, doc).metadata.namespace.unwrap_or_default()),
+                "PodDisruptionBudget" => {
+                    Some(typed::<PodDisruptionBudget>(&relative, doc).metadata.namespace.unwrap_or_default())
+                }
                 "RoleBinding" => Some(typed::<RoleBinding>(&relative, doc).metadata.namespace.unwrap_or_default()),
                 other => panic!("{relative}: unexpected kind {other:?}"),
             };
@@ -340,49 +314,6 @@ fn the_kustomization_lists_exactly_the_manifests() {
     assert_eq!(kustomization.resources.first().map(String::as_str), Some("namespace.yaml"));
 }
 
-/// One granted (scope, group, resource, verb), `scope` true for the daemon's namespace only.
-type Grant = (bool, String, String, String);
-
-fn grants_of_rules(rules: &[PolicyRule], namespaced: bool, what: &str) -> Vec<Grant> {
-    let mut grants = Vec::new();
-    for rule in rules {
-        assert!(rule.resource_names.is_none(), "{what}: resourceNames are not used");
-        assert!(rule.non_resource_urls.is_none(), "{what}: nonResourceURLs are not used");
-        let groups = rule.api_groups.clone().unwrap_or_default();
-        let resources = rule.resources.clone().unwrap_or_default();
-        assert!(!groups.is_empty() && !resources.is_empty() && !rule.verbs.is_empty(), "{what}: an empty rule");
-        for group in &groups {
-            for resource in &resources {
-                for verb in &rule.verbs {
-                    for word in [group, resource, verb] {
-                        assert!(!word.contains('*'), "{what}: no wildcards ({word:?})");
-                    }
-                    grants.push((namespaced, group.clone(), resource.clone(), verb.clone()));
-                }
-            }
-        }
-    }
-    grants
-}
-
-fn grants_of_table(permissions: &[Permission]) -> Vec<Grant> {
-    let mut grants = Vec::new();
-    for p in permissions {
-        for resource in p.resources {
-            for verb in p.verbs {
-                grants.push((p.namespaced_to_daemon, p.api_group.into(), resource.to_string(), verb.to_string()));
-            }
-        }
-    }
-    grants
-}
-
-fn sorted_unique(grants: Vec<Grant>, what: &str) -> BTreeSet<Grant> {
-    let set: BTreeSet<Grant> = grants.iter().cloned().collect();
-    assert_eq!(set.len(), grants.len(), "{what} grants something twice");
-    set
-}
-
 #[test]
 fn rbac_grants_exactly_the_permissions_in_src_rbac() {
     let file = "deploy/rbac.yaml";
@@ -396,14 +327,9 @@ fn rbac_grants_exactly_the_permissions_in_src_rbac() {
         granted.extend(grants_of_rules(&role.rules.unwrap_or_default(), true, file));
     }
     let granted = sorted_unique(granted, file);
+    // deploy/ is the chart with its defaults, CRD mode on: every entry of the table.
     let table = sorted_unique(grants_of_table(PERMISSIONS), "watermarkd::rbac::PERMISSIONS");
-    let extra: Vec<_> = granted.difference(&table).collect();
-    let missing: Vec<_> = table.difference(&granted).collect();
-    assert!(
-        extra.is_empty() && missing.is_empty(),
-        "{file} differs from watermarkd::rbac::PERMISSIONS (namespaced, group, resource, verb):\n\
-         granted but not in the table: {extra:?}\nin the table but not granted: {missing:?}"
-    );
+    assert_same_grants(&granted, &table, file);
 }
 
 #[test]
@@ -431,6 +357,12 @@ fn the_permission_table_is_consistent() {
     let namespaced: Vec<_> = PERMISSIONS.iter().filter(|p| p.namespaced_to_daemon).collect();
     assert_eq!(namespaced.len(), 1);
     assert_eq!(namespaced[0].resources, ["leases"]);
+    // CRD mode alone reads and writes the datadoghq.com kinds, and needs nothing else of its
+    // own: the chart drops exactly these entries with crd.enabled false.
+    for p in PERMISSIONS {
+        assert_eq!(p.crd_mode_only, p.api_group == "datadoghq.com", "{p:?}: crd_mode_only");
+        assert!(!(p.crd_mode_only && p.namespaced_to_daemon), "{p:?}: CRD mode is cluster-wide");
+    }
 }
 
 fn assert_binds_the_service_account(subjects: &Option<Vec<Subject>>, what: &str) {
@@ -522,34 +454,9 @@ fn plural_of(kind: &str) -> (&'static str, bool) {
         "ConfigMap" => ("configmaps", true),
         "Deployment" => ("deployments", true),
         "Service" => ("services", true),
+        "PodDisruptionBudget" => ("poddisruptionbudgets", true),
         other => panic!("no plural known for {other}"),
     }
-}
-
-/// Whether the ServiceAccount may `verb` `group`/`resource` (`name/subresource`) in `namespace`
-/// (empty: all namespaces), as the API server decides it.
-async fn service_account_may(client: &kube::Client, group: &str, resource: &str, verb: &str, namespace: &str) -> bool {
-    let (resource, subresource) = match resource.split_once('/') {
-        Some((resource, subresource)) => (resource, Some(subresource.to_string())),
-        None => (resource, None),
-    };
-    let review = SelfSubjectAccessReview {
-        spec: SelfSubjectAccessReviewSpec {
-            resource_attributes: Some(ResourceAttributes {
-                group: Some(group.into()),
-                resource: Some(resource.into()),
-                subresource,
-                verb: Some(verb.into()),
-                namespace: Some(namespace.into()),
-                ..ResourceAttributes::default()
-            }),
-            ..SelfSubjectAccessReviewSpec::default()
-        },
-        ..SelfSubjectAccessReview::default()
-    };
-    let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
-    let answer = api.create(&PostParams::default(), &review).await.unwrap_or_else(|e| panic!("access review: {e}"));
-    answer.status.is_some_and(|s| s.allowed)
 }
 
 #[tokio::test]
@@ -567,7 +474,15 @@ async fn a_real_api_server_accepts_the_manifests_and_the_service_account_gets_ex
                 cluster.create_crd(&crd).await;
                 continue;
             }
-            let object: DynamicObject = serde_yaml_ng::from_value(doc).unwrap_or_else(|e| panic!("{relative}: {e}"));
+            let mut object: DynamicObject =
+                serde_yaml_ng::from_value(doc).unwrap_or_else(|e| panic!("{relative}: {e}"));
+            if kind == "PodDisruptionBudget" {
+                // The test API server (1.20) predates policy/v1, whose PodDisruptionBudget has
+                // the same fields as this one; the chart's switch is tested in tests/chart.rs.
+                if let Some(types) = object.types.as_mut() {
+                    types.api_version = "policy/v1beta1".into();
+                }
+            }
             let api_version = object.types.as_ref().map(|t| t.api_version.clone()).unwrap_or_default();
             let (group, version) = api_version.rsplit_once('/').unwrap_or(("", &api_version));
             let (plural, namespaced) = plural_of(&kind);
@@ -589,43 +504,9 @@ async fn a_real_api_server_accepts_the_manifests_and_the_service_account_gets_ex
 
     let account = cluster.client_as(&format!("system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}"));
     let table = sorted_unique(grants_of_table(PERMISSIONS), "watermarkd::rbac::PERMISSIONS");
-    let mut wrong = Vec::new();
-    for (namespaced, group, resource, verb) in &table {
-        // Cluster-wide grants hold in any namespace and across all of them (CRD mode watches
-        // every namespace); the Lease only in the daemon's own.
-        let allowed_in: &[&str] = if *namespaced { &[NAMESPACE] } else { &["prod", ""] };
-        for namespace in allowed_in {
-            if !service_account_may(&account, group, resource, verb, namespace).await {
-                wrong.push(format!("denied: {verb} {group}/{resource} in {namespace:?}"));
-            }
-        }
-        if *namespaced && service_account_may(&account, group, resource, verb, "default").await {
-            wrong.push(format!("allowed outside {NAMESPACE}: {verb} {group}/{resource}"));
-        }
-    }
-    // Every other verb on the same resources, and things the daemon never touches.
-    let all_verbs = ["get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"];
-    let resources: BTreeSet<(String, String)> = table.iter().map(|(_, g, r, _)| (g.clone(), r.clone())).collect();
-    let mut attempts: Vec<(String, String, String)> = Vec::new();
-    for (group, resource) in &resources {
-        for verb in all_verbs {
-            if !table.iter().any(|(_, g, r, v)| g == group && r == resource && v == verb) {
-                attempts.push((group.clone(), resource.clone(), verb.to_string()));
-            }
-        }
-    }
-    for (group, resource) in
-        [("", "secrets"), ("", "configmaps"), ("", "events"), ("", "pods/exec"), ("apps", "daemonsets"), ("", "nodes")]
-    {
-        attempts.push((group.into(), resource.into(), "get".into()));
-    }
-    for (group, resource, verb) in &attempts {
-        for namespace in [NAMESPACE, "prod"] {
-            if service_account_may(&account, group, resource, verb, namespace).await {
-                wrong.push(format!("allowed: {verb} {group}/{resource} in {namespace:?}"));
-            }
-        }
-    }
+    // Cluster-wide grants hold in any namespace and across all of them (CRD mode watches every
+    // namespace); the Lease only in the daemon's own.
+    let wrong = manifest_checks::access_problems(&account, &table, NAMESPACE, &["prod"], "default", &[]).await;
     assert!(wrong.is_empty(), "deploy/rbac.yaml on a real API server:\n{}", wrong.join("\n"));
 }
 
@@ -645,7 +526,8 @@ fn the_deployment_runs_two_replicas_of_the_image_with_the_settings() {
     assert_eq!(pod.termination_grace_period_seconds, Some(30));
 
     let c = container(&deployment);
-    assert_eq!(c.image.as_deref(), Some("watermarkd:latest"));
+    // The chart's default tag is its appVersion, the crate's version (tests/chart.rs).
+    assert_eq!(c.image, Some(format!("watermarkd:{}", env!("CARGO_PKG_VERSION"))));
     assert_eq!(c.image_pull_policy.as_deref(), Some("IfNotPresent"));
     assert_eq!(c.command, None, "the image's entrypoint runs");
     assert_eq!(c.args.clone().unwrap_or_default(), ["run", "--settings", SETTINGS_PATH]);

@@ -1,0 +1,145 @@
+{{/*
+The chart name, or nameOverride: the app.kubernetes.io/name label. Kubernetes names and label
+values stop at 63 characters.
+*/}}
+{{- define "watermarkd.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/*
+The prefix of every object name. A release called "watermarkd" (or "prod-watermarkd") is not
+suffixed again, so the default install's objects are plainly "watermarkd".
+*/}}
+{{- define "watermarkd.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := include "watermarkd.name" . -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "watermarkd.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/*
+The labels the Deployment selects its pods by. Never change them: a Deployment's selector is
+immutable, so an upgrade that changed them would fail.
+*/}}
+{{- define "watermarkd.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "watermarkd.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{/* The Kubernetes recommended labels, on every object. */}}
+{{- define "watermarkd.labels" -}}
+{{ include "watermarkd.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/component: controller
+app.kubernetes.io/part-of: watermarkd
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ include "watermarkd.chart" . }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{- define "watermarkd.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "watermarkd.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- required "serviceAccount.name: name the existing ServiceAccount when serviceAccount.create is false" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "watermarkd.leaseName" -}}
+{{- default (include "watermarkd.fullname" .) .Values.leaderElection.leaseName -}}
+{{- end -}}
+
+{{- define "watermarkd.configMapName" -}}
+{{- default (include "watermarkd.fullname" .) .Values.rules.existingConfigMap -}}
+{{- end -}}
+
+{{- define "watermarkd.image" -}}
+{{- $tag := default .Chart.AppVersion .Values.image.tag -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s:%s@%s" .Values.image.repository $tag .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository $tag -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Where the daemon reads its files: the ConfigMap, mounted as a directory. */}}
+{{- define "watermarkd.rulesPath" -}}/etc/watermarkd/rules.toml{{- end -}}
+
+{{/*
+The settings as (TOML key, TOML value) pairs, "lease." keys for the [lease] table; values are
+TOML literals (strings as JSON strings, which TOML reads the same). Rendered as watermarkd.toml,
+or as WATERMARKD__* variables when the rules come from an existing ConfigMap. Keys left out keep
+the daemon's defaults; the Lease namespace and identity come from POD_NAMESPACE and POD_NAME.
+*/}}
+{{- define "watermarkd.settingsPairs" -}}
+{{- $s := .Values.settings -}}
+{{- $le := .Values.leaderElection -}}
+{{- $pairs := list -}}
+{{- $pairs = append $pairs (list "rules" (include "watermarkd.rulesPath" . | toJson)) -}}
+{{- $pairs = append $pairs (list "crd" (ternary "true" "false" .Values.crd.enabled)) -}}
+{{- with .Values.watchNamespaces }}{{ $pairs = append $pairs (list "namespaces" (toJson .)) }}{{ end -}}
+{{- $pairs = append $pairs (list "default_backend" (toJson $s.defaultBackend)) -}}
+{{- $pairs = append $pairs (list "log_format" (toJson $s.logFormat)) -}}
+{{- $pairs = append $pairs (list "log_level" (toJson $s.logLevel)) -}}
+{{- if $s.dryRun }}{{ $pairs = append $pairs (list "dry_run" "true") }}{{ end -}}
+{{- with $s.defaultInterval }}{{ $pairs = append $pairs (list "default_interval" (toJson .)) }}{{ end -}}
+{{- with $s.maxConcurrency }}{{ $pairs = append $pairs (list "max_concurrency" (toString (int .))) }}{{ end -}}
+{{- with $s.reloadPoll }}{{ $pairs = append $pairs (list "reload_poll" (toJson .)) }}{{ end -}}
+{{- with $s.clusterName }}{{ $pairs = append $pairs (list "cluster_name" (toJson .)) }}{{ end -}}
+{{- with $s.labelsAsTags }}{{ $pairs = append $pairs (list "labels_as_tags" (toJson .)) }}{{ end -}}
+{{- $pairs = append $pairs (list "lease.name" (include "watermarkd.leaseName" . | toJson)) -}}
+{{- with $le.leaseDuration }}{{ $pairs = append $pairs (list "lease.duration" (toJson .)) }}{{ end -}}
+{{- with $le.renewDeadline }}{{ $pairs = append $pairs (list "lease.renew_deadline" (toJson .)) }}{{ end -}}
+{{- with $le.retryPeriod }}{{ $pairs = append $pairs (list "lease.retry_period" (toJson .)) }}{{ end -}}
+{{- toJson $pairs -}}
+{{- end -}}
+
+{{/* watermarkd.toml. */}}
+{{- define "watermarkd.settingsToml" -}}
+# Settings of `watermarkd run`, rendered from the chart's values (settings, crd,
+# watchNamespaces, leaderElection). The Lease namespace and identity come from POD_NAMESPACE
+# and POD_NAME; everything not set here keeps its default.
+{{- $lease := list }}
+{{- range (include "watermarkd.settingsPairs" . | fromJsonArray) }}
+{{- if hasPrefix "lease." (index . 0) }}
+{{- $lease = append $lease . }}
+{{- else }}
+{{ index . 0 }} = {{ index . 1 }}
+{{- end }}
+{{- end }}
+
+# Leader election among the replicas.
+[lease]
+{{- range $lease }}
+{{ index . 0 | trimPrefix "lease." }} = {{ index . 1 }}
+{{- end }}
+{{- end -}}
+
+{{/*
+The same settings as environment variables (`__` separates the [lease] table): TOML strings
+lose their quotes, lists become comma-separated.
+*/}}
+{{- define "watermarkd.settingsEnv" -}}
+{{- range (include "watermarkd.settingsPairs" . | fromJsonArray) }}
+{{- $value := index . 1 }}
+{{- if hasPrefix "[" $value }}
+{{- $value = fromJsonArray $value | join "," }}
+{{- else if hasPrefix "\"" $value }}
+{{- $value = fromJson (printf "{\"v\":%s}" $value) | dig "v" "" }}
+{{- end }}
+- name: {{ printf "WATERMARKD__%s" (index . 0 | replace "." "__" | upper) }}
+  value: {{ $value | quote }}
+{{- end }}
+{{- end -}}
