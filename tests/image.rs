@@ -192,6 +192,18 @@ fn the_config_runs_the_daemon_unprivileged_with_the_settings_and_the_metrics_por
     assert_eq!(labels["org.opencontainers.image.version"], env!("CARGO_PKG_VERSION"));
     assert_eq!(labels["org.opencontainers.image.licenses"], "Apache-2.0");
     assert_eq!(labels["org.opencontainers.image.title"], "watermarkd");
+
+    // What the manifests (rendered from the chart) expect of the image.
+    let manifest = std::fs::read_to_string(dist_build::repo().join("deploy/deployment.yaml")).expect("deployment");
+    let deployment: k8s_openapi::api::apps::v1::Deployment = serde_yaml_ng::from_str(&manifest).expect("a Deployment");
+    let pod = deployment.spec.expect("spec").template.spec.expect("pod spec");
+    let container = &pod.containers[0];
+    let run_as = pod.security_context.as_ref().and_then(|c| c.run_as_user).expect("runAsUser");
+    assert_eq!(runtime["User"], format!("{run_as}:{run_as}"), "the pod's runAsUser is the image's user");
+    let port = container.ports.as_ref().and_then(|p| p.first()).map(|p| p.container_port).expect("a port");
+    assert_eq!(ports, [&format!("{port}/tcp")], "the container port is the image's");
+    let args = container.args.clone().expect("args");
+    assert_eq!(runtime["Cmd"], serde_json::json!(args), "the Deployment's args are the image's default command");
     // The fixed SOURCE_DATE_EPOCH of the tests, 2023-11-14T22:13:20Z: no build time leaks in.
     assert_eq!(config["created"], "2023-11-14T22:13:20Z");
 }
