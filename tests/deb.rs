@@ -303,3 +303,55 @@ fn a_changed_conffile_survives_a_reinstall_and_a_removal_and_goes_with_a_purge()
     }
     assert_eq!(package_status(r), "not known", "dpkg still knows the package after a purge");
 }
+
+/// Purges the package from this machine when the test ends, however it ends.
+struct PurgeOnDrop;
+
+impl Drop for PurgeOnDrop {
+    fn drop(&mut self) {
+        let purged = output(Command::new("dpkg").args(["--purge", "watermarkd"]));
+        if !purged.status.success() {
+            eprintln!("dpkg --purge watermarkd: {}", String::from_utf8_lossy(&purged.stderr));
+        }
+    }
+}
+
+/// The plain `dpkg -i` of a user, on this machine itself: only where WATERMARKD_HOST_INSTALL=1
+/// says the machine is there to be changed (`.ci/run` sets it: CI runs on a fresh machine, as
+/// root). It purges the package at the end; the system user stays, as Debian leaves them.
+#[test]
+fn on_a_ci_machine_dpkg_installs_it_for_real_and_purges_it() {
+    if std::env::var("WATERMARKD_HOST_INSTALL").as_deref() != Ok("1") {
+        eprintln!("on_a_ci_machine_dpkg_installs_it: WATERMARKD_HOST_INSTALL is not 1 (.ci/run sets it); skipped");
+        return;
+    }
+    assert!(is_root(), "WATERMARKD_HOST_INSTALL=1 needs root: dpkg installs into this machine");
+    let before = output(Command::new("dpkg-query").args(["--show", "--showformat=${Status}", "watermarkd"]));
+    let status_before = String::from_utf8_lossy(&before.stdout).into_owned();
+    assert!(
+        !status_before.contains("installed") && !status_before.contains("config-files"),
+        "a watermarkd package is already on this machine ({status_before}); not touching it"
+    );
+
+    let _purge = PurgeOnDrop;
+    run(Command::new("dpkg").arg("--install").arg(package()));
+    let status = run(Command::new("dpkg-query").args(["--show", "--showformat=${Status}", "watermarkd"]));
+    assert_eq!(status, "install ok installed");
+    run(Command::new("id").arg("watermarkd"));
+
+    let verified = output(
+        Command::new("systemd-analyze")
+            .args(["verify", "--man=no", "/usr/lib/systemd/system/watermarkd.service"])
+            .env("SYSTEMD_LOG_COLOR", "0"),
+    );
+    let printed = format!("{}{}", String::from_utf8_lossy(&verified.stdout), String::from_utf8_lossy(&verified.stderr));
+    let about_us: Vec<&str> = printed.lines().filter(|l| l.contains("watermarkd")).collect();
+    assert!(verified.status.success() && about_us.is_empty(), "systemd-analyze verify the installed unit:\n{printed}");
+
+    let version = run(Command::new("/usr/bin/watermarkd").arg("--version"));
+    assert_eq!(version.trim(), format!("watermarkd {}", env!("CARGO_PKG_VERSION")));
+    let checked = run(Command::new("/usr/bin/watermarkd").args(["check", "--rules", "/etc/watermarkd/rules.toml"]));
+    assert!(checked.contains(": ok, 1 autoscaler"), "{checked}");
+    let page = run(Command::new("gzip").args(["-dc", "/usr/share/man/man1/watermarkd.1.gz"]));
+    assert!(page.contains(".TH watermarkd 1"), "the man page is installed");
+}
