@@ -31,7 +31,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Container, EnvVar, PodSpec, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Container, EnvVar, PodSpec, Service, ServiceAccount, VolumeMount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -69,11 +69,7 @@ fn chart_file(relative: &str) -> PathBuf {
 
 /// The helm scripts/install-helm caches, as kube_cluster.rs finds kube-apiserver.
 fn helm_binary() -> PathBuf {
-    let cache = match std::env::var_os("WATERMARKD_CACHE") {
-        Some(dir) => PathBuf::from(dir),
-        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/watermarkd"),
-    };
-    let path = cache.join("bin/helm");
+    let path = kube_cluster::cache_dir().join("bin/helm");
     assert!(path.is_file(), "helm is not at {}: run scripts/install-test-deps to install it", path.display());
     path
 }
@@ -89,6 +85,16 @@ fn helm(args: &[&str]) -> Output {
         .env("HELM_DATA_HOME", home.path().join("data"))
         .output()
         .unwrap_or_else(|e| panic!("run helm: {e}"))
+}
+
+/// The container's volume mount at `path`.
+fn mount_at(c: &Container, path: &str) -> VolumeMount {
+    c.volume_mounts
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .find(|m| m.mount_path == path)
+        .unwrap_or_else(|| panic!("no volume mount at {path}"))
 }
 
 fn printed(output: &Output) -> String {
@@ -503,13 +509,7 @@ fn an_existing_configmap_replaces_ours_and_the_settings_move_to_the_environment(
     assert!(of_kind(&objects, "ConfigMap").is_empty(), "no ConfigMap with rules.existingConfigMap");
     let deployment: Deployment = one(&objects, "Deployment");
     let c = container(&deployment);
-    let mount = c
-        .volume_mounts
-        .clone()
-        .unwrap_or_default()
-        .into_iter()
-        .find(|m| m.mount_path == "/etc/watermarkd")
-        .expect("mount");
+    let mount = mount_at(&c, "/etc/watermarkd");
     assert_eq!(mount.sub_path, None, "a directory mount, so that ConfigMap updates reach the pod");
     let volume =
         pod_spec(&deployment).volumes.unwrap_or_default().into_iter().find(|v| v.name == mount.name).expect("volume");
@@ -550,13 +550,7 @@ fn secrets_come_only_from_existing_secrets() {
     for var in env.values().filter(|e| e.value.is_some()) {
         assert!(var.name.starts_with("WATERMARKD__"), "env {} has a literal value", var.name);
     }
-    let mount = c
-        .volume_mounts
-        .clone()
-        .unwrap_or_default()
-        .into_iter()
-        .find(|m| m.mount_path == "/etc/watermarkd-tls")
-        .expect("mount");
+    let mount = mount_at(&c, "/etc/watermarkd-tls");
     assert_eq!(mount.read_only, Some(true));
     let volume =
         pod_spec(&deployment).volumes.unwrap_or_default().into_iter().find(|v| v.name == mount.name).expect("volume");

@@ -305,7 +305,7 @@ fn the_binary_runs_from_the_image_alone_and_checks_the_sample_rules() {
     std::fs::write(&rules, "[[autoscaler]]\nname = \"x\"\nmin_replicas = \"two\"\n").expect("write");
     let refused = in_image(root, &["check", "--rules", inside]);
     assert!(!refused.status.success(), "a broken rules file passes check in the image");
-    let said = format!("{}{}", String::from_utf8_lossy(&refused.stdout), String::from_utf8_lossy(&refused.stderr));
+    let said = dist_build::printed(&refused);
     assert!(said.contains("min_replicas"), "{said}");
 }
 

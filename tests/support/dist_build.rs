@@ -33,17 +33,15 @@ pub fn output(command: &mut Command) -> Output {
     command.stdin(Stdio::null()).output().unwrap_or_else(|e| panic!("run {}: {e}", describe(command)))
 }
 
+/// Both streams of a finished command, for messages and for checks of what it said.
+pub fn printed(output: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr))
+}
+
 /// Runs a command that must succeed; returns its standard output.
 pub fn run(command: &mut Command) -> String {
     let result = output(command);
-    assert!(
-        result.status.success(),
-        "{} failed ({}):\n{}{}",
-        describe(command),
-        result.status,
-        String::from_utf8_lossy(&result.stdout),
-        String::from_utf8_lossy(&result.stderr)
-    );
+    assert!(result.status.success(), "{} failed ({}):\n{}", describe(command), result.status, printed(&result));
     String::from_utf8_lossy(&result.stdout).into_owned()
 }
 

@@ -296,6 +296,15 @@ pub struct KubeCluster {
     etcd_dir: tempfile::TempDir,
 }
 
+/// Where the install scripts cache what the tests need: `$WATERMARKD_CACHE`, else
+/// ~/.cache/watermarkd.
+pub fn cache_dir() -> PathBuf {
+    match std::env::var_os("WATERMARKD_CACHE") {
+        Some(dir) => PathBuf::from(dir),
+        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/watermarkd"),
+    }
+}
+
 /// `$WATERMARKD_KUBE_APISERVER`, else the cache `scripts/install-kube-apiserver` fills.
 pub fn kube_apiserver_binary() -> PathBuf {
     if let Some(path) = std::env::var_os("WATERMARKD_KUBE_APISERVER") {
@@ -303,11 +312,7 @@ pub fn kube_apiserver_binary() -> PathBuf {
         assert!(path.is_file(), "WATERMARKD_KUBE_APISERVER={} is not a file: {INSTALL_HINT}", path.display());
         return path;
     }
-    let cache = match std::env::var_os("WATERMARKD_CACHE") {
-        Some(dir) => PathBuf::from(dir),
-        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/watermarkd"),
-    };
-    let path = cache.join("bin/kube-apiserver");
+    let path = cache_dir().join("bin/kube-apiserver");
     assert!(path.is_file(), "kube-apiserver is not at {}: {INSTALL_HINT}", path.display());
     path
 }
