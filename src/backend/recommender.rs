@@ -94,7 +94,9 @@ impl RecommenderClients {
             return Ok(client.clone());
         }
         super::ensure_crypto_provider();
-        let builder = reqwest::Client::builder().user_agent(concat!("watermarkd/", env!("CARGO_PKG_VERSION")));
+        let builder = reqwest::Client::builder()
+            .user_agent(concat!("watermarkd/", env!("CARGO_PKG_VERSION")))
+            .redirect(super::trust::redirect_policy());
         let builder = tls(builder, "recommender", settings)?;
         let client = builder.build().map_err(|e| format!("cannot set up the HTTP client: {}", chain(&e)))?;
         // Files that changed leave their old client behind: drop clients of the same settings.
@@ -151,7 +153,13 @@ impl RecommenderClients {
             Ok(Err(e)) => {
                 self.metrics.error(&label);
                 // The URL is named by the caller, redacted; reqwest's own message would quote it whole.
-                return Err(if e.is_timeout() { timed_out() } else { QueryError::Transport(chain(&e.without_url())) });
+                return Err(if e.is_timeout() {
+                    timed_out()
+                } else if super::trust::is_refused_redirect(&e) {
+                    QueryError::Configuration(chain(&e.without_url()))
+                } else {
+                    QueryError::Transport(chain(&e.without_url()))
+                });
             }
             Err(_) => {
                 self.metrics.error(&label);

@@ -80,6 +80,9 @@ pub struct DatadogBackend {
     pub max_in_flight: u32,
     /// How long a query Datadog rejected (HTTP 400) is not asked again (default 10 minutes).
     pub bad_query_retry: Duration,
+    /// Lets `url` be plain `http://` to a host other than loopback (default false: the keys
+    /// would cross the network unencrypted).
+    pub allow_insecure_http: bool,
 }
 
 /// Where a secret is read from when the daemon starts; never the secret itself.

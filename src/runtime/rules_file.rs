@@ -12,6 +12,7 @@ use tokio::sync::{mpsc, watch};
 use super::scheduler::Command;
 use super::source::{Desired, SourceKind};
 use super::Shared;
+use crate::backend::MetricBackend;
 use crate::rules::{self, RulesFile};
 
 /// Splits a rules file into its autoscalers and the rest (the backends, which CRD mode also
@@ -104,7 +105,25 @@ pub async fn watch_rules_file(mut watch: RulesWatch) {
         if forced {
             watch.notifier.reloading();
         }
-        match rules::parse_rules(&text, &watch.path.display().to_string()) {
+        let parsed = rules::parse_rules(&text, &watch.path.display().to_string());
+        // A backend whose new settings cannot be built (a secret file that cannot be read) fails
+        // the reload as a whole: the running client keeps working. Not remembered as a failed
+        // content: once the secret is in place, a touch of the file or SIGHUP applies it.
+        let unbuildable = match &parsed {
+            Ok(next) => {
+                let running = Arc::clone(&watch.rules.borrow());
+                MetricBackend::check_changed(&running, next).err()
+            }
+            Err(_) => None,
+        };
+        if let Some(err) = unbuildable {
+            reload_failed(&watch.shared, &format!("{err}; the previous rules keep running"));
+            if forced {
+                watch.notifier.ready();
+            }
+            continue;
+        }
+        match parsed {
             Ok(next) => {
                 failed_hash = None;
                 applied_hash = Some(hash);
