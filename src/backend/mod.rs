@@ -31,7 +31,7 @@ use crate::rules::{self, Reducer};
 use crate::telemetry::BackendMetrics;
 
 pub(crate) use secret::SecretError;
-pub use secret::{Secret, CHECK_EVERY as SECRET_CHECK_EVERY};
+pub use secret::{FileStamp, Secret, CHECK_EVERY as SECRET_CHECK_EVERY};
 
 /// One metric query, as an autoscaler's metric names it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -89,24 +89,29 @@ pub(crate) fn read_secret_file(path: &Path) -> Result<Secret, SecretError> {
 /// How often a secret file is looked at for a change, at most.
 pub const CHECK_EVERY: Duration = Duration::from_secs(1);
 
-/// What identifies a file's content without reading it. `metadata` follows symlinks, so a
-/// swapped `..data` link is a new inode.
+/// What identifies a file's content without reading it: its device and inode, size and
+/// modification time. `metadata` follows symlinks, so a swapped `..data` link (a Secret or
+/// ConfigMap volume) or a file renamed over the old one is a new inode. The rules file's watch
+/// uses it too.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct FileStamp {
+pub struct FileStamp {
     device: u64,
     inode: u64,
     len: u64,
     modified_nanos: i128,
 }
 
-fn stamp(path: &Path) -> Option<FileStamp> {
-    let meta = std::fs::metadata(path).ok()?;
-    Some(FileStamp {
-        device: meta.dev(),
-        inode: meta.ino(),
-        len: meta.len(),
-        modified_nanos: i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
-    })
+impl FileStamp {
+    /// `None` when the file cannot be looked at (missing, mid-swap).
+    pub fn of(path: &Path) -> Option<FileStamp> {
+        let meta = std::fs::metadata(path).ok()?;
+        Some(FileStamp {
+            device: meta.dev(),
+            inode: meta.ino(),
+            len: meta.len(),
+            modified_nanos: i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
+        })
+    }
 }
 
 /// A secret that follows its file (see "Rotation" above).
@@ -149,7 +154,7 @@ impl RotatingSecret {
             SecretSource::File(path) => {
                 // Stamp first, then read: if the file changes in between, the next check sees
                 // a newer stamp and reads again, so a rotation is never missed.
-                let stamp = stamp(path);
+                let stamp = FileStamp::of(path);
                 let value = read_secret_file(path)?;
                 let cached = Cached { value, stamp, unreadable: None, checked: Instant::now() };
                 Rotating::File { path: path.clone(), check_every, cached: Arc::new(Mutex::new(cached)) }
@@ -189,7 +194,7 @@ impl RotatingSecret {
 
 /// Reads the file again if it changed since the cached value was read.
 fn refresh(path: &Path, cached: &Mutex<Cached>) {
-    let now = stamp(path);
+    let now = FileStamp::of(path);
     let known = lock(cached).stamp;
     if now.is_none() || now == known {
         return;
