@@ -141,9 +141,9 @@ pub(crate) fn decide_running(
             ));
             proposal = spec;
         }
-        // Above the band, an off-grid `spec` is itself rounded up, as the WPA does: the
-        // formula only gives `spec` there while replicas are unready (docs/engine.md §1).
-        if proposal != spec || evaluated[winner].outcome.position == Position::Above {
+        // A metric above the band has already rounded its own formula (§1), so a proposal
+        // equal to `spec` means nothing on the grid above `spec` is asked for: hold.
+        if proposal != spec {
             proposal = round_up_to_modulo(proposal, rule.replica_modulo(), spec);
         }
         decision.proposal = Some(proposal);
@@ -337,10 +337,14 @@ fn evaluate_metric(
     if exact > band_high.mul(&per_dec) {
         outcome.position = Position::Above;
         let wanted = load.div_ceil(&replicas_for(&metric.high_watermark)).unwrap_or(i64::MAX);
+        // The formula's result is put on the modulo's grid before `spec` floors it, as the WPA
+        // does: an off-grid `spec` above what the formula asks for holds rather than rounding
+        // up past it (docs/engine.md §1).
+        let wanted = round_up_to_modulo(to_replicas(wanted), step, 0);
         // A crossing never asks for less than the convergence step a lower reading would take,
         // or a higher reading could end with fewer replicas (unready pods, modulo > 1).
         let step_up = convergence.filter(|&c| c > spec).unwrap_or(spec);
-        outcome.proposal = Some(to_replicas(wanted).max(spec).max(step_up));
+        outcome.proposal = Some(wanted.max(spec).max(step_up));
     } else if exact < band_low.mul(&per_dec) {
         outcome.position = Position::Below;
         let wanted = load.div_floor(&replicas_for(&metric.low_watermark)).unwrap_or(0);
