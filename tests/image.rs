@@ -1,5 +1,6 @@
 //! The container image that scripts/build-image assembles with umoci, built here from the test
-//! binary: a valid OCI image layout (every blob is what its digest says), a config that runs the
+//! binary: a valid OCI image layout holding exactly one image (every blob is what its digest
+//! says), with Docker's `manifest.json` beside it naming the same blobs, a config that runs the
 //! daemon as the unprivileged user with the settings of deploy/, one layer with nothing but the
 //! stripped binary, the libraries it loads with their Debian records, a CA bundle and the user
 //! files (no shell), and a binary that runs from that layer alone: `--version`, and `check` on
@@ -30,7 +31,6 @@ const USER: &str = "65532:65532";
 
 /// One image per test process, shared by the tests that only read it.
 struct Built {
-    _dir: tempfile::TempDir,
     layout: PathBuf,
     rootfs: PathBuf,
 }
@@ -44,15 +44,21 @@ fn build_into(dir: &Path) -> PathBuf {
 fn built() -> &'static Built {
     static BUILT: OnceLock<Built> = OnceLock::new();
     BUILT.get_or_init(|| {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let layout = build_into(dir.path());
-        let rootfs = dir.path().join("rootfs");
+        // A static is never dropped, so a temporary directory made here would stay in /tmp
+        // after every run: one directory in cargo's scratch space instead, replaced each run.
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("image-test");
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).unwrap_or_else(|e| panic!("remove {}: {e}", dir.display()));
+        }
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+        let layout = build_into(&dir);
+        let rootfs = dir.join("rootfs");
         std::fs::create_dir(&rootfs).expect("mkdir rootfs");
         let manifest = manifest(&layout);
         let layers = manifest["layers"].as_array().expect("layers");
         assert_eq!(layers.len(), 1, "one layer: {manifest}");
         run(Command::new("tar").arg("-xzf").arg(blob_path(&layout, &layers[0])).arg("-C").arg(&rootfs));
-        Built { _dir: dir, layout, rootfs }
+        Built { layout, rootfs }
     })
 }
 
@@ -72,16 +78,27 @@ fn sha256_of(path: &Path) -> String {
     format!("sha256:{}", printed.split_whitespace().next().expect("a digest"))
 }
 
-/// The manifest `latest` names in index.json.
-fn manifest(layout: &Path) -> Value {
+/// The entry of index.json tagged with the version: the descriptor of the image's manifest.
+fn index_entry(layout: &Path) -> Value {
     let index = read_json(&layout.join("index.json"));
-    let entry = index["manifests"]
-        .as_array()
-        .expect("manifests")
-        .iter()
-        .find(|m| m["annotations"]["org.opencontainers.image.ref.name"] == "latest")
-        .unwrap_or_else(|| panic!("no `latest` in index.json: {index}"));
-    read_json(&blob_path(layout, entry))
+    let entries = index["manifests"].as_array().expect("manifests");
+    let tagged = entries.iter().find(|m| m["annotations"]["org.opencontainers.image.ref.name"] == tag());
+    tagged.unwrap_or_else(|| panic!("no {} in index.json: {index}", tag())).clone()
+}
+
+/// The image's manifest.
+fn manifest(layout: &Path) -> Value {
+    read_json(&blob_path(layout, &index_entry(layout)))
+}
+
+/// The image's one tag: the version.
+fn tag() -> &'static str {
+    env!("CARGO_PKG_VERSION")
+}
+
+/// The image's full name: what the Deployment's `watermarkd:VERSION` means to a node.
+fn full_name() -> String {
+    format!("docker.io/library/watermarkd:{}", tag())
 }
 
 fn config(layout: &Path) -> Value {
@@ -136,14 +153,15 @@ fn every_blob_of_the_layout_is_what_its_digest_and_size_say() {
     let layout = &built().layout;
     let layout_file = read_json(&layout.join("oci-layout"));
     assert_eq!(layout_file["imageLayoutVersion"], "1.0.0");
+    // One image (a second entry, such as a `latest` tag, makes `podman load` and `skopeo copy`
+    // refuse the archive), tagged with the version and named in full.
     let index = read_json(&layout.join("index.json"));
-    let tags: BTreeSet<&str> = index["manifests"]
-        .as_array()
-        .expect("manifests")
-        .iter()
-        .map(|m| m["annotations"]["org.opencontainers.image.ref.name"].as_str().expect("a tag"))
-        .collect();
-    assert_eq!(tags, BTreeSet::from([env!("CARGO_PKG_VERSION"), "latest"]), "tags");
+    assert_eq!(index["manifests"].as_array().map(Vec::len), Some(1), "one image in index.json: {index}");
+    let entry = index_entry(layout);
+    assert_eq!(entry["mediaType"], "application/vnd.oci.image.manifest.v1+json");
+    assert_eq!(entry["annotations"]["org.opencontainers.image.ref.name"], tag());
+    assert_eq!(entry["annotations"]["io.containerd.image.name"], full_name().as_str());
+    assert_eq!(Some(sha256_of(&blob_path(layout, &entry)).as_str()), entry["digest"].as_str(), "the manifest blob");
 
     let manifest = manifest(layout);
     assert_eq!(manifest["config"]["mediaType"], "application/vnd.oci.image.config.v1+json");
@@ -169,10 +187,27 @@ fn every_blob_of_the_layout_is_what_its_digest_and_size_say() {
     assert_eq!(config["rootfs"]["type"], "layers");
     assert_eq!(config["rootfs"]["diff_ids"], serde_json::json!([sha256_of(unpacked.path())]));
 
-    // The single-file form beside the layout holds the same index.
+    // Docker's classic image store reads manifest.json alone: the same config and layer, under
+    // the short name the Deployment runs.
+    let docker = read_json(&layout.join("manifest.json"));
+    let blob_name = |descriptor: &Value| {
+        format!("blobs/sha256/{}", descriptor["digest"].as_str().expect("digest").trim_start_matches("sha256:"))
+    };
+    let expected = serde_json::json!([{
+        "Config": blob_name(&manifest["config"]),
+        "RepoTags": [format!("watermarkd:{}", tag())],
+        "Layers": [blob_name(layer)],
+    }]);
+    assert_eq!(docker, expected, "manifest.json");
+
+    // The layout with the extra file is still one umoci reads, with the one tag.
+    let tags = run(Command::new("umoci").arg("ls").arg("--layout").arg(layout));
+    assert_eq!(tags.lines().collect::<Vec<_>>(), [tag()], "umoci ls");
+
+    // The single-file form beside the layout holds the same files.
     let archive = layout.with_extension("tar");
     let listed = run(Command::new("tar").arg("-tf").arg(&archive));
-    for entry in ["./oci-layout", "./index.json"] {
+    for entry in ["./oci-layout", "./index.json", "./manifest.json"] {
         assert!(listed.lines().any(|l| l == entry), "{} lacks {entry}:\n{listed}", archive.display());
     }
 }
@@ -316,4 +351,6 @@ fn the_same_binary_and_date_give_the_same_image_digest() {
     let first = std::fs::read_to_string(built().layout.join("index.json")).expect("index");
     let second = std::fs::read_to_string(again.join("index.json")).expect("index");
     assert_eq!(first, second, "two builds of one binary differ: the image is not reproducible");
+    let archive = |layout: &Path| sha256_of(&layout.with_extension("tar"));
+    assert_eq!(archive(&built().layout), archive(&again), "the two archives differ");
 }
