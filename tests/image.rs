@@ -4,7 +4,8 @@
 //! daemon as the unprivileged user with the settings of deploy/, one layer with nothing but the
 //! stripped binary, the libraries it loads with their Debian records, a CA bundle and the user
 //! files (no shell), and a binary that runs from that layer alone: `--version`, and `check` on
-//! the sample rules, inside a chroot of the extracted layer as user 65532.
+//! the sample rules, inside a chroot of the extracted layer as user 65532, and in a container of
+//! a real podman that loaded the archive with the README's commands.
 
 #![allow(
     clippy::unwrap_used,
@@ -353,4 +354,179 @@ fn the_same_binary_and_date_give_the_same_image_digest() {
     assert_eq!(first, second, "two builds of one binary differ: the image is not reproducible");
     let archive = |layout: &Path| sha256_of(&layout.with_extension("tar"));
     assert_eq!(archive(&built().layout), archive(&again), "the two archives differ");
+}
+
+/// A podman of this test's own: its configuration, storage and state in a temporary directory,
+/// so that nothing on the machine (an /etc/containers, images loaded before) changes what it
+/// does, and what it stores goes with the test. (The one thing outside: as root, the image
+/// library keeps its cache of which blob digests it has seen in /var/lib/containers/cache,
+/// which no option moves and which changes nothing a load or a run does.)
+struct Podman {
+    home: tempfile::TempDir,
+}
+
+impl Podman {
+    fn new() -> Self {
+        for program in ["podman", "runc", "skopeo"] {
+            if let Err(e) = Command::new(program).arg("--version").output() {
+                panic!("{program}: {e} (scripts/install-test-deps installs podman, runc and skopeo)");
+            }
+        }
+        let home = tempfile::tempdir().expect("temp dir");
+        let at = |name: &str| home.path().join(name).to_str().expect("utf-8 temp path").to_string();
+        // runc with cgroupfs: on these machines crun refuses the cgroup setup; no default
+        // ulimits, which the container manager may not be allowed to raise here. Its state and
+        // events in the temporary directory too, and no network configuration written anywhere.
+        let containers = format!(
+            "[containers]\ndefault_ulimits = []\n\n\
+             [engine]\nruntime = \"runc\"\ncgroup_manager = \"cgroupfs\"\nevents_logger = \"file\"\n\
+             events_logfile_path = \"{}\"\ntmp_dir = \"{}\"\n\n\
+             [network]\nnetwork_config_dir = \"{}\"\n",
+            at("events.log"),
+            at("tmp"),
+            at("networks"),
+        );
+        // vfs: plain directories, no overlay mounts left behind if a test fails half-way.
+        let storage =
+            format!("[storage]\ndriver = \"vfs\"\ngraphroot = \"{}\"\nrunroot = \"{}\"\n", at("graph"), at("run"));
+        // No registries to expand a short name with (nothing is pulled), and a policy that
+        // accepts what is loaded from a local file.
+        let files = [
+            ("containers.conf", containers),
+            ("storage.conf", storage),
+            ("registries.conf", "unqualified-search-registries = []\n".to_string()),
+            (".config/containers/policy.json", r#"{"default": [{"type": "insecureAcceptAnything"}]}"#.to_string()),
+        ];
+        for (name, text) in files {
+            let path = home.path().join(name);
+            std::fs::create_dir_all(path.parent().expect("a parent")).expect("mkdir");
+            std::fs::write(&path, text).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+        }
+        Podman { home }
+    }
+
+    /// podman or skopeo (which reads the same files), with this configuration and no other.
+    fn tool(&self, program: &str) -> Command {
+        let home = self.home.path();
+        let mut command = Command::new(program);
+        command
+            .env("HOME", home)
+            .env("CONTAINERS_CONF", home.join("containers.conf"))
+            .env("CONTAINERS_STORAGE_CONF", home.join("storage.conf"))
+            .env("CONTAINERS_REGISTRIES_CONF", home.join("registries.conf"));
+        command
+    }
+
+    fn podman(&self) -> Command {
+        self.tool("podman")
+    }
+
+    /// `podman run --rm IMAGE ARGS...` as the README writes it, never pulling (the image must be
+    /// the loaded one) and with no network (tests reach nothing beyond the machine).
+    fn run_image(&self, image: &str, mounts: &[(&Path, &str)], args: &[&str]) -> std::process::Output {
+        let mut command = self.podman();
+        command.args(["run", "--rm", "--pull", "never", "--network", "none"]);
+        for (host, inside) in mounts {
+            command.arg("--volume").arg(format!("{}:{inside}:ro", host.display()));
+        }
+        command.arg(image).args(args);
+        output(&mut command)
+    }
+}
+
+impl Drop for Podman {
+    fn drop(&mut self) {
+        // Removes the images and any container a failed test left, with the same configuration;
+        // the temporary directory goes after.
+        let reset = output(self.podman().args(["system", "reset", "--force"]));
+        if !reset.status.success() {
+            eprintln!("podman system reset: {}", dist_build::printed(&reset));
+        }
+    }
+}
+
+/// podman needs root here: a rootless one needs subordinate user ids for the image's user.
+fn podman_can_run(test: &str) -> bool {
+    dist_build::root_or_skip(test, "and a rootless podman needs subordinate ids for user 65532")
+}
+
+#[test]
+fn podman_loads_the_archive_as_one_image_and_runs_the_daemon_in_a_container() {
+    if !podman_can_run("podman_loads_the_archive_as_one_image_and_runs_the_daemon_in_a_container") {
+        return;
+    }
+    let archive = built().layout.with_extension("tar");
+    let podman = Podman::new();
+
+    // The README's command, as written: no tag to choose.
+    let loaded = run(podman.podman().arg("load").arg("-i").arg(&archive));
+    assert!(loaded.contains(&full_name()), "podman load named no {}: {loaded}", full_name());
+    let listed = run(podman.podman().args(["images", "--format", "{{.Repository}}:{{.Tag}}"]));
+    assert_eq!(listed.lines().collect::<Vec<_>>(), [full_name()], "the images podman holds");
+    let user = run(podman.podman().args(["image", "inspect", "--format", "{{.Config.User}}", &full_name()]));
+    assert_eq!(user.trim(), USER);
+
+    // By the short name the Deployment and the README use.
+    let short = format!("watermarkd:{}", tag());
+    let version = podman.run_image(&short, &[], &["--version"]);
+    assert!(version.status.success(), "--version in a container: {}", dist_build::printed(&version));
+    assert_eq!(String::from_utf8_lossy(&version.stdout).trim(), format!("watermarkd {}", tag()));
+
+    // The sample rules, mounted read-only where the Deployment mounts its ConfigMap.
+    let rules_dir = tempfile::tempdir().expect("temp dir");
+    std::fs::set_permissions(rules_dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let rules = rules_dir.path().join("rules.toml");
+    std::fs::copy(dist_build::repo().join("packaging/etc/watermarkd/rules.toml"), &rules).expect("copy the rules");
+    std::fs::set_permissions(&rules, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let mounts = [(rules_dir.path(), "/etc/watermarkd")];
+    let check = ["check", "--rules", "/etc/watermarkd/rules.toml"];
+    let checked = podman.run_image(&short, &mounts, &check);
+    assert!(checked.status.success(), "check in a container: {}", dist_build::printed(&checked));
+    assert!(String::from_utf8_lossy(&checked.stdout).contains(": ok, 1 autoscaler"), "{checked:?}");
+
+    // As user 65532, not root: a file only root may read is refused.
+    std::fs::set_permissions(&rules, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let unreadable = podman.run_image(&short, &mounts, &check);
+    assert!(!unreadable.status.success(), "the container read a root-only file: it runs as root");
+    let said = dist_build::printed(&unreadable);
+    assert!(said.contains("rules.toml") && said.to_lowercase().contains("permission denied"), "{said}");
+
+    // And a broken file fails there as anywhere, naming the field.
+    std::fs::write(&rules, "[[autoscaler]]\nname = \"x\"\nmin_replicas = \"two\"\n").expect("write");
+    std::fs::set_permissions(&rules, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let refused = podman.run_image(&short, &mounts, &check);
+    assert!(!refused.status.success(), "a broken rules file passes check in a container");
+    let said = dist_build::printed(&refused);
+    assert!(said.contains("min_replicas"), "{said}");
+}
+
+#[test]
+fn skopeo_copies_the_archive_and_its_docker_manifest_loads_the_same_image() {
+    if !podman_can_run("skopeo_copies_the_archive_and_its_docker_manifest_loads_the_same_image") {
+        return;
+    }
+    let layout = &built().layout;
+    let archive = layout.with_extension("tar");
+    let podman = Podman::new();
+
+    // The README's `skopeo copy oci-archive:target/dist/image.tar ...`, into a directory here
+    // instead of a registry: the same image, manifest digest unchanged.
+    let copied = podman.home.path().join("copied");
+    run(podman.tool("skopeo").arg("copy").arg(format!("oci-archive:{}", archive.display())).arg(format!(
+        "oci:{}:{}",
+        copied.display(),
+        tag()
+    )));
+    assert_eq!(index_entry(&copied)["digest"], index_entry(layout)["digest"], "skopeo's copy is another image");
+
+    // What `docker load` reads in Docker's classic store, manifest.json, read by the library
+    // podman uses for Docker's archives (which checks each layer against the config's diff_ids):
+    // the same image, by its config digest (the image id), under the name in RepoTags (which
+    // podman qualifies with `localhost/`, Docker with `docker.io/library/`).
+    let loaded = run(podman.podman().arg("pull").arg(format!("docker-archive:{}", archive.display())));
+    let id = loaded.lines().last().unwrap_or_default().trim().to_string();
+    let config_digest = manifest(layout)["config"]["digest"].as_str().expect("config digest").to_string();
+    assert_eq!(format!("sha256:{id}"), config_digest, "podman pull docker-archive: {loaded}");
+    let names = run(podman.podman().args(["image", "inspect", "--format", "{{.RepoTags}}", &id]));
+    assert!(names.contains(&format!("/watermarkd:{}", tag())), "the image from manifest.json: {names}");
 }
