@@ -336,12 +336,22 @@ impl Settings {
     }
 }
 
+/// The longest duration a setting takes (intervals, lease times, the reload poll): a day, as
+/// for the rules file's durations, so that no time computed from one can overflow.
+const MAX_SETTING_DURATION: Duration = Duration::from_secs(86_400);
+
 fn duration(field: &str, text: Option<String>, default: Duration) -> Result<Duration, SettingsError> {
-    match text {
-        None => Ok(default),
-        Some(text) => humantime::parse_duration(text.trim())
-            .map_err(|e| SettingsError::Invalid(format!("{field}: {text:?} is not a duration like 15s ({e})"))),
+    let Some(text) = text else { return Ok(default) };
+    let value = humantime::parse_duration(text.trim())
+        .map_err(|e| SettingsError::Invalid(format!("{field}: {text:?} is not a duration like 15s ({e})")))?;
+    if value > MAX_SETTING_DURATION {
+        return Err(SettingsError::Invalid(format!(
+            "{field}: {text:?} must be at most {} ({}s)",
+            humantime::format_duration(MAX_SETTING_DURATION),
+            MAX_SETTING_DURATION.as_secs()
+        )));
     }
+    Ok(value)
 }
 
 #[cfg(test)]
@@ -430,6 +440,11 @@ mod tests {
         for (text, field) in [
             ("rules = \"r\"\ndefault_interval = \"soon\"\n", "default_interval"),
             ("rules = \"r\"\ndefault_interval = \"500ms\"\n", "default_interval"),
+            (
+                "rules = \"r\"\ndefault_interval = \"2days\"\n",
+                "default_interval: \"2days\" must be at most 1day (86400s)",
+            ),
+            ("rules = \"r\"\nreload_poll = \"9999999999999s\"\n", "reload_poll"),
             ("rules = \"r\"\nlisten = \"everywhere\"\n", "listen"),
             ("rules = \"r\"\n[lease]\nduration = \"5s\"\n", "lease.renew_deadline"),
             ("rules = \"r\"\nmax_concurrency = 0\n", "max_concurrency"),

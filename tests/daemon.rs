@@ -63,6 +63,16 @@ async fn events_about(cluster: &KubeCluster, namespace: &str, name: &str) -> Vec
     list.items.into_iter().filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)).collect()
 }
 
+/// Ok when `name` has a Warning event with `reason`; else the events it has.
+async fn warned(cluster: &KubeCluster, namespace: &str, name: &str, reason: &str) -> Result<(), String> {
+    let events = events_about(cluster, namespace, name).await;
+    if events.iter().any(|e| e.type_.as_deref() == Some("Warning") && e.reason.as_deref() == Some(reason)) {
+        Ok(())
+    } else {
+        Err(format!("{events:?}"))
+    }
+}
+
 fn kubeconfig(cluster: &KubeCluster, dir: &Path, token: &str) -> String {
     let path = dir.join("kubeconfig");
     cluster.write_kubeconfig(&path, token);
@@ -754,6 +764,55 @@ async fn an_invalid_reload_keeps_the_old_rules_and_sighup_applies_a_valid_one() 
     }
 }
 
+/// A reload with an interval no clock can add (it once passed validation and then overflowed the
+/// scheduler's time addition, killing the daemon): refused with its position, counted as a failed
+/// reload, and the previous rules keep scaling.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_with_an_unbounded_interval_fails_and_the_old_rules_keep_running() {
+    let cluster = KubeCluster::shared();
+    let setup = Setup::start("e2e-bounds", "web", 2, "load 8\n", |r| r).await;
+    let mut daemon = DaemonProcess::start(&setup.args(&["--no-leader-election"]), &[("WATERMARKD__RELOAD_POLL", "1h")]);
+    daemon.wait_ready(STARTUP).await;
+    eventually!(Duration::from_secs(10), "web evaluated", {
+        match daemon.sample("wpa_controller_max_replicas", &[("wpa_name", "web")]).await {
+            Some(10.0) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    });
+
+    let unbounded = setup.valid_rules.replace("interval = \"1s\"", "interval = 9223372036854775807");
+    assert_ne!(unbounded, setup.valid_rules);
+    write(&setup.config, &unbounded);
+    daemon.hangup();
+    eventually!(Duration::from_secs(10), "the failed reload counted", {
+        let failures = daemon.sample("watermarkd_config_reloads_total", &[("result", "failure")]).await;
+        match failures {
+            Some(v) if v >= 1.0 => Ok(()),
+            other => Err(format!("{other:?}; exited: {:?}; log:\n{}", daemon.exited(), daemon.log())),
+        }
+    });
+    assert_eq!(daemon.sample("watermarkd_config_last_reload_successful", &[]).await, Some(0.0));
+    let line = unbounded.lines().position(|l| l.starts_with("interval")).expect("the interval") + 1;
+    let problem =
+        format!("line {line}: autoscaler \"web\": interval (9223372036854775807) must be at most 1day (86400s)");
+    let log = daemon.log();
+    assert!(log.contains(&problem), "the problem with its position; log:\n{log}");
+    assert!(log.contains(&setup.config.display().to_string()), "and its file; log:\n{log}");
+
+    // The old rules still run: over the watermark, web scales.
+    setup.exporter.set("load 30\n");
+    eventually!(Duration::from_secs(15), "old rules still scale", {
+        let replicas = spec_replicas(cluster, "Deployment", &setup.ns, "web").await;
+        if replicas > 2 {
+            Ok(())
+        } else {
+            Err(format!("{replicas} replicas"))
+        }
+    });
+    assert_eq!(daemon.exited(), None, "the daemon runs on");
+    assert!(daemon.terminate(Duration::from_secs(15)), "a clean exit on SIGTERM");
+}
+
 /// The series of the autoscaler `worker` in a /metrics text, but its labels-as-tags info
 /// series (which has no `dry_run`): (family, value of the `dry_run` label), sorted.
 fn worker_series(text: &str) -> Vec<(String, String)> {
@@ -953,15 +1012,7 @@ async fn wpa_objects_scale_their_targets_and_report_in_their_status() {
     let message = condition(&status, "AbleToScale").and_then(|c| c["message"].as_str()).unwrap_or_default();
     assert!(message.contains("lowWatermark"), "names the field: {message}");
     eventually!(Duration::from_secs(10), "a Warning event on the invalid WPA", {
-        let events = events_about(cluster, &ns, "upside-down").await;
-        if events
-            .iter()
-            .any(|e| e.type_.as_deref() == Some("Warning") && e.reason.as_deref() == Some("FailedSpecCheck"))
-        {
-            Ok(())
-        } else {
-            Err(format!("{events:?}"))
-        }
+        warned(cluster, &ns, "upside-down", "FailedSpecCheck").await
     });
     eventually!(Duration::from_secs(10), "the missing target on the WPA", {
         let status = wpa_status(cluster, &ns, "nowhere").await;
@@ -972,6 +1023,92 @@ async fn wpa_objects_scale_their_targets_and_report_in_their_status() {
     });
     assert!(!daemon.log().contains(fake_datadog::API_KEY), "the key never reaches the log");
     assert!(!daemon.metrics().await.contains(fake_datadog::API_KEY), "nor the metrics");
+    assert_eq!(daemon.exited(), None, "the daemon runs on");
+}
+
+/// A WPA on `target` with the watermarks 1..2 on `load{app:TARGET}`, `max` replicas, and
+/// forbidden windows of a second.
+fn wpa_on(name: &str, target: &str, max: u32) -> String {
+    format!(
+        r#"{{"apiVersion": "datadoghq.com/v1alpha1", "kind": "WatermarkPodAutoscaler",
+            "metadata": {{"name": "{name}"}},
+            "spec": {{"maxReplicas": {max}, "minReplicas": 1,
+                "upscaleForbiddenWindowSeconds": 1, "downscaleForbiddenWindowSeconds": 1,
+                "scaleTargetRef": {{"kind": "Deployment", "apiVersion": "apps/v1", "name": "{target}"}},
+                "metrics": [{{"type": "External",
+                    "external": {{"highWatermark": "2", "lowWatermark": "1", "metricName": "load",
+                        "metricSelector": {{"matchLabels": {{"app": "{target}"}}}}}}}}]}}}}"#
+    )
+}
+
+/// Two active WPAs on one Deployment: the older runs and scales it, the newer one says in its
+/// status and a Warning event that it waits for it (and why), and runs once the older is deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn of_two_wpas_on_one_target_the_older_runs_and_the_other_waits_for_it() {
+    let cluster = KubeCluster::shared();
+    install_wpa_crd(cluster).await;
+    let ns = cluster.unique_namespace("e2e-conflict").await;
+    cluster.create_deployment(&ns, "web", 1).await;
+    cluster.set_workload_status("Deployment", &ns, "web", 1, 1).await;
+    let datadog = fake_datadog::FakeDatadog::start().await;
+    datadog
+        .set("avg:load{app:web}.rollup(30)", fake_datadog::Behavior::Series(fake_datadog::SeriesSpec::constant(10.0)));
+    // The older is named last, so that its age, not its name, makes it the one that runs.
+    apply_wpa(cluster, &ns, &wpa_on("zz-older", "web", 4)).await;
+    // creationTimestamp counts whole seconds.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    apply_wpa(cluster, &ns, &wpa_on("aa-newer", "web", 3)).await;
+
+    let crd_mode = CrdMode::new(cluster, &datadog, &ns);
+    let mut daemon = DaemonProcess::start(&crd_mode.args(), &CrdMode::ENV);
+    daemon.wait_ready(STARTUP).await;
+
+    let status = eventually!(Duration::from_secs(15), "the newer WPA's TargetConflict condition", {
+        let status = wpa_status(cluster, &ns, "aa-newer").await;
+        match condition(&status, "ScalingActive") {
+            Some(c) if c["reason"] == "TargetConflict" => Ok(status.clone()),
+            _ => Err(status.to_string()),
+        }
+    });
+    let active = condition(&status, "ScalingActive").expect("ScalingActive");
+    assert_eq!(active["status"], "False", "{status}");
+    let message = active["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(&format!("Deployment {ns}/web is already scaled by WatermarkPodAutoscaler {ns}/zz-older")),
+        "names the target and the one that runs: {message}"
+    );
+    eventually!(Duration::from_secs(10), "a TargetConflict Warning event on the newer WPA", {
+        warned(cluster, &ns, "aa-newer", "TargetConflict").await
+    });
+    eventually!(Duration::from_secs(15), "the older WPA scaled web up to its own maximum", {
+        let replicas = spec_replicas(cluster, "Deployment", &ns, "web").await;
+        let older = wpa_status(cluster, &ns, "zz-older").await;
+        if replicas == 4 && older["lastScaleTime"].is_string() {
+            Ok(())
+        } else {
+            Err(format!("{replicas} replicas; {older}"))
+        }
+    });
+
+    // The older one goes: the newer one runs, with nothing changed on it.
+    let api: Api<DynamicObject> = Api::namespaced_with(cluster.client(), &ns, &wpa_resource());
+    api.delete("zz-older", &kube::api::DeleteParams::default()).await.expect("delete the older WPA");
+    eventually!(Duration::from_secs(15), "the newer WPA runs", {
+        let status = wpa_status(cluster, &ns, "aa-newer").await;
+        match condition(&status, "ScalingActive") {
+            Some(c) if c["status"] == "True" => Ok(()),
+            _ => Err(status.to_string()),
+        }
+    });
+    // It runs on its own rule: its maximum (3) is below the replicas, so it brings them down.
+    eventually!(Duration::from_secs(15), "web within the newer WPA's maximum", {
+        let replicas = spec_replicas(cluster, "Deployment", &ns, "web").await;
+        if replicas == 3 {
+            Ok(())
+        } else {
+            Err(format!("{replicas} replicas"))
+        }
+    });
     assert_eq!(daemon.exited(), None, "the daemon runs on");
 }
 

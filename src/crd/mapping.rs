@@ -132,6 +132,17 @@ pub enum MapError {
     Invalid { problems: Vec<Problem>, unsupported: Vec<Unsupported> },
     /// The spec is valid but uses something watermarkd does not support yet.
     Unsupported(Vec<Unsupported>),
+    /// The WPA is valid, but another autoscaler already scales its target: the rules file's,
+    /// or an older WPA. Two would fight over the replicas; this one waits until the other goes.
+    TargetConflict {
+        /// `namespace/name` of this WPA.
+        wpa: String,
+        /// The object both scale: `Deployment shop/web`.
+        target: String,
+        /// Who scales it: `WatermarkPodAutoscaler shop/web-a (the older one)`, or the rules
+        /// file's autoscaler.
+        holder: String,
+    },
 }
 
 impl fmt::Display for MapError {
@@ -139,6 +150,13 @@ impl fmt::Display for MapError {
         let (problems, unsupported): (&[Problem], &[Unsupported]) = match self {
             MapError::Invalid { problems, unsupported } => (problems, unsupported),
             MapError::Unsupported(unsupported) => (&[], unsupported),
+            MapError::TargetConflict { wpa, .. } => {
+                return write!(
+                    f,
+                    "WatermarkPodAutoscaler {wpa}: not run: {}",
+                    self.conflict_reason().unwrap_or_default()
+                )
+            }
         };
         let mut lines = problems
             .iter()
@@ -159,6 +177,18 @@ impl fmt::Display for MapError {
 }
 
 impl std::error::Error for MapError {}
+
+impl MapError {
+    /// Why a WPA in conflict does not run, without its own name (for its status).
+    pub fn conflict_reason(&self) -> Option<String> {
+        let MapError::TargetConflict { target, holder, .. } = self else { return None };
+        Some(format!(
+            "{target} is already scaled by {holder}; two autoscalers on one target would fight over its replicas. \
+             This one runs once that one is gone (or delete this one, or mark it a shadow rule with the \
+             {SHADOW_ANNOTATION}: \"true\" annotation)"
+        ))
+    }
+}
 
 /// `namespace/name`: how a WPA is named as an autoscaler, in problems, logs and metrics.
 pub fn wpa_id(wpa: &WatermarkPodAutoscaler) -> String {

@@ -23,6 +23,8 @@ pub(crate) use query::DatadogMetricIndex;
 pub use query::NoDatadogMetrics;
 pub use schema::{crd_yaml, custom_resource_definition};
 pub use status::{next_status, status_changed, ScaleWrite};
-pub(crate) use status::{rejected_status, set_condition, ABLE_TO_SCALE, ABOVE_HIGH_WATERMARK, BELOW_LOW_WATERMARK};
+pub(crate) use status::{
+    rejected_status, set_condition, ABLE_TO_SCALE, ABOVE_HIGH_WATERMARK, BELOW_LOW_WATERMARK, TARGET_CONFLICT,
+};
 pub(crate) use types::{DatadogMetric, WatermarkPodAutoscalerStatus, API_VERSION, KIND};
 pub use types::{Quantity, WatermarkPodAutoscaler, WatermarkPodAutoscalerSpec};

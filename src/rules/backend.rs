@@ -52,6 +52,8 @@ const PROMETHEUS_KEYS: &[&str] = &[
 const BASIC_AUTH_KEYS: &[&str] = &["username", "password_env", "password_file"];
 const DEFAULT_DATADOG_WINDOW: Duration = Duration::from_secs(300);
 pub(super) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+/// A request that has not answered in five minutes will not: longer would only hold a cycle.
+pub(super) const MAX_TIMEOUT: Duration = Duration::from_secs(300);
 /// A query's text only changes with the rules file; ten minutes keeps a rejected one from
 /// costing a request (or a split batch) every cycle, and a fix on Datadog's side (a metric
 /// that starts to exist, a tag that appears) is still picked up soon.
@@ -109,7 +111,7 @@ fn read_datadog(table: &mut Table<'_>, sink: &mut Sink) -> Option<DatadogBackend
     let app_key = read_secret(table, sink, "app_key");
     let window = positive_duration(table, sink, "window").unwrap_or(DEFAULT_DATADOG_WINDOW);
     let max_age = positive_duration(table, sink, "max_age");
-    let timeout = positive_duration(table, sink, "timeout").unwrap_or(DEFAULT_TIMEOUT);
+    let timeout = positive_duration_at_most(table, sink, "timeout", MAX_TIMEOUT).unwrap_or(DEFAULT_TIMEOUT);
     let max_in_flight = in_flight(table, sink).unwrap_or(DEFAULT_DATADOG_IN_FLIGHT);
     let bad_query_retry = positive_duration(table, sink, "bad_query_retry").unwrap_or(DEFAULT_BAD_QUERY_RETRY);
     if !url_ok || !site_ok {
@@ -131,7 +133,7 @@ fn read_datadog(table: &mut Table<'_>, sink: &mut Sink) -> Option<DatadogBackend
 fn read_prometheus(table: &mut Table<'_>, sink: &mut Sink) -> Option<PrometheusBackend> {
     let url = table.text(sink, "url");
     let url = table.require(sink, "url", url).and_then(|url| checked_url(table, sink, url));
-    let timeout = positive_duration(table, sink, "timeout").unwrap_or(DEFAULT_TIMEOUT);
+    let timeout = positive_duration_at_most(table, sink, "timeout", MAX_TIMEOUT).unwrap_or(DEFAULT_TIMEOUT);
     let max_in_flight = in_flight(table, sink).unwrap_or(DEFAULT_PROMETHEUS_IN_FLIGHT);
     let tenant = table.text(sink, "tenant");
     let headers = string_map(table, sink, "headers");
@@ -194,8 +196,18 @@ pub(super) fn read_tls(table: &mut Table<'_>, sink: &mut Sink) -> TlsSettings {
     tls
 }
 
+/// A duration longer than zero and at most a day ([`super::reader::MAX_DURATION`]).
 pub(super) fn positive_duration(table: &mut Table<'_>, sink: &mut Sink, key: &str) -> Option<Duration> {
-    let value = table.duration(sink, key)?;
+    positive_duration_at_most(table, sink, key, super::reader::MAX_DURATION)
+}
+
+pub(super) fn positive_duration_at_most(
+    table: &mut Table<'_>,
+    sink: &mut Sink,
+    key: &str,
+    max: Duration,
+) -> Option<Duration> {
+    let value = table.duration_at_most(sink, key, max)?;
     if value.is_zero() {
         table.report(sink, key, "must be longer than 0s");
         return None;

@@ -149,7 +149,7 @@ impl Answers {
 /// autoscaler, less a tenth of that interval (at most a second) for the decisions and writes.
 fn deadline(started: Instant, intervals: impl Iterator<Item = Duration>) -> Instant {
     let interval = intervals.min().unwrap_or(Duration::ZERO);
-    started + interval.saturating_sub((interval / 10).min(Duration::from_secs(1)))
+    crate::instant::saturating_add(started, interval.saturating_sub((interval / 10).min(Duration::from_secs(1))))
 }
 
 /// Runs one cycle to its end: queries, then every decision.

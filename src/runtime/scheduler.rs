@@ -264,7 +264,11 @@ app_key_env = "HOME"
             daemon.clone(),
         );
         let desired = rules.autoscalers.into_iter().map(|a| Desired::from_rules_file(a, false)).collect();
-        scheduler.apply(Command::Backends(Arc::new(RulesFile { backends: rules.backends, autoscalers: Vec::new() })));
+        scheduler.apply(Command::Backends(Arc::new(RulesFile {
+            backends: rules.backends,
+            autoscalers: Vec::new(),
+            scaled: Vec::new(),
+        })));
         (scheduler, desired, daemon)
     }
 

@@ -479,7 +479,7 @@ impl Inner {
     /// Keeps a query Datadog rejected from being asked again for `bad_query_retry`.
     fn remember_bad(&self, query: &str, error: &QueryError) {
         let mut bad = lock(&self.bad_queries);
-        let until = Instant::now() + self.bad_query_retry;
+        let until = crate::instant::saturating_add(Instant::now(), self.bad_query_retry);
         if bad.insert(query.to_string(), (error.clone(), until)).is_none() {
             tracing::warn!(
                 backend = %self.name,

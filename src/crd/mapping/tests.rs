@@ -229,7 +229,7 @@ fn replica_problems_name_the_wpa_fields() {
     );
     assert_eq!(
         problems(&with(&[("minReplicas", Some("-1"))])),
-        ["spec.minReplicas (-1) must be a whole number from 0 to 4294967295"]
+        ["spec.minReplicas (-1) must be a whole number from 0 to 2147483647 (the largest replica count Kubernetes takes)"]
     );
     assert_eq!(
         problems(&with(&[("minReplicas", None), ("maxReplicas", Some("0"))])),
@@ -776,4 +776,46 @@ fn rename_covers_every_metric_path() {
     assert!(is_within("spec.metrics[1].external", "spec.metrics[1]"));
     assert!(is_within("spec.metrics[1]", "spec.metrics[1]"));
     assert!(!is_within("spec.metrics[10]", "spec.metrics[1]"));
+}
+
+#[test]
+fn durations_and_replica_counts_are_bounded_under_their_wpa_names() {
+    let huge = "9223372036854775807";
+    for (key, value, expected) in [
+        (
+            "downscaleForbiddenWindowSeconds",
+            huge,
+            format!("spec.downscaleForbiddenWindowSeconds ({huge}) must be at most 1day (86400s)"),
+        ),
+        (
+            "upscaleForbiddenWindowSeconds",
+            "86401",
+            "spec.upscaleForbiddenWindowSeconds (86401) must be at most 1day (86400s)".into(),
+        ),
+        (
+            "upscaleDelayAboveWatermarkSeconds",
+            huge,
+            format!("spec.upscaleDelayAboveWatermarkSeconds ({huge}) must be at most"),
+        ),
+        (
+            "downscaleDelayBelowWatermarkSeconds",
+            huge,
+            format!("spec.downscaleDelayBelowWatermarkSeconds ({huge}) must be at most"),
+        ),
+        (
+            "maxReplicas",
+            "2147483648",
+            "spec.maxReplicas (2147483648) must be a whole number from 0 to 2147483647 (the largest replica count \
+             Kubernetes takes)"
+                .into(),
+        ),
+        ("replicaScalingAbsoluteModulo", "2147483648", "spec.replicaScalingAbsoluteModulo (2147483648) must be".into()),
+    ] {
+        let problems = problems(&with(&[(key, Some(value))]));
+        assert_eq!(problems.len(), 1, "{key}: {problems:?}");
+        assert!(problems[0].starts_with(&expected), "{key}: {problems:?}");
+    }
+    let at_bound =
+        mapped(&with(&[("maxReplicas", Some("2147483647")), ("downscaleForbiddenWindowSeconds", Some("86400"))]));
+    assert_eq!(at_bound.autoscaler.rule.max_replicas(), 2_147_483_647);
 }
