@@ -200,8 +200,16 @@ impl RejectedStatuses {
                 MapError::Unsupported(_) => "NotSupported",
             };
             let note = error.to_string();
-            publish(shared, &wpa_reference(wpa), EventType::Warning, reason, &note, "Validate", Repeats::Suppress)
-                .await;
+            publish(
+                shared,
+                &wpa_reference(wpa),
+                EventType::Warning,
+                reason,
+                &note,
+                "Validate",
+                Repeats::SuppressSameText,
+            )
+            .await;
         }
     }
 }
