@@ -201,8 +201,16 @@ impl RejectedStatuses {
                 MapError::TargetConflict { .. } => crd::TARGET_CONFLICT,
             };
             let note = error.to_string();
-            publish(shared, &wpa_reference(wpa), EventType::Warning, reason, &note, "Validate", Repeats::Suppress)
-                .await;
+            publish(
+                shared,
+                &wpa_reference(wpa),
+                EventType::Warning,
+                reason,
+                &note,
+                "Validate",
+                Repeats::SuppressSameText,
+            )
+            .await;
         }
     }
 }

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use crate::decision::{Action, Decision, Guard, Limit, MetricOutcome, Position, Stabilization, Timing};
+use crate::history;
 use crate::input::{Reading, Recommendation, ScaleEvent, State, Target};
 use crate::number::Decimal;
 use crate::rule::{
@@ -244,7 +245,7 @@ pub(crate) fn decide_running(
     if action != Action::Hold {
         next.last_scale_time = Some(now);
         if rule.scale_event_horizon() > Duration::ZERO {
-            next.scale_events.push(ScaleEvent { from: spec, to: replicas, at: now });
+            history::record_scale_event(&mut next.scale_events, ScaleEvent::new(spec, replicas, now));
         }
     }
     decision.state = next;
@@ -479,17 +480,19 @@ fn carried_state(
     };
     let below_since = if below && all_usable { state.below_since.or(Some(now)) } else { None };
     let event_horizon = rule.scale_event_horizon();
-    let recommendation_horizon = rule.recommendation_horizon();
     State {
         last_scale_time: state.last_scale_time,
         above_since,
         below_since,
-        recommendations: state
-            .recommendations
-            .iter()
-            .filter(|r| now.since(r.at) < recommendation_horizon)
-            .copied()
-            .collect(),
+        recommendations: match rule.velocity() {
+            Velocity::Behavior(b) => history::keep_recommendations(
+                &state.recommendations,
+                b.scale_up.stabilization_window,
+                b.scale_down.stabilization_window,
+                now,
+            ),
+            Velocity::Watermark(_) => Vec::new(),
+        },
         scale_events: state.scale_events.iter().filter(|e| now.since(e.at) < event_horizon).copied().collect(),
         zero: state.zero.clone(),
     }
@@ -615,6 +618,12 @@ fn normalize_behavior(
     let stabilized = spec.max(lower).min(upper);
     if rule.recommendation_horizon() > Duration::ZERO {
         next.recommendations.push(Recommendation { replicas: proposal, at: now });
+        next.recommendations = history::keep_recommendations(
+            &next.recommendations,
+            behavior.scale_up.stabilization_window,
+            behavior.scale_down.stabilization_window,
+            now,
+        );
     }
 
     let upscale_limit = policy_limit(&behavior.scale_up, spec, &old.scale_events, now, true).max(spec);
@@ -654,7 +663,7 @@ fn policy_limit(rules: &ScalingRules, spec: u32, events: &[ScaleEvent], now: Tim
         return spec;
     }
     let limits = rules.policies.iter().map(|policy| {
-        let recent = events.iter().filter(|e| now.since(e.at) < policy.period);
+        let recent = events.iter().filter(|e| history::counts_within(e, policy.period, now, up));
         let (added, removed) =
             recent.fold((0i64, 0i64), |(a, r), e| (a + i64::from(e.added()), r + i64::from(e.removed())));
         let start = (i64::from(spec) - added + removed).max(0);

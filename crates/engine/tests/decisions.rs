@@ -615,18 +615,18 @@ fn policy_periods_count_this_autoscalers_recent_scale_events() {
     let up = policies(SelectPolicy::Max, &[(PolicyKind::Pods, 4, 60)]);
     let r = behavior(Some(up), None);
     // 3 were added 30s ago: the period started at 7, so 11 is the most allowed now.
-    let state = State { scale_events: vec![ScaleEvent { from: 7, to: 10, at: ago(30) }], ..Default::default() };
+    let state = State { scale_events: vec![ScaleEvent::new(7, 10, ago(30))], ..Default::default() };
     let d = decide(&r, target(10), &[value(5.0)], &state, now());
     assert_eq!((d.replicas, d.limit), (11, Limit::UpscaleCapping));
     assert_eq!(d.state.scale_events.len(), 2);
-    assert_eq!(d.state.scale_events[1], ScaleEvent { from: 10, to: 11, at: now() });
+    assert_eq!(d.state.scale_events[1], ScaleEvent::new(10, 11, now()));
     // Older than the period: the whole budget is back.
-    let state = State { scale_events: vec![ScaleEvent { from: 7, to: 10, at: ago(60) }], ..Default::default() };
+    let state = State { scale_events: vec![ScaleEvent::new(7, 10, ago(60))], ..Default::default() };
     let d = decide(&r, target(10), &[value(5.0)], &state, now());
     assert_eq!(d.replicas, 14);
-    assert_eq!(d.state.scale_events, vec![ScaleEvent { from: 10, to: 14, at: now() }]);
+    assert_eq!(d.state.scale_events, vec![ScaleEvent::new(10, 14, now())]);
     // Budget used up: the limit never goes below spec.
-    let state = State { scale_events: vec![ScaleEvent { from: 2, to: 10, at: ago(10) }], ..Default::default() };
+    let state = State { scale_events: vec![ScaleEvent::new(2, 10, ago(10))], ..Default::default() };
     assert_eq!(replicas_with(&r, target(10), &[value(5.0)], &state), 10);
 }
 
