@@ -1225,7 +1225,13 @@ async fn a_wpa_with_a_recommender_scales_to_its_answer_and_holds_when_it_fails()
     apply_wpa(cluster, &ns, &sample).await;
     let datadog = fake_datadog::FakeDatadog::start().await;
     let crd_mode = CrdMode::new(cluster, &datadog, &ns);
-    let env = [CrdMode::ENV[0], CrdMode::ENV[1], ("K8S_CLUSTER_NAME", "e2e-cluster")];
+    // The operator allows this recommender (by default WPAs may use none).
+    let env = [
+        CrdMode::ENV[0],
+        CrdMode::ENV[1],
+        ("K8S_CLUSTER_NAME", "e2e-cluster"),
+        ("WATERMARKD__RECOMMENDER_ALLOWED_URLS", recommender.url.as_str()),
+    ];
     let mut daemon = DaemonProcess::start(&crd_mode.args(), &env);
     daemon.wait_ready(STARTUP).await;
 
@@ -1293,12 +1299,100 @@ async fn a_wpa_with_a_recommender_scales_to_its_answer_and_holds_when_it_fails()
         let events = events_about(cluster, &ns, "recommended").await;
         let failed = events.iter().find(|e| e.reason.as_deref() == Some("FailedGetMetrics"));
         match failed.and_then(|e| e.note.clone()) {
-            Some(note) if note.contains("HTTP 500 (recommender overloaded)") => Ok(()),
+            // The status code, never what the server said.
+            Some(note) if note.contains("HTTP 500 (Internal Server Error)") && !note.contains("overloaded") => Ok(()),
             _ => Err(format!("{events:?}")),
         }
     });
     let client = [("client", recommender.url.as_str()), ("method", "post"), ("code", "500")];
     assert!(daemon.sample("http_client_requests_total", &client).await >= Some(1.0), "{}", daemon.metrics().await);
     assert_eq!(spec_replicas(cluster, "Deployment", &ns, "web").await, 6, "a failed recommender holds");
+    assert_eq!(daemon.exited(), None, "the daemon runs on");
+}
+
+/// CRD mode: a WPA may only send recommender requests where the operator allows
+/// (`recommender_allowed_urls`): another url is refused with a condition and an Event that name
+/// the field and the setting, and nothing is sent there. Recommenders that come and go with
+/// their WPAs leave no `http_client_*` series behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wpa_recommenders_are_refused_unless_allowed_and_leave_no_series_when_deleted() {
+    let cluster = KubeCluster::shared();
+    install_wpa_crd(cluster).await;
+    let ns = cluster.unique_namespace("e2e-wpa-reco-churn").await;
+    let recommender = fake_recommender::FakeRecommender::start().await;
+    let elsewhere = fake_recommender::FakeRecommender::start().await;
+    let wpa = |name: &str, target: &str, url: &str| {
+        format!(
+            r#"{{"apiVersion": "datadoghq.com/v1alpha1", "kind": "WatermarkPodAutoscaler",
+                "metadata": {{"name": "{name}"}},
+                "spec": {{"maxReplicas": 9, "minReplicas": 2,
+                    "scaleTargetRef": {{"kind": "Deployment", "apiVersion": "apps/v1", "name": "{target}"}},
+                    "recommender": {{"url": "{url}", "targetType": "load", "highWatermark": "400m"}}}}}}"#
+        )
+    };
+    cluster.create_deployment(&ns, "refused", 4).await;
+    cluster.set_workload_status("Deployment", &ns, "refused", 4, 4).await;
+    apply_wpa(cluster, &ns, &wpa("refused", "refused", &elsewhere.url)).await;
+    let churned: Vec<String> = (0..4).map(|i| format!("{}/{i}", recommender.url)).collect();
+    for (i, url) in churned.iter().enumerate() {
+        let name = format!("churn-{i}");
+        cluster.create_deployment(&ns, &name, 4).await;
+        cluster.set_workload_status("Deployment", &ns, &name, 4, 4).await;
+        apply_wpa(cluster, &ns, &wpa(&name, &name, url)).await;
+    }
+    let datadog = fake_datadog::FakeDatadog::start().await;
+    let crd_mode = CrdMode::new(cluster, &datadog, &ns);
+    let env = [CrdMode::ENV[0], CrdMode::ENV[1], ("WATERMARKD__RECOMMENDER_ALLOWED_URLS", recommender.url.as_str())];
+    let mut daemon = DaemonProcess::start(&crd_mode.args(), &env);
+    daemon.wait_ready(STARTUP).await;
+
+    let status = eventually!(Duration::from_secs(15), "the refused WPA's status", {
+        let status = wpa_status(cluster, &ns, "refused").await;
+        match condition(&status, "AbleToScale") {
+            Some(c) if c["reason"] == "FailedSpecCheck" => Ok(status.clone()),
+            _ => Err(status.to_string()),
+        }
+    });
+    let message = condition(&status, "AbleToScale").and_then(|c| c["message"].as_str()).unwrap_or_default();
+    assert!(
+        message.contains("spec.recommender.url") && message.contains("recommender_allowed_urls"),
+        "names the field and the setting: {message}"
+    );
+    eventually!(Duration::from_secs(10), "a Warning event on the refused WPA", {
+        let events = events_about(cluster, &ns, "refused").await;
+        let refused = events.iter().find(|e| e.type_.as_deref() == Some("Warning"));
+        match refused.and_then(|e| e.note.clone()) {
+            Some(note) if note.contains("refused") && note.contains("recommender_allowed_urls") => Ok(()),
+            _ => Err(format!("{events:?}")),
+        }
+    });
+
+    let client_series = |text: &str, url: &str| {
+        let label = format!("client=\"{url}\"");
+        text.lines().filter(|l| l.starts_with("http_client_") && l.contains(&label)).count()
+    };
+    eventually!(Duration::from_secs(20), "every churned recommender asked", {
+        let text = daemon.metrics().await;
+        let missing: Vec<&String> = churned.iter().filter(|url| client_series(&text, url) == 0).collect();
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("no series for {missing:?}"))
+        }
+    });
+    let api: Api<DynamicObject> = Api::namespaced_with(cluster.client(), &ns, &wpa_resource());
+    for i in 0..churned.len() {
+        api.delete(&format!("churn-{i}"), &Default::default()).await.expect("delete WPA");
+    }
+    eventually!(Duration::from_secs(15), "no series left for the deleted WPAs' recommenders", {
+        let text = daemon.metrics().await;
+        let left: Vec<&String> = churned.iter().filter(|url| client_series(&text, url) > 0).collect();
+        if left.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("series left for {left:?}"))
+        }
+    });
+    assert!(elsewhere.requests().is_empty(), "nothing was sent where the operator did not allow");
     assert_eq!(daemon.exited(), None, "the daemon runs on");
 }

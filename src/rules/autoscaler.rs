@@ -85,6 +85,7 @@ const RECOMMENDER_KEYS: &[&str] = &[
     "client_cert_file",
     "client_key_file",
     "insecure_skip_verify",
+    "server_name",
 ];
 const BEHAVIOR_KEYS: &[&str] = &["scale_up", "scale_down"];
 const SCALING_RULES_KEYS: &[&str] = &["tolerance", "stabilization_window", "select_policy", "policies"];
@@ -346,6 +347,13 @@ fn read_recommender(table: &mut Table<'_>, form: Form<'_>, sink: &mut Sink) -> O
     let timeout = positive_duration_at_most(&mut rec, sink, "timeout", MAX_TIMEOUT).unwrap_or(DEFAULT_TIMEOUT);
     let cluster_name = rec.text(sink, "cluster_name");
     let tls = read_tls(&mut rec, sink);
+    let server_name = rec.text(sink, "server_name").and_then(|name| match server_name_problem(&name, url.as_deref()) {
+        None => Some(name),
+        Some(problem) => {
+            rec.report(sink, "server_name", problem);
+            None
+        }
+    });
     rec.finish(sink, RECOMMENDER_KEYS);
     let recommender = Recommender {
         url: url.unwrap_or_default(),
@@ -356,6 +364,8 @@ fn read_recommender(table: &mut Table<'_>, form: Form<'_>, sink: &mut Sink) -> O
         timeout,
         cluster_name,
         tls,
+        server_name,
+        tls_dir: None,
     };
     let name = recommender.metric_name();
     let entry = MetricEntry {
@@ -372,6 +382,22 @@ fn read_recommender(table: &mut Table<'_>, form: Form<'_>, sink: &mut Sink) -> O
         average_line: None,
     };
     Some((recommender, entry))
+}
+
+/// What is wrong with `server_name` for a recommender at `url` (when the url is valid): it must
+/// be a DNS name, and it only means something over TLS.
+pub(crate) fn server_name_problem(name: &str, url: Option<&str>) -> Option<String> {
+    if url.is_some_and(|url| !url.starts_with("https://")) {
+        return Some(format!("({name:?}) applies to https:// urls only: the url is http://"));
+    }
+    match rustls::pki_types::ServerName::try_from(name) {
+        Ok(rustls::pki_types::ServerName::DnsName(_)) => None,
+        Ok(_) => Some(format!(
+            "({name:?}) must be a DNS name: to verify the certificate against an IP address, put the address in \
+             the url"
+        )),
+        Err(_) => Some(format!("({name:?}) is not a DNS name")),
+    }
 }
 
 fn read_metrics(table: &mut Table<'_>, form: Form<'_>, sink: &mut Sink) -> Vec<MetricEntry> {

@@ -170,6 +170,13 @@ pub struct Recommender {
     /// `targetRef.cluster`; `None`: the daemon's `K8S_CLUSTER_NAME`, else empty.
     pub cluster_name: Option<String>,
     pub tls: TlsSettings,
+    /// The name the server's certificate is verified against (and sent as SNI) instead of the
+    /// url's host: a DNS name, for `https://` urls only (a WPA's `tlsConfig.serverName`).
+    pub server_name: Option<String>,
+    /// The directory every TLS file must resolve inside (after following symlinks), when the
+    /// files were named by someone other than the operator: a WPA's files must lie in the
+    /// daemon's `recommender_tls_dir`. `None` for a rules file, the operator's own.
+    pub tls_dir: Option<PathBuf>,
 }
 
 impl Recommender {

@@ -1020,6 +1020,7 @@ cluster_name = "eu-1"
 ca_file = "/etc/reco/ca.pem"
 client_cert_file = "/etc/reco/client.pem"
 client_key_file = "/etc/reco/client.key"
+server_name = "reco.internal"
 "#;
 
 #[test]
@@ -1044,6 +1045,8 @@ fn a_recommender_replaces_the_metrics() {
                 client_key_file: Some(PathBuf::from("/etc/reco/client.key")),
                 insecure_skip_verify: false,
             },
+            server_name: Some("reco.internal".into()),
+            tls_dir: None,
         }
     );
     let metric = &web.rule.metrics()[0];
@@ -1098,6 +1101,19 @@ fn recommender_problems_name_their_field() {
         "{:?}",
         problems(&both)
     );
+    for (server_name, url, problem) in [
+        ("10.0.0.7", "https://reco.example/recommend", "(\"10.0.0.7\") must be a DNS name"),
+        ("not a name", "https://reco.example/recommend", "(\"not a name\") is not a DNS name"),
+        ("reco.internal", "http://reco.example/recommend", "applies to https:// urls only"),
+    ] {
+        let text = RECOMMENDED
+            .replace("server_name = \"reco.internal\"", &format!("server_name = \"{server_name}\""))
+            .replace("https://reco.example/recommend", url);
+        let expected =
+            format!("rules.toml:{}: autoscaler \"web\": recommender.server_name ", line_of(&text, "server_name = "));
+        let found = problems(&text);
+        assert!(found.iter().any(|p| p.starts_with(&expected) && p.contains(problem)), "{problem}: {found:?}");
+    }
     let no_url = "[[autoscaler]]\nname = \"w\"\ntarget = { kind = \"Deployment\", namespace = \"p\", name = \"w\" }\n\
                   max_replicas = 3\nrecommender = { high_watermark = 1 }\n";
     assert!(problems(no_url).iter().any(|p| p.ends_with("recommender.url is required")), "{:?}", problems(no_url));

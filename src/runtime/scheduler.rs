@@ -17,7 +17,7 @@ use super::schedule;
 use super::source::{AutoscalerKey, Desired, Source, SourceKind};
 use crate::backend::MetricBackend;
 use crate::crd::WatermarkPodAutoscaler;
-use crate::rules::{self, RulesFile, TargetRef};
+use crate::rules::{self, Recommender, RulesFile, TargetRef};
 use crate::telemetry::{AutoscalerMetrics, BackendMetrics, DaemonMetrics};
 
 /// What the sources tell the scheduler.
@@ -175,6 +175,11 @@ impl Scheduler {
         let count = self.entries.keys().filter(|k| k.source() == source).count();
         self.daemon.autoscalers.with_label_values(&[source.label(), "running"]).set(count as i64);
         changes
+    }
+
+    /// The recommenders of the running autoscalers and their shadow rules.
+    pub fn recommenders(&self) -> impl Iterator<Item = &Recommender> {
+        self.entries.values().flat_map(|entry| entry.desired.rules()).filter_map(|a| a.recommender.as_deref())
     }
 
     /// When the next autoscaler falls due; `None` when none runs.

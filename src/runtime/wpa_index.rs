@@ -8,7 +8,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use super::source::{AutoscalerKey, Desired};
-use crate::crd::{self, DatadogMetric, DatadogMetricIndex, MapError, MappingOptions, WatermarkPodAutoscaler};
+use crate::crd::{
+    self, DatadogMetric, DatadogMetricIndex, MapError, MappingOptions, RecommenderPolicy, WatermarkPodAutoscaler,
+};
 use crate::rules::{ObjectIdentity, Problem, RulesFile, TargetRef};
 use crate::telemetry::LabelsAsTags;
 
@@ -82,6 +84,8 @@ pub struct WpaIndex {
     listed: BTreeMap<Scope, Listed>,
     options: MappingOptions,
     default_backend: String,
+    /// The recommenders WPAs may use (the daemon's settings).
+    recommender_policy: RecommenderPolicy,
     labels_as_tags: LabelsAsTags,
     daemon_dry_run: bool,
     /// Something that maps changed since the last update.
@@ -101,11 +105,13 @@ pub struct WpaIndex {
 
 impl WpaIndex {
     /// An index over these scopes (each must be listed, WPAs and DatadogMetrics both, before
-    /// anything runs), mapping WPAs with the rules file's backends.
+    /// anything runs), mapping WPAs with the rules file's backends and allowing their
+    /// recommenders by `recommender_policy`.
     pub fn new(
         scopes: impl IntoIterator<Item = Scope>,
         backends: &RulesFile,
         default_backend: &str,
+        recommender_policy: RecommenderPolicy,
         labels_as_tags: LabelsAsTags,
         daemon_dry_run: bool,
     ) -> WpaIndex {
@@ -115,6 +121,7 @@ impl WpaIndex {
             listed: scopes.into_iter().map(|s| (s, Listed::default())).collect(),
             options: MappingOptions::new(default_backend),
             default_backend: default_backend.to_string(),
+            recommender_policy,
             labels_as_tags,
             daemon_dry_run,
             remap: false,
@@ -131,7 +138,9 @@ impl WpaIndex {
     /// The rules file changed (its backends, and the targets it scales): every WPA maps again.
     pub fn set_backends(&mut self, backends: &RulesFile) {
         self.file_targets.clone_from(&backends.scaled);
-        self.options = MappingOptions::new(self.default_backend.clone()).with_backends(&backends.backends);
+        self.options = MappingOptions::new(self.default_backend.clone())
+            .with_backends(&backends.backends)
+            .with_recommender_policy(self.recommender_policy.clone());
         let invalid = self.options.check().err();
         let fatal = invalid.is_some();
         let problem = invalid.or_else(|| self.options.default_backend_problem());
@@ -393,7 +402,14 @@ mod tests {
     }
 
     fn index(scopes: &[Scope]) -> WpaIndex {
-        WpaIndex::new(scopes.iter().cloned(), &rules(), "datadog", LabelsAsTags::default(), false)
+        WpaIndex::new(
+            scopes.iter().cloned(),
+            &rules(),
+            "datadog",
+            RecommenderPolicy::default(),
+            LabelsAsTags::default(),
+            false,
+        )
     }
 
     fn wpa(namespace: &str, name: &str, high: &str) -> Arc<WatermarkPodAutoscaler> {
@@ -612,7 +628,14 @@ mod tests {
             )
             .expect("rules")
         };
-        let mut index = WpaIndex::new([Scope::All], &file_rules("web"), "datadog", LabelsAsTags::default(), false);
+        let mut index = WpaIndex::new(
+            [Scope::All],
+            &file_rules("web"),
+            "datadog",
+            RecommenderPolicy::default(),
+            LabelsAsTags::default(),
+            false,
+        );
         index.reset_wpas(&Scope::All, [created("shop", "web", "2026-01-01T00:00:00Z", "web", "apps/v1")]);
         index.reset_metrics(&Scope::All, []);
         let update = index.update();

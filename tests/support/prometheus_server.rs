@@ -643,11 +643,16 @@ pub struct TestCerts {
 
 impl TestCerts {
     pub fn generate() -> Self {
+        Self::for_server("IP:127.0.0.1,DNS:localhost")
+    }
+
+    /// As `generate`, with a server certificate for the names in `subject_alt_names`
+    /// (`DNS:reco.internal`).
+    pub fn for_server(subject_alt_names: &str) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         test_pki::make_ca(dir.path(), "ca.key", "ca.pem", "watermarkd test CA");
-        for (name, usage, san) in
-            [("server", "serverAuth", "subjectAltName=IP:127.0.0.1,DNS:localhost\n"), ("client", "clientAuth", "")]
-        {
+        let server_san = format!("subjectAltName={subject_alt_names}\n");
+        for (name, usage, san) in [("server", "serverAuth", server_san.as_str()), ("client", "clientAuth", "")] {
             let (key, pem) = (format!("{name}.key"), format!("{name}.pem"));
             test_pki::sign(
                 dir.path(),
@@ -670,7 +675,11 @@ impl TestCerts {
 /// request with `body` (JSON). Blocking rustls on plain threads: no async TLS crate needed.
 pub struct TlsServer {
     pub addr: SocketAddr,
+    seen: Arc<std::sync::Mutex<Vec<Seen>>>,
 }
+
+/// Per request: the name the client sent in the TLS handshake (SNI), and its `Host` header.
+pub type Seen = (Option<String>, Option<String>);
 
 impl TlsServer {
     pub fn start(certs: &TestCerts, body: &str) -> Self {
@@ -695,11 +704,13 @@ impl TlsServer {
         let listener = StdListener::bind("127.0.0.1:0").expect("bind the TLS server");
         let addr = listener.local_addr().expect("TLS server address");
         let body = body.to_string();
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen_by_server = Arc::clone(&seen);
         // Lives as long as the test process; each connection gets a thread.
         std::thread::spawn(move || {
             for stream in listener.incoming() {
                 let Ok(stream) = stream else { continue };
-                let (config, body) = (Arc::clone(&config), body.clone());
+                let (config, body, seen) = (Arc::clone(&config), body.clone(), Arc::clone(&seen_by_server));
                 std::thread::spawn(move || {
                     let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
                     let Ok(connection) = rustls::ServerConnection::new(config) else { return };
@@ -714,6 +725,12 @@ impl TlsServer {
                             Ok(n) => request.extend_from_slice(&buf[..n]),
                         }
                     }
+                    let head = String::from_utf8_lossy(&request).to_string();
+                    let host = head
+                        .lines()
+                        .find_map(|l| l.split_once(':').filter(|(name, _)| name.eq_ignore_ascii_case("host")))
+                        .map(|(_, value)| value.trim().to_string());
+                    seen.lock().unwrap().push((tls.conn.server_name().map(String::from), host));
                     let answer = format!(
                         "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
                         body.len()
@@ -724,7 +741,12 @@ impl TlsServer {
                 });
             }
         });
-        TlsServer { addr }
+        TlsServer { addr, seen }
+    }
+
+    /// Per request answered: the TLS server name the client sent, and its `Host` header.
+    pub fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
     }
 
     pub fn url(&self) -> String {
