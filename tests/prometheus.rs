@@ -30,8 +30,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use daemon_process::{write, DaemonProcess};
-use kube::api::{Api, DynamicObject};
-use kube_cluster::{apps_v1, KubeCluster, ADMIN_TOKEN};
+use kube_cluster::{KubeCluster, ADMIN_TOKEN};
 
 use prometheus_server::{Exporter, FakeServer, PrometheusServer, Reply, TestCerts, TlsServer};
 use watermarkd::backend::prometheus::PrometheusClient;
@@ -714,12 +713,6 @@ async fn a_series_frozen_in_the_lookback_is_stale_past_max_age() {
 // ---------------------------------------------------------------------------------------------
 // Through the daemon
 
-async fn spec_replicas(cluster: &KubeCluster, namespace: &str, name: &str) -> i64 {
-    let api: Api<DynamicObject> = Api::namespaced_with(cluster.client(), namespace, &apps_v1("Deployment"));
-    let object = api.get(name).await.unwrap_or_else(|e| panic!("get Deployment {namespace}/{name}: {e}"));
-    object.data["spec"]["replicas"].as_i64().unwrap_or(-1)
-}
-
 /// `watermarkd run` against a real kube-apiserver, with a fake server as its Prometheus that
 /// answers with the warnings of a partial answer: a low value holds the replicas (a full answer
 /// of the same value scales down), a high one scales up.
@@ -771,12 +764,12 @@ async fn the_daemon_never_scales_down_on_a_partial_answer_and_may_scale_up() {
             Err(format!("{warnings:?} warnings"))
         }
     });
-    assert_eq!(spec_replicas(cluster, &ns, "web").await, 4, "no scale-down on a partial answer");
+    assert_eq!(cluster.spec_replicas("Deployment", &ns, "web").await, 4, "no scale-down on a partial answer");
 
     // 30, over the band, partial: usage is at least that, so it scales up, 4 + 50%.
     *answer.lock().unwrap() = ("30", true);
     eventually!(Duration::from_secs(20), "a scale-up on a partial answer", {
-        match spec_replicas(cluster, &ns, "web").await {
+        match cluster.spec_replicas("Deployment", &ns, "web").await {
             6 => Ok(()),
             other => Err(format!("{other} replicas")),
         }
@@ -786,7 +779,7 @@ async fn the_daemon_never_scales_down_on_a_partial_answer_and_may_scale_up() {
     // The same low value as a full answer scales down: the partial answer was what held it.
     *answer.lock().unwrap() = ("1", false);
     eventually!(Duration::from_secs(20), "a scale-down on a full answer", {
-        match spec_replicas(cluster, &ns, "web").await {
+        match cluster.spec_replicas("Deployment", &ns, "web").await {
             replicas if replicas < 6 => Ok(()),
             other => Err(format!("{other} replicas")),
         }
