@@ -192,7 +192,8 @@ impl PrometheusClient {
                     count: series,
                 });
             }
-            out.extend(chunk.iter().copied().zip(response::observe_steps(&answer, query.reducer, chunk)));
+            let observed = response::observe_steps(&answer, query.reducer, chunk, inner.max_age);
+            out.extend(chunk.iter().copied().zip(observed));
             progress(out.len());
         }
         Ok(out)
@@ -255,8 +256,9 @@ impl Inner {
 
     fn prepare_range(&self, query: &str, start: Timestamp, end: Timestamp, step: Duration) -> Prepared {
         let step_ms = i64::try_from(step.as_millis()).unwrap_or(i64::MAX);
+        let sent = sample_time::dated(query).unwrap_or_else(|| query.to_string());
         let mut form = vec![
-            ("query".to_string(), query.to_string()),
+            ("query".to_string(), sent),
             ("start".to_string(), format_time(start)),
             ("end".to_string(), format_time(end)),
             ("step".to_string(), format_time(Timestamp::from_unix_millis(step_ms))),

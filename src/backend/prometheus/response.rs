@@ -99,6 +99,7 @@ struct Data {
 
 #[derive(Deserialize)]
 struct MatrixEntry {
+    metric: Option<Labels>,
     values: Option<Vec<(f64, String)>>,
     histograms: Option<serde_json::Value>,
 }
@@ -255,22 +256,25 @@ fn success(body: Body) -> Result<Answer, Failure> {
         "matrix" => {
             let entries: Vec<MatrixEntry> = serde_json::from_value(data.result)
                 .map_err(|e| Failure::protocol(format!("malformed matrix result: {e}")))?;
-            let series = entries
-                .into_iter()
-                .map(|entry| {
-                    let mut samples: Vec<Sample> = entry
-                        .values
-                        .unwrap_or_default()
-                        .into_iter()
-                        .map(|(at_seconds, value)| Sample::Float { at_seconds, value })
-                        .collect();
-                    // Histogram samples are not numbers; one stands for all of them.
-                    if entry.histograms.is_some() {
-                        samples.push(Sample::Histogram);
-                    }
-                    samples
-                })
-                .collect();
+            let mut series = Vec::with_capacity(entries.len());
+            for entry in entries {
+                let mut samples: Vec<Sample> = entry
+                    .values
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|(at_seconds, value)| Sample::Float { at_seconds, value })
+                    .collect();
+                // Histogram samples are not numbers; one stands for all of them.
+                if entry.histograms.is_some() {
+                    samples.push(Sample::Histogram);
+                }
+                // The data time at each step, of a dated range query.
+                if entry.metric.and_then(|m| m.sample).is_some_and(|s| s == sample_time::TIME) {
+                    sample_times.extend(samples);
+                } else {
+                    series.push(samples);
+                }
+            }
             QueryResult::Matrix(series)
         }
         "string" => QueryResult::Unusable(data.result_type),
@@ -354,23 +358,33 @@ pub(super) fn observe(
         QueryResult::Matrix(_) => Err(unusable("matrix")),
         QueryResult::Unusable(kind) => Err(unusable(kind)),
     };
-    let result = result.and_then(|(value, at)| {
-        let at = data_time(&answer.sample_times)?.map_or(at, |data| data.min(at));
-        match max_age {
-            Some(max_age) if now.since(at) > max_age => {
-                Err(QueryError::Stale { age_seconds: now.since(at).as_secs(), max_age_seconds: max_age.as_secs() })
-            }
-            _ => Ok((value, at)),
-        }
-    });
+    let result = result.and_then(|(value, at)| dated(value, at, answer.sample_times.iter(), now, max_age));
     match result {
         Ok((value, at)) => Observation::value(value, at, detail),
         Err(error) => Observation::unavailable_with(error, detail),
     }
 }
 
+/// `value` dated by the oldest of `sample_times` (the time of its data, when the answer carries
+/// it), and stale at `now` when that is older than `max_age`.
+fn dated<'a>(
+    value: f64,
+    at: Timestamp,
+    sample_times: impl Iterator<Item = &'a Sample>,
+    now: Timestamp,
+    max_age: Option<Duration>,
+) -> Result<(f64, Timestamp), QueryError> {
+    let at = data_time(sample_times)?.map_or(at, |data| data.min(at));
+    match max_age {
+        Some(max_age) if now.since(at) > max_age => {
+            Err(QueryError::Stale { age_seconds: now.since(at).as_secs(), max_age_seconds: max_age.as_secs() })
+        }
+        _ => Ok((value, at)),
+    }
+}
+
 /// The oldest of the sample times the answer carries (their values are Unix seconds), if any.
-fn data_time(sample_times: &[Sample]) -> Result<Option<Timestamp>, QueryError> {
+fn data_time<'a>(sample_times: impl Iterator<Item = &'a Sample>) -> Result<Option<Timestamp>, QueryError> {
     let mut oldest: Option<Timestamp> = None;
     for sample in sample_times {
         let Sample::Float { value, .. } = sample else {
@@ -397,16 +411,22 @@ fn unusable(kind: &str) -> QueryError {
 
 /// What a live query at each of `steps` would have seen, from a range query's answer: the
 /// samples of every series at that step, judged as an instant query's vector is (no sample is
-/// no data, several need the metric's reducer, NaN is no number). The answer of a range query
-/// that is not a matrix judges every step alike.
-pub(super) fn observe_steps(answer: &Answer, reducer: Option<Reducer>, steps: &[Timestamp]) -> Vec<Observation> {
+/// no data, several need the metric's reducer, NaN is no number, data older than `max_age` at
+/// that step is stale). The answer of a range query that is not a matrix judges every step alike.
+pub(super) fn observe_steps(
+    answer: &Answer,
+    reducer: Option<Reducer>,
+    steps: &[Timestamp],
+    max_age: Option<Duration>,
+) -> Vec<Observation> {
     let QueryResult::Matrix(series) = &answer.result else {
-        return steps.iter().map(|step| observe(answer, reducer, *step, None)).collect();
+        return steps.iter().map(|step| observe(answer, reducer, *step, max_age)).collect();
     };
+    let key = |at_seconds: f64| (at_seconds * 1000.0).round() as i64;
     let mut at_step: BTreeMap<i64, Vec<Sample>> = BTreeMap::new();
     for sample in series.iter().flatten() {
         let key = match sample {
-            Sample::Float { at_seconds, .. } => (at_seconds * 1000.0).round() as i64,
+            Sample::Float { at_seconds, .. } => key(*at_seconds),
             // Dated nowhere: it makes every step unusable.
             Sample::Histogram => i64::MIN,
         };
@@ -425,7 +445,11 @@ pub(super) fn observe_steps(answer: &Answer, reducer: Option<Reducer>, steps: &[
                 partial: answer.partial.clone(),
                 ..ObservationDetail::default()
             };
-            match vector(samples, reducer) {
+            let times = answer.sample_times.iter().filter(|t| match t {
+                Sample::Float { at_seconds, .. } => key(*at_seconds) == step.unix_millis(),
+                Sample::Histogram => true,
+            });
+            match vector(samples, reducer).and_then(|(value, at)| dated(value, at, times, *step, max_age)) {
                 Ok((value, at)) => Observation::value(value, at, detail),
                 Err(error) => Observation::unavailable_with(error, detail),
             }
@@ -695,6 +719,22 @@ mod tests {
             {"metric":{},"value":[100,"2"]},{"metric":{"watermarkd_sample":"time"},"value":[100,"NaN"]}]}}"#;
         let obs = observe(&ok(garbage), None, now, None);
         assert!(matches!(obs.detail.error, Some(QueryError::Protocol(_))), "{obs:?}");
+    }
+
+    #[test]
+    fn a_dated_range_answer_dates_each_step() {
+        // A series stopped after 95 s: at 110 s the lookback still answers its last sample.
+        let body = r#"{"status":"success","data":{"resultType":"matrix","result":[
+            {"metric":{"__name__":"q"},"values":[[100,"2"],[110,"2"]]},
+            {"metric":{"watermarkd_sample":"time"},"values":[[100,"95"],[110,"95"]]}]}}"#;
+        let answer = ok(body);
+        assert_eq!(series_count(&answer), 1, "the added series is not one of the query's");
+        let steps = [Timestamp::from_unix_millis(100_000), Timestamp::from_unix_millis(110_000)];
+        let obs = observe_steps(&answer, None, &steps, Some(Duration::from_secs(10)));
+        assert_eq!(value_of(&obs[0]), (2.0, 95_000));
+        assert_eq!(obs[1].detail.error, Some(QueryError::Stale { age_seconds: 15, max_age_seconds: 10 }));
+        let obs = observe_steps(&answer, None, &steps, None);
+        assert_eq!(value_of(&obs[1]), (2.0, 95_000));
     }
 
     #[test]
