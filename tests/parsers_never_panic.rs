@@ -428,6 +428,8 @@ const PROMETHEUS_SEEDS: &[&str] = &[
     r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{},"value":[100,"1"]},{"metric":{},"value":[99.5,"4"]},{"metric":{},"value":[100,"7"]}]},"warnings":["partial answer"],"infos":["not a counter"]}"#,
     r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{},"histogram":[1,{"count":"3","sum":"4","buckets":[]}]}]}}"#,
     r#"{"status":"success","data":{"resultType":"scalar","result":[1700000000.5,"2"]}}"#,
+    // A dated query's answer (the added series carries the data time) that a store marked partial.
+    r#"{"status":"success","isPartial":true,"data":{"resultType":"vector","result":[{"metric":{"pod":"a"},"value":[1700000000.5,"3"]},{"metric":{"watermarkd_sample":"time"},"value":[1700000000.5,"1699999990.25"]}]}}"#,
     r#"{"status":"success","data":{"resultType":"matrix","result":[{"metric":{},"values":[[1,"1"]]}]}}"#,
     r#"{"status":"error","errorType":"bad_data","error":"1:5: parse error: unexpected end of input"}"#,
 ];

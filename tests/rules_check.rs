@@ -122,6 +122,46 @@ query = ""
 high_watermark = "lots"
 "#;
 
+/// A Prometheus `max_age` on a query whose data the backend cannot date would never fire: said.
+#[test]
+fn a_prometheus_max_age_that_cannot_see_the_data_age_is_warned_about() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(
+        dir.path(),
+        "rules.toml",
+        r#"
+[backend.prom]
+type = "prometheus"
+url = "http://127.0.0.1:9090"
+max_age = "2m"
+
+[[autoscaler]]
+name = "queue"
+target = { kind = "Deployment", namespace = "jobs", name = "worker" }
+max_replicas = 10
+
+[[autoscaler.metric]]
+name = "depth"
+backend = "prom"
+query = 'sum(queue_depth{app="worker"})'
+high_watermark = 100
+low_watermark = 10
+
+[[autoscaler.metric]]
+name = "jobs"
+backend = "prom"
+query = 'sum(rate(jobs_total{app="worker"}[1m]))'
+high_watermark = 100
+low_watermark = 10
+"#,
+    );
+    let output = check(&[&file]);
+    let out = stdout(&output);
+    assert!(output.status.success(), "{out}");
+    assert!(out.contains("warning: metric \"jobs\": max_age cannot find its data stale"), "{out}");
+    assert!(!out.contains("metric \"depth\": max_age"), "{out}");
+}
+
 #[test]
 fn a_broken_file_lists_every_problem_with_line_autoscaler_and_field() {
     let dir = tempfile::tempdir().unwrap();

@@ -38,6 +38,7 @@ const PROMETHEUS_KEYS: &[&str] = &[
     "url",
     "timeout",
     "max_in_flight",
+    "max_age",
     "tenant",
     "headers",
     "params",
@@ -135,6 +136,7 @@ fn read_prometheus(table: &mut Table<'_>, sink: &mut Sink) -> Option<PrometheusB
     let url = table.require(sink, "url", url).and_then(|url| checked_url(table, sink, url));
     let timeout = positive_duration_at_most(table, sink, "timeout", MAX_TIMEOUT).unwrap_or(DEFAULT_TIMEOUT);
     let max_in_flight = in_flight(table, sink).unwrap_or(DEFAULT_PROMETHEUS_IN_FLIGHT);
+    let max_age = positive_duration(table, sink, "max_age");
     let tenant = table.text(sink, "tenant");
     let headers = string_map(table, sink, "headers");
     let params = string_map(table, sink, "params");
@@ -169,6 +171,7 @@ fn read_prometheus(table: &mut Table<'_>, sink: &mut Sink) -> Option<PrometheusB
         url: url?,
         timeout,
         max_in_flight,
+        max_age,
         tenant,
         headers: headers?,
         params: params?,

@@ -104,6 +104,9 @@ pub struct PrometheusBackend {
     pub timeout: Duration,
     /// Requests in flight at once (default 8).
     pub max_in_flight: u32,
+    /// A value whose data is older is stale (no default: not checked). Only a query whose data
+    /// time can be asked for has one; others are dated at the evaluation time.
+    pub max_age: Option<Duration>,
     /// Sent as `X-Scope-OrgID` (Mimir, Cortex).
     pub tenant: Option<String>,
     /// Extra request headers (not for secrets: use `basic_auth` or `bearer_token_*`).

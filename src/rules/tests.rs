@@ -83,6 +83,7 @@ fn a_valid_file_yields_backends_targets_and_rules() {
             url: "http://127.0.0.1:9090".into(),
             timeout: Duration::from_secs(10),
             max_in_flight: 8,
+            max_age: None,
             tenant: None,
             headers: BTreeMap::new(),
             params: BTreeMap::new(),
@@ -855,6 +856,7 @@ type = "prometheus"
 url = "https://mimir.example/prometheus"
 timeout = "5s"
 max_in_flight = 2
+max_age = "90s"
 tenant = "team-a"
 headers = { "X-Team" = "payments" }
 params = { dedup = "true" }
@@ -877,6 +879,7 @@ bad_query_retry = "2m"
     );
     let Backend::Prometheus(mimir) = &rules.backends["mimir"] else { panic!("not prometheus") };
     assert_eq!(mimir.timeout, Duration::from_secs(5));
+    assert_eq!(mimir.max_age, Some(Duration::from_secs(90)));
     assert_eq!(mimir.tenant.as_deref(), Some("team-a"));
     assert_eq!(mimir.headers["X-Team"], "payments");
     assert_eq!(mimir.params["dedup"], "true");
@@ -901,6 +904,7 @@ type = "prometheus"
 url = "http://p:9090"
 timeout = "0s"
 max_in_flight = 0
+max_age = "0s"
 headers = { "X-A" = 1 }
 params = { time = "0" }
 basic_auth = { username = "u", password = "inline!" }
@@ -912,6 +916,7 @@ client_cert_file = "/c.pem"
     for expected in [
         "backend.p.timeout must be longer than 0s",
         "backend.p.max_in_flight must be at least 1",
+        "backend.p.max_age must be longer than 0s",
         "backend.p.headers.X-A must be a string",
         "backend.p.params cannot set \"time\": watermarkd sends it with every query",
         "backend.p.basic_auth.password cannot be written in the rules file",

@@ -305,6 +305,30 @@ impl Recorded {
     pub fn param(&self, name: &str) -> Option<String> {
         self.params().into_iter().find(|(n, _)| n == name).map(|(_, v)| v)
     }
+
+    /// The query as the rules file wrote it (see [`written_query`]).
+    pub fn written_query(&self) -> Option<String> {
+        self.param("query").map(|sent| written_query(&sent))
+    }
+
+    /// Whether the query went with its data time asked for.
+    pub fn dated(&self) -> bool {
+        self.param("query").is_some_and(|sent| written_query(&sent) != sent)
+    }
+}
+
+/// What the backend adds to a query that is a series selector (or one aggregation of one) to
+/// learn the time of its data: `(QUERY) or label_replace(min(timestamp(SELECTOR)), ...)`.
+const DATED_TAIL: &str = ") or label_replace(min(timestamp(";
+
+/// The query as the rules file wrote it, from the one sent: faults and answers are keyed by it.
+pub fn written_query(sent: &str) -> String {
+    match (sent.strip_prefix('('), sent.rfind(DATED_TAIL)) {
+        (Some(_), Some(end)) if sent.ends_with(r#", "watermarkd_sample", "time", "", "")"#) => {
+            sent.get(1..end).unwrap_or(sent).to_string()
+        }
+        _ => sent.to_string(),
+    }
 }
 
 fn decode_pairs(encoded: &str) -> Vec<(String, String)> {
@@ -341,6 +365,19 @@ impl Reply {
         Self::json(
             200,
             &format!(r#"{{"status":"success","data":{{"resultType":"vector","result":[{}]}}}}"#, result.join(",")),
+        )
+    }
+
+    /// A `vector` answer to a dated query: one series of `value` at the evaluation time `ts`,
+    /// and the added series whose value is the time of its data, `data_seconds`.
+    pub fn dated(ts: f64, value: &str, data_seconds: f64) -> Self {
+        Self::json(
+            200,
+            &format!(
+                r#"{{"status":"success","data":{{"resultType":"vector","result":[
+                    {{"metric":{{"__name__":"m"}},"value":[{ts},"{value}"]}},
+                    {{"metric":{{"watermarkd_sample":"time"}},"value":[{ts},"{data_seconds}"]}}]}}}}"#
+            ),
         )
     }
 
@@ -435,8 +472,10 @@ pub enum Injected {
     Slow(Duration),
     /// Forwards, and cuts the answer's body in the middle.
     Truncated,
-    /// A one-sample vector of `value`, dated `age` before the query's `time` (as a lagging
-    /// replica or a stale cache would answer).
+    /// A one-sample vector of `value` whose data is `age` older than the query's `time`, as
+    /// Prometheus answers a series that stopped getting samples (within its lookback): the value
+    /// at the evaluation time, and for a dated query its data time `age` back. An undated query
+    /// gets the sample itself dated `age` back (a lagging replica or a stale cache).
     Old { age: Duration, value: String },
 }
 
@@ -450,7 +489,7 @@ struct ProxyState {
 }
 
 /// A proxy in front of a Prometheus (`upstream`, its base URL): every request is forwarded as
-/// it came, unless `inject` set a fault for its `query`.
+/// it came, unless `inject` set a fault for its `query` (as the rules file writes it).
 pub struct PrometheusProxy {
     addr: SocketAddr,
     upstream: String,
@@ -579,7 +618,7 @@ async fn proxy(
 ) -> Response<Full<Bytes>> {
     let path_and_query = req.uri().path_and_query().map(|p| p.as_str().to_string()).unwrap_or_default();
     let recorded = record(req).await;
-    let query = recorded.param("query").unwrap_or_default();
+    let query = recorded.written_query().unwrap_or_default();
     let fault = {
         let mut state = state.lock().expect("proxy state");
         *state.seen.entry(query.clone()).or_default() += 1;
@@ -596,7 +635,11 @@ async fn proxy(
         }
         Some(Injected::Old { age, value }) => {
             let time = recorded.param("time").and_then(|t| t.parse::<f64>().ok()).unwrap_or(0.0);
-            let reply = Reply::vector(time - age.as_secs_f64(), &[value.as_str()]);
+            let reply = if recorded.dated() {
+                Reply::dated(time, value, time - age.as_secs_f64())
+            } else {
+                Reply::vector(time - age.as_secs_f64(), &[value.as_str()])
+            };
             return response(reply.status, reply.content_type, reply.body);
         }
         Some(Injected::Slow(delay)) => tokio::time::sleep(*delay).await,
