@@ -32,6 +32,7 @@ const DATADOG_KEYS: &[&str] = &[
     "timeout",
     "max_in_flight",
     "bad_query_retry",
+    "namespace_budget_percent",
 ];
 const PROMETHEUS_KEYS: &[&str] = &[
     "type",
@@ -115,6 +116,7 @@ fn read_datadog(table: &mut Table<'_>, sink: &mut Sink) -> Option<DatadogBackend
     let timeout = positive_duration_at_most(table, sink, "timeout", MAX_TIMEOUT).unwrap_or(DEFAULT_TIMEOUT);
     let max_in_flight = in_flight(table, sink).unwrap_or(DEFAULT_DATADOG_IN_FLIGHT);
     let bad_query_retry = positive_duration(table, sink, "bad_query_retry").unwrap_or(DEFAULT_BAD_QUERY_RETRY);
+    let namespace_budget_percent = namespace_budget_percent(table, sink);
     if !url_ok || !site_ok {
         return None;
     }
@@ -128,7 +130,22 @@ fn read_datadog(table: &mut Table<'_>, sink: &mut Sink) -> Option<DatadogBackend
         timeout,
         max_in_flight,
         bad_query_retry,
+        namespace_budget_percent: namespace_budget_percent?,
     })
+}
+
+/// `namespace_budget_percent`: 1 to 100 (the default, no bound).
+fn namespace_budget_percent(table: &mut Table<'_>, sink: &mut Sink) -> Option<u32> {
+    let key = "namespace_budget_percent";
+    match table.count(sink, key) {
+        None if table.has(key) => None,
+        None => Some(100),
+        Some(percent @ 1..=100) => Some(percent),
+        Some(other) => {
+            table.report(sink, key, format!("({other}) must be a percentage from 1 to 100"));
+            None
+        }
+    }
 }
 
 fn read_prometheus(table: &mut Table<'_>, sink: &mut Sink) -> Option<PrometheusBackend> {

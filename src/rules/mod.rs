@@ -84,6 +84,9 @@ pub struct DatadogBackend {
     pub max_in_flight: u32,
     /// How long a query Datadog rejected (HTTP 400) is not asked again (default 10 minutes).
     pub bad_query_retry: Duration,
+    /// The largest share of the rate budget, in percent, that the queries of one namespace's
+    /// WPAs may use (default 100: no bound).
+    pub namespace_budget_percent: u32,
 }
 
 /// Where a secret is read from when the daemon starts; never the secret itself.

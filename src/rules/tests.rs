@@ -75,6 +75,7 @@ fn a_valid_file_yields_backends_targets_and_rules() {
             timeout: Duration::from_secs(10),
             max_in_flight: 4,
             bad_query_retry: Duration::from_secs(600),
+            namespace_budget_percent: 100,
         })
     );
     assert_eq!(
@@ -941,6 +942,24 @@ fn bad_query_retry_is_a_positive_duration_of_datadog_backends_only() {
     }
     let problems = problems("[backend.p]\ntype = \"prometheus\"\nurl = \"http://p:9090\"\nbad_query_retry = \"1m\"\n");
     assert!(problems.iter().any(|p| p.contains("backend.p.bad_query_retry")), "{problems:?}");
+}
+
+#[test]
+fn namespace_budget_percent_is_a_percentage_of_datadog_backends_only() {
+    let base = "[backend.dd]\ntype = \"datadog\"\napi_key_env = \"A\"\napp_key_env = \"B\"\n";
+    for (value, expected) in [
+        ("0", "rules.toml:5: backend.dd.namespace_budget_percent (0) must be a percentage from 1 to 100"),
+        ("101", "rules.toml:5: backend.dd.namespace_budget_percent (101) must be a percentage from 1 to 100"),
+        ("\"25%\"", "rules.toml:5: backend.dd.namespace_budget_percent must be a whole number"),
+    ] {
+        let problems = problems(&format!("{base}namespace_budget_percent = {value}\n"));
+        assert!(problems.iter().any(|p| p.starts_with(expected)), "{value}: {problems:?}");
+    }
+    let rules = parse(&format!("{base}namespace_budget_percent = 25\n"));
+    assert!(matches!(&rules.backends["dd"], Backend::Datadog(dd) if dd.namespace_budget_percent == 25));
+    let problems =
+        problems("[backend.p]\ntype = \"prometheus\"\nurl = \"http://p:9090\"\nnamespace_budget_percent = 50\n");
+    assert!(problems.iter().any(|p| p.contains("backend.p.namespace_budget_percent")), "{problems:?}");
 }
 
 #[test]
