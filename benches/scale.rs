@@ -5,6 +5,8 @@
 //!
 //!     cargo bench --bench scale                 # 1,000 and 10,000 autoscalers, large budget
 //!     cargo bench --bench scale -- 1000 budget  # 1,000 on Datadog's default 1,600 requests/hour
+//!     cargo bench --bench scale -- 1000 spread  # 1,000 on 27 requests/minute: a cycle (29
+//!                                               # requests) larger than a window
 //!
 //! A benchmark, not a test: it prints a report (the numbers in BENCHMARKS.md come from it) and
 //! fails only when the harness itself cannot run.
@@ -202,8 +204,46 @@ async fn spec_replicas(api: &Api<Deployment>, name: &str) -> i32 {
     api.get(name).await.ok().and_then(|d| d.spec).and_then(|s| s.replicas).unwrap_or(-1)
 }
 
+/// The budget a cycle of 1,000 autoscalers (29 requests) does not fit in: 27 requests a
+/// minute, about Datadog's default hourly rate in per-minute windows.
+const SPREAD_BUDGET: Budget = Budget { limit: 27, period: Duration::from_secs(60), offset: Duration::ZERO };
+
+/// Over `[from, to]` (the fake's clock): the requests of each calendar window wholly inside it,
+/// and the longest any of the `n` autoscalers went without an answer to its query.
+fn spread_report(datadog: &FakeDatadog, n: usize, from: Duration, to: Duration, period: Duration) -> String {
+    let log = datadog.log();
+    let first = from.as_secs().div_ceil(period.as_secs());
+    let last = to.as_secs() / period.as_secs();
+    let per_window: Vec<usize> =
+        (first..last).map(|w| log.iter().filter(|r| r.window == w && r.status != 429).count()).collect();
+    let mut answered: std::collections::HashMap<&str, Vec<Duration>> = std::collections::HashMap::new();
+    for r in log.iter().filter(|r| r.status == 200 && r.at >= from && r.at <= to) {
+        for q in &r.sub_queries {
+            answered.entry(q.as_str()).or_default().push(r.at);
+        }
+    }
+    let mut largest = Duration::ZERO;
+    for i in 0..n {
+        let mut times = answered.get(query(i).as_str()).cloned().unwrap_or_default();
+        times.sort();
+        let mut previous = from;
+        for at in times.into_iter().chain([to]) {
+            largest = largest.max(at - previous);
+            previous = at;
+        }
+    }
+    format!(
+        "requests per whole {}s window: {per_window:?}; largest age of any autoscaler's data: {:.0}s",
+        period.as_secs(),
+        largest.as_secs_f64()
+    )
+}
+
 async fn scenario(n: usize, budget: Option<Budget>) {
-    let label = if budget.is_some() { "default Datadog budget (1,600/hour)" } else { "large Datadog budget" };
+    let label = match budget {
+        Some(b) => format!("Datadog budget {} requests per {}s", b.limit, b.period.as_secs()),
+        None => "large Datadog budget".to_string(),
+    };
     println!("\n== {n} autoscalers, interval 15s, {label} ==");
     let cluster = KubeCluster::start().await;
     let namespace = cluster.unique_namespace("bench").await;
@@ -268,11 +308,13 @@ async fn scenario(n: usize, budget: Option<Budget>) {
     let requests_before = datadog.requests();
     let evaluations_before = evaluations(&listen).await;
     let measured = Instant::now();
+    let measured_from = datadog.started().elapsed();
     // On the default budget a cycle of 29 requests is admitted about every 75 s: measure
     // over several of those.
     let measured_cycles = if budget.is_some() { MEASURED_CYCLES * 4 } else { MEASURED_CYCLES };
     tokio::time::sleep(INTERVAL * measured_cycles).await;
     let wall = measured.elapsed().as_secs_f64();
+    let measured_to = datadog.started().elapsed();
     let cpu = cpu_seconds(pid) - cpu_before;
     let requests = datadog.requests() - requests_before;
     let evaluations_after = evaluations(&listen).await;
@@ -301,6 +343,9 @@ async fn scenario(n: usize, budget: Option<Budget>) {
         n,
         datadog.count_status(429)
     );
+    if let Some(budget) = budget {
+        println!("{}", spread_report(&datadog, n, measured_from, measured_to, budget.period));
+    }
 
     // Reaction: one autoscaler at a time crosses its high watermark (value 5000 > 1000).
     let api: Api<Deployment> = Api::namespaced(cluster.client(), &namespace);
@@ -352,13 +397,18 @@ fn main() {
         match args.first().map(String::as_str) {
             Some(n) => {
                 let n: usize = n.parse().expect("the number of autoscalers");
-                let budget = args.get(1).is_some_and(|a| a == "budget").then(Budget::default);
+                let budget = match args.get(1).map(String::as_str) {
+                    Some("budget") => Some(Budget::default()),
+                    Some("spread") => Some(SPREAD_BUDGET),
+                    _ => None,
+                };
                 scenario(n, budget).await;
             }
             None => {
                 scenario(1_000, None).await;
                 scenario(10_000, None).await;
                 scenario(1_000, Some(Budget::default())).await;
+                scenario(1_000, Some(SPREAD_BUDGET)).await;
             }
         }
     });

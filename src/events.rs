@@ -6,9 +6,14 @@
 //! folds every event with the same object, reason and action into one series and keeps the
 //! first note, so 27 scales would read as one "New size: 6".
 //!
-//! A stuck autoscaler meets the same failure every interval. An identical failure (same object,
-//! type, reason and message) is sent at most once per `repeat_after`, so a thousand stuck
-//! autoscalers cost the API server nothing between those windows. Scales are never suppressed.
+//! A stuck autoscaler meets the same failure every interval. A failure is sent at most once per
+//! `repeat_after` for the same object, type and reason, whatever its message says: messages carry
+//! values that change from one attempt to the next (durations, resourceVersions, what a server
+//! answered), so keyed on the text an outage would give an Event per autoscaler per cycle. The
+//! Event that does go out carries the latest message. Only a caller whose message names a cause
+//! and nothing that changes by itself ([`Repeats::SuppressSameText`], a rejected spec) has a new
+//! text count as a new failure. A thousand stuck autoscalers cost the API server nothing between
+//! those windows. Scales are never suppressed.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,7 +28,7 @@ use kube::api::{Api, PostParams};
 use kube::Client;
 use tokio::time::Instant;
 
-/// Identical failure events are sent again after this long.
+/// A failure event with the same object and reason is sent again after this long.
 pub const DEFAULT_REPEAT_AFTER: Duration = Duration::from_secs(300);
 /// Bounds the memory of sent events; older entries are dropped first.
 const MAX_REMEMBERED: usize = 10_000;
@@ -36,21 +41,39 @@ pub enum EventType {
     Warning,
 }
 
-/// Whether identical repeats of an event are worth sending.
+/// Whether repeats of an event are worth sending.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Repeats {
     /// Each one is history (a scale): always sent.
     Keep,
-    /// A condition that persists (a failure): once per `repeat_after`.
+    /// A condition that persists (a failure): once per `repeat_after` for the object and
+    /// reason, whatever the message says.
     Suppress,
+    /// As `Suppress`, for a message that changes only when its cause does (the errors of a
+    /// rejected spec): a different message is sent at once.
+    SuppressSameText,
 }
 
+/// What makes two failures the same for suppression: the object, the type and the reason, and
+/// for [`Repeats::SuppressSameText`] the message.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct EventKey {
     object: (Option<String>, Option<String>, Option<String>, Option<String>),
     warning: bool,
     reason: String,
-    note: String,
+    /// Only with [`Repeats::SuppressSameText`].
+    stable_note: Option<String>,
+}
+
+impl EventKey {
+    fn of(object: &ObjectReference, type_: EventType, reason: &str, note: &str, repeats: Repeats) -> EventKey {
+        EventKey {
+            object: (object.api_version.clone(), object.kind.clone(), object.namespace.clone(), object.name.clone()),
+            warning: type_ == EventType::Warning,
+            reason: reason.to_string(),
+            stable_note: (repeats == Repeats::SuppressSameText).then(|| note.to_string()),
+        }
+    }
 }
 
 /// Decides which events go out: the first of a kind, then again only after `repeat_after`.
@@ -85,7 +108,7 @@ impl Suppressor {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Published {
     Sent,
-    /// The same failure was sent less than `repeat_after` ago.
+    /// The same failure (object and reason) was sent less than `repeat_after` ago.
     Suppressed,
 }
 
@@ -119,18 +142,8 @@ impl EventPublisher {
         action: &str,
         repeats: Repeats,
     ) -> Result<Published, kube::Error> {
-        if repeats == Repeats::Suppress {
-            let key = EventKey {
-                object: (
-                    object.api_version.clone(),
-                    object.kind.clone(),
-                    object.namespace.clone(),
-                    object.name.clone(),
-                ),
-                warning: type_ == EventType::Warning,
-                reason: reason.to_string(),
-                note: note.to_string(),
-            };
+        if repeats != Repeats::Keep {
+            let key = EventKey::of(object, type_, reason, note, repeats);
             let admitted = match self.suppressor.lock() {
                 Ok(mut suppressor) => suppressor.admit(key, Instant::now()),
                 // A panic elsewhere poisoned the lock: sending a duplicate beats losing the event.
@@ -200,26 +213,52 @@ fn truncate(text: &str, max_bytes: usize) -> String {
 mod tests {
     use super::*;
 
-    fn key(reason: &str, note: &str) -> EventKey {
-        EventKey {
-            object: (Some("apps/v1".into()), Some("Deployment".into()), Some("prod".into()), Some("billing".into())),
-            warning: true,
-            reason: reason.into(),
-            note: note.into(),
+    fn billing() -> ObjectReference {
+        ObjectReference {
+            api_version: Some("apps/v1".into()),
+            kind: Some("Deployment".into()),
+            namespace: Some("prod".into()),
+            name: Some("billing".into()),
+            ..ObjectReference::default()
         }
     }
 
+    fn key(reason: &str, note: &str) -> EventKey {
+        EventKey::of(&billing(), EventType::Warning, reason, note, Repeats::Suppress)
+    }
+
     #[test]
-    fn identical_events_are_sent_once_per_window() {
+    fn failures_of_one_reason_are_sent_once_per_window_whatever_their_text() {
         let start = Instant::now();
         let mut s = Suppressor::new(Duration::from_secs(300));
-        assert!(s.admit(key("FailedGetMetrics", "timeout"), start));
-        assert!(!s.admit(key("FailedGetMetrics", "timeout"), start + Duration::from_secs(15)));
-        assert!(!s.admit(key("FailedGetMetrics", "timeout"), start + Duration::from_secs(299)));
-        // A different message or reason is a different event.
-        assert!(s.admit(key("FailedGetMetrics", "no data"), start + Duration::from_secs(20)));
-        assert!(s.admit(key("FailedScale", "timeout"), start + Duration::from_secs(20)));
-        assert!(s.admit(key("FailedGetMetrics", "timeout"), start + Duration::from_secs(300)));
+        assert!(s.admit(key("FailedGetScale", "cannot scale: no answer within 4.2s"), start));
+        // An outage: every cycle's message carries its own duration, resourceVersion or body.
+        for cycle in 1..=299u64 {
+            let note =
+                format!("cannot scale: no answer within {}.{}s (resourceVersion {})", cycle % 7, cycle, 1000 + cycle);
+            assert!(!s.admit(key("FailedGetScale", &note), start + Duration::from_secs(cycle)), "cycle {cycle}");
+        }
+        // Another reason, another object or the other type is another failure.
+        assert!(s.admit(key("FailedRescale", "timeout"), start + Duration::from_secs(20)));
+        let other = ObjectReference { name: Some("search".into()), ..billing() };
+        let other = EventKey::of(&other, EventType::Warning, "FailedGetScale", "timeout", Repeats::Suppress);
+        assert!(s.admit(other, start + Duration::from_secs(20)));
+        let normal = EventKey::of(&billing(), EventType::Normal, "FailedGetScale", "timeout", Repeats::Suppress);
+        assert!(s.admit(normal, start + Duration::from_secs(20)));
+        // After the window, the failure (with its latest text) goes out again.
+        assert!(s.admit(key("FailedGetScale", "cannot scale: connection refused"), start + Duration::from_secs(300)));
+    }
+
+    #[test]
+    fn a_stable_text_that_changes_is_a_new_failure() {
+        let start = Instant::now();
+        let mut s = Suppressor::new(Duration::from_secs(300));
+        let rejected = |note: &str| {
+            EventKey::of(&billing(), EventType::Warning, "FailedSpecCheck", note, Repeats::SuppressSameText)
+        };
+        assert!(s.admit(rejected("spec.maxReplicas: missing"), start));
+        assert!(!s.admit(rejected("spec.maxReplicas: missing"), start + Duration::from_secs(15)));
+        assert!(s.admit(rejected("spec.metrics[0].type: unknown"), start + Duration::from_secs(30)));
     }
 
     #[test]
@@ -227,7 +266,7 @@ mod tests {
         let start = Instant::now();
         let mut s = Suppressor::new(Duration::from_secs(1));
         for i in 0..(MAX_REMEMBERED + 10) {
-            s.admit(key("R", &i.to_string()), start + Duration::from_secs(i as u64 * 2));
+            s.admit(key(&format!("R{i}"), "text"), start + Duration::from_secs(i as u64 * 2));
         }
         assert!(s.sent.len() <= MAX_REMEMBERED);
     }

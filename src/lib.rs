@@ -9,6 +9,7 @@ pub mod cli_docs;
 pub mod crd;
 pub mod decide;
 pub mod events;
+pub mod instant;
 pub mod lease;
 pub mod query;
 pub mod rbac;

@@ -223,5 +223,8 @@ fn write_answer(out: &mut impl Write, answer: &MetricAnswer<'_>, now: Timestamp)
     for warning in &detail.warnings {
         writeln!(out, "    warning: {warning}")?;
     }
+    if let Some(why) = &detail.partial {
+        writeln!(out, "    partial (may scale up, never down): {why}")?;
+    }
     Ok(())
 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::crd::{check_tls_dir, AllowedUrl, RecommenderPolicy, ALLOWED_URLS_SETTING, TLS_DIR_SETTING};
 use crate::lease::{self, LeaseSettings};
 use crate::telemetry::{LabelsAsTags, ListenerLimits};
 
@@ -70,6 +71,10 @@ pub struct Settings {
     /// The WPA labels exported on `wpa_controller_labels_info` (the Datadog controller's
     /// `DD_LABELS_AS_TAGS`).
     pub labels_as_tags: LabelsAsTags,
+    /// The recommender URLs a WPA may use (`recommender_allowed_urls`) and the directory its TLS
+    /// files must be in (`recommender_tls_dir`); by default none. Rules-file autoscalers are
+    /// the operator's own and not limited by it.
+    pub recommender_policy: RecommenderPolicy,
 }
 
 /// The file/environment layer. Every field is optional so that a layer only says what it sets.
@@ -94,6 +99,8 @@ struct Layer {
     default_backend: Option<String>,
     cluster_name: Option<String>,
     labels_as_tags: Option<StringList>,
+    recommender_allowed_urls: Option<StringList>,
+    recommender_tls_dir: Option<PathBuf>,
     lease: Option<LeaseLayer>,
 }
 
@@ -312,6 +319,8 @@ impl Settings {
                 .unwrap_or_default(),
         };
         let labels_as_tags = LabelsAsTags::new(&labels_as_tags).map_err(SettingsError::Invalid)?;
+        let recommender_policy =
+            recommender_policy(layer.recommender_allowed_urls.map(StringList::into_vec), layer.recommender_tls_dir)?;
         let crd = args.crd || layer.crd.unwrap_or(false);
         let reload_poll = duration("reload_poll", layer.reload_poll, Duration::from_secs(1))?;
         let Some(rules) = args.rules.clone().or(layer.rules) else {
@@ -340,6 +349,7 @@ impl Settings {
             cluster_name: layer.cluster_name.filter(|name| !name.is_empty()).or_else(|| env.cluster_name.clone()),
             lease,
             labels_as_tags,
+            recommender_policy,
         })
     }
 }
@@ -375,12 +385,45 @@ fn listen_limits(layer: &Layer) -> Result<ListenerLimits, SettingsError> {
     Ok(ListenerLimits { max_connections, header_timeout, connection_timeout })
 }
 
-fn duration(field: &str, text: Option<String>, default: Duration) -> Result<Duration, SettingsError> {
-    match text {
-        None => Ok(default),
-        Some(text) => humantime::parse_duration(text.trim())
-            .map_err(|e| SettingsError::Invalid(format!("{field}: {text:?} is not a duration like 15s ({e})"))),
+/// The longest duration a setting takes (intervals, lease times, the reload poll): a day, as
+/// for the rules file's durations, so that no time computed from one can overflow.
+const MAX_SETTING_DURATION: Duration = Duration::from_secs(86_400);
+
+/// `recommender_allowed_urls` (each an origin with an optional path prefix) and
+/// `recommender_tls_dir` (an absolute path; that it exists is the pod's business, checked when
+/// a file in it is read).
+fn recommender_policy(
+    allowed: Option<Vec<String>>,
+    tls_dir: Option<PathBuf>,
+) -> Result<RecommenderPolicy, SettingsError> {
+    let allowed = allowed
+        .unwrap_or_default()
+        .iter()
+        .enumerate()
+        .map(|(index, entry)| {
+            AllowedUrl::parse(entry)
+                .map_err(|why| SettingsError::Invalid(format!("{ALLOWED_URLS_SETTING}[{index}] {why}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let tls_dir = tls_dir.filter(|dir| !dir.as_os_str().is_empty());
+    if let Some(dir) = &tls_dir {
+        check_tls_dir(dir).map_err(|why| SettingsError::Invalid(format!("{TLS_DIR_SETTING}: {why}")))?;
     }
+    Ok(RecommenderPolicy::new(allowed, tls_dir))
+}
+
+fn duration(field: &str, text: Option<String>, default: Duration) -> Result<Duration, SettingsError> {
+    let Some(text) = text else { return Ok(default) };
+    let value = humantime::parse_duration(text.trim())
+        .map_err(|e| SettingsError::Invalid(format!("{field}: {text:?} is not a duration like 15s ({e})")))?;
+    if value > MAX_SETTING_DURATION {
+        return Err(SettingsError::Invalid(format!(
+            "{field}: {text:?} must be at most {} ({}s)",
+            humantime::format_duration(MAX_SETTING_DURATION),
+            MAX_SETTING_DURATION.as_secs()
+        )));
+    }
+    Ok(value)
 }
 
 #[cfg(test)]
@@ -469,6 +512,11 @@ mod tests {
         for (text, field) in [
             ("rules = \"r\"\ndefault_interval = \"soon\"\n", "default_interval"),
             ("rules = \"r\"\ndefault_interval = \"500ms\"\n", "default_interval"),
+            (
+                "rules = \"r\"\ndefault_interval = \"2days\"\n",
+                "default_interval: \"2days\" must be at most 1day (86400s)",
+            ),
+            ("rules = \"r\"\nreload_poll = \"9999999999999s\"\n", "reload_poll"),
             ("rules = \"r\"\nlisten = \"everywhere\"\n", "listen"),
             ("rules = \"r\"\n[lease]\nduration = \"5s\"\n", "lease.renew_deadline"),
             ("rules = \"r\"\nmax_concurrency = 0\n", "max_concurrency"),
@@ -533,6 +581,44 @@ mod tests {
                 connection_timeout: Duration::from_secs(30)
             }
         );
+    }
+
+    #[test]
+    fn recommender_limits_come_from_the_file_or_the_environment_and_are_checked() {
+        let (_dir, args) = args_with_file("rules = \"r.toml\"\n");
+        let settings = Settings::load(&args, &env(&[])).expect("valid");
+        assert_eq!(settings.recommender_policy, RecommenderPolicy::default(), "none allowed by default");
+        assert!(settings.recommender_policy.url_problem("http://reco/").is_some());
+
+        let tls = tempfile::tempdir().expect("temp dir");
+        let (_dir, args) = args_with_file(&format!(
+            "rules = \"r.toml\"\nrecommender_allowed_urls = [\"https://reco.svc:8443/api\"]\n\
+             recommender_tls_dir = \"{}\"\n",
+            tls.path().display()
+        ));
+        let policy = Settings::load(&args, &env(&[])).expect("valid").recommender_policy;
+        assert_eq!(policy.url_problem("https://reco.svc:8443/api/recommend"), None);
+        assert!(policy.url_problem("https://reco.svc:8443/admin").is_some());
+        assert_eq!(policy.tls_dir(), Some(tls.path()));
+
+        let (_dir, args) = args_with_file("rules = \"r.toml\"\n");
+        let from_env = [("WATERMARKD__RECOMMENDER_ALLOWED_URLS", "http://a.svc, https://b.svc/x")];
+        let policy = Settings::load(&args, &env(&from_env)).expect("valid").recommender_policy;
+        assert_eq!((policy.url_problem("http://a.svc/r"), policy.url_problem("https://b.svc/x/r")), (None, None));
+
+        for (text, expected) in [
+            ("recommender_allowed_urls = [\"https://a\", \"reco:80\"]", "recommender_allowed_urls[1] must start with"),
+            (
+                "recommender_allowed_urls = [\"https://u:p@a\"]",
+                "recommender_allowed_urls[0] must not carry credentials",
+            ),
+            ("recommender_tls_dir = \"certs\"", "recommender_tls_dir: certs must be an absolute path"),
+            ("recommender_tls_dir = \"/a/../certs\"", "recommender_tls_dir: /a/../certs must not contain \"..\""),
+        ] {
+            let (_dir, args) = args_with_file(&format!("rules = \"r.toml\"\n{text}\n"));
+            let err = Settings::load(&args, &env(&[])).expect_err(text).to_string();
+            assert!(err.contains(expected), "{text}: {err}");
+        }
     }
 
     #[test]

@@ -530,6 +530,13 @@ fn an_existing_configmap_replaces_ours_and_the_settings_move_to_the_environment(
     assert!(settings.dry_run);
     assert_eq!(settings.max_concurrency, 16);
     assert_eq!(settings.cluster_name.as_deref(), Some("eu-1"));
+    let policy = &settings.recommender_policy;
+    assert_eq!(
+        (policy.url_problem("https://reco.svc:8443/r"), policy.url_problem("http://reco.team-a/api/r")),
+        (None, None)
+    );
+    assert!(policy.url_problem("http://reco.team-a/admin").is_some());
+    assert_eq!(policy.tls_dir(), Some(std::path::Path::new("/etc/watermarkd-tls")));
 }
 
 #[test]

@@ -25,8 +25,8 @@ use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind,
 use kube_cluster::KubeCluster;
 use serde_json::{json, Value};
 use watermarkd::crd::{
-    custom_resource_definition, map_wpa, next_status, status_changed, MapError, MappingOptions, NoDatadogMetrics,
-    ScaleWrite, WatermarkPodAutoscaler,
+    custom_resource_definition, map_wpa, next_status, status_changed, AllowedUrl, MapError, MappingOptions,
+    NoDatadogMetrics, RecommenderPolicy, ScaleWrite, WatermarkPodAutoscaler,
 };
 use watermarkd::rules::load_rules;
 use watermarkd_engine::{decide, Action, ConvergeTowards, Decimal, Reading, State, Target, Timestamp};
@@ -51,8 +51,10 @@ fn wpa(name: &str) -> WatermarkPodAutoscaler {
     serde_yaml_ng::from_str(&fixture(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
+/// The Datadog recommender sample's URL is allowed, as an operator running it would allow it.
 fn options() -> MappingOptions {
-    MappingOptions::new("dd")
+    let allowed = AllowedUrl::parse("http://recommender:8080").unwrap();
+    MappingOptions::new("dd").with_recommender_policy(RecommenderPolicy::new(vec![allowed], None))
 }
 
 #[test]

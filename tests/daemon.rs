@@ -63,6 +63,16 @@ async fn events_about(cluster: &KubeCluster, namespace: &str, name: &str) -> Vec
     list.items.into_iter().filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)).collect()
 }
 
+/// Ok when `name` has a Warning event with `reason`; else the events it has.
+async fn warned(cluster: &KubeCluster, namespace: &str, name: &str, reason: &str) -> Result<(), String> {
+    let events = events_about(cluster, namespace, name).await;
+    if events.iter().any(|e| e.type_.as_deref() == Some("Warning") && e.reason.as_deref() == Some(reason)) {
+        Ok(())
+    } else {
+        Err(format!("{events:?}"))
+    }
+}
+
 fn kubeconfig(cluster: &KubeCluster, dir: &Path, token: &str) -> String {
     let path = dir.join("kubeconfig");
     cluster.write_kubeconfig(&path, token);
@@ -179,7 +189,8 @@ async fn a_rules_file_scales_a_deployment_and_a_statefulset_from_prometheus() {
     let state = annotation(cluster, "Deployment", &ns, "web", "watermarkd.io/state").await.expect("state annotation");
     let state: Value = serde_json::from_str(&state).expect("JSON state");
     assert_eq!(state["autoscaler"], "web");
-    assert!(state["state"]["last_scale_time"].is_string(), "{state}");
+    assert_eq!(state["v"], 2, "the current, compact format: {state}");
+    assert!(state["state"]["last_scale"].is_i64(), "in Unix milliseconds: {state}");
 
     let events = eventually!(Duration::from_secs(10), "a scaling event", {
         let events = events_about(cluster, &ns, "web").await;
@@ -433,7 +444,7 @@ async fn scale_to_zero_wakes_on_activation_and_sleeps_after_the_delay() {
     cluster.set_workload_status("Deployment", &ns, "worker", 0, 0).await;
     let state = annotation(cluster, "Deployment", &ns, "worker", "watermarkd.io/state").await.expect("state");
     let state: Value = serde_json::from_str(&state).expect("JSON state");
-    assert!(state["state"]["zero"]["scaled_to_zero_at"].is_string(), "recorded as this rule's zero: {state}");
+    assert!(state["state"]["scaled_to_zero_at"].is_i64(), "recorded as this rule's zero: {state}");
 
     // Exactly at the activation is not above it: it sleeps on.
     exporter.set("load 5\n");
@@ -820,6 +831,55 @@ async fn a_reload_whose_new_secret_cannot_be_read_keeps_the_running_backend() {
     assert!(daemon.terminate(Duration::from_secs(15)), "a clean exit on SIGTERM");
 }
 
+/// A reload with an interval no clock can add (it once passed validation and then overflowed the
+/// scheduler's time addition, killing the daemon): refused with its position, counted as a failed
+/// reload, and the previous rules keep scaling.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_with_an_unbounded_interval_fails_and_the_old_rules_keep_running() {
+    let cluster = KubeCluster::shared();
+    let setup = Setup::start("e2e-bounds", "web", 2, "load 8\n", |r| r).await;
+    let mut daemon = DaemonProcess::start(&setup.args(&["--no-leader-election"]), &[("WATERMARKD__RELOAD_POLL", "1h")]);
+    daemon.wait_ready(STARTUP).await;
+    eventually!(Duration::from_secs(10), "web evaluated", {
+        match daemon.sample("wpa_controller_max_replicas", &[("wpa_name", "web")]).await {
+            Some(10.0) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    });
+
+    let unbounded = setup.valid_rules.replace("interval = \"1s\"", "interval = 9223372036854775807");
+    assert_ne!(unbounded, setup.valid_rules);
+    write(&setup.config, &unbounded);
+    daemon.hangup();
+    eventually!(Duration::from_secs(10), "the failed reload counted", {
+        let failures = daemon.sample("watermarkd_config_reloads_total", &[("result", "failure")]).await;
+        match failures {
+            Some(v) if v >= 1.0 => Ok(()),
+            other => Err(format!("{other:?}; exited: {:?}; log:\n{}", daemon.exited(), daemon.log())),
+        }
+    });
+    assert_eq!(daemon.sample("watermarkd_config_last_reload_successful", &[]).await, Some(0.0));
+    let line = unbounded.lines().position(|l| l.starts_with("interval")).expect("the interval") + 1;
+    let problem =
+        format!("line {line}: autoscaler \"web\": interval (9223372036854775807) must be at most 1day (86400s)");
+    let log = daemon.log();
+    assert!(log.contains(&problem), "the problem with its position; log:\n{log}");
+    assert!(log.contains(&setup.config.display().to_string()), "and its file; log:\n{log}");
+
+    // The old rules still run: over the watermark, web scales.
+    setup.exporter.set("load 30\n");
+    eventually!(Duration::from_secs(15), "old rules still scale", {
+        let replicas = spec_replicas(cluster, "Deployment", &setup.ns, "web").await;
+        if replicas > 2 {
+            Ok(())
+        } else {
+            Err(format!("{replicas} replicas"))
+        }
+    });
+    assert_eq!(daemon.exited(), None, "the daemon runs on");
+    assert!(daemon.terminate(Duration::from_secs(15)), "a clean exit on SIGTERM");
+}
+
 /// The series of the autoscaler `worker` in a /metrics text, but its labels-as-tags info
 /// series (which has no `dry_run`): (family, value of the `dry_run` label), sorted.
 fn worker_series(text: &str) -> Vec<(String, String)> {
@@ -1019,15 +1079,7 @@ async fn wpa_objects_scale_their_targets_and_report_in_their_status() {
     let message = condition(&status, "AbleToScale").and_then(|c| c["message"].as_str()).unwrap_or_default();
     assert!(message.contains("lowWatermark"), "names the field: {message}");
     eventually!(Duration::from_secs(10), "a Warning event on the invalid WPA", {
-        let events = events_about(cluster, &ns, "upside-down").await;
-        if events
-            .iter()
-            .any(|e| e.type_.as_deref() == Some("Warning") && e.reason.as_deref() == Some("FailedSpecCheck"))
-        {
-            Ok(())
-        } else {
-            Err(format!("{events:?}"))
-        }
+        warned(cluster, &ns, "upside-down", "FailedSpecCheck").await
     });
     eventually!(Duration::from_secs(10), "the missing target on the WPA", {
         let status = wpa_status(cluster, &ns, "nowhere").await;
@@ -1038,6 +1090,92 @@ async fn wpa_objects_scale_their_targets_and_report_in_their_status() {
     });
     assert!(!daemon.log().contains(fake_datadog::API_KEY), "the key never reaches the log");
     assert!(!daemon.metrics().await.contains(fake_datadog::API_KEY), "nor the metrics");
+    assert_eq!(daemon.exited(), None, "the daemon runs on");
+}
+
+/// A WPA on `target` with the watermarks 1..2 on `load{app:TARGET}`, `max` replicas, and
+/// forbidden windows of a second.
+fn wpa_on(name: &str, target: &str, max: u32) -> String {
+    format!(
+        r#"{{"apiVersion": "datadoghq.com/v1alpha1", "kind": "WatermarkPodAutoscaler",
+            "metadata": {{"name": "{name}"}},
+            "spec": {{"maxReplicas": {max}, "minReplicas": 1,
+                "upscaleForbiddenWindowSeconds": 1, "downscaleForbiddenWindowSeconds": 1,
+                "scaleTargetRef": {{"kind": "Deployment", "apiVersion": "apps/v1", "name": "{target}"}},
+                "metrics": [{{"type": "External",
+                    "external": {{"highWatermark": "2", "lowWatermark": "1", "metricName": "load",
+                        "metricSelector": {{"matchLabels": {{"app": "{target}"}}}}}}}}]}}}}"#
+    )
+}
+
+/// Two active WPAs on one Deployment: the older runs and scales it, the newer one says in its
+/// status and a Warning event that it waits for it (and why), and runs once the older is deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn of_two_wpas_on_one_target_the_older_runs_and_the_other_waits_for_it() {
+    let cluster = KubeCluster::shared();
+    install_wpa_crd(cluster).await;
+    let ns = cluster.unique_namespace("e2e-conflict").await;
+    cluster.create_deployment(&ns, "web", 1).await;
+    cluster.set_workload_status("Deployment", &ns, "web", 1, 1).await;
+    let datadog = fake_datadog::FakeDatadog::start().await;
+    datadog
+        .set("avg:load{app:web}.rollup(30)", fake_datadog::Behavior::Series(fake_datadog::SeriesSpec::constant(10.0)));
+    // The older is named last, so that its age, not its name, makes it the one that runs.
+    apply_wpa(cluster, &ns, &wpa_on("zz-older", "web", 4)).await;
+    // creationTimestamp counts whole seconds.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    apply_wpa(cluster, &ns, &wpa_on("aa-newer", "web", 3)).await;
+
+    let crd_mode = CrdMode::new(cluster, &datadog, &ns);
+    let mut daemon = DaemonProcess::start(&crd_mode.args(), &CrdMode::ENV);
+    daemon.wait_ready(STARTUP).await;
+
+    let status = eventually!(Duration::from_secs(15), "the newer WPA's TargetConflict condition", {
+        let status = wpa_status(cluster, &ns, "aa-newer").await;
+        match condition(&status, "ScalingActive") {
+            Some(c) if c["reason"] == "TargetConflict" => Ok(status.clone()),
+            _ => Err(status.to_string()),
+        }
+    });
+    let active = condition(&status, "ScalingActive").expect("ScalingActive");
+    assert_eq!(active["status"], "False", "{status}");
+    let message = active["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(&format!("Deployment {ns}/web is already scaled by WatermarkPodAutoscaler {ns}/zz-older")),
+        "names the target and the one that runs: {message}"
+    );
+    eventually!(Duration::from_secs(10), "a TargetConflict Warning event on the newer WPA", {
+        warned(cluster, &ns, "aa-newer", "TargetConflict").await
+    });
+    eventually!(Duration::from_secs(15), "the older WPA scaled web up to its own maximum", {
+        let replicas = spec_replicas(cluster, "Deployment", &ns, "web").await;
+        let older = wpa_status(cluster, &ns, "zz-older").await;
+        if replicas == 4 && older["lastScaleTime"].is_string() {
+            Ok(())
+        } else {
+            Err(format!("{replicas} replicas; {older}"))
+        }
+    });
+
+    // The older one goes: the newer one runs, with nothing changed on it.
+    let api: Api<DynamicObject> = Api::namespaced_with(cluster.client(), &ns, &wpa_resource());
+    api.delete("zz-older", &kube::api::DeleteParams::default()).await.expect("delete the older WPA");
+    eventually!(Duration::from_secs(15), "the newer WPA runs", {
+        let status = wpa_status(cluster, &ns, "aa-newer").await;
+        match condition(&status, "ScalingActive") {
+            Some(c) if c["status"] == "True" => Ok(()),
+            _ => Err(status.to_string()),
+        }
+    });
+    // It runs on its own rule: its maximum (3) is below the replicas, so it brings them down.
+    eventually!(Duration::from_secs(15), "web within the newer WPA's maximum", {
+        let replicas = spec_replicas(cluster, "Deployment", &ns, "web").await;
+        if replicas == 3 {
+            Ok(())
+        } else {
+            Err(format!("{replicas} replicas"))
+        }
+    });
     assert_eq!(daemon.exited(), None, "the daemon runs on");
 }
 
@@ -1153,7 +1291,13 @@ async fn a_wpa_with_a_recommender_scales_to_its_answer_and_holds_when_it_fails()
     apply_wpa(cluster, &ns, &sample).await;
     let datadog = fake_datadog::FakeDatadog::start().await;
     let crd_mode = CrdMode::new(cluster, &datadog, &ns);
-    let env = [CrdMode::ENV[0], CrdMode::ENV[1], ("K8S_CLUSTER_NAME", "e2e-cluster")];
+    // The operator allows this recommender (by default WPAs may use none).
+    let env = [
+        CrdMode::ENV[0],
+        CrdMode::ENV[1],
+        ("K8S_CLUSTER_NAME", "e2e-cluster"),
+        ("WATERMARKD__RECOMMENDER_ALLOWED_URLS", recommender.url.as_str()),
+    ];
     let mut daemon = DaemonProcess::start(&crd_mode.args(), &env);
     daemon.wait_ready(STARTUP).await;
 
@@ -1221,12 +1365,100 @@ async fn a_wpa_with_a_recommender_scales_to_its_answer_and_holds_when_it_fails()
         let events = events_about(cluster, &ns, "recommended").await;
         let failed = events.iter().find(|e| e.reason.as_deref() == Some("FailedGetMetrics"));
         match failed.and_then(|e| e.note.clone()) {
-            Some(note) if note.contains("HTTP 500 (recommender overloaded)") => Ok(()),
+            // The status code, never what the server said.
+            Some(note) if note.contains("HTTP 500 (Internal Server Error)") && !note.contains("overloaded") => Ok(()),
             _ => Err(format!("{events:?}")),
         }
     });
     let client = [("client", recommender.url.as_str()), ("method", "post"), ("code", "500")];
     assert!(daemon.sample("http_client_requests_total", &client).await >= Some(1.0), "{}", daemon.metrics().await);
     assert_eq!(spec_replicas(cluster, "Deployment", &ns, "web").await, 6, "a failed recommender holds");
+    assert_eq!(daemon.exited(), None, "the daemon runs on");
+}
+
+/// CRD mode: a WPA may only send recommender requests where the operator allows
+/// (`recommender_allowed_urls`): another url is refused with a condition and an Event that name
+/// the field and the setting, and nothing is sent there. Recommenders that come and go with
+/// their WPAs leave no `http_client_*` series behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wpa_recommenders_are_refused_unless_allowed_and_leave_no_series_when_deleted() {
+    let cluster = KubeCluster::shared();
+    install_wpa_crd(cluster).await;
+    let ns = cluster.unique_namespace("e2e-wpa-reco-churn").await;
+    let recommender = fake_recommender::FakeRecommender::start().await;
+    let elsewhere = fake_recommender::FakeRecommender::start().await;
+    let wpa = |name: &str, target: &str, url: &str| {
+        format!(
+            r#"{{"apiVersion": "datadoghq.com/v1alpha1", "kind": "WatermarkPodAutoscaler",
+                "metadata": {{"name": "{name}"}},
+                "spec": {{"maxReplicas": 9, "minReplicas": 2,
+                    "scaleTargetRef": {{"kind": "Deployment", "apiVersion": "apps/v1", "name": "{target}"}},
+                    "recommender": {{"url": "{url}", "targetType": "load", "highWatermark": "400m"}}}}}}"#
+        )
+    };
+    cluster.create_deployment(&ns, "refused", 4).await;
+    cluster.set_workload_status("Deployment", &ns, "refused", 4, 4).await;
+    apply_wpa(cluster, &ns, &wpa("refused", "refused", &elsewhere.url)).await;
+    let churned: Vec<String> = (0..4).map(|i| format!("{}/{i}", recommender.url)).collect();
+    for (i, url) in churned.iter().enumerate() {
+        let name = format!("churn-{i}");
+        cluster.create_deployment(&ns, &name, 4).await;
+        cluster.set_workload_status("Deployment", &ns, &name, 4, 4).await;
+        apply_wpa(cluster, &ns, &wpa(&name, &name, url)).await;
+    }
+    let datadog = fake_datadog::FakeDatadog::start().await;
+    let crd_mode = CrdMode::new(cluster, &datadog, &ns);
+    let env = [CrdMode::ENV[0], CrdMode::ENV[1], ("WATERMARKD__RECOMMENDER_ALLOWED_URLS", recommender.url.as_str())];
+    let mut daemon = DaemonProcess::start(&crd_mode.args(), &env);
+    daemon.wait_ready(STARTUP).await;
+
+    let status = eventually!(Duration::from_secs(15), "the refused WPA's status", {
+        let status = wpa_status(cluster, &ns, "refused").await;
+        match condition(&status, "AbleToScale") {
+            Some(c) if c["reason"] == "FailedSpecCheck" => Ok(status.clone()),
+            _ => Err(status.to_string()),
+        }
+    });
+    let message = condition(&status, "AbleToScale").and_then(|c| c["message"].as_str()).unwrap_or_default();
+    assert!(
+        message.contains("spec.recommender.url") && message.contains("recommender_allowed_urls"),
+        "names the field and the setting: {message}"
+    );
+    eventually!(Duration::from_secs(10), "a Warning event on the refused WPA", {
+        let events = events_about(cluster, &ns, "refused").await;
+        let refused = events.iter().find(|e| e.type_.as_deref() == Some("Warning"));
+        match refused.and_then(|e| e.note.clone()) {
+            Some(note) if note.contains("refused") && note.contains("recommender_allowed_urls") => Ok(()),
+            _ => Err(format!("{events:?}")),
+        }
+    });
+
+    let client_series = |text: &str, url: &str| {
+        let label = format!("client=\"{url}\"");
+        text.lines().filter(|l| l.starts_with("http_client_") && l.contains(&label)).count()
+    };
+    eventually!(Duration::from_secs(20), "every churned recommender asked", {
+        let text = daemon.metrics().await;
+        let missing: Vec<&String> = churned.iter().filter(|url| client_series(&text, url) == 0).collect();
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("no series for {missing:?}"))
+        }
+    });
+    let api: Api<DynamicObject> = Api::namespaced_with(cluster.client(), &ns, &wpa_resource());
+    for i in 0..churned.len() {
+        api.delete(&format!("churn-{i}"), &Default::default()).await.expect("delete WPA");
+    }
+    eventually!(Duration::from_secs(15), "no series left for the deleted WPAs' recommenders", {
+        let text = daemon.metrics().await;
+        let left: Vec<&String> = churned.iter().filter(|url| client_series(&text, url) > 0).collect();
+        if left.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("series left for {left:?}"))
+        }
+    });
+    assert!(elsewhere.requests().is_empty(), "nothing was sent where the operator did not allow");
     assert_eq!(daemon.exited(), None, "the daemon runs on");
 }

@@ -57,6 +57,7 @@ fn config_for(url: &str, keys: &TempDir) -> DatadogBackend {
         max_in_flight: 4,
         bad_query_retry: Duration::from_secs(600),
         allow_insecure_http: false,
+        namespace_budget_percent: 100,
     }
 }
 
@@ -1011,4 +1012,176 @@ async fn a_redirect_to_another_origin_is_not_followed_with_the_keys() {
         assert!(headers.get("dd-api-key").is_none() && headers.get("dd-application-key").is_none(), "{headers:?}");
     }
     assert!(elsewhere.requests().is_empty(), "the other origin is not asked at all");
+}
+
+/// What a run of `spread_run` saw.
+struct SpreadRun {
+    /// Requests counted in each calendar window (the last one may be partial).
+    per_window: Vec<(u64, u64)>,
+    /// Per autoscaler: the longest time its data went unrefreshed (from the start, and between
+    /// two values).
+    oldest: Vec<Duration>,
+    /// Autoscalers that never got a value.
+    never: usize,
+    /// The `stretched_interval_seconds` gauge at the end.
+    stretched: i64,
+    asks_with_values: usize,
+}
+
+/// `autoscalers` distinct queries asked every 15 s for `duration` of paused time against a
+/// fake whose budget is `limit` requests per `period`, by one client that knows nothing of the
+/// budget at first.
+async fn spread_run(limit: u64, period: u64, autoscalers: usize, duration: Duration) -> SpreadRun {
+    spread_run_by_namespace(limit, period, autoscalers, duration, 100, |_| None).await
+}
+
+/// `spread_run` where autoscaler `i` belongs to namespace `owner(i)` and each namespace may use
+/// `percent` of the budget.
+async fn spread_run_by_namespace(
+    limit: u64,
+    period: u64,
+    autoscalers: usize,
+    duration: Duration,
+    percent: u32,
+    owner: fn(usize) -> Option<&'static str>,
+) -> SpreadRun {
+    let fake =
+        FakeDatadog::with_budget(Budget { limit, period: Duration::from_secs(period), offset: Duration::ZERO }).await;
+    let s = setup_with(&fake.url, API_KEY, APP_KEY, |c| c.namespace_budget_percent = percent);
+    let texts: Vec<String> = (0..autoscalers).map(realistic_query).collect();
+    let queries = qs(&texts);
+    let owners: Vec<Option<&str>> = (0..autoscalers).map(owner).collect();
+    let start = Instant::now();
+    let mut last_value = vec![None::<Duration>; autoscalers];
+    let mut oldest = vec![Duration::ZERO; autoscalers];
+    let mut asks_with_values = 0;
+    let interval = Duration::from_secs(15);
+    let mut ask = 0u32;
+    while interval * ask < duration {
+        tokio::time::sleep_until(start + interval * ask).await;
+        let out = s.client.evaluate_for(&queries, &owners, now_since(start), by(&s.client)).await;
+        let at = start.elapsed();
+        let mut any = false;
+        for (i, o) in out.iter().enumerate() {
+            match (&o.reading, &o.detail.error) {
+                (Reading::Value { .. }, _) => {
+                    last_value[i] = Some(at);
+                    any = true;
+                }
+                (_, Some(QueryError::Deferred { .. })) => {}
+                _ => panic!("ask {ask}, autoscaler {i}: {o:?}"),
+            }
+            oldest[i] = oldest[i].max(at - last_value[i].unwrap_or(Duration::ZERO));
+        }
+        asks_with_values += usize::from(any);
+        ask += 1;
+    }
+    assert_eq!(fake.count_status(429), 0, "the budget was never overrun: {:?}", fake.used_per_window());
+    SpreadRun {
+        per_window: fake.used_per_window(),
+        never: last_value.iter().filter(|v| v.is_none()).count(),
+        oldest,
+        stretched: s.metrics.stretched_interval_seconds.with_label_values(&["dd"]).get(),
+        asks_with_values,
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cycle_larger_than_a_window_refreshes_every_autoscaler_at_one_stretched_interval() {
+    // 1,000 autoscalers need 29 requests a cycle; the budget is 27 a minute (2 of them the
+    // reserve), so no window holds a cycle: the requests are spread over the windows, oldest
+    // data first.
+    let run = spread_run(27, 60, 1000, Duration::from_secs(420)).await;
+    let oldest = run.oldest.iter().max().unwrap();
+    println!(
+        "1,000 autoscalers on 27 requests/60 s, asked every 15 s for 7 minutes: per window {:?}, largest data age \
+         {oldest:?}, stretched gauge {} s, {} never answered",
+        run.per_window, run.stretched, run.never
+    );
+    assert_eq!(run.never, 0, "every autoscaler got data");
+    // Every whole window is spent up to the reserve (give or take the rounding of one ask).
+    for (window, used) in &run.per_window[..run.per_window.len() - 1] {
+        assert!((23..=25).contains(used), "window {window}: {used} requests of 25 usable");
+    }
+    // 29 requests at 25 a minute is a refresh every ~70 s; every autoscaler is refreshed at
+    // that pace, none is left behind (the asks are 15 s apart, hence the slack).
+    assert!(*oldest <= Duration::from_secs(105), "largest data age {oldest:?}");
+    assert!((65..=80).contains(&run.stretched), "stretched gauge {}", run.stretched);
+    // Only an ask on a window's boundary, which still sees the spent window, sends nothing.
+    assert!(run.asks_with_values >= 21, "asks sending a share: {} of 28", run.asks_with_values);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cycle_larger_than_a_short_window_is_spread_too() {
+    // The same rate in windows of 18 s: 8 requests a window, one of them the reserve.
+    let run = spread_run(8, 18, 1000, Duration::from_secs(420)).await;
+    let oldest = run.oldest.iter().max().unwrap();
+    let used: u64 = run.per_window.iter().map(|(_, u)| u).sum();
+    println!(
+        "1,000 autoscalers on 8 requests/18 s, asked every 15 s for 7 minutes: {used} requests, per window {:?}, \
+         largest data age {oldest:?}, {} never answered",
+        run.per_window, run.never
+    );
+    assert_eq!(run.never, 0, "every autoscaler got data");
+    // 7 usable every 18 s is 163 in 420 s; asks 15 s apart cannot follow 18 s windows exactly.
+    assert!(used >= 130, "{used} requests: the budget is used");
+    assert!(*oldest <= Duration::from_secs(120), "largest data age {oldest:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cycle_that_fits_a_window_still_goes_whole() {
+    // 300 autoscalers, 9 requests a cycle, on 27 a minute: whole cycles every 30 s, no 429.
+    let fake =
+        FakeDatadog::with_budget(Budget { limit: 27, period: Duration::from_secs(60), offset: Duration::ZERO }).await;
+    let s = setup(&fake);
+    let (ran, deferred) = simulate(&fake, &s, 300, Duration::from_secs(15), Duration::from_secs(420), |_| {}).await;
+    println!(
+        "300 autoscalers on 27 requests/60 s: {ran} cycles run, {deferred} deferred, {:?}",
+        fake.used_per_window()
+    );
+    assert_eq!(fake.count_status(429), 0);
+    assert_eq!(ran, 14, "one cycle every 30 s");
+    assert_eq!(deferred, 14);
+}
+
+#[tokio::test]
+async fn an_answer_beyond_16_mib_is_not_read_and_its_queries_have_no_data() {
+    let fake = FakeDatadog::start().await;
+    let s = setup(&fake);
+    fake.set("avg:fleet{*} by {host}", Behavior::Padded(17 * 1024 * 1024));
+    let out = s.client.evaluate(&[q("avg:fleet{*} by {host}"), q("avg:a{*}")], t0(), by(&s.client)).await;
+    for o in &out {
+        match error(o) {
+            QueryError::Protocol(text) => assert!(text.contains("larger than 16 MiB"), "{text}"),
+            other => panic!("{other:?}"),
+        }
+        assert!(!matches!(o.reading, Reading::Value { .. }));
+    }
+    assert_eq!(fake.requests(), 1, "not retried");
+    // The same request a little under the cap is read.
+    fake.set("avg:fleet{*} by {host}", Behavior::Padded(15 * 1024 * 1024));
+    let out = s.client.evaluate(&[q("avg:b{*}"), q("avg:fleet{*} by {host}")], t0(), by(&s.client)).await;
+    assert!(out.iter().all(|o| matches!(o.reading, Reading::Value { .. })), "{out:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_namespace_cannot_stretch_every_namespace_interval() {
+    // team-a has 2,000 autoscalers, team-b 70 (two requests); 27 requests a minute.
+    let owner = |i: usize| Some(if i < 2_000 { "team-a" } else { "team-b" });
+    let team_b = 2_000..2_070;
+    let largest_b = |run: &SpreadRun| *run.oldest[team_b.clone()].iter().max().unwrap();
+    // Unbounded, team-a's queries stretch everyone's refresh to minutes.
+    let shared = spread_run_by_namespace(27, 60, 2_070, Duration::from_secs(420), 100, owner).await;
+    // At most half the budget each: team-b keeps its 15 s; team-a's own queries wait.
+    let bounded = spread_run_by_namespace(27, 60, 2_070, Duration::from_secs(420), 50, owner).await;
+    let largest_a = *bounded.oldest[..2_000].iter().max().unwrap();
+    println!(
+        "team-b's largest data age: {:?} unbounded, {:?} at 50 % each (team-a's {largest_a:?}); per window {:?}",
+        largest_b(&shared),
+        largest_b(&bounded),
+        bounded.per_window
+    );
+    assert!(largest_b(&shared) >= Duration::from_secs(90), "{:?}", largest_b(&shared));
+    assert!(largest_b(&bounded) <= Duration::from_secs(45), "{:?}", largest_b(&bounded));
+    assert_eq!(bounded.never, 0, "team-a's autoscalers are refreshed too, at its share's pace");
 }

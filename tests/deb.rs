@@ -126,10 +126,7 @@ fn analyze_verify(options: &[&str], unit: &str) -> (bool, String) {
 
 /// Installing changes owners (sysusers, tmpfiles): only root may. CI runs as root.
 fn need_root(test: &str) -> bool {
-    if !is_root() {
-        eprintln!("{test}: not root, so dpkg cannot install (it sets owners); skipped");
-    }
-    is_root()
+    dist_build::root_or_skip(test, "so dpkg cannot install (it sets owners)")
 }
 
 #[test]

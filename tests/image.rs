@@ -1,9 +1,11 @@
 //! The container image that scripts/build-image assembles with umoci, built here from the test
-//! binary: a valid OCI image layout (every blob is what its digest says), a config that runs the
+//! binary: a valid OCI image layout holding exactly one image (every blob is what its digest
+//! says), with Docker's `manifest.json` beside it naming the same blobs, a config that runs the
 //! daemon as the unprivileged user with the settings of deploy/, one layer with nothing but the
 //! stripped binary, the libraries it loads with their Debian records, a CA bundle and the user
 //! files (no shell), and a binary that runs from that layer alone: `--version`, and `check` on
-//! the sample rules, inside a chroot of the extracted layer as user 65532.
+//! the sample rules, inside a chroot of the extracted layer as user 65532, and in a container of
+//! a real podman that loaded the archive with the README's commands.
 
 #![allow(
     clippy::unwrap_used,
@@ -30,7 +32,6 @@ const USER: &str = "65532:65532";
 
 /// One image per test process, shared by the tests that only read it.
 struct Built {
-    _dir: tempfile::TempDir,
     layout: PathBuf,
     rootfs: PathBuf,
 }
@@ -44,15 +45,21 @@ fn build_into(dir: &Path) -> PathBuf {
 fn built() -> &'static Built {
     static BUILT: OnceLock<Built> = OnceLock::new();
     BUILT.get_or_init(|| {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let layout = build_into(dir.path());
-        let rootfs = dir.path().join("rootfs");
+        // A static is never dropped, so a temporary directory made here would stay in /tmp
+        // after every run: one directory in cargo's scratch space instead, replaced each run.
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("image-test");
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).unwrap_or_else(|e| panic!("remove {}: {e}", dir.display()));
+        }
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+        let layout = build_into(&dir);
+        let rootfs = dir.join("rootfs");
         std::fs::create_dir(&rootfs).expect("mkdir rootfs");
         let manifest = manifest(&layout);
         let layers = manifest["layers"].as_array().expect("layers");
         assert_eq!(layers.len(), 1, "one layer: {manifest}");
         run(Command::new("tar").arg("-xzf").arg(blob_path(&layout, &layers[0])).arg("-C").arg(&rootfs));
-        Built { _dir: dir, layout, rootfs }
+        Built { layout, rootfs }
     })
 }
 
@@ -72,16 +79,27 @@ fn sha256_of(path: &Path) -> String {
     format!("sha256:{}", printed.split_whitespace().next().expect("a digest"))
 }
 
-/// The manifest `latest` names in index.json.
-fn manifest(layout: &Path) -> Value {
+/// The entry of index.json tagged with the version: the descriptor of the image's manifest.
+fn index_entry(layout: &Path) -> Value {
     let index = read_json(&layout.join("index.json"));
-    let entry = index["manifests"]
-        .as_array()
-        .expect("manifests")
-        .iter()
-        .find(|m| m["annotations"]["org.opencontainers.image.ref.name"] == "latest")
-        .unwrap_or_else(|| panic!("no `latest` in index.json: {index}"));
-    read_json(&blob_path(layout, entry))
+    let entries = index["manifests"].as_array().expect("manifests");
+    let tagged = entries.iter().find(|m| m["annotations"]["org.opencontainers.image.ref.name"] == tag());
+    tagged.unwrap_or_else(|| panic!("no {} in index.json: {index}", tag())).clone()
+}
+
+/// The image's manifest.
+fn manifest(layout: &Path) -> Value {
+    read_json(&blob_path(layout, &index_entry(layout)))
+}
+
+/// The image's one tag: the version.
+fn tag() -> &'static str {
+    env!("CARGO_PKG_VERSION")
+}
+
+/// The image's full name: what the Deployment's `watermarkd:VERSION` means to a node.
+fn full_name() -> String {
+    format!("docker.io/library/watermarkd:{}", tag())
 }
 
 fn config(layout: &Path) -> Value {
@@ -136,14 +154,15 @@ fn every_blob_of_the_layout_is_what_its_digest_and_size_say() {
     let layout = &built().layout;
     let layout_file = read_json(&layout.join("oci-layout"));
     assert_eq!(layout_file["imageLayoutVersion"], "1.0.0");
+    // One image (a second entry, such as a `latest` tag, makes `podman load` and `skopeo copy`
+    // refuse the archive), tagged with the version and named in full.
     let index = read_json(&layout.join("index.json"));
-    let tags: BTreeSet<&str> = index["manifests"]
-        .as_array()
-        .expect("manifests")
-        .iter()
-        .map(|m| m["annotations"]["org.opencontainers.image.ref.name"].as_str().expect("a tag"))
-        .collect();
-    assert_eq!(tags, BTreeSet::from([env!("CARGO_PKG_VERSION"), "latest"]), "tags");
+    assert_eq!(index["manifests"].as_array().map(Vec::len), Some(1), "one image in index.json: {index}");
+    let entry = index_entry(layout);
+    assert_eq!(entry["mediaType"], "application/vnd.oci.image.manifest.v1+json");
+    assert_eq!(entry["annotations"]["org.opencontainers.image.ref.name"], tag());
+    assert_eq!(entry["annotations"]["io.containerd.image.name"], full_name().as_str());
+    assert_eq!(Some(sha256_of(&blob_path(layout, &entry)).as_str()), entry["digest"].as_str(), "the manifest blob");
 
     let manifest = manifest(layout);
     assert_eq!(manifest["config"]["mediaType"], "application/vnd.oci.image.config.v1+json");
@@ -169,10 +188,27 @@ fn every_blob_of_the_layout_is_what_its_digest_and_size_say() {
     assert_eq!(config["rootfs"]["type"], "layers");
     assert_eq!(config["rootfs"]["diff_ids"], serde_json::json!([sha256_of(unpacked.path())]));
 
-    // The single-file form beside the layout holds the same index.
+    // Docker's classic image store reads manifest.json alone: the same config and layer, under
+    // the short name the Deployment runs.
+    let docker = read_json(&layout.join("manifest.json"));
+    let blob_name = |descriptor: &Value| {
+        format!("blobs/sha256/{}", descriptor["digest"].as_str().expect("digest").trim_start_matches("sha256:"))
+    };
+    let expected = serde_json::json!([{
+        "Config": blob_name(&manifest["config"]),
+        "RepoTags": [format!("watermarkd:{}", tag())],
+        "Layers": [blob_name(layer)],
+    }]);
+    assert_eq!(docker, expected, "manifest.json");
+
+    // The layout with the extra file is still one umoci reads, with the one tag.
+    let tags = run(Command::new("umoci").arg("ls").arg("--layout").arg(layout));
+    assert_eq!(tags.lines().collect::<Vec<_>>(), [tag()], "umoci ls");
+
+    // The single-file form beside the layout holds the same files.
     let archive = layout.with_extension("tar");
     let listed = run(Command::new("tar").arg("-tf").arg(&archive));
-    for entry in ["./oci-layout", "./index.json"] {
+    for entry in ["./oci-layout", "./index.json", "./manifest.json"] {
         assert!(listed.lines().any(|l| l == entry), "{} lacks {entry}:\n{listed}", archive.display());
     }
 }
@@ -316,4 +352,181 @@ fn the_same_binary_and_date_give_the_same_image_digest() {
     let first = std::fs::read_to_string(built().layout.join("index.json")).expect("index");
     let second = std::fs::read_to_string(again.join("index.json")).expect("index");
     assert_eq!(first, second, "two builds of one binary differ: the image is not reproducible");
+    let archive = |layout: &Path| sha256_of(&layout.with_extension("tar"));
+    assert_eq!(archive(&built().layout), archive(&again), "the two archives differ");
+}
+
+/// A podman of this test's own: its configuration, storage and state in a temporary directory,
+/// so that nothing on the machine (an /etc/containers, images loaded before) changes what it
+/// does, and what it stores goes with the test. (The one thing outside: as root, the image
+/// library keeps its cache of which blob digests it has seen in /var/lib/containers/cache,
+/// which no option moves and which changes nothing a load or a run does.)
+struct Podman {
+    home: tempfile::TempDir,
+}
+
+impl Podman {
+    fn new() -> Self {
+        for program in ["podman", "runc", "skopeo"] {
+            if let Err(e) = Command::new(program).arg("--version").output() {
+                panic!("{program}: {e} (scripts/install-test-deps installs podman, runc and skopeo)");
+            }
+        }
+        let home = tempfile::tempdir().expect("temp dir");
+        let at = |name: &str| home.path().join(name).to_str().expect("utf-8 temp path").to_string();
+        // runc with cgroupfs: on these machines crun refuses the cgroup setup; no default
+        // ulimits, which the container manager may not be allowed to raise here. Its state and
+        // events in the temporary directory too, and no network configuration written anywhere.
+        let containers = format!(
+            "[containers]\ndefault_ulimits = []\n\n\
+             [engine]\nruntime = \"runc\"\ncgroup_manager = \"cgroupfs\"\nevents_logger = \"file\"\n\
+             events_logfile_path = \"{}\"\ntmp_dir = \"{}\"\n\n\
+             [network]\nnetwork_config_dir = \"{}\"\n",
+            at("events.log"),
+            at("tmp"),
+            at("networks"),
+        );
+        // vfs: plain directories, no overlay mounts left behind if a test fails half-way.
+        let storage =
+            format!("[storage]\ndriver = \"vfs\"\ngraphroot = \"{}\"\nrunroot = \"{}\"\n", at("graph"), at("run"));
+        // No registries to expand a short name with (nothing is pulled), and a policy that
+        // accepts what is loaded from a local file.
+        let files = [
+            ("containers.conf", containers),
+            ("storage.conf", storage),
+            ("registries.conf", "unqualified-search-registries = []\n".to_string()),
+            (".config/containers/policy.json", r#"{"default": [{"type": "insecureAcceptAnything"}]}"#.to_string()),
+        ];
+        for (name, text) in files {
+            let path = home.path().join(name);
+            std::fs::create_dir_all(path.parent().expect("a parent")).expect("mkdir");
+            std::fs::write(&path, text).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+        }
+        Podman { home }
+    }
+
+    /// podman or skopeo (which reads the same files), with this configuration and no other.
+    fn tool(&self, program: &str) -> Command {
+        let home = self.home.path();
+        let mut command = Command::new(program);
+        command
+            .env("HOME", home)
+            .env("CONTAINERS_CONF", home.join("containers.conf"))
+            .env("CONTAINERS_STORAGE_CONF", home.join("storage.conf"))
+            .env("CONTAINERS_REGISTRIES_CONF", home.join("registries.conf"));
+        command
+    }
+
+    fn podman(&self) -> Command {
+        self.tool("podman")
+    }
+
+    /// `podman run --rm IMAGE ARGS...` as the README writes it, never pulling (the image must be
+    /// the loaded one) and with no network (tests reach nothing beyond the machine).
+    fn run_image(&self, image: &str, mounts: &[(&Path, &str)], args: &[&str]) -> std::process::Output {
+        let mut command = self.podman();
+        command.args(["run", "--rm", "--pull", "never", "--network", "none"]);
+        for (host, inside) in mounts {
+            command.arg("--volume").arg(format!("{}:{inside}:ro", host.display()));
+        }
+        command.arg(image).args(args);
+        output(&mut command)
+    }
+}
+
+impl Drop for Podman {
+    fn drop(&mut self) {
+        // Removes the images and any container a failed test left, with the same configuration;
+        // the temporary directory goes after.
+        let reset = output(self.podman().args(["system", "reset", "--force"]));
+        if !reset.status.success() {
+            eprintln!("podman system reset: {}", dist_build::printed(&reset));
+        }
+    }
+}
+
+/// podman needs root here: a rootless one needs subordinate user ids for the image's user.
+fn podman_can_run(test: &str) -> bool {
+    dist_build::root_or_skip(test, "and a rootless podman needs subordinate ids for user 65532")
+}
+
+#[test]
+fn podman_loads_the_archive_as_one_image_and_runs_the_daemon_in_a_container() {
+    if !podman_can_run("podman_loads_the_archive_as_one_image_and_runs_the_daemon_in_a_container") {
+        return;
+    }
+    let archive = built().layout.with_extension("tar");
+    let podman = Podman::new();
+
+    // The README's command, as written: no tag to choose.
+    let loaded = run(podman.podman().arg("load").arg("-i").arg(&archive));
+    assert!(loaded.contains(&full_name()), "podman load named no {}: {loaded}", full_name());
+    let listed = run(podman.podman().args(["images", "--format", "{{.Repository}}:{{.Tag}}"]));
+    assert_eq!(listed.lines().collect::<Vec<_>>(), [full_name()], "the images podman holds");
+    let user = run(podman.podman().args(["image", "inspect", "--format", "{{.Config.User}}", &full_name()]));
+    assert_eq!(user.trim(), USER);
+
+    // By the short name the Deployment and the README use.
+    let short = format!("watermarkd:{}", tag());
+    let version = podman.run_image(&short, &[], &["--version"]);
+    assert!(version.status.success(), "--version in a container: {}", dist_build::printed(&version));
+    assert_eq!(String::from_utf8_lossy(&version.stdout).trim(), format!("watermarkd {}", tag()));
+
+    // The sample rules, mounted read-only where the Deployment mounts its ConfigMap.
+    let rules_dir = tempfile::tempdir().expect("temp dir");
+    std::fs::set_permissions(rules_dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let rules = rules_dir.path().join("rules.toml");
+    std::fs::copy(dist_build::repo().join("packaging/etc/watermarkd/rules.toml"), &rules).expect("copy the rules");
+    std::fs::set_permissions(&rules, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let mounts = [(rules_dir.path(), "/etc/watermarkd")];
+    let check = ["check", "--rules", "/etc/watermarkd/rules.toml"];
+    let checked = podman.run_image(&short, &mounts, &check);
+    assert!(checked.status.success(), "check in a container: {}", dist_build::printed(&checked));
+    assert!(String::from_utf8_lossy(&checked.stdout).contains(": ok, 1 autoscaler"), "{checked:?}");
+
+    // As user 65532, not root: a file only root may read is refused.
+    std::fs::set_permissions(&rules, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let unreadable = podman.run_image(&short, &mounts, &check);
+    assert!(!unreadable.status.success(), "the container read a root-only file: it runs as root");
+    let said = dist_build::printed(&unreadable);
+    assert!(said.contains("rules.toml") && said.to_lowercase().contains("permission denied"), "{said}");
+
+    // And a broken file fails there as anywhere, naming the field.
+    std::fs::write(&rules, "[[autoscaler]]\nname = \"x\"\nmin_replicas = \"two\"\n").expect("write");
+    std::fs::set_permissions(&rules, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let refused = podman.run_image(&short, &mounts, &check);
+    assert!(!refused.status.success(), "a broken rules file passes check in a container");
+    let said = dist_build::printed(&refused);
+    assert!(said.contains("min_replicas"), "{said}");
+}
+
+#[test]
+fn skopeo_copies_the_archive_and_its_docker_manifest_loads_the_same_image() {
+    if !podman_can_run("skopeo_copies_the_archive_and_its_docker_manifest_loads_the_same_image") {
+        return;
+    }
+    let layout = &built().layout;
+    let archive = layout.with_extension("tar");
+    let podman = Podman::new();
+
+    // The README's `skopeo copy oci-archive:target/dist/image.tar ...`, into a directory here
+    // instead of a registry: the same image, manifest digest unchanged.
+    let copied = podman.home.path().join("copied");
+    run(podman.tool("skopeo").arg("copy").arg(format!("oci-archive:{}", archive.display())).arg(format!(
+        "oci:{}:{}",
+        copied.display(),
+        tag()
+    )));
+    assert_eq!(index_entry(&copied)["digest"], index_entry(layout)["digest"], "skopeo's copy is another image");
+
+    // What `docker load` reads in Docker's classic store, manifest.json, read by the library
+    // podman uses for Docker's archives (which checks each layer against the config's diff_ids):
+    // the same image, by its config digest (the image id), under the name in RepoTags (which
+    // podman qualifies with `localhost/`, Docker with `docker.io/library/`).
+    let loaded = run(podman.podman().arg("pull").arg(format!("docker-archive:{}", archive.display())));
+    let id = loaded.lines().last().unwrap_or_default().trim().to_string();
+    let config_digest = manifest(layout)["config"]["digest"].as_str().expect("config digest").to_string();
+    assert_eq!(format!("sha256:{id}"), config_digest, "podman pull docker-archive: {loaded}");
+    let names = run(podman.podman().args(["image", "inspect", "--format", "{{.RepoTags}}", &id]));
+    assert!(names.contains(&format!("/watermarkd:{}", tag())), "the image from manifest.json: {names}");
 }

@@ -1,9 +1,10 @@
 //! The Prometheus backend against a real Prometheus (Debian's package, started by the tests on a
 //! free loopback port, scraping an exporter the test controls), and against a fake server for
-//! what a real one cannot show: credentials, headers, 503s, warnings, TLS.
+//! what a real one cannot show: credentials, headers, 503s, partial answers, TLS. One test runs
+//! the daemon against a real kube-apiserver with a fake server as its Prometheus.
 //!
-//! Needs `prometheus` and `openssl`: scripts/install-test-deps installs them. Missing binaries
-//! fail the tests rather than skip them.
+//! Needs `prometheus`, `openssl`, and for that test kube-apiserver and etcd:
+//! scripts/install-test-deps installs them. Missing binaries fail the tests rather than skip them.
 
 #![allow(
     clippy::unwrap_used,
@@ -14,14 +15,24 @@
     reason = "test code: clippy.toml lets #[test] functions unwrap and print, and the helpers beside them do the same"
 )]
 
+#[macro_use]
+#[path = "support/eventually.rs"]
+mod eventually;
+#[path = "support/daemon_process.rs"]
+mod daemon_process;
+#[path = "support/kube_cluster.rs"]
+mod kube_cluster;
 #[path = "support/prometheus_server.rs"]
 mod prometheus_server;
 #[path = "support/redirect_servers.rs"]
 mod redirect_servers;
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
+
+use daemon_process::{write, DaemonProcess};
+use kube_cluster::{KubeCluster, ADMIN_TOKEN};
 
 use prometheus_server::{Exporter, FakeServer, PrometheusServer, Reply, TestCerts, TlsServer};
 use redirect_servers::Redirector;
@@ -38,6 +49,7 @@ fn config(url: &str) -> PrometheusBackend {
         url: url.to_string(),
         timeout: Duration::from_secs(2),
         max_in_flight: 4,
+        max_age: None,
         tenant: None,
         headers: BTreeMap::new(),
         params: BTreeMap::new(),
@@ -120,14 +132,16 @@ async fn reads_a_gauge_and_follows_its_changes() {
     assert_eq!(obs.detail.series, Some(1));
     assert!(obs.detail.warnings.is_empty());
 
-    // An instant query's sample is dated at the evaluation time we asked for, to the millisecond.
+    // A series selector's value is dated by its sample, the scrape, not by the evaluation time
+    // we asked for; a function's value is dated at the evaluation time.
     let at = now();
-    let obs = client.evaluate(&[q("wm_test_gauge")], at, by(&client)).await.remove(0);
-    assert_eq!(obs.reading, Reading::Value { value: 5.0, at });
-    // And the scrape that produced it happened within the last seconds.
-    let scraped = value(&one(&client, q("timestamp(wm_test_gauge)")).await);
-    let age = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_secs_f64() - scraped;
-    assert!((0.0..30.0).contains(&age), "scraped {age}s ago");
+    let obs = client.evaluate(&[q("wm_test_gauge"), q("wm_test_gauge * 1")], at, by(&client)).await;
+    let Reading::Value { value: 5.0, at: scraped } = obs[0].reading else { panic!("{obs:?}") };
+    assert!(scraped < at && at.since(scraped) < Duration::from_secs(30), "scraped {:?} before", at.since(scraped));
+    assert_eq!(obs[1].reading, Reading::Value { value: 5.0, at });
+    // The same time `timestamp()` gives.
+    let stamp = value(&one(&client, q("timestamp(wm_test_gauge)")).await);
+    assert!((stamp - scraped.unix_millis() as f64 / 1000.0).abs() <= 2.0, "{stamp} vs {scraped}");
 
     exporter.set("# TYPE wm_test_gauge gauge\nwm_test_gauge 7.25\n");
     eventually(&client, q("wm_test_gauge"), is_value(7.25)).await;
@@ -162,7 +176,9 @@ async fn no_data_several_series_reducers_and_nan() {
     let values: Vec<f64> = obs[1..].iter().map(value).collect();
     assert_eq!(values, [7.0, 1.0, 12.0, 4.0]);
     assert!(obs[1..].iter().all(|o| o.detail.series == Some(3)));
-    assert_eq!(obs[3].reading, Reading::Value { value: 12.0, at });
+    // Dated by the oldest of the three samples.
+    let Reading::Value { value: 12.0, at: oldest } = obs[3].reading else { panic!("{obs:?}") };
+    assert!(oldest < at && at.since(oldest) < Duration::from_secs(30), "{oldest} at {at}");
 
     // Never 0: a series that does not exist is no data.
     let obs = one(&client, q("wm_test_no_such_metric")).await;
@@ -270,10 +286,16 @@ async fn credentials_tenant_headers_and_params_reach_the_server() {
     let r = &requests[0];
     assert_eq!(r.method, "GET");
     assert_eq!(r.path, "/select/0/prometheus/api/v1/query");
+    // A series selector goes with the time of its data asked for, in the same query.
     assert_eq!(
         r.query,
-        [("query", "up"), ("time", "1700000000.123"), ("dedup", "true"), ("timeout", "5s")]
-            .map(|(k, v)| (k.to_string(), v.to_string()))
+        [
+            ("query", r#"(up) or label_replace(min(timestamp(up)), "watermarkd_sample", "time", "", "")"#),
+            ("time", "1700000000.123"),
+            ("dedup", "true"),
+            ("timeout", "5s")
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string()))
     );
     // base64("alice:s3cret")
     assert_eq!(r.header("authorization"), Some("Basic YWxpY2U6czNjcmV0"));
@@ -369,13 +391,13 @@ async fn a_long_query_goes_as_a_form_post() {
     let mut requests = fake.requests();
     requests.sort_by_key(|r| r.method.clone());
     assert_eq!(requests[0].method, "GET");
-    assert_eq!(requests[0].param("query").as_deref(), Some(short));
+    assert_eq!(requests[0].written_query().as_deref(), Some(short));
     let post = &requests[1];
     assert_eq!(post.method, "POST");
     assert_eq!(post.path, "/api/v1/query");
     assert!(post.query.is_empty(), "{:?}", post.query);
     assert_eq!(post.header("content-type"), Some("application/x-www-form-urlencoded"));
-    assert_eq!(post.param("query").as_deref(), Some(long.as_str()));
+    assert_eq!(post.written_query().as_deref(), Some(long.as_str()));
     assert_eq!(post.param("time").as_deref(), Some("5.000"));
 }
 
@@ -450,30 +472,98 @@ async fn unauthorized_is_a_configuration_error_not_retried() {
     assert!(message.contains("tenant") && message.contains("no org id"), "{message}");
 }
 
+/// A one-series `vector` answer of `value` at `time`; with `partial`, `warnings` as a Thanos
+/// whose store did not answer sends them (and an info that is not about missing data).
+fn vector_answer(time: f64, value: &str, partial: bool) -> String {
+    let warnings = if partial {
+        r#","warnings":["receive series from Addr: 10.0.3.4:10901: rpc error: code = Unavailable desc = connection refused; partial response"],
+            "infos":["PromQL info: metric might not be a counter, name does not end in _total/_sum/_count/_bucket: \"up\""]"#
+    } else {
+        ""
+    };
+    format!(
+        r#"{{"status":"success","data":{{"resultType":"vector","result":[{{"metric":{{}},"value":[{time},"{value}"]}}]}}{warnings}}}"#
+    )
+}
+
 #[tokio::test]
-async fn warnings_are_kept_and_counted() {
-    let fake = FakeServer::start(|_, _| {
-        Reply::json(
+async fn a_partial_answer_is_a_partial_reading_and_annotations_are_not() {
+    let fake = FakeServer::start(|_, r| match r.written_query().as_deref() {
+        Some("thanos") => Reply::json(200, &vector_answer(1.5, "3", true)),
+        // VictoriaMetrics' cluster flag.
+        Some("victoria") => Reply::json(
             200,
-            r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{},"value":[1.5,"3"]}]},
-                "warnings":["store-gateway-2 unavailable: partial response"],"infos":["metric might not be a counter"]}"#,
-        )
+            r#"{"status":"success","isPartial":true,"data":{"resultType":"vector","result":[{"metric":{},"value":[1.5,"4"]}]}}"#,
+        ),
+        // PromQL's own annotations: about the query, not about missing data.
+        _ => Reply::json(
+            200,
+            r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{},"value":[1.5,"5"]}]},
+                "warnings":["PromQL warning: encountered a mix of histograms and floats for metric name \"up\""]}"#,
+        ),
     })
     .await;
     let (client, metrics) = build(&config(&fake.url()));
-    let obs = one(&client, q("up")).await;
-    assert_eq!(obs.reading, Reading::Value { value: 3.0, at: Timestamp::from_unix_millis(1_500) });
+    let obs = client.evaluate(&[q("thanos"), q("victoria"), q("annotated")], now(), by(&client)).await;
+
+    // Still a value (it may show load above the band), but partial, with the server's words.
+    let at = Timestamp::from_unix_millis(1_500);
+    assert_eq!(obs[0].reading, Reading::Value { value: 3.0, at });
+    let why = obs[0].detail.partial.as_deref().expect("a partial reading");
+    assert!(why.contains("receive series from Addr") && why.contains("partial response"), "{why}");
+    assert_eq!(obs[0].detail.warnings.len(), 2);
+    assert_eq!(obs[1].reading, Reading::Value { value: 4.0, at });
+    assert!(obs[1].detail.partial.as_deref().is_some_and(|w| w.contains("isPartial")), "{:?}", obs[1]);
+    assert_eq!(obs[2].reading, Reading::Value { value: 5.0, at });
+    assert_eq!(obs[2].detail.partial, None, "an annotation is not a partial answer");
+    assert_eq!(obs[2].detail.warnings.len(), 1, "but it is shown");
+    // Every warning and info is counted.
+    assert_eq!(metrics.warnings.with_label_values(&[NAME]).get(), 3);
+}
+
+#[tokio::test]
+async fn an_old_data_time_is_stale_past_the_backends_max_age() {
+    // The value at the evaluation time, its data ten minutes older: a series that stopped.
+    let fake = FakeServer::start(|_, r| {
+        let time: f64 = r.param("time").and_then(|t| t.parse().ok()).unwrap_or(0.0);
+        if r.dated() {
+            Reply::dated(time, "4", time - 600.0)
+        } else {
+            Reply::vector(time, &["4"])
+        }
+    })
+    .await;
+    let mut settings = config(&fake.url());
+    settings.max_age = Some(Duration::from_secs(120));
+    let (client, _) = build(&settings);
+    let at = Timestamp::from_unix_millis(1_700_000_000_000);
+    let obs = client.evaluate(&[q("sum(queue_depth)"), q("sum(rate(jobs_total[1m]))")], at, by(&client)).await;
+    assert_eq!(error(&obs[0]), QueryError::Stale { age_seconds: 600, max_age_seconds: 120 });
+    // What is not a selector (or one aggregation of one) is sent as written and dated at the
+    // evaluation time: its age cannot be told.
+    assert_eq!(obs[1].reading, Reading::Value { value: 4.0, at });
+    let mut sent: Vec<String> = fake.requests().iter().filter_map(|r| r.param("query")).collect();
+    sent.sort();
     assert_eq!(
-        obs.detail.warnings,
-        ["store-gateway-2 unavailable: partial response", "info: metric might not be a counter"]
+        sent,
+        [
+            r#"(sum(queue_depth)) or label_replace(min(timestamp(queue_depth)), "watermarkd_sample", "time", "", "")"#,
+            "sum(rate(jobs_total[1m]))",
+        ]
     );
-    assert_eq!(metrics.warnings.with_label_values(&[NAME]).get(), 2);
+
+    // Without a max_age on the backend the value stands, dated by its data: a metric's own
+    // max_age then judges it.
+    let (client, _) = build(&config(&fake.url()));
+    let obs = one(&client, q("queue_depth")).await;
+    let Reading::Value { value: 4.0, at: data } = obs.reading else { panic!("{obs:?}") };
+    assert!(now().since(data) >= Duration::from_secs(600), "{data}");
 }
 
 #[tokio::test]
 async fn concurrency_is_bounded_and_identical_queries_go_once() {
     let fake = FakeServer::start(|_, r| {
-        let n = r.param("query").unwrap_or_default().trim_start_matches('q').to_string();
+        let n = r.written_query().unwrap_or_default().trim_start_matches('q').to_string();
         Reply::vector(1.0, &[n.as_str()]).after(Duration::from_millis(100))
     })
     .await;
@@ -614,7 +704,7 @@ async fn a_cycle_ends_by_its_deadline_whatever_the_retries() {
 
 #[tokio::test]
 async fn an_error_status_in_a_200_is_the_servers_unless_it_is_bad_data() {
-    let fake = FakeServer::start(|_, r| match r.param("query").as_deref() {
+    let fake = FakeServer::start(|_, r| match r.written_query().as_deref() {
         Some("bad") => Reply::json(200, r#"{"status":"error","errorType":"bad_data","error":"parse error"}"#),
         _ => Reply::json(200, r#"{"status":"error","errorType":"execution","error":"out of memory"}"#),
     })
@@ -624,4 +714,135 @@ async fn an_error_status_in_a_200_is_the_servers_unless_it_is_bad_data() {
     assert_eq!(error(&obs[0]), QueryError::BadQuery("parse error".into()));
     assert!(matches!(error(&obs[1]), QueryError::Server(m) if m.contains("out of memory")), "{obs:?}");
     assert_eq!(requests(&metrics, "server_error"), 1, "not retried: nothing says it would pass");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The age of the data, against a real Prometheus
+
+/// A series whose samples carry their own timestamp gets no staleness marker (as with remote
+/// write or federation), so a real Prometheus answers its last sample for its lookback (5
+/// minutes): the backend's `max_age` tells it from a live one by the time of its data.
+#[tokio::test]
+async fn a_series_frozen_in_the_lookback_is_stale_past_max_age() {
+    let frozen_ms = now().unix_millis() - 90_000;
+    let exporter = Exporter::start(&format!(
+        "# TYPE wm_test_frozen gauge\nwm_test_frozen 5 {frozen_ms}\n# TYPE wm_test_live gauge\nwm_test_live 3\n\
+         # TYPE wm_test_mixed gauge\nwm_test_mixed{{pod=\"a\"}} 1 {frozen_ms}\nwm_test_mixed{{pod=\"b\"}} 2\n"
+    ))
+    .await;
+    let server = PrometheusServer::start(&exporter.target()).await;
+    let mut settings = config(&server.url());
+    settings.max_age = Some(Duration::from_secs(30));
+    let (client, _) = build(&settings);
+    eventually(&client, q("wm_test_live"), is_value(3.0)).await;
+    // Not a selector, so not dated: there once it is scraped, whatever its age.
+    eventually(&client, q("wm_test_frozen * 1"), is_value(5.0)).await;
+
+    let queries = [
+        q("wm_test_frozen"),
+        q("max(wm_test_frozen)"),
+        // With a live series: the value is no fresher than its stalest part.
+        reduced("wm_test_mixed", Reducer::Max),
+        q("wm_test_live"),
+        q("sum by (job) (wm_test_live)"),
+    ];
+    let obs = client.evaluate(&queries, now(), by(&client)).await;
+    for stale in &obs[..3] {
+        match error(stale) {
+            QueryError::Stale { age_seconds, max_age_seconds: 30 } => {
+                assert!((90..300).contains(&age_seconds), "{age_seconds}s old")
+            }
+            other => panic!("expected stale, got {other:?}"),
+        }
+    }
+    assert_eq!(value(&obs[3]), 3.0);
+    assert_eq!(value(&obs[4]), 3.0);
+    // What max_age cannot see: a function of the frozen series is dated at the evaluation time,
+    // and so is a selector whose name may vary.
+    assert_eq!(value(&one(&client, q("wm_test_frozen * 1")).await), 5.0);
+    let obs = one(&client, reduced(r#"{__name__=~"wm_test_frozen|wm_test_live"}"#, Reducer::Max)).await;
+    assert_eq!(value(&obs), 5.0);
+
+    // A max_age above its age lets it through, dated by its sample.
+    settings.max_age = Some(Duration::from_secs(290));
+    let (client, _) = build(&settings);
+    let obs = one(&client, q("wm_test_frozen")).await;
+    assert_eq!(obs.reading, Reading::Value { value: 5.0, at: Timestamp::from_unix_millis(frozen_ms) });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Through the daemon
+
+/// `watermarkd run` against a real kube-apiserver, with a fake server as its Prometheus that
+/// answers with the warnings of a partial answer: a low value holds the replicas (a full answer
+/// of the same value scales down), a high one scales up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_daemon_never_scales_down_on_a_partial_answer_and_may_scale_up() {
+    let cluster = KubeCluster::shared();
+    let ns = cluster.unique_namespace("prom-partial").await;
+    cluster.create_deployment(&ns, "web", 4).await;
+    cluster.set_workload_status("Deployment", &ns, "web", 4, 4).await;
+    // (value, partial), answered at each request's evaluation time.
+    let answer = Arc::new(Mutex::new(("1", true)));
+    let shared = Arc::clone(&answer);
+    let fake = FakeServer::start(move |_, r| {
+        let time: f64 = r.param("time").and_then(|t| t.parse().ok()).unwrap_or(0.0);
+        let (value, partial) = *shared.lock().unwrap();
+        Reply::json(200, &vector_answer(time, value, partial))
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("rules.toml");
+    write(
+        &config,
+        &format!(
+            "[backend.prom]\ntype = \"prometheus\"\nurl = \"{}\"\n\n\
+             [[autoscaler]]\nname = \"web\"\ntarget = {{ kind = \"Deployment\", namespace = \"{ns}\", name = \"web\" }}\n\
+             interval = \"1s\"\nmin_replicas = 1\nmax_replicas = 10\n\
+             upscale_forbidden_window = \"1s\"\ndownscale_forbidden_window = \"1s\"\n\n\
+             [[autoscaler.metric]]\nname = \"load\"\nbackend = \"prom\"\nquery = \"load\"\n\
+             high_watermark = 10\nlow_watermark = 5\n",
+            fake.url()
+        ),
+    );
+    let kubeconfig = dir.path().join("kubeconfig");
+    cluster.write_kubeconfig(&kubeconfig, ADMIN_TOKEN);
+    let mut daemon = DaemonProcess::start(
+        &["--config", config.to_str().unwrap(), "--kubeconfig", kubeconfig.to_str().unwrap(), "--no-leader-election"],
+        &[],
+    );
+    daemon.wait_ready(Duration::from_secs(30)).await;
+
+    // 1, under the band (a full answer would take 4 down to 3), but partial: five evaluations
+    // on it, and the replicas stay.
+    eventually!(Duration::from_secs(30), "five partial answers read", {
+        let warnings = daemon.sample("watermarkd_prometheus_warnings_total", &[("backend", "prom")]).await;
+        // Two per answer: the warning and the info.
+        if warnings.unwrap_or(0.0) >= 10.0 {
+            Ok(())
+        } else {
+            Err(format!("{warnings:?} warnings"))
+        }
+    });
+    assert_eq!(cluster.spec_replicas("Deployment", &ns, "web").await, 4, "no scale-down on a partial answer");
+
+    // 30, over the band, partial: usage is at least that, so it scales up, 4 + 50%.
+    *answer.lock().unwrap() = ("30", true);
+    eventually!(Duration::from_secs(20), "a scale-up on a partial answer", {
+        match cluster.spec_replicas("Deployment", &ns, "web").await {
+            6 => Ok(()),
+            other => Err(format!("{other} replicas")),
+        }
+    });
+    cluster.set_workload_status("Deployment", &ns, "web", 6, 6).await;
+
+    // The same low value as a full answer scales down: the partial answer was what held it.
+    *answer.lock().unwrap() = ("1", false);
+    eventually!(Duration::from_secs(20), "a scale-down on a full answer", {
+        match cluster.spec_replicas("Deployment", &ns, "web").await {
+            replicas if replicas < 6 => Ok(()),
+            other => Err(format!("{other} replicas")),
+        }
+    });
+    assert!(daemon.terminate(Duration::from_secs(15)), "a clean exit on SIGTERM");
 }

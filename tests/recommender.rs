@@ -169,14 +169,11 @@ async fn failures_hold_with_their_reason_and_never_read_as_zero() {
         (
             200,
             json!({"error": {"code": 5, "message": "unknown workload"}}).to_string(),
-            "the recommender answered an error: 5 unknown workload",
+            "the recommender answered an error with code 5 (its message is in the daemon's debug log)",
         ),
-        (
-            503,
-            "overloaded, come back later".to_string(),
-            "the recommender answered HTTP 503 (overloaded, come back later)",
-        ),
-        (404, String::new(), "the recommender answered HTTP 404"),
+        // What the server says goes to the debug log, never into the reason (status, Events).
+        (503, "overloaded, come back later".to_string(), "the recommender answered HTTP 503 (Service Unavailable)"),
+        (404, String::new(), "the recommender answered HTTP 404 (Not Found)"),
         (200, "<html>not json</html>".to_string(), "the recommender's reply is not a recommendation"),
         (200, "{}".to_string(), "the recommender's reply has no targetReplicas"),
         (
@@ -186,9 +183,12 @@ async fn failures_hold_with_their_reason_and_never_read_as_zero() {
         ),
     ];
     for (status, body, reason) in cases {
-        server.answer(status, body, Duration::ZERO);
+        server.answer(status, body.clone(), Duration::ZERO);
         let (_, decision) = ask_and_decide(&clients, &web, 5).await;
         assert_holds(&decision, 5, reason);
+        for word in ["overloaded", "unknown workload", "html"] {
+            assert!(!decision.reason.contains(word), "{body:?} is quoted: {}", decision.reason);
+        }
     }
     // With tolerate_zero, 0 is a recommendation (clamped to min_replicas).
     let zero = parse_rules(
@@ -387,4 +387,165 @@ async fn a_redirect_to_another_origin_is_not_followed() {
     assert!(reason.contains("HTTP 307") && reason.contains(&elsewhere.url), "{reason}");
     assert!(elsewhere.requests().is_empty(), "the other origin is not asked");
     assert_holds(&decision, 4, "HTTP 307");
+}
+
+/// A recommender whose certificate is for `reco.internal` only, listening on 127.0.0.1.
+fn renamed_server() -> (TestCerts, TlsServer) {
+    let certs = TestCerts::for_server("DNS:reco.internal");
+    let server = TlsServer::start(&certs, &reply(7, Some((6, 9))));
+    (certs, server)
+}
+
+fn tls_keys(certs: &TestCerts) -> String {
+    let path = |file: &str| certs.path(file).display().to_string();
+    format!(
+        "ca_file = \"{}\"\nclient_cert_file = \"{}\"\nclient_key_file = \"{}\"\n",
+        path("ca.pem"),
+        path("client.pem"),
+        path("client.key")
+    )
+}
+
+#[tokio::test]
+async fn a_server_name_is_the_name_the_certificate_is_verified_against() {
+    let (certs, server) = renamed_server();
+    let clients = RecommenderClients::with_cluster_name(None);
+    let url = format!("{}/recommend", server.url());
+
+    // The certificate does not name 127.0.0.1: refused.
+    let web = autoscaler(&url, &tls_keys(&certs));
+    let (_, decision) = ask_and_decide(&clients, &web, 4).await;
+    assert_holds(&decision, 4, "certificate");
+
+    // Verified against the server name instead, on the url's address.
+    let web = autoscaler(&url, &format!("{}server_name = \"reco.internal\"", tls_keys(&certs)));
+    let (_, decision) = ask_and_decide(&clients, &web, 4).await;
+    assert_eq!((decision.action, decision.replicas), (Action::ScaleUp, 7), "{}", decision.reason);
+    // The name went in the handshake; the Host header is still the url's, as Go's client sends it.
+    let port = server.addr.port();
+    assert_eq!(server.seen(), [(Some("reco.internal".to_string()), Some(format!("127.0.0.1:{port}")))]);
+
+    // Another name is still checked.
+    let web = autoscaler(&url, &format!("{}server_name = \"other.internal\"", tls_keys(&certs)));
+    let (_, decision) = ask_and_decide(&clients, &web, 4).await;
+    assert_holds(&decision, 4, "certificate");
+}
+
+#[tokio::test]
+async fn a_server_name_resolves_to_the_url_host_when_it_is_a_dns_name() {
+    let (certs, server) = renamed_server();
+    let clients = RecommenderClients::with_cluster_name(None);
+    // `localhost` is looked up (to 127.0.0.1), then verified as reco.internal.
+    let url = format!("https://localhost:{}/recommend", server.addr.port());
+    let web = autoscaler(&url, &format!("{}server_name = \"reco.internal\"", tls_keys(&certs)));
+    let (_, decision) = ask_and_decide(&clients, &web, 4).await;
+    assert_eq!((decision.action, decision.replicas), (Action::ScaleUp, 7), "{}", decision.reason);
+    assert_eq!(server.seen()[0].1, Some(format!("localhost:{}", server.addr.port())));
+}
+
+#[tokio::test]
+async fn wpa_tls_files_are_read_only_inside_the_tls_directory() {
+    let certs = TestCerts::generate();
+    let server = TlsServer::start(&certs, &reply(7, Some((6, 9))));
+    let clients = RecommenderClients::with_cluster_name(None);
+    let tls_dir = tempfile::tempdir().unwrap();
+    for file in ["ca.pem", "client.pem", "client.key"] {
+        std::fs::copy(certs.path(file), tls_dir.path().join(file)).unwrap();
+    }
+    // A symlink in the directory to a file outside it.
+    std::os::unix::fs::symlink(certs.path("ca.pem"), tls_dir.path().join("outside.pem")).unwrap();
+    let in_dir = |ca: &str| {
+        let path = |file: &str| tls_dir.path().join(file).display().to_string();
+        let keys = format!(
+            "ca_file = \"{}\"\nclient_cert_file = \"{}\"\nclient_key_file = \"{}\"",
+            path(ca),
+            path("client.pem"),
+            path("client.key")
+        );
+        let mut web = autoscaler(&server.url(), &keys);
+        web.recommender.as_mut().unwrap().tls_dir = Some(tls_dir.path().to_path_buf());
+        web
+    };
+    let (_, decision) = ask_and_decide(&clients, &in_dir("ca.pem"), 4).await;
+    assert_eq!((decision.action, decision.replicas), (Action::ScaleUp, 7), "{}", decision.reason);
+    let (_, decision) = ask_and_decide(&clients, &in_dir("outside.pem"), 4).await;
+    assert_holds(&decision, 4, "leads outside recommender_tls_dir");
+}
+
+#[tokio::test]
+async fn a_redirect_is_not_followed() {
+    let server = FakeRecommender::start().await;
+    let elsewhere = FakeRecommender::start().await;
+    server.redirect(307, &elsewhere.url);
+    let clients = RecommenderClients::with_cluster_name(None);
+    let (_, decision) = ask_and_decide(&clients, &autoscaler(&server.url, ""), 4).await;
+    assert_holds(&decision, 4, "the recommender answered HTTP 307 (Temporary Redirect)");
+    assert_eq!(server.requests().len(), 1);
+    assert!(elsewhere.requests().is_empty(), "the redirect was followed");
+}
+
+#[tokio::test]
+async fn rotated_tls_files_are_read_again() {
+    let (certs, server) = renamed_server();
+    let clients = RecommenderClients::with_cluster_name(None).files_recheck(Duration::ZERO);
+    let ca = tempfile::tempdir().unwrap();
+    let ca_file = ca.path().join("ca.pem");
+    let other = TestCerts::generate();
+    std::fs::copy(other.path("ca.pem"), &ca_file).unwrap();
+    let path = |file: &str| certs.path(file).display().to_string();
+    let keys = format!(
+        "ca_file = \"{}\"\nclient_cert_file = \"{}\"\nclient_key_file = \"{}\"\nserver_name = \"reco.internal\"",
+        ca_file.display(),
+        path("client.pem"),
+        path("client.key")
+    );
+    let web = autoscaler(&server.url(), &keys);
+    let (_, decision) = ask_and_decide(&clients, &web, 4).await;
+    assert_holds(&decision, 4, "certificate");
+    // The right CA, written in place (another size, so the change is seen whatever the clock).
+    let mut right = std::fs::read(certs.path("ca.pem")).unwrap();
+    right.extend_from_slice(b"\n\n");
+    std::fs::write(&ca_file, right).unwrap();
+    let (_, decision) = ask_and_decide(&clients, &web, 4).await;
+    assert_eq!((decision.action, decision.replicas), (Action::ScaleUp, 7), "{}", decision.reason);
+}
+
+#[tokio::test]
+async fn recommenders_no_longer_in_use_leave_no_series_behind() {
+    let server = FakeRecommender::start().await;
+    let registry = prometheus::Registry::new();
+    let clients = RecommenderClients::new(None, HttpClientMetrics::new(&registry).expect("register"));
+    // Autoscalers come and go, each with a recommender of its own (a path each).
+    let churned: Vec<Autoscaler> = (0..40).map(|i| autoscaler(&format!("{}/{i}", server.url), "")).collect();
+    let kept = autoscaler(&format!("{}/kept", server.url), "");
+    clients.retain(churned.iter().chain([&kept]).map(recommender));
+    server.answer(503, "busy", Duration::ZERO);
+    for web in churned.iter().chain([&kept]) {
+        ask_and_decide(&clients, web, 4).await;
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let closed = autoscaler(&format!("http://127.0.0.1:{port}/"), "");
+    clients.retain(churned.iter().chain([&kept, &closed]).map(recommender));
+    ask_and_decide(&clients, &closed, 4).await;
+    let series = |text: &str| text.lines().filter(|l| l.starts_with("http_client_")).count();
+    // Per recommender: 12 duration lines (9 buckets, sum, count; and the counter), errors, in flight.
+    assert!(series(&exposition(&registry)) > 40 * 12, "{}", exposition(&registry));
+
+    // Only `kept` runs now: the others' series go.
+    clients.retain([recommender(&kept)]);
+    let text = exposition(&registry);
+    let remaining: BTreeSet<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("http_client_"))
+        .filter_map(|l| l.split("client=\"").nth(1)?.split('"').next())
+        .collect();
+    assert_eq!(remaining, BTreeSet::from([format!("{}/kept", server.url).as_str()]), "{text}");
+
+    // A request still in flight for a recommender that went does not bring its series back.
+    ask_and_decide(&clients, &churned[0], 4).await;
+    ask_and_decide(&clients, &closed, 4).await;
+    assert!(!exposition(&registry).contains(&format!("{}/0\"", server.url)), "{}", exposition(&registry));
+    assert!(!exposition(&registry).contains(&format!("127.0.0.1:{port}/")), "{}", exposition(&registry));
+    clients.retain([]);
+    assert_eq!(series(&exposition(&registry)), 0, "{}", exposition(&registry));
 }

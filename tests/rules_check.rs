@@ -38,6 +38,16 @@ fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
     path
 }
 
+/// `check`'s output is one line starting with each of `expected`, in order, then `summary`.
+fn assert_problems(out: &str, expected: &[String], summary: &str) {
+    let lines: Vec<&str> = out.lines().collect();
+    for (line, expected) in lines.iter().zip(expected) {
+        assert!(line.starts_with(expected.as_str()), "expected a line starting with\n  {expected}\nin:\n{out}");
+    }
+    assert_eq!(lines.len(), expected.len() + 1, "{out}");
+    assert_eq!(lines.last(), Some(&summary));
+}
+
 #[test]
 fn every_example_in_config_passes_with_a_summary_per_autoscaler() {
     let files = config_files();
@@ -112,6 +122,46 @@ query = ""
 high_watermark = "lots"
 "#;
 
+/// A Prometheus `max_age` on a query whose data the backend cannot date would never fire: said.
+#[test]
+fn a_prometheus_max_age_that_cannot_see_the_data_age_is_warned_about() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(
+        dir.path(),
+        "rules.toml",
+        r#"
+[backend.prom]
+type = "prometheus"
+url = "http://127.0.0.1:9090"
+max_age = "2m"
+
+[[autoscaler]]
+name = "queue"
+target = { kind = "Deployment", namespace = "jobs", name = "worker" }
+max_replicas = 10
+
+[[autoscaler.metric]]
+name = "depth"
+backend = "prom"
+query = 'sum(queue_depth{app="worker"})'
+high_watermark = 100
+low_watermark = 10
+
+[[autoscaler.metric]]
+name = "jobs"
+backend = "prom"
+query = 'sum(rate(jobs_total{app="worker"}[1m]))'
+high_watermark = 100
+low_watermark = 10
+"#,
+    );
+    let output = check(&[&file]);
+    let out = stdout(&output);
+    assert!(output.status.success(), "{out}");
+    assert!(out.contains("warning: metric \"jobs\": max_age cannot find its data stale"), "{out}");
+    assert!(!out.contains("metric \"depth\": max_age"), "{out}");
+}
+
 #[test]
 fn a_broken_file_lists_every_problem_with_line_autoscaler_and_field() {
     let dir = tempfile::tempdir().unwrap();
@@ -134,12 +184,7 @@ fn a_broken_file_lists_every_problem_with_line_autoscaler_and_field() {
         format!("{file}:25: autoscaler \"billing\": metric \"latency\": query must not be empty"),
         format!("{file}:26: autoscaler \"billing\": metric \"latency\": high_watermark must be a number or a quantity: \"lots\" is not a Kubernetes quantity"),
     ];
-    let lines: Vec<&str> = out.lines().collect();
-    for (line, expected) in lines.iter().zip(&expected) {
-        assert!(line.starts_with(expected.as_str()), "expected a line starting with\n  {expected}\nin:\n{out}");
-    }
-    assert_eq!(lines.len(), expected.len() + 1, "{out}");
-    assert_eq!(lines.last(), Some(&format!("{file}: 10 problems").as_str()));
+    assert_problems(&out, &expected, &format!("{file}: 10 problems"));
     assert!(!out.contains("do-not-print-me"), "a secret was echoed:\n{out}");
 }
 
@@ -243,4 +288,49 @@ fn a_plain_http_datadog_url_is_refused_unless_allowed() {
         let output = check(&[&path]);
         assert!(output.status.success(), "{name}: {}", stdout(&output));
     }
+}
+
+/// Durations and replica counts beyond what the daemon can use: each once passed `check`, and
+/// then overflowed a time addition (killing the daemon) or made every `/scale` write fail.
+const UNBOUNDED: &str = r#"[backend.dd]
+type = "datadog"
+api_key_env = "DD_API_KEY"
+app_key_env = "DD_APP_KEY"
+bad_query_retry = 9223372036854775807
+
+[[autoscaler]]
+name = "billing"
+target = { kind = "Deployment", namespace = "prod", name = "billing" }
+interval = 9223372036854775807
+max_replicas = 2147483648
+metric = [{ backend = "dd", query = "avg:load{app:billing}", high_watermark = 10 }]
+
+[[autoscaler]]
+name = "billing-copy"
+target = { kind = "Deployment", namespace = "prod", name = "billing" }
+max_replicas = 9
+metric = [{ backend = "dd", query = "avg:load{app:billing}", high_watermark = 10 }]
+"#;
+
+#[test]
+fn unbounded_durations_replica_counts_and_a_shared_target_are_refused_with_their_position() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), "unbounded.toml", UNBOUNDED);
+    let output = check(&[&path]);
+    assert_eq!(output.status.code(), Some(1));
+    let out = stdout(&output);
+    let file = path.display();
+    let expected = [
+        format!("{file}:5: backend.dd.bad_query_retry (9223372036854775807) must be at most 1day (86400s)"),
+        format!("{file}:10: autoscaler \"billing\": interval (9223372036854775807) must be at most 1day (86400s)"),
+        format!(
+            "{file}:11: autoscaler \"billing\": max_replicas (2147483648) must be a whole number from 0 to 2147483647 \
+             (the largest replica count Kubernetes takes)"
+        ),
+        format!(
+            "{file}:16: autoscaler \"billing-copy\": target names the same Deployment prod/billing as the autoscaler \
+             \"billing\" on line 9: two active autoscalers on one target fight over its replicas"
+        ),
+    ];
+    assert_problems(&out, &expected, &format!("{file}: 4 problems"));
 }

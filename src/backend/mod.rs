@@ -107,8 +107,12 @@ pub enum QueryError {
     /// The backend's rate limit is exhausted: wait for its reset.
     #[error("rate limited: the budget resets in {reset_in_seconds}s")]
     RateLimited { reset_in_seconds: u64 },
-    /// Skipped this cycle to keep within the rate limit: the effective interval is stretched.
-    #[error("deferred: Datadog's remaining rate budget allows a cycle every {stretched_interval_seconds}s")]
+    /// Skipped this cycle to keep within the rate limit (or within the namespace's share of
+    /// it): the effective interval is stretched.
+    #[error(
+        "deferred: the Datadog rate budget (or the namespace's share of it) allows this query every \
+         {stretched_interval_seconds}s"
+    )]
     Deferred { stretched_interval_seconds: u64 },
     /// HTTP 5xx, a `status: "error"` in a 200 answer, or a Prometheus server-side error, after
     /// retries.
@@ -251,6 +255,23 @@ impl MetricBackend {
             });
         }
         Ok(read)
+    }
+}
+
+impl MetricBackend {
+    /// `evaluate`, knowing which namespace asks each query (`None`: the rules file). Datadog
+    /// holds each namespace to its share of the rate budget; Prometheus has no shared budget.
+    pub async fn evaluate_for(
+        &self,
+        queries: &[MetricQuery],
+        namespaces: &[Option<&str>],
+        now: Timestamp,
+        deadline: Instant,
+    ) -> Vec<Observation> {
+        match self {
+            MetricBackend::Datadog(c) => c.evaluate_for(queries, namespaces, now, deadline).await,
+            MetricBackend::Prometheus(c) => c.evaluate(queries, now, deadline).await,
+        }
     }
 }
 

@@ -17,6 +17,7 @@ use super::query::{
     datadog_query, metric_reference, tag_scope, DatadogMetricQueries, MetricReference, DEFAULT_AGGREGATOR,
     DEFAULT_ROLLUP_SECONDS,
 };
+use super::recommender_policy::RecommenderPolicy;
 use super::types::{
     ExternalMetricSource, MetricSpec, Quantity, RecommenderSpec, ResourceMetricSource, WatermarkPodAutoscaler,
     WatermarkPodAutoscalerSpec,
@@ -44,6 +45,8 @@ pub struct MappingOptions {
     pub rollup_seconds: u32,
     /// The declared backends, when known: every backend a WPA uses is checked against them.
     backends: Option<BTreeMap<String, Option<Backend>>>,
+    /// The recommender URLs and TLS files a WPA may name (by default none).
+    recommender_policy: RecommenderPolicy,
 }
 
 impl MappingOptions {
@@ -53,7 +56,15 @@ impl MappingOptions {
             aggregator: DEFAULT_AGGREGATOR.into(),
             rollup_seconds: DEFAULT_ROLLUP_SECONDS,
             backends: None,
+            recommender_policy: RecommenderPolicy::default(),
         }
+    }
+
+    /// Lets WPAs use the recommenders and TLS files `policy` allows (the daemon's
+    /// `recommender_allowed_urls` and `recommender_tls_dir`).
+    pub fn with_recommender_policy(mut self, policy: RecommenderPolicy) -> Self {
+        self.recommender_policy = policy;
+        self
     }
 
     /// Checks every backend reference against these (the daemon's `[backend.NAME]` tables).
@@ -132,6 +143,17 @@ pub enum MapError {
     Invalid { problems: Vec<Problem>, unsupported: Vec<Unsupported> },
     /// The spec is valid but uses something watermarkd does not support yet.
     Unsupported(Vec<Unsupported>),
+    /// The WPA is valid, but another autoscaler already scales its target: the rules file's,
+    /// or an older WPA. Two would fight over the replicas; this one waits until the other goes.
+    TargetConflict {
+        /// `namespace/name` of this WPA.
+        wpa: String,
+        /// The object both scale: `Deployment shop/web`.
+        target: String,
+        /// Who scales it: `WatermarkPodAutoscaler shop/web-a (the older one)`, or the rules
+        /// file's autoscaler.
+        holder: String,
+    },
 }
 
 impl fmt::Display for MapError {
@@ -139,6 +161,13 @@ impl fmt::Display for MapError {
         let (problems, unsupported): (&[Problem], &[Unsupported]) = match self {
             MapError::Invalid { problems, unsupported } => (problems, unsupported),
             MapError::Unsupported(unsupported) => (&[], unsupported),
+            MapError::TargetConflict { wpa, .. } => {
+                return write!(
+                    f,
+                    "WatermarkPodAutoscaler {wpa}: not run: {}",
+                    self.conflict_reason().unwrap_or_default()
+                )
+            }
         };
         let mut lines = problems
             .iter()
@@ -159,6 +188,18 @@ impl fmt::Display for MapError {
 }
 
 impl std::error::Error for MapError {}
+
+impl MapError {
+    /// Why a WPA in conflict does not run, without its own name (for its status).
+    pub fn conflict_reason(&self) -> Option<String> {
+        let MapError::TargetConflict { target, holder, .. } = self else { return None };
+        Some(format!(
+            "{target} is already scaled by {holder}; two autoscalers on one target would fight over its replicas. \
+             This one runs once that one is gone (or delete this one, or mark it a shadow rule with the \
+             {SHADOW_ANNOTATION}: \"true\" annotation)"
+        ))
+    }
+}
 
 /// `namespace/name`: how a WPA is named as an autoscaler, in problems, logs and metrics.
 pub fn wpa_id(wpa: &WatermarkPodAutoscaler) -> String {
@@ -224,7 +265,7 @@ pub fn map_wpa(
     }
     let context = ResourceContext { readiness_delay_seconds: spec.readiness_delay_seconds, pod_aggregation };
     if let Some(recommender) = &spec.recommender {
-        notes.extend(mapper.recommender(&mut document, recommender));
+        notes.extend(mapper.recommender(&mut document, recommender, &options.recommender_policy));
         if !spec.metrics.is_empty() {
             notes.push(
                 "spec.metrics has no effect: with spec.recommender the replica count comes from the recommender, as in \
@@ -271,7 +312,13 @@ pub fn map_wpa(
     let result = autoscaler_from_document(&Value::Object(document), options.backends.as_ref(), &rename);
     let Mapper { mut problems, unsupported, .. } = mapper;
     let autoscaler = match result {
-        Ok(autoscaler) => Some(autoscaler),
+        Ok(mut autoscaler) => {
+            if let Some(recommender) = autoscaler.recommender.as_mut() {
+                // Where the files must still be once symlinks are followed, checked as they are read.
+                recommender.tls_dir = options.recommender_policy.tls_dir().map(Into::into);
+            }
+            Some(autoscaler)
+        }
         Err(found) => {
             let echoes = |p: &Problem| broken.iter().any(|i| is_within(&p.field, &format!("spec.metrics[{i}]")));
             problems.extend(found.into_iter().filter(|p| !echoes(p)).map(wpa_vocabulary));
@@ -293,6 +340,33 @@ pub fn map_wpa(
             }],
             unsupported,
         }),
+    }
+}
+
+/// What a WPA's `tlsConfig.serverName` becomes.
+enum ServerNameUse {
+    /// The name to verify the certificate against (and send as SNI). A name the rules reader
+    /// refuses lands here too, so that its problem is said.
+    Verify,
+    /// The url's own host (an IP address): what is verified anyway.
+    UrlHost,
+    /// The url is `http://`: there is no certificate, and the Datadog controller ignores it too.
+    NoTls,
+    /// Another IP address: the client can only verify a DNS name other than the url's host.
+    OtherAddress,
+}
+
+fn server_name_use(server_name: &str, url: &str) -> ServerNameUse {
+    let Ok(parsed) = reqwest::Url::parse(url) else { return ServerNameUse::Verify };
+    if parsed.scheme() == "http" {
+        return ServerNameUse::NoTls;
+    }
+    let address = |text: &str| text.trim_start_matches('[').trim_end_matches(']').parse::<std::net::IpAddr>().ok();
+    let Some(named) = address(server_name) else { return ServerNameUse::Verify };
+    if parsed.host_str().and_then(address) == Some(named) {
+        ServerNameUse::UrlHost
+    } else {
+        ServerNameUse::OtherAddress
     }
 }
 
@@ -461,7 +535,13 @@ impl Mapper {
 
     /// `spec.recommender` as the rules file's `recommender` table; returns what of it has no
     /// effect. Its watermarks are the bounds sent to the service, and the rule's one metric.
-    fn recommender(&mut self, document: &mut Map<String, Value>, recommender: &RecommenderSpec) -> Vec<String> {
+    /// The url and the TLS files must be ones `policy` allows.
+    fn recommender(
+        &mut self,
+        document: &mut Map<String, Value>,
+        recommender: &RecommenderSpec,
+        policy: &RecommenderPolicy,
+    ) -> Vec<String> {
         let at = "spec.recommender";
         let mut notes = Vec::new();
         self.path("recommender", at);
@@ -475,6 +555,9 @@ impl Mapper {
         };
         let text = |v: &Option<String>| v.as_ref().filter(|v| !v.is_empty()).map(|v| Value::String(v.clone()));
         put(self, "url", "url", Some(Value::String(recommender.url.clone())));
+        if let Some(problem) = policy.url_problem(&recommender.url) {
+            self.problem(&format!("{at}.url"), problem);
+        }
         put(self, "target_type", "targetType", text(&recommender.target_type));
         let settings: Map<String, Value> =
             recommender.settings.iter().map(|(k, v)| (k.clone(), Value::String(v.clone()))).collect();
@@ -484,18 +567,41 @@ impl Mapper {
         self.path("metric[0].high_watermark", &format!("{at}.highWatermark"));
         self.path("metric[0].low_watermark", &format!("{at}.lowWatermark"));
         let tls = recommender.tls_config.clone().unwrap_or_default();
-        put(self, "ca_file", "tlsConfig.caFile", text(&tls.ca_file));
-        put(self, "client_cert_file", "tlsConfig.certFile", text(&tls.cert_file));
-        put(self, "client_key_file", "tlsConfig.keyFile", text(&tls.key_file));
+        for (key, wpa, path) in [
+            ("ca_file", "tlsConfig.caFile", &tls.ca_file),
+            ("client_cert_file", "tlsConfig.certFile", &tls.cert_file),
+            ("client_key_file", "tlsConfig.keyFile", &tls.key_file),
+        ] {
+            let Some(path) = path.as_ref().filter(|p| !p.is_empty()) else {
+                put(self, key, wpa, None);
+                continue;
+            };
+            match policy.tls_file(path) {
+                Ok(resolved) => put(self, key, wpa, Some(Value::String(resolved.display().to_string()))),
+                Err(why) => {
+                    // A stand-in keeps the reader from also calling the other half missing.
+                    put(self, key, wpa, Some(Value::String(path.clone())));
+                    self.problem(&format!("{at}.{wpa}"), why);
+                }
+            }
+        }
         put(self, "insecure_skip_verify", "tlsConfig.insecureSkipVerify", tls.insecure_skip_verify.map(Value::Bool));
         if let Some(server_name) = tls.server_name.as_ref().filter(|n| !n.is_empty()) {
-            self.unsupported(
-                &format!("{at}.tlsConfig.serverName"),
-                format!(
-                    "({server_name:?}) is not supported yet: watermarkd checks the certificate against the url's host; \
-                     put that name in the url"
+            let field = format!("{at}.tlsConfig.serverName");
+            match server_name_use(server_name, &recommender.url) {
+                ServerNameUse::Verify => put(self, "server_name", "tlsConfig.serverName", text(&tls.server_name)),
+                ServerNameUse::UrlHost => {}
+                ServerNameUse::NoTls => notes.push(format!(
+                    "{field} ({server_name}) has no effect: the url is http://, without TLS, as in the Datadog controller"
+                )),
+                ServerNameUse::OtherAddress => self.unsupported(
+                    &field,
+                    format!(
+                        "({server_name}) is an IP address other than the url's host: watermarkd verifies the \
+                         certificate against another name only when it is a DNS name; put this address in the url"
+                    ),
                 ),
-            );
+            }
         }
         for (field, version) in [("minVersion", &tls.min_version), ("maxVersion", &tls.max_version)] {
             if let Some(version) = version.as_ref().filter(|v| !v.is_empty()) {

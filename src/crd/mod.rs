@@ -7,12 +7,14 @@
 //!   extraction and validation, with the WPA's field paths in every problem.
 //! - `query`: the Datadog query the Cluster Agent would have built for an External metric.
 //! - `annotation`: `watermarkd.io/queries`, a raw query and backend per metric.
+//! - `recommender_policy`: which recommender URLs and TLS files a WPA may name.
 //! - `status`: the status the Datadog controller would write, from an engine decision.
 //! - `schema`: the CustomResourceDefinition `watermarkd crd` prints.
 
 mod annotation;
 mod mapping;
 mod query;
+mod recommender_policy;
 mod schema;
 mod status;
 mod types;
@@ -21,8 +23,11 @@ pub use annotation::QUERIES_ANNOTATION;
 pub use mapping::{map_wpa, MapError, MappingOptions, Unsupported, SHADOW_ANNOTATION};
 pub(crate) use query::DatadogMetricIndex;
 pub use query::NoDatadogMetrics;
+pub use recommender_policy::{check_tls_dir, AllowedUrl, RecommenderPolicy, ALLOWED_URLS_SETTING, TLS_DIR_SETTING};
 pub use schema::{crd_yaml, custom_resource_definition};
 pub use status::{next_status, status_changed, ScaleWrite};
-pub(crate) use status::{rejected_status, set_condition, ABLE_TO_SCALE, ABOVE_HIGH_WATERMARK, BELOW_LOW_WATERMARK};
+pub(crate) use status::{
+    rejected_status, set_condition, ABLE_TO_SCALE, ABOVE_HIGH_WATERMARK, BELOW_LOW_WATERMARK, TARGET_CONFLICT,
+};
 pub(crate) use types::{DatadogMetric, WatermarkPodAutoscalerStatus, API_VERSION, KIND};
 pub use types::{Quantity, WatermarkPodAutoscaler, WatermarkPodAutoscalerSpec};

@@ -28,6 +28,9 @@ pub const SCALING_LIMITED: &str = "ScalingLimited";
 pub const ABOVE_HIGH_WATERMARK: &str = "AboveHighWatermark";
 pub const BELOW_LOW_WATERMARK: &str = "BelowLowWatermark";
 pub const DRY_RUN: &str = "DryRun";
+/// The reason of `ScalingActive` = False on a WPA whose target another autoscaler scales (and
+/// of the Warning event that says so).
+pub const TARGET_CONFLICT: &str = "TargetConflict";
 
 /// What became of the scale write the decision asked for.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -423,6 +426,12 @@ pub fn rejected_status(
                 format!("watermarkd does not run this WPA: {}", parts.join("; ")),
             )]
         }
+        MapError::TargetConflict { .. } => vec![Update::new(
+            SCALING_ACTIVE,
+            false,
+            TARGET_CONFLICT,
+            format!("watermarkd does not run this WPA: {}", error.conflict_reason().unwrap_or_default()),
+        )],
     };
     apply(base, &updates, now)
 }

@@ -11,7 +11,7 @@ use watermarkd_engine::{
     ScalingRulesSpec, SelectPolicy,
 };
 
-use super::backend::{checked_url, positive_duration, read_tls, string_map, DEFAULT_TIMEOUT};
+use super::backend::{checked_url, positive_duration_at_most, read_tls, string_map, DEFAULT_TIMEOUT, MAX_TIMEOUT};
 use super::problem::{Scope, Sink};
 use super::reader::Table;
 use super::selector::{parse_selector, selector_text};
@@ -23,6 +23,10 @@ use super::{
 
 pub(crate) const DEFAULT_INTERVAL: Duration = Duration::from_secs(15);
 const MIN_INTERVAL: Duration = Duration::from_secs(1);
+/// The HPA's bounds (and the engine's), checked here too so that the problem names them
+/// whatever the value.
+const MAX_STABILIZATION_WINDOW: Duration = Duration::from_secs(3600);
+const MAX_POLICY_PERIOD: Duration = Duration::from_secs(1800);
 const DEFAULT_API_VERSION: &str = "apps/v1";
 
 const AUTOSCALER_KEYS: &[&str] = &[
@@ -81,6 +85,7 @@ const RECOMMENDER_KEYS: &[&str] = &[
     "client_cert_file",
     "client_key_file",
     "insecure_skip_verify",
+    "server_name",
 ];
 const BEHAVIOR_KEYS: &[&str] = &["scale_up", "scale_down"];
 const SCALING_RULES_KEYS: &[&str] = &["tolerance", "stabilization_window", "select_policy", "policies"];
@@ -131,6 +136,8 @@ pub(crate) struct Parsed {
     pub name_line: Option<usize>,
     /// The line of `shadow` (for problems with the shadow's pairing).
     pub shadow_line: Option<usize>,
+    /// The line of `target` (for two autoscalers on one target).
+    pub target_line: Option<usize>,
 }
 
 /// One metric as read, before we know whether the whole entry is valid.
@@ -157,6 +164,7 @@ pub(crate) fn read_autoscaler(node: &Node, form: Form<'_>, sink: &mut Sink) -> P
         shadow: false,
         name_line,
         shadow_line: node.entry("shadow").and_then(|e| e.line),
+        target_line: node.entry("target").and_then(|e| e.line).or(name_line),
     };
     if node.entries().is_none() {
         let message = match form {
@@ -284,8 +292,8 @@ fn read_interval(table: &mut Table<'_>, sink: &mut Sink) -> Option<Duration> {
 /// (one place for the rules file and CRD mode) apply.
 fn read_rule_spec(table: &mut Table<'_>, sink: &mut Sink, metrics: &[MetricEntry]) -> RuleSpec {
     RuleSpec {
-        min_replicas: table.count(sink, "min_replicas"),
-        max_replicas: table.count(sink, "max_replicas"),
+        min_replicas: table.replicas(sink, "min_replicas"),
+        max_replicas: table.replicas(sink, "max_replicas"),
         algorithm: table.choice(sink, "algorithm", Algorithm::parse, "\"absolute\" or \"average\""),
         tolerance: table.number(sink, "tolerance"),
         upscale_tolerance: table.number(sink, "upscale_tolerance"),
@@ -300,7 +308,7 @@ fn read_rule_spec(table: &mut Table<'_>, sink: &mut Sink, metrics: &[MetricEntry
         upscale_delay_above_watermark: table.duration(sink, "upscale_delay_above_watermark"),
         downscale_delay_below_watermark: table.duration(sink, "downscale_delay_below_watermark"),
         behavior: read_behavior(table, sink),
-        replica_modulo: table.count(sink, "replica_modulo"),
+        replica_modulo: table.replicas(sink, "replica_modulo"),
         converge_towards_watermark: table.choice(
             sink,
             "converge_towards_watermark",
@@ -336,9 +344,16 @@ fn read_recommender(table: &mut Table<'_>, form: Form<'_>, sink: &mut Sink) -> O
     let settings = string_map(&mut rec, sink, "settings");
     let low = rec.number(sink, "low_watermark");
     let high = rec.number(sink, "high_watermark");
-    let timeout = positive_duration(&mut rec, sink, "timeout").unwrap_or(DEFAULT_TIMEOUT);
+    let timeout = positive_duration_at_most(&mut rec, sink, "timeout", MAX_TIMEOUT).unwrap_or(DEFAULT_TIMEOUT);
     let cluster_name = rec.text(sink, "cluster_name");
     let tls = read_tls(&mut rec, sink);
+    let server_name = rec.text(sink, "server_name").and_then(|name| match server_name_problem(&name, url.as_deref()) {
+        None => Some(name),
+        Some(problem) => {
+            rec.report(sink, "server_name", problem);
+            None
+        }
+    });
     rec.finish(sink, RECOMMENDER_KEYS);
     let recommender = Recommender {
         url: url.unwrap_or_default(),
@@ -349,6 +364,8 @@ fn read_recommender(table: &mut Table<'_>, form: Form<'_>, sink: &mut Sink) -> O
         timeout,
         cluster_name,
         tls,
+        server_name,
+        tls_dir: None,
     };
     let name = recommender.metric_name();
     let entry = MetricEntry {
@@ -365,6 +382,22 @@ fn read_recommender(table: &mut Table<'_>, form: Form<'_>, sink: &mut Sink) -> O
         average_line: None,
     };
     Some((recommender, entry))
+}
+
+/// What is wrong with `server_name` for a recommender at `url` (when the url is valid): it must
+/// be a DNS name, and it only means something over TLS.
+pub(crate) fn server_name_problem(name: &str, url: Option<&str>) -> Option<String> {
+    if url.is_some_and(|url| !url.starts_with("https://")) {
+        return Some(format!("({name:?}) applies to https:// urls only: the url is http://"));
+    }
+    match rustls::pki_types::ServerName::try_from(name) {
+        Ok(rustls::pki_types::ServerName::DnsName(_)) => None,
+        Ok(_) => Some(format!(
+            "({name:?}) must be a DNS name: to verify the certificate against an IP address, put the address in \
+             the url"
+        )),
+        Err(_) => Some(format!("({name:?}) is not a DNS name")),
+    }
 }
 
 fn read_metrics(table: &mut Table<'_>, form: Form<'_>, sink: &mut Sink) -> Vec<MetricEntry> {
@@ -608,7 +641,7 @@ fn read_scaling_rules(behavior: &mut Table<'_>, sink: &mut Sink, key: &str) -> O
     let mut rules = behavior.table(sink, key)?;
     let spec = ScalingRulesSpec {
         tolerance: rules.number(sink, "tolerance"),
-        stabilization_window: rules.duration(sink, "stabilization_window"),
+        stabilization_window: rules.duration_at_most(sink, "stabilization_window", MAX_STABILIZATION_WINDOW),
         select_policy: rules.choice(sink, "select_policy", SelectPolicy::parse, "\"max\", \"min\" or \"disabled\""),
         policies: read_policies(&mut rules, sink),
     };
@@ -625,9 +658,10 @@ fn read_policies(rules: &mut Table<'_>, sink: &mut Sink) -> Option<Vec<Policy>> 
             let mut policy = Table::new(node, rules.scope.element("policies", index), sink)?;
             let kind = policy.choice(sink, "type", PolicyKind::parse, "\"pods\" or \"percent\"");
             let kind = policy.require(sink, "type", kind);
-            let value = policy.count(sink, "value");
+            // A number of pods, or a percentage of them: an int32 in the HPA either way.
+            let value = policy.replicas(sink, "value");
             let value = policy.require(sink, "value", value);
-            let period = policy.duration(sink, "period");
+            let period = policy.duration_at_most(sink, "period", MAX_POLICY_PERIOD);
             let period = policy.require(sink, "period", period);
             policy.finish(sink, POLICY_KEYS);
             Some(Policy { kind: kind?, value: value?, period: period? })

@@ -33,12 +33,14 @@ const DATADOG_KEYS: &[&str] = &[
     "max_in_flight",
     "bad_query_retry",
     "allow_insecure_http",
+    "namespace_budget_percent",
 ];
 const PROMETHEUS_KEYS: &[&str] = &[
     "type",
     "url",
     "timeout",
     "max_in_flight",
+    "max_age",
     "tenant",
     "headers",
     "params",
@@ -53,6 +55,8 @@ const PROMETHEUS_KEYS: &[&str] = &[
 const BASIC_AUTH_KEYS: &[&str] = &["username", "password_env", "password_file"];
 const DEFAULT_DATADOG_WINDOW: Duration = Duration::from_secs(300);
 pub(super) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+/// A request that has not answered in five minutes will not: longer would only hold a cycle.
+pub(super) const MAX_TIMEOUT: Duration = Duration::from_secs(300);
 /// A query's text only changes with the rules file; ten minutes keeps a rejected one from
 /// costing a request (or a split batch) every cycle, and a fix on Datadog's side (a metric
 /// that starts to exist, a tag that appears) is still picked up soon.
@@ -112,9 +116,10 @@ fn read_datadog(table: &mut Table<'_>, sink: &mut Sink) -> Option<DatadogBackend
     let app_key = read_secret(table, sink, "app_key");
     let window = positive_duration(table, sink, "window").unwrap_or(DEFAULT_DATADOG_WINDOW);
     let max_age = positive_duration(table, sink, "max_age");
-    let timeout = positive_duration(table, sink, "timeout").unwrap_or(DEFAULT_TIMEOUT);
+    let timeout = positive_duration_at_most(table, sink, "timeout", MAX_TIMEOUT).unwrap_or(DEFAULT_TIMEOUT);
     let max_in_flight = in_flight(table, sink).unwrap_or(DEFAULT_DATADOG_IN_FLIGHT);
     let bad_query_retry = positive_duration(table, sink, "bad_query_retry").unwrap_or(DEFAULT_BAD_QUERY_RETRY);
+    let namespace_budget_percent = namespace_budget_percent(table, sink);
     if !url_ok || !site_ok {
         return None;
     }
@@ -129,6 +134,7 @@ fn read_datadog(table: &mut Table<'_>, sink: &mut Sink) -> Option<DatadogBackend
         max_in_flight,
         bad_query_retry,
         allow_insecure_http,
+        namespace_budget_percent: namespace_budget_percent?,
     })
 }
 
@@ -147,11 +153,26 @@ fn secure_enough(table: &Table<'_>, sink: &mut Sink, url: &str) -> bool {
     false
 }
 
+/// `namespace_budget_percent`: 1 to 100 (the default, no bound).
+fn namespace_budget_percent(table: &mut Table<'_>, sink: &mut Sink) -> Option<u32> {
+    let key = "namespace_budget_percent";
+    match table.count(sink, key) {
+        None if table.has(key) => None,
+        None => Some(100),
+        Some(percent @ 1..=100) => Some(percent),
+        Some(other) => {
+            table.report(sink, key, format!("({other}) must be a percentage from 1 to 100"));
+            None
+        }
+    }
+}
+
 fn read_prometheus(table: &mut Table<'_>, sink: &mut Sink) -> Option<PrometheusBackend> {
     let url = table.text(sink, "url");
     let url = table.require(sink, "url", url).and_then(|url| checked_url(table, sink, url));
-    let timeout = positive_duration(table, sink, "timeout").unwrap_or(DEFAULT_TIMEOUT);
+    let timeout = positive_duration_at_most(table, sink, "timeout", MAX_TIMEOUT).unwrap_or(DEFAULT_TIMEOUT);
     let max_in_flight = in_flight(table, sink).unwrap_or(DEFAULT_PROMETHEUS_IN_FLIGHT);
+    let max_age = positive_duration(table, sink, "max_age");
     let tenant = table.text(sink, "tenant");
     let headers = string_map(table, sink, "headers");
     let params = string_map(table, sink, "params");
@@ -186,6 +207,7 @@ fn read_prometheus(table: &mut Table<'_>, sink: &mut Sink) -> Option<PrometheusB
         url: url?,
         timeout,
         max_in_flight,
+        max_age,
         tenant,
         headers: headers?,
         params: params?,
@@ -213,8 +235,18 @@ pub(super) fn read_tls(table: &mut Table<'_>, sink: &mut Sink) -> TlsSettings {
     tls
 }
 
+/// A duration longer than zero and at most a day ([`super::reader::MAX_DURATION`]).
 pub(super) fn positive_duration(table: &mut Table<'_>, sink: &mut Sink, key: &str) -> Option<Duration> {
-    let value = table.duration(sink, key)?;
+    positive_duration_at_most(table, sink, key, super::reader::MAX_DURATION)
+}
+
+pub(super) fn positive_duration_at_most(
+    table: &mut Table<'_>,
+    sink: &mut Sink,
+    key: &str,
+    max: Duration,
+) -> Option<Duration> {
+    let value = table.duration_at_most(sink, key, max)?;
     if value.is_zero() {
         table.report(sink, key, "must be longer than 0s");
         return None;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use watermarkd_engine::{Algorithm, ConvergeTowards, Policy, PolicyKind, ScalingRules, SelectPolicy, Velocity};
 
 use super::quantity::format_quantity;
-use super::{load_rules, Autoscaler};
+use super::{load_rules, Autoscaler, Backend, RulesFile};
 
 /// Checks each file, writing its problems or its summary to `out`. Returns false if any file
 /// has a problem.
@@ -21,7 +21,7 @@ pub fn run_check(files: &[PathBuf], out: &mut impl Write) -> std::io::Result<boo
                 writeln!(out, "{}: ok, {count}", file.display())?;
                 for autoscaler in &rules.autoscalers {
                     writeln!(out, "  {}", summary(autoscaler))?;
-                    for warning in warnings(autoscaler) {
+                    for warning in warnings(autoscaler).into_iter().chain(undated_max_age(&rules, autoscaler)) {
                         writeln!(out, "    warning: {warning}")?;
                     }
                 }
@@ -138,6 +138,30 @@ pub fn warnings(autoscaler: &Autoscaler) -> Vec<String> {
         }
     }
     out
+}
+
+/// A `max_age` (the metric's or its Prometheus backend's) that can never find the data stale:
+/// the query is not one whose data time the backend can ask for, so its value is dated at the
+/// evaluation time.
+fn undated_max_age(rules: &RulesFile, autoscaler: &Autoscaler) -> Vec<String> {
+    let metrics = autoscaler.rule.metrics().iter().zip(&autoscaler.metrics);
+    metrics
+        .filter(|(metric, source)| match rules.backends.get(&source.backend) {
+            Some(Backend::Prometheus(backend)) => {
+                (metric.max_age.is_some() || backend.max_age.is_some())
+                    && !crate::backend::prometheus::dates(&source.query)
+            }
+            _ => false,
+        })
+        .map(|(_, source)| {
+            format!(
+                "metric {:?}: max_age cannot find its data stale: the query is not a series selector with a metric name or one \
+                 aggregation (sum, min, max, avg, count) of one, so Prometheus dates its value at the evaluation \
+                 time, however old the samples behind it",
+                source.name
+            )
+        })
+        .collect()
 }
 
 fn velocity(velocity: &Velocity) -> String {

@@ -36,6 +36,10 @@ pub struct RulesFile {
     pub backends: BTreeMap<String, Backend>,
     /// Autoscalers in file order; their names are unique.
     pub autoscalers: Vec<Autoscaler>,
+    /// The target of every active (not shadow) autoscaler, with the autoscaler's name; no two
+    /// name the same object. Kept when the autoscalers are moved out to run
+    /// (`runtime::rules_file::split`): in CRD mode no WPA runs on an object the file scales.
+    pub scaled: Vec<(TargetRef, Arc<str>)>,
 }
 
 impl Autoscaler {
@@ -83,6 +87,9 @@ pub struct DatadogBackend {
     /// Lets `url` be plain `http://` to a host other than loopback (default false: the keys
     /// would cross the network unencrypted).
     pub allow_insecure_http: bool,
+    /// The largest share of the rate budget, in percent, that the queries of one namespace's
+    /// WPAs may use (default 100: no bound).
+    pub namespace_budget_percent: u32,
 }
 
 /// Where a secret is read from when the daemon starts; never the secret itself.
@@ -103,6 +110,9 @@ pub struct PrometheusBackend {
     pub timeout: Duration,
     /// Requests in flight at once (default 8).
     pub max_in_flight: u32,
+    /// A value whose data is older is stale (no default: not checked). Only a query whose data
+    /// time can be asked for has one; others are dated at the evaluation time.
+    pub max_age: Option<Duration>,
     /// Sent as `X-Scope-OrgID` (Mimir, Cortex).
     pub tenant: Option<String>,
     /// Extra request headers (not for secrets: use `basic_auth` or `bearer_token_*`).
@@ -169,6 +179,13 @@ pub struct Recommender {
     /// `targetRef.cluster`; `None`: the daemon's `K8S_CLUSTER_NAME`, else empty.
     pub cluster_name: Option<String>,
     pub tls: TlsSettings,
+    /// The name the server's certificate is verified against (and sent as SNI) instead of the
+    /// url's host: a DNS name, for `https://` urls only (a WPA's `tlsConfig.serverName`).
+    pub server_name: Option<String>,
+    /// The directory every TLS file must resolve inside (after following symlinks), when the
+    /// files were named by someone other than the operator: a WPA's files must lie in the
+    /// daemon's `recommender_tls_dir`. `None` for a rules file, the operator's own.
+    pub tls_dir: Option<PathBuf>,
 }
 
 impl Recommender {
@@ -218,6 +235,23 @@ pub struct TargetRef {
     pub kind: Arc<str>,
     pub namespace: Arc<str>,
     pub name: Arc<str>,
+}
+
+/// What identifies the object a [`TargetRef`] names: API group (not version), kind, namespace
+/// and name. `apps/v1` and `apps/v1beta2` reach the same Deployment.
+pub type ObjectIdentity<'a> = (&'a str, &'a str, &'a str, &'a str);
+
+impl TargetRef {
+    /// The API group of `api_version` (`apps` of `apps/v1`; empty for the core `v1`).
+    pub fn group(&self) -> &str {
+        self.api_version.rsplit_once('/').map_or("", |(group, _)| group)
+    }
+
+    /// The object named, whatever the version it is reached through: two autoscalers whose
+    /// targets have the same identity scale the same object.
+    pub fn identity(&self) -> ObjectIdentity<'_> {
+        (self.group(), &self.kind, &self.namespace, &self.name)
+    }
 }
 
 /// The one shared copy of `text` among the texts interned and still in use.
@@ -373,7 +407,8 @@ pub fn parse_rules(text: &str, origin: &str) -> Result<RulesFile, RulesError> {
         return Err(fail(sink.into_sorted()));
     }
     let backends = declared.into_iter().filter_map(|(name, backend)| Some((name, backend?))).collect();
-    Ok(RulesFile { backends, autoscalers })
+    let scaled = autoscalers.iter().filter(|a| !a.shadow).map(|a| (a.target.clone(), Arc::clone(&a.name))).collect();
+    Ok(RulesFile { backends, autoscalers, scaled })
 }
 
 fn read_autoscalers(
@@ -385,6 +420,9 @@ fn read_autoscalers(
     let mut first_line_of: HashMap<String, Option<usize>> = HashMap::new();
     let mut autoscalers = Vec::new();
     let mut shadow_lines = Vec::new();
+    // Every entry's target, also of entries with other problems, so that one `check` lists
+    // every conflict too.
+    let mut claims = Vec::new();
     for (index, node) in nodes.iter().enumerate() {
         let parsed = read_autoscaler(node, Form::File { index, backends }, sink);
         let Some(name) = parsed.name else { continue };
@@ -399,6 +437,9 @@ fn read_autoscalers(
             continue;
         }
         first_line_of.insert(name.clone(), parsed.name_line);
+        if let Some(target) = parsed.target.as_ref().filter(|_| !parsed.shadow) {
+            claims.push(Claim { name: name.clone(), target: target.clone(), line: parsed.target_line });
+        }
         if let (Some(target), Some(rule)) = (parsed.target, parsed.rule) {
             autoscalers.push(Autoscaler {
                 name: name.into(),
@@ -412,8 +453,43 @@ fn read_autoscalers(
             shadow_lines.push(parsed.shadow_line);
         }
     }
+    check_target_conflicts(&claims, sink);
     check_shadow_pairs(&autoscalers, &shadow_lines, sink);
     autoscalers
+}
+
+/// Two active autoscalers on one object would fight over its replicas, and, since each keeps
+/// its state on the target, overwrite each other's, so that after a restart neither has its
+/// forbidden windows: the second is refused, naming the first. Shadow rules never write and may
+/// share a target.
+fn check_target_conflicts(claims: &[Claim], sink: &mut Sink) {
+    let mut first_on: HashMap<ObjectIdentity<'_>, &Claim> = HashMap::new();
+    for claim in claims {
+        let Some(first) = first_on.get(&claim.target.identity()) else {
+            first_on.insert(claim.target.identity(), claim);
+            continue;
+        };
+        let target = &claim.target;
+        let on_line = first.line.map(|l| format!(" on line {l}")).unwrap_or_default();
+        sink.problems.push(Problem {
+            line: claim.line,
+            autoscaler: Some(claim.name.clone()),
+            field: "target".into(),
+            message: format!(
+                "names the same {} {}/{} as the autoscaler {:?}{on_line}: two active autoscalers on one target fight \
+                 over its replicas and overwrite each other's saved state (remove one, or make one a shadow rule \
+                 with shadow = true)",
+                target.kind, target.namespace, target.name, first.name
+            ),
+        });
+    }
+}
+
+/// An active autoscaler's target, where the file names it.
+struct Claim {
+    name: String,
+    target: TargetRef,
+    line: Option<usize>,
 }
 
 /// Every shadow rule needs exactly one active autoscaler on its target, the one it is compared

@@ -106,18 +106,29 @@ impl<'a> Table<'a> {
         }
     }
 
-    /// A whole number from 0 to 4294967295 (replica counts, percentages, policy values).
+    /// A whole number from 0 to 4294967295 (percentages, request limits).
     pub fn count(&mut self, sink: &mut Sink, key: &str) -> Option<u32> {
+        self.count_at_most(sink, key, u32::MAX, "")
+    }
+
+    /// A replica count (or a number of pods): from 0 to 2147483647, since `/scale` and the HPA
+    /// take an int32 and a larger count could never be written.
+    pub fn replicas(&mut self, sink: &mut Sink, key: &str) -> Option<u32> {
+        self.count_at_most(sink, key, MAX_REPLICAS, " (the largest replica count Kubernetes takes)")
+    }
+
+    /// A whole number from 0 to `max`; `why` follows the bound in the problem.
+    fn count_at_most(&mut self, sink: &mut Sink, key: &str, max: u32, why: &str) -> Option<u32> {
         let entry = self.take(key)?;
         match entry.value.kind {
             Kind::Integer(i) => match u32::try_from(i) {
-                Ok(count) => Some(count),
-                Err(_) => {
+                Ok(count) if count <= max => Some(count),
+                _ => {
                     sink.report(
                         &self.scope,
                         key,
                         entry.line,
-                        format!("({i}) must be a whole number from 0 to {}", u32::MAX),
+                        format!("({i}) must be a whole number from 0 to {max}{why}"),
                     );
                     None
                 }
@@ -144,19 +155,39 @@ impl<'a> Table<'a> {
         result.map_err(|message| sink.report(&self.scope, key, entry.line, message)).ok()
     }
 
-    /// A duration string (`"30s"`, `"1m30s"`) or a whole number of seconds.
+    /// A duration string (`"30s"`, `"1m30s"`) or a whole number of seconds, at most
+    /// [`MAX_DURATION`].
     pub fn duration(&mut self, sink: &mut Sink, key: &str) -> Option<Duration> {
+        self.duration_at_most(sink, key, MAX_DURATION)
+    }
+
+    /// A duration as [`Table::duration`] reads it, at most `max`: every duration a file can
+    /// give is bounded, so that no time computed from one can overflow.
+    pub fn duration_at_most(&mut self, sink: &mut Sink, key: &str, max: Duration) -> Option<Duration> {
         let entry = self.take(key)?;
-        let result = match &entry.value.kind {
-            Kind::String(s) => parse_duration(s),
-            Kind::Integer(i) => u64::try_from(*i)
-                .map(Duration::from_secs)
-                .map_err(|_| format!("({i}) must be a duration such as \"30s\" or a positive number of seconds")),
-            _ => Err(format!(
-                "must be a duration such as \"30s\", \"5m\", \"1m30s\" or a whole number of seconds, not {}",
-                entry.value.kind.describe()
-            )),
+        let (result, written) = match &entry.value.kind {
+            Kind::String(s) => (parse_duration(s), format!("{s:?}")),
+            Kind::Integer(i) => (
+                u64::try_from(*i)
+                    .map(Duration::from_secs)
+                    .map_err(|_| format!("({i}) must be a duration such as \"30s\" or a positive number of seconds")),
+                i.to_string(),
+            ),
+            _ => (
+                Err(format!(
+                    "must be a duration such as \"30s\", \"5m\", \"1m30s\" or a whole number of seconds, not {}",
+                    entry.value.kind.describe()
+                )),
+                String::new(),
+            ),
         };
+        let result = result.and_then(|value| {
+            if value <= max {
+                Ok(value)
+            } else {
+                Err(format!("({written}) must be at most {}", describe_bound(max)))
+            }
+        });
         result.map_err(|message| sink.report(&self.scope, key, entry.line, message)).ok()
     }
 
@@ -214,6 +245,19 @@ impl<'a> Table<'a> {
             sink.report(&self.scope, &entry.key, entry.line, message);
         }
     }
+}
+
+/// The longest duration any field of a rules file or a WPA takes (intervals, windows, delays,
+/// retries, ages): one day. Fields with a tighter meaning (timeouts, the HPA's windows) have
+/// their own, shorter bound.
+pub(crate) const MAX_DURATION: Duration = Duration::from_secs(86_400);
+
+/// The largest replica count: `/scale` and the HPA take an int32.
+pub(crate) const MAX_REPLICAS: u32 = i32::MAX.unsigned_abs();
+
+/// `1h (3600s)`: a bound as a person reads it, with the seconds a WPA field would give.
+pub(crate) fn describe_bound(max: Duration) -> String {
+    format!("{} ({}s)", humantime::format_duration(max), max.as_secs())
 }
 
 pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {

@@ -76,6 +76,7 @@ fn a_valid_file_yields_backends_targets_and_rules() {
             max_in_flight: 4,
             bad_query_retry: Duration::from_secs(600),
             allow_insecure_http: false,
+            namespace_budget_percent: 100,
         })
     );
     assert_eq!(
@@ -84,6 +85,7 @@ fn a_valid_file_yields_backends_targets_and_rules() {
             url: "http://127.0.0.1:9090".into(),
             timeout: Duration::from_secs(10),
             max_in_flight: 8,
+            max_age: None,
             tenant: None,
             headers: BTreeMap::new(),
             params: BTreeMap::new(),
@@ -394,8 +396,9 @@ fn a_shadow_rule_needs_one_active_autoscaler_on_its_target() {
     let twin = BILLING.replace("name = \"billing\"\n", "name = \"billing-2\"\n");
     let text = format!("{BACKENDS}{BILLING}{twin}{shadow}");
     let p = problems(&text);
-    assert_eq!(p.len(), 1, "{p:?}");
-    assert!(p[0].contains("several active autoscalers target Deployment prod/billing (billing, billing-2)"), "{p:?}");
+    assert_eq!(p.len(), 2, "the twin itself, and the shadow's pairing: {p:?}");
+    assert!(p[0].contains("autoscaler \"billing-2\": target names the same Deployment prod/billing"), "{p:?}");
+    assert!(p[1].contains("several active autoscalers target Deployment prod/billing (billing, billing-2)"), "{p:?}");
 
     let text = format!("{BACKENDS}{BILLING}{}", shadow.replace("shadow = true", "shadow = true\ninterval = \"30s\""));
     let p = problems(&text);
@@ -406,6 +409,132 @@ fn a_shadow_rule_needs_one_active_autoscaler_on_its_target() {
 
     let text = format!("{BACKENDS}{BILLING}{}", shadow.replace("shadow = true", "shadow = \"yes\""));
     assert!(problems(&text)[0].contains("shadow must be true or false"), "{:?}", problems(&text));
+}
+
+#[test]
+fn two_active_autoscalers_on_one_object_are_refused_naming_both() {
+    let twin = BILLING.replace("name = \"billing\"\n", "name = \"billing-2\"\n");
+    let text = format!("{BACKENDS}{BILLING}{twin}");
+    let first = line_of(&text, "target = ");
+    let second = first + BILLING.matches('\n').count();
+    assert_eq!(
+        problems(&text),
+        [format!(
+            "rules.toml:{second}: autoscaler \"billing-2\": target names the same Deployment prod/billing as the \
+             autoscaler \"billing\" on line {first}: two active autoscalers on one target fight over its replicas and \
+             overwrite each other's saved state (remove one, or make one a shadow rule with shadow = true)"
+        )]
+    );
+    // Another version of the same API group reaches the same object.
+    let beta = twin.replace("target = { kind", "target = { api_version = \"apps/v1beta2\", kind");
+    assert_eq!(problems(&format!("{BACKENDS}{BILLING}{beta}")).len(), 1);
+    // Another kind, namespace or name is another object; a shadow rule may share the target.
+    for other in [
+        twin.replace("kind = \"Deployment\"", "kind = \"StatefulSet\""),
+        twin.replace("namespace = \"prod\"", "namespace = \"stage\""),
+        twin.replace("name = \"billing\" }", "name = \"checkout\" }"),
+        twin.replace("name = \"billing-2\"\n", "name = \"billing-2\"\nshadow = true\n"),
+    ] {
+        let rules = parse(&format!("{BACKENDS}{BILLING}{other}"));
+        assert_eq!(rules.autoscalers.len(), 2);
+    }
+    // What CRD mode keeps of the file: the active autoscalers' targets.
+    let shadow = twin.replace("name = \"billing-2\"\n", "name = \"billing-2\"\nshadow = true\n");
+    let rules = parse(&format!("{BACKENDS}{BILLING}{shadow}"));
+    let scaled: Vec<(&str, &str)> = rules.scaled.iter().map(|(t, name)| (&*t.name, &**name)).collect();
+    assert_eq!(scaled, [("billing", "billing")]);
+}
+
+/// A value far beyond any bound: it passed `check` once, and then overflowed the scheduler.
+const HUGE: &str = "9223372036854775807";
+
+#[test]
+fn every_duration_of_an_autoscaler_is_bounded() {
+    let with =
+        |knob: &str| format!("{BACKENDS}{BILLING}").replace("min_replicas = 4", &format!("min_replicas = 4\n{knob}"));
+    for (knob, expected) in [
+        (format!("interval = {HUGE}"), format!("interval ({HUGE}) must be at most 1day (86400s)")),
+        ("interval = \"25h\"".to_string(), "interval (\"25h\") must be at most 1day (86400s)".to_string()),
+        (format!("upscale_forbidden_window = {HUGE}"), "upscale_forbidden_window".into()),
+        (format!("downscale_forbidden_window = {HUGE}"), "downscale_forbidden_window".into()),
+        (format!("upscale_delay_above_watermark = {HUGE}"), "upscale_delay_above_watermark".into()),
+        (format!("downscale_delay_below_watermark = {HUGE}"), "downscale_delay_below_watermark".into()),
+        (
+            "behavior = { scale_down = { stabilization_window = \"2h\" } }".into(),
+            "behavior.scale_down.stabilization_window (\"2h\") must be at most 1h (3600s)".into(),
+        ),
+        (
+            format!("behavior = {{ scale_up = {{ policies = [{{ type = \"pods\", value = 1, period = {HUGE} }}] }} }}"),
+            format!("behavior.scale_up.policies[0].period ({HUGE}) must be at most 30m (1800s)"),
+        ),
+    ] {
+        let text = with(&knob);
+        let line = line_of(&text, knob.split(' ').next().unwrap_or_default());
+        let p = problems(&text);
+        // A policy that cannot be read leaves none, which the engine reports too.
+        assert!(p.len() == 1 || knob.contains("policies"), "{knob}: {p:?}");
+        assert!(p[0].starts_with(&format!("rules.toml:{line}: autoscaler \"billing\": ")), "{knob}: {p:?}");
+        assert!(p[0].contains(&expected) && p[0].contains("must be at most"), "{knob}: {p:?}");
+    }
+    // Exactly the bound is fine.
+    assert_eq!(parse(&with("interval = 86400")).autoscalers[0].interval_set, Some(Duration::from_secs(86_400)));
+
+    let text = format!("{BACKENDS}{BILLING}")
+        .replace("low_watermark = \"150m\"", &format!("low_watermark = \"150m\"\nmax_age = {HUGE}"));
+    assert_has(
+        &problems(&text),
+        &format!(
+            "rules.toml:{}: autoscaler \"billing\": metric \"latency\": max_age ({HUGE}) must be at most 1day (86400s)",
+            line_of(&text, "max_age")
+        ),
+    );
+}
+
+#[test]
+fn every_duration_of_a_backend_is_bounded() {
+    let datadog = "[backend.dd]\ntype = \"datadog\"\napi_key_env = \"A\"\napp_key_env = \"B\"\n";
+    let prometheus = "[backend.p]\ntype = \"prometheus\"\nurl = \"http://p:9090\"\n";
+    for (base, key, expected) in [
+        (datadog, "bad_query_retry", "backend.dd.bad_query_retry (9223372036854775807) must be at most 1day (86400s)"),
+        (datadog, "window", "backend.dd.window (9223372036854775807) must be at most 1day (86400s)"),
+        (datadog, "max_age", "backend.dd.max_age (9223372036854775807) must be at most 1day (86400s)"),
+        (datadog, "timeout", "backend.dd.timeout (9223372036854775807) must be at most 5m (300s)"),
+        (prometheus, "timeout", "backend.p.timeout (9223372036854775807) must be at most 5m (300s)"),
+    ] {
+        let text = format!("{base}{key} = {HUGE}\n");
+        let line = text.lines().count();
+        assert_eq!(problems(&text), [format!("rules.toml:{line}: {expected}")], "{key}");
+    }
+    let text = format!("{datadog}bad_query_retry = \"1day\"\n");
+    let Some(Backend::Datadog(dd)) = parse(&text).backends.get("dd").cloned() else { panic!("a datadog backend") };
+    assert_eq!(dd.bad_query_retry, Duration::from_secs(86_400), "the bound itself is allowed");
+}
+
+#[test]
+fn replica_counts_fit_the_int32_of_the_scale_subresource() {
+    for (knob, value) in
+        [("max_replicas", "2147483648"), ("min_replicas", "4294967295"), ("replica_modulo", "2147483648")]
+    {
+        let text = format!("{BACKENDS}{BILLING}").replace("max_replicas = 9\n", "").replace(
+            "min_replicas = 4",
+            &if knob == "max_replicas" {
+                format!("{knob} = {value}")
+            } else {
+                format!("max_replicas = 9\n{knob} = {value}")
+            },
+        );
+        let p = problems(&text);
+        assert_has(
+            &p,
+            &format!(
+                "rules.toml:{}: autoscaler \"billing\": {knob} ({value}) must be a whole number from 0 to 2147483647 \
+                 (the largest replica count Kubernetes takes)",
+                line_of(&text, knob)
+            ),
+        );
+    }
+    let text = format!("{BACKENDS}{BILLING}").replace("max_replicas = 9", "max_replicas = 2147483647");
+    assert_eq!(parse(&text).autoscalers[0].rule.max_replicas(), 2_147_483_647);
 }
 
 #[test]
@@ -524,7 +653,7 @@ policies = [
                 line_of(&text, "fastest")
             ),
             format!(
-                "rules.toml:{}: autoscaler \"billing\": behavior.scale_up.policies[1].period (3600s) must be from 1s to 1800s",
+                "rules.toml:{}: autoscaler \"billing\": behavior.scale_up.policies[1].period (\"1h\") must be at most 30m (1800s)",
                 line_of(&text, "\"1h\"")
             ),
             format!(
@@ -729,6 +858,7 @@ type = "prometheus"
 url = "https://mimir.example/prometheus"
 timeout = "5s"
 max_in_flight = 2
+max_age = "90s"
 tenant = "team-a"
 headers = { "X-Team" = "payments" }
 params = { dedup = "true" }
@@ -751,6 +881,7 @@ bad_query_retry = "2m"
     );
     let Backend::Prometheus(mimir) = &rules.backends["mimir"] else { panic!("not prometheus") };
     assert_eq!(mimir.timeout, Duration::from_secs(5));
+    assert_eq!(mimir.max_age, Some(Duration::from_secs(90)));
     assert_eq!(mimir.tenant.as_deref(), Some("team-a"));
     assert_eq!(mimir.headers["X-Team"], "payments");
     assert_eq!(mimir.params["dedup"], "true");
@@ -775,6 +906,7 @@ type = "prometheus"
 url = "http://p:9090"
 timeout = "0s"
 max_in_flight = 0
+max_age = "0s"
 headers = { "X-A" = 1 }
 params = { time = "0" }
 basic_auth = { username = "u", password = "inline!" }
@@ -786,6 +918,7 @@ client_cert_file = "/c.pem"
     for expected in [
         "backend.p.timeout must be longer than 0s",
         "backend.p.max_in_flight must be at least 1",
+        "backend.p.max_age must be longer than 0s",
         "backend.p.headers.X-A must be a string",
         "backend.p.params cannot set \"time\": watermarkd sends it with every query",
         "backend.p.basic_auth.password cannot be written in the rules file",
@@ -810,6 +943,24 @@ fn bad_query_retry_is_a_positive_duration_of_datadog_backends_only() {
     }
     let problems = problems("[backend.p]\ntype = \"prometheus\"\nurl = \"http://p:9090\"\nbad_query_retry = \"1m\"\n");
     assert!(problems.iter().any(|p| p.contains("backend.p.bad_query_retry")), "{problems:?}");
+}
+
+#[test]
+fn namespace_budget_percent_is_a_percentage_of_datadog_backends_only() {
+    let base = "[backend.dd]\ntype = \"datadog\"\napi_key_env = \"A\"\napp_key_env = \"B\"\n";
+    for (value, expected) in [
+        ("0", "rules.toml:5: backend.dd.namespace_budget_percent (0) must be a percentage from 1 to 100"),
+        ("101", "rules.toml:5: backend.dd.namespace_budget_percent (101) must be a percentage from 1 to 100"),
+        ("\"25%\"", "rules.toml:5: backend.dd.namespace_budget_percent must be a whole number"),
+    ] {
+        let problems = problems(&format!("{base}namespace_budget_percent = {value}\n"));
+        assert!(problems.iter().any(|p| p.starts_with(expected)), "{value}: {problems:?}");
+    }
+    let rules = parse(&format!("{base}namespace_budget_percent = 25\n"));
+    assert!(matches!(&rules.backends["dd"], Backend::Datadog(dd) if dd.namespace_budget_percent == 25));
+    let problems =
+        problems("[backend.p]\ntype = \"prometheus\"\nurl = \"http://p:9090\"\nnamespace_budget_percent = 50\n");
+    assert!(problems.iter().any(|p| p.contains("backend.p.namespace_budget_percent")), "{problems:?}");
 }
 
 #[test]
@@ -894,6 +1045,7 @@ cluster_name = "eu-1"
 ca_file = "/etc/reco/ca.pem"
 client_cert_file = "/etc/reco/client.pem"
 client_key_file = "/etc/reco/client.key"
+server_name = "reco.internal"
 "#;
 
 #[test]
@@ -918,6 +1070,8 @@ fn a_recommender_replaces_the_metrics() {
                 client_key_file: Some(PathBuf::from("/etc/reco/client.key")),
                 insecure_skip_verify: false,
             },
+            server_name: Some("reco.internal".into()),
+            tls_dir: None,
         }
     );
     let metric = &web.rule.metrics()[0];
@@ -972,6 +1126,19 @@ fn recommender_problems_name_their_field() {
         "{:?}",
         problems(&both)
     );
+    for (server_name, url, problem) in [
+        ("10.0.0.7", "https://reco.example/recommend", "(\"10.0.0.7\") must be a DNS name"),
+        ("not a name", "https://reco.example/recommend", "(\"not a name\") is not a DNS name"),
+        ("reco.internal", "http://reco.example/recommend", "applies to https:// urls only"),
+    ] {
+        let text = RECOMMENDED
+            .replace("server_name = \"reco.internal\"", &format!("server_name = \"{server_name}\""))
+            .replace("https://reco.example/recommend", url);
+        let expected =
+            format!("rules.toml:{}: autoscaler \"web\": recommender.server_name ", line_of(&text, "server_name = "));
+        let found = problems(&text);
+        assert!(found.iter().any(|p| p.starts_with(&expected) && p.contains(problem)), "{problem}: {found:?}");
+    }
     let no_url = "[[autoscaler]]\nname = \"w\"\ntarget = { kind = \"Deployment\", namespace = \"p\", name = \"w\" }\n\
                   max_replicas = 3\nrecommender = { high_watermark = 1 }\n";
     assert!(problems(no_url).iter().any(|p| p.ends_with("recommender.url is required")), "{:?}", problems(no_url));

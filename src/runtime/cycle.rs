@@ -15,7 +15,7 @@ use super::scheduler::{Due, Job};
 use super::source::Desired;
 use super::Shared;
 use crate::backend::recommender::WorkloadState;
-use crate::backend::{MetricQuery, Observation, QueryBackend, QueryError};
+use crate::backend::{MetricQuery, Observation, QueryError};
 use crate::resource::ResourceQuery;
 use crate::rules::{Autoscaler, MetricSource};
 
@@ -149,7 +149,7 @@ impl Answers {
 /// autoscaler, less a tenth of that interval (at most a second) for the decisions and writes.
 fn deadline(started: Instant, intervals: impl Iterator<Item = Duration>) -> Instant {
     let interval = intervals.min().unwrap_or(Duration::ZERO);
-    started + interval.saturating_sub((interval / 10).min(Duration::from_secs(1)))
+    crate::instant::saturating_add(started, interval.saturating_sub((interval / 10).min(Duration::from_secs(1))))
 }
 
 /// Runs one cycle to its end: queries, then every decision.
@@ -174,10 +174,16 @@ pub async fn run(shared: Arc<Shared>, permits: Arc<Semaphore>, due: Due) {
                     })
                     .unzip();
                 let client = backends.get(&name).cloned();
+                // Whose query each is: a WPA's namespace is held to its share of a Datadog budget.
+                let owners: Vec<Option<String>> = slots
+                    .iter()
+                    .map(|slot| jobs.get(slot.job.0).and_then(|j| j.desired.key.namespace()).map(str::to_string))
+                    .collect();
                 queries.spawn(async move {
                     let started = Instant::now();
+                    let owners: Vec<Option<&str>> = owners.iter().map(Option::as_deref).collect();
                     let observations = match client {
-                        Some(client) => client.evaluate(&batch, now, deadline).await,
+                        Some(client) => client.evaluate_for(&batch, &owners, now, deadline).await,
                         None => batch
                             .iter()
                             .map(|_| {

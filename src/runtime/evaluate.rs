@@ -456,11 +456,10 @@ fn restore(desired: &Desired, memory: &mut Memory, reading: &ScaleReading, now: 
         }
         (Source::Wpa(_), Persisted::Annotation { .. }) => State::default(),
         (Source::RulesFile, persisted) => {
-            let restored = match reading.marks.state_annotation.as_deref() {
-                None => State::default(),
+            let decoded = match reading.marks.state_annotation.as_deref() {
+                None => None,
                 Some(text) => match state::decode_annotation(&autoscaler.name, text) {
-                    Ok(Some(state)) => state,
-                    Ok(None) => State::default(),
+                    Ok(decoded) => decoded,
                     Err(err) => {
                         tracing::warn!(
                             autoscaler = %autoscaler.name,
@@ -468,11 +467,18 @@ fn restore(desired: &Desired, memory: &mut Memory, reading: &ScaleReading, now: 
                             error = %err,
                             "ignoring the persisted state on the target; the autoscaler starts without one"
                         );
-                        State::default()
+                        None
                     }
                 },
             };
-            *persisted = Persisted::Annotation { written: Some(state::Written::of(&restored)) };
+            let restored = decoded.as_ref().map(|d| d.state.clone()).unwrap_or_default();
+            // An annotation in an older format is written again in the current one at the next
+            // evaluation that has anything to keep.
+            let written = match &decoded {
+                Some(decoded) if decoded.legacy => None,
+                _ => Some(state::Written::of(&restored)),
+            };
+            *persisted = Persisted::Annotation { written };
             restored
         }
     };
@@ -581,7 +587,8 @@ async fn persist(
         (Source::Wpa(wpa), persisted) => report::decision_status(shared, wpa, persisted, decision, write).await,
         (Source::RulesFile, Persisted::Annotation { written }) => {
             // A dry run writes nothing to the target, its annotation included.
-            if decision.dry_run || !state::needs_write(written.as_ref(), next_state) {
+            let rule = &desired.autoscaler.rule;
+            if decision.dry_run || !state::needs_write(written.as_ref(), next_state, rule, decision.now) {
                 return;
             }
             let value = state::encode_annotation(&desired.autoscaler.name, next_state);

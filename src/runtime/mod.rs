@@ -135,6 +135,7 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
     // Applied before readiness is judged, so "caches synced" covers these targets.
     scheduler.apply(Command::Backends(Arc::clone(&backends)));
     follow(&targets, scheduler.apply(Command::Replace { source: SourceKind::RulesFile, desired: file_autoscalers }));
+    shared.recommenders.retain(scheduler.recommenders());
     let mut source_tasks = JoinSet::new();
     source_tasks.spawn(rules_file::watch_rules_file(rules_file::RulesWatch {
         path: settings.rules.clone(),
@@ -153,10 +154,17 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
         } else {
             settings.namespaces.iter().cloned().map(Scope::Namespace).collect()
         };
+        if let Some(dir) = settings.recommender_policy.tls_dir().filter(|dir| !dir.is_dir()) {
+            tracing::warn!(
+                recommender_tls_dir = %dir.display(),
+                "recommender_tls_dir is not a directory: WPA recommenders that name TLS files will fail until it is"
+            );
+        }
         let index = WpaIndex::new(
             scopes.iter().cloned(),
             &backends,
             &settings.default_backend,
+            settings.recommender_policy.clone(),
             settings.labels_as_tags.clone(),
             settings.dry_run,
         );
@@ -201,7 +209,14 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
     loop {
         let sleep_until = scheduler.next_due().unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
         tokio::select! {
-            Some(command) = commands.recv() => follow(&targets, scheduler.apply(command)),
+            Some(command) = commands.recv() => {
+                let replaces = matches!(command, Command::Replace { .. });
+                follow(&targets, scheduler.apply(command));
+                if replaces {
+                    // The recommenders nothing uses any more go, with their clients and series.
+                    shared.recommenders.retain(scheduler.recommenders());
+                }
+            }
             _ = tokio::time::sleep_until(sleep_until) => {
                 let due = scheduler.take_due(Instant::now(), shared.is_leader());
                 if !due.jobs.is_empty() {

@@ -198,10 +198,19 @@ impl RejectedStatuses {
             let reason = match error {
                 MapError::Invalid { .. } => "FailedSpecCheck",
                 MapError::Unsupported(_) => "NotSupported",
+                MapError::TargetConflict { .. } => crd::TARGET_CONFLICT,
             };
             let note = error.to_string();
-            publish(shared, &wpa_reference(wpa), EventType::Warning, reason, &note, "Validate", Repeats::Suppress)
-                .await;
+            publish(
+                shared,
+                &wpa_reference(wpa),
+                EventType::Warning,
+                reason,
+                &note,
+                "Validate",
+                Repeats::SuppressSameText,
+            )
+            .await;
         }
     }
 }

@@ -29,7 +29,7 @@ pub fn split(rules: RulesFile, daemon_dry_run: bool) -> (Arc<RulesFile>, Vec<Des
     for (shadow, why) in lone {
         tracing::error!(autoscaler = %shadow.autoscaler.name, problem = %why, "shadow rule not run");
     }
-    (Arc::new(RulesFile { backends: rules.backends, autoscalers: Vec::new() }), desired)
+    (Arc::new(RulesFile { backends: rules.backends, autoscalers: Vec::new(), scaled: rules.scaled }), desired)
 }
 
 pub struct RulesWatch {

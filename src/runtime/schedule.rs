@@ -17,6 +17,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::instant::saturating_add;
+
 /// The step phases are rounded to.
 pub const GRID: Duration = Duration::from_secs(1);
 
@@ -33,25 +35,26 @@ pub fn phase(key: &str, interval: Duration) -> Duration {
 /// `epoch + phase + k * interval`, where `epoch` is the daemon's start, so autoscalers with the
 /// same interval and phase line up however late they were added.
 pub fn first_due(epoch: Instant, now: Instant, key: &str, interval: Duration, aligned: bool) -> Instant {
-    let start = if aligned { epoch } else { epoch + phase(key, interval) };
+    let start = if aligned { epoch } else { saturating_add(epoch, phase(key, interval)) };
     if start >= now {
         return start;
     }
     let behind = now.duration_since(start);
     let periods = behind.as_nanos().div_ceil(interval.as_nanos().max(1));
-    start + interval.saturating_mul(u32::try_from(periods).unwrap_or(u32::MAX))
+    saturating_add(start, interval.saturating_mul(u32::try_from(periods).unwrap_or(u32::MAX)))
 }
 
 /// The due instant after `due`, skipping any that already passed (an autoscaler that was
-/// skipped or slow does not run several times to catch up).
+/// skipped or slow does not run several times to catch up). Saturates, as `first_due` does:
+/// an interval beyond the clock's range is one that never falls due again, not a panic.
 pub fn next_due(due: Instant, now: Instant, interval: Duration) -> Instant {
-    let mut next = due + interval;
-    if next <= now {
-        let behind = now.duration_since(next);
-        let periods = behind.as_nanos() / interval.as_nanos().max(1) + 1;
-        next += interval.saturating_mul(u32::try_from(periods).unwrap_or(u32::MAX));
+    let next = saturating_add(due, interval);
+    if next > now {
+        return next;
     }
-    next
+    let behind = now.duration_since(next);
+    let periods = behind.as_nanos() / interval.as_nanos().max(1) + 1;
+    saturating_add(next, interval.saturating_mul(u32::try_from(periods).unwrap_or(u32::MAX)))
 }
 
 #[cfg(test)]
@@ -96,5 +99,18 @@ mod tests {
         assert_eq!(next_due(t0, t0 + Duration::from_secs(1), interval), t0 + interval);
         assert_eq!(next_due(t0, t0 + Duration::from_secs(12), interval), t0 + Duration::from_secs(15));
         assert_eq!(next_due(t0, t0 + Duration::from_secs(10), interval), t0 + Duration::from_secs(15));
+    }
+
+    #[test]
+    fn an_interval_beyond_the_clock_saturates_instead_of_panicking() {
+        let t0 = Instant::now();
+        let interval = Duration::from_secs(i64::MAX.unsigned_abs());
+        let first = first_due(t0, t0 + Duration::from_secs(1), "a", interval, false);
+        assert!(first > t0, "the phase alone is far in the future");
+        let aligned = first_due(t0, t0 + Duration::from_secs(1), "a", interval, true);
+        assert!(aligned > t0 + Duration::from_secs(86_400));
+        let next = next_due(t0, t0, interval);
+        assert!(next > t0 + Duration::from_secs(100 * 365 * 86_400));
+        assert!(next_due(next, next, interval) >= next, "and again from there");
     }
 }

@@ -17,7 +17,7 @@ use super::schedule;
 use super::source::{AutoscalerKey, Desired, Source, SourceKind};
 use crate::backend::MetricBackend;
 use crate::crd::WatermarkPodAutoscaler;
-use crate::rules::{self, RulesFile, TargetRef};
+use crate::rules::{self, Recommender, RulesFile, TargetRef};
 use crate::telemetry::{AutoscalerMetrics, BackendMetrics, DaemonMetrics};
 
 /// What the sources tell the scheduler.
@@ -185,6 +185,11 @@ impl Scheduler {
         changes
     }
 
+    /// The recommenders of the running autoscalers and their shadow rules.
+    pub fn recommenders(&self) -> impl Iterator<Item = &Recommender> {
+        self.entries.values().flat_map(|entry| entry.desired.rules()).filter_map(|a| a.recommender.as_deref())
+    }
+
     /// When the next autoscaler falls due; `None` when none runs.
     pub fn next_due(&self) -> Option<Instant> {
         self.entries.values().map(|e| e.due).min()
@@ -272,7 +277,11 @@ app_key_env = "HOME"
             daemon.clone(),
         );
         let desired = rules.autoscalers.into_iter().map(|a| Desired::from_rules_file(a, false)).collect();
-        scheduler.apply(Command::Backends(Arc::new(RulesFile { backends: rules.backends, autoscalers: Vec::new() })));
+        scheduler.apply(Command::Backends(Arc::new(RulesFile {
+            backends: rules.backends,
+            autoscalers: Vec::new(),
+            scaled: Vec::new(),
+        })));
         (scheduler, desired, daemon)
     }
 

@@ -53,6 +53,11 @@ impl AutoscalerKey {
     pub fn source(&self) -> SourceKind {
         self.source
     }
+
+    /// The WPA's namespace; `None` for the rules file.
+    pub fn namespace(&self) -> Option<&str> {
+        self.namespace.as_deref()
+    }
 }
 
 /// `file/NAME` or `crd/NAMESPACE/NAME`. The schedule's phase is a hash of this text, so it must

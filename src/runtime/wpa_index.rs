@@ -4,12 +4,14 @@
 //! when a change re-maps everything, when it only refreshes a running autoscaler's object,
 //! when nothing runs yet (a scope not listed), and which objects are rejected.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use super::source::{AutoscalerKey, Desired};
-use crate::crd::{self, DatadogMetric, DatadogMetricIndex, MapError, MappingOptions, WatermarkPodAutoscaler};
-use crate::rules::{Problem, RulesFile};
+use crate::crd::{
+    self, DatadogMetric, DatadogMetricIndex, MapError, MappingOptions, RecommenderPolicy, WatermarkPodAutoscaler,
+};
+use crate::rules::{ObjectIdentity, Problem, RulesFile, TargetRef};
 use crate::telemetry::LabelsAsTags;
 
 /// Where one watch looks: one namespace, or every namespace.
@@ -82,6 +84,8 @@ pub struct WpaIndex {
     listed: BTreeMap<Scope, Listed>,
     options: MappingOptions,
     default_backend: String,
+    /// The recommenders WPAs may use (the daemon's settings).
+    recommender_policy: RecommenderPolicy,
     labels_as_tags: LabelsAsTags,
     daemon_dry_run: bool,
     /// Something that maps changed since the last update.
@@ -94,15 +98,20 @@ pub struct WpaIndex {
     options_problem: Option<String>,
     /// Whether the cluster was found not to serve DatadogMetric (said once).
     metrics_absent: bool,
+    /// The objects the rules file's active autoscalers scale, and their names: no WPA runs on
+    /// one of them.
+    file_targets: Vec<(TargetRef, Arc<str>)>,
 }
 
 impl WpaIndex {
     /// An index over these scopes (each must be listed, WPAs and DatadogMetrics both, before
-    /// anything runs), mapping WPAs with the rules file's backends.
+    /// anything runs), mapping WPAs with the rules file's backends and allowing their
+    /// recommenders by `recommender_policy`.
     pub fn new(
         scopes: impl IntoIterator<Item = Scope>,
         backends: &RulesFile,
         default_backend: &str,
+        recommender_policy: RecommenderPolicy,
         labels_as_tags: LabelsAsTags,
         daemon_dry_run: bool,
     ) -> WpaIndex {
@@ -112,6 +121,7 @@ impl WpaIndex {
             listed: scopes.into_iter().map(|s| (s, Listed::default())).collect(),
             options: MappingOptions::new(default_backend),
             default_backend: default_backend.to_string(),
+            recommender_policy,
             labels_as_tags,
             daemon_dry_run,
             remap: false,
@@ -119,14 +129,18 @@ impl WpaIndex {
             rejected: BTreeMap::new(),
             options_problem: None,
             metrics_absent: false,
+            file_targets: Vec::new(),
         };
         index.set_backends(backends);
         index
     }
 
-    /// The rules file's backends changed: every WPA maps again.
+    /// The rules file changed (its backends, and the targets it scales): every WPA maps again.
     pub fn set_backends(&mut self, backends: &RulesFile) {
-        self.options = MappingOptions::new(self.default_backend.clone()).with_backends(&backends.backends);
+        self.file_targets.clone_from(&backends.scaled);
+        self.options = MappingOptions::new(self.default_backend.clone())
+            .with_backends(&backends.backends)
+            .with_recommender_policy(self.recommender_policy.clone());
         let invalid = self.options.check().err();
         let fatal = invalid.is_some();
         let problem = invalid.or_else(|| self.options.default_backend_problem());
@@ -274,6 +288,17 @@ impl WpaIndex {
                 }
             }
         }
+        let (desired, conflicts) = settle_conflicts(desired, &self.file_targets);
+        for (loser, error) in conflicts {
+            let Some(wpa) = loser.source.wpa() else { continue };
+            let key = ObjectKey::of(&wpa.metadata);
+            let message = error.to_string();
+            if self.rejected.get(&key) != Some(&message) {
+                tracing::warn!(wpa = %key, error = %message, "WPA not run");
+            }
+            said.insert(key, message);
+            rejected.push(Rejection { wpa: Arc::clone(wpa), error });
+        }
         let (desired, lone) = super::source::attach_shadows(desired);
         for (shadow, why) in lone {
             let Some(wpa) = shadow.source.wpa() else { continue };
@@ -297,6 +322,56 @@ impl WpaIndex {
         self.rejected = said;
         Update::Replace { desired, rejected }
     }
+}
+
+/// One active autoscaler per object: when several active WPAs (shadow rules aside, which never
+/// write) scale the same object, or one scales an object the rules file scales, only one runs,
+/// so that they do not fight over its replicas. The rules file's autoscaler wins (it is the
+/// operator's own), then the oldest WPA by `creationTimestamp`, then by name; the others are
+/// returned with why they wait. Deleting the one that runs lets the next one run.
+fn settle_conflicts(
+    desired: Vec<Desired>,
+    file_targets: &[(TargetRef, Arc<str>)],
+) -> (Vec<Desired>, Vec<(Desired, MapError)>) {
+    let by_file: HashMap<ObjectIdentity<'_>, &str> =
+        file_targets.iter().map(|(target, name)| (target.identity(), &**name)).collect();
+    let mut order: Vec<usize> =
+        (0..desired.len()).filter(|&i| desired.get(i).is_some_and(|d| !d.autoscaler.shadow)).collect();
+    order.sort_by_key(|&i| {
+        let metadata = desired.get(i).and_then(|d| d.source.wpa()).map(|wpa| &wpa.metadata);
+        let created = metadata.and_then(|m| m.creation_timestamp.clone());
+        // An object from the API always has a creation time; one without sorts last.
+        (created.is_none(), created, metadata.and_then(|m| m.name.clone()))
+    });
+    let mut running: HashMap<ObjectIdentity<'_>, &Desired> = HashMap::new();
+    let mut waiting: HashMap<usize, MapError> = HashMap::new();
+    for i in order {
+        let Some(candidate) = desired.get(i) else { continue };
+        let target = &candidate.autoscaler.target;
+        let holder = match (by_file.get(&target.identity()), running.get(&target.identity())) {
+            (Some(name), _) => format!("the rules file's autoscaler {name:?}"),
+            (None, Some(older)) => format!("WatermarkPodAutoscaler {} (the older one)", older.autoscaler.name),
+            (None, None) => {
+                running.insert(target.identity(), candidate);
+                continue;
+            }
+        };
+        let error = MapError::TargetConflict {
+            wpa: candidate.autoscaler.name.to_string(),
+            target: format!("{} {}/{}", target.kind, target.namespace, target.name),
+            holder,
+        };
+        waiting.insert(i, error);
+    }
+    let mut run = Vec::with_capacity(desired.len().saturating_sub(waiting.len()));
+    let mut wait = Vec::with_capacity(waiting.len());
+    for (i, candidate) in desired.into_iter().enumerate() {
+        match waiting.remove(&i) {
+            Some(error) => wait.push((candidate, error)),
+            None => run.push(candidate),
+        }
+    }
+    (run, wait)
 }
 
 /// Whether two versions of a WPA differ at most in status and bookkeeping metadata, so that
@@ -327,7 +402,14 @@ mod tests {
     }
 
     fn index(scopes: &[Scope]) -> WpaIndex {
-        WpaIndex::new(scopes.iter().cloned(), &rules(), "datadog", LabelsAsTags::default(), false)
+        WpaIndex::new(
+            scopes.iter().cloned(),
+            &rules(),
+            "datadog",
+            RecommenderPolicy::default(),
+            LabelsAsTags::default(),
+            false,
+        )
     }
 
     fn wpa(namespace: &str, name: &str, high: &str) -> Arc<WatermarkPodAutoscaler> {
@@ -459,6 +541,115 @@ mod tests {
             ),
             "{errors:?}"
         );
+    }
+
+    /// `wpa` created at `created` (RFC 3339), scaling `target` (a Deployment) through `api_version`.
+    fn created(
+        namespace: &str,
+        name: &str,
+        created: &str,
+        target: &str,
+        api_version: &str,
+    ) -> Arc<WatermarkPodAutoscaler> {
+        let mut object = (*wpa(namespace, name, "10")).clone();
+        object.metadata.creation_timestamp = Some(serde_json::from_value(json!(created)).expect("a time"));
+        if let Some(reference) = object.spec.scale_target_ref.as_mut() {
+            reference.name = Some(target.into());
+            reference.api_version = Some(api_version.into());
+        }
+        Arc::new(object)
+    }
+
+    fn conflicts(update: &Update) -> Vec<String> {
+        let Update::Replace { rejected, .. } = update else { panic!("expected a replacement, got {update:?}") };
+        rejected
+            .iter()
+            .filter(|r| matches!(r.error, MapError::TargetConflict { .. }))
+            .map(|r| r.error.to_string())
+            .collect()
+    }
+
+    #[test]
+    fn of_two_active_wpas_on_one_target_the_older_runs_until_it_is_deleted() {
+        let mut index = index(&[Scope::All]);
+        index.reset_wpas(
+            &Scope::All,
+            [
+                // Named first, created last: age decides, not the name.
+                created("shop", "a-new", "2026-03-01T00:00:00Z", "web", "apps/v1"),
+                created("shop", "old", "2026-01-01T00:00:00Z", "web", "apps/v1"),
+                // Another version of the same group reaches the same Deployment.
+                created("shop", "beta", "2026-02-01T00:00:00Z", "web", "apps/v1beta2"),
+                // Same creation time as `old`: the name breaks the tie.
+                created("shop", "tie", "2026-01-01T00:00:00Z", "web", "apps/v1"),
+                // Another object, and the same name in another namespace: no conflict.
+                created("shop", "api", "2026-03-01T00:00:00Z", "api", "apps/v1"),
+                created("stage", "web", "2026-03-01T00:00:00Z", "web", "apps/v1"),
+                // A shadow rule may share the target.
+                shadow(&created("shop", "x", "2026-04-01T00:00:00Z", "web", "apps/v1"), "web-next", "true"),
+            ],
+        );
+        index.reset_metrics(&Scope::All, []);
+        let update = index.update();
+        let (running, rejected) = names(&update);
+        assert_eq!(running, ["crd/shop/api", "crd/shop/old", "crd/stage/web"]);
+        assert_eq!(rejected, ["shop/a-new", "shop/beta", "shop/tie"]);
+        let Update::Replace { desired, .. } = &update else { unreachable!() };
+        let old = desired.iter().find(|d| d.key == AutoscalerKey::wpa("shop", "old")).expect("old runs");
+        assert_eq!(old.shadows.iter().map(|s| &*s.name).collect::<Vec<_>>(), ["web-next"], "the shadow rides on it");
+        let errors = conflicts(&update);
+        assert_eq!(errors.len(), 3, "{errors:?}");
+        assert!(
+            errors[0].starts_with(
+                "WatermarkPodAutoscaler shop/a-new: not run: Deployment shop/web is already scaled by \
+                 WatermarkPodAutoscaler shop/old (the older one)"
+            ),
+            "{errors:?}"
+        );
+
+        // The one that runs is deleted: the next oldest runs, and only the newest still waits.
+        index.delete_wpa(&ObjectKey { namespace: "shop".into(), name: "old".into() });
+        let update = index.update();
+        assert_eq!(names(&update).0, ["crd/shop/api", "crd/shop/tie", "crd/stage/web"]);
+        assert!(conflicts(&update).iter().all(|e| e.contains("scaled by WatermarkPodAutoscaler shop/tie")));
+    }
+
+    #[test]
+    fn a_wpa_on_an_object_the_rules_file_scales_waits_for_the_file_to_let_go() {
+        let file_rules = |target: &str| {
+            crate::rules::parse_rules(
+                &format!(
+                    "[backend.datadog]\ntype = \"datadog\"\nurl = \"http://127.0.0.1:1\"\napi_key_env = \"K\"\n\
+                     app_key_env = \"A\"\n[[autoscaler]]\nname = \"file-web\"\n\
+                     target = {{ kind = \"Deployment\", namespace = \"shop\", name = \"{target}\" }}\n\
+                     max_replicas = 5\n[[autoscaler.metric]]\nbackend = \"datadog\"\nquery = \"q\"\nhigh_watermark = 1\n"
+                ),
+                "rules.toml",
+            )
+            .expect("rules")
+        };
+        let mut index = WpaIndex::new(
+            [Scope::All],
+            &file_rules("web"),
+            "datadog",
+            RecommenderPolicy::default(),
+            LabelsAsTags::default(),
+            false,
+        );
+        index.reset_wpas(&Scope::All, [created("shop", "web", "2026-01-01T00:00:00Z", "web", "apps/v1")]);
+        index.reset_metrics(&Scope::All, []);
+        let update = index.update();
+        assert_eq!(names(&update), (vec![], vec!["shop/web".to_string()]));
+        assert_eq!(
+            conflicts(&update)[0],
+            "WatermarkPodAutoscaler shop/web: not run: Deployment shop/web is already scaled by the rules file's \
+             autoscaler \"file-web\"; two autoscalers on one target would fight over its replicas. This one runs \
+             once that one is gone (or delete this one, or mark it a shadow rule with the watermarkd.io/shadow: \
+             \"true\" annotation)"
+        );
+        // The file moves to another target: the WPA runs.
+        index.set_backends(&file_rules("api"));
+        assert_eq!(names(&index.update()), (vec!["crd/shop/web".to_string()], vec![]));
     }
 
     #[test]

@@ -6,6 +6,9 @@
 //! failure, timeout) counts as an error instead. `client` is the recommender's URL, without any
 //! credentials or query string (see `Recommender::display_url`).
 
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
 
 /// The buckets of `http_client_request_duration_seconds`, as the Datadog controller declares them.
@@ -21,7 +24,13 @@ pub struct HttpClientMetrics {
     pub errors: IntCounterVec,
     /// `http_client_requests_inflight{client}`: requests waiting for their response.
     pub inflight: IntGaugeVec,
+    /// Every `client` with series, and the `method`, `code` pairs it has them for: what to
+    /// remove when the client goes.
+    series: Arc<Mutex<SeriesByClient>>,
 }
+
+/// Per `client`, its `(method, code)` pairs.
+type SeriesByClient = BTreeMap<String, BTreeSet<(String, String)>>;
 
 impl HttpClientMetrics {
     pub fn new(registry: &Registry) -> Result<Self, prometheus::Error> {
@@ -49,6 +58,7 @@ impl HttpClientMetrics {
                 ),
                 &["client"],
             )?,
+            series: Arc::default(),
         };
         registry.register(Box::new(metrics.request_duration.clone()))?;
         registry.register(Box::new(metrics.requests.clone()))?;
@@ -66,6 +76,7 @@ impl HttpClientMetrics {
     /// Marks one request of `client` as in flight until the returned guard is dropped, so that a
     /// request abandoned at its deadline (its future dropped) leaves the gauge too.
     pub fn in_flight(&self, client: &str) -> InFlight {
+        self.seen(client, None);
         let gauge = self.inflight.with_label_values(&[client]);
         gauge.inc();
         InFlight { gauge }
@@ -75,13 +86,47 @@ impl HttpClientMetrics {
     pub fn response(&self, client: &str, method: &str, code: u16, seconds: f64) {
         let method = method.to_ascii_lowercase();
         let code = code.to_string();
+        self.seen(client, Some((&method, &code)));
         self.request_duration.with_label_values(&[client, &method, &code]).observe(seconds);
         self.requests.with_label_values(&[client, &method, &code]).inc();
     }
 
     /// A request ended without a response.
     pub fn error(&self, client: &str) {
+        self.seen(client, None);
         self.errors.with_label_values(&[client]).inc();
+    }
+
+    /// Removes the series of every client but `keep`: a client nothing uses any more leaves
+    /// no series behind.
+    pub fn retain_clients(&self, keep: &BTreeSet<String>) {
+        // A poisoned lock only means a request panicked mid-update; the map is still whole.
+        let mut series = self.series.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        series.retain(|client, pairs| {
+            if keep.contains(client) {
+                return true;
+            }
+            for (method, code) in pairs.iter() {
+                // Absent series are not an error worth reporting: the goal is their absence.
+                let _ = self.request_duration.remove_label_values(&[client, method, code]);
+                let _ = self.requests.remove_label_values(&[client, method, code]);
+            }
+            let _ = self.errors.remove_label_values(&[client]);
+            let _ = self.inflight.remove_label_values(&[client]);
+            false
+        });
+    }
+
+    fn seen(&self, client: &str, pair: Option<(&str, &str)>) {
+        let mut series = self.series.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if !series.contains_key(client) {
+            series.insert(client.to_string(), BTreeSet::new());
+        }
+        if let (Some(pairs), Some((method, code))) = (series.get_mut(client), pair) {
+            if !pairs.iter().any(|(m, c)| m == method && c == code) {
+                pairs.insert((method.to_string(), code.to_string()));
+            }
+        }
     }
 }
 

@@ -62,7 +62,10 @@ impl BackendMetrics {
             &["backend"],
         )?;
         let warnings = IntCounterVec::new(
-            Opts::new("watermarkd_prometheus_warnings_total", "Warnings (partial answers) from Prometheus backends"),
+            Opts::new(
+                "watermarkd_prometheus_warnings_total",
+                "Warnings and infos attached to Prometheus answers (a warning other than a PromQL annotation: partial)",
+            ),
             &["backend"],
         )?;
         registry.register(Box::new(requests.clone()))?;

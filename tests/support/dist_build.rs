@@ -56,6 +56,15 @@ pub fn is_root() -> bool {
     run(Command::new("id").arg("-u")).trim() == "0"
 }
 
+/// Whether a test that only root can run may go on; says why it is skipped otherwise. CI runs
+/// as root.
+pub fn root_or_skip(test: &str, why: &str) -> bool {
+    if !is_root() {
+        eprintln!("{test}: not root, {why}; skipped");
+    }
+    is_root()
+}
+
 /// The ELF sections of a binary that a distributed one must not carry: debug information and
 /// the symbol table. (`.debug_gdb_scripts` is not debug information but a few loaded bytes naming
 /// gdb's pretty-printers for Rust types; stripping keeps it, as it must any allocated section.)

@@ -80,6 +80,9 @@ pub enum Behavior {
     Delay(Duration),
     /// 400 whose body quotes the keys it received: a client must never pass them on.
     EchoKeys,
+    /// The default series, in an answer padded with this many bytes (as a grouped query over
+    /// a whole fleet would make it): a client must not hold an answer of any size.
+    Padded(usize),
     /// One series whose points are written as these raw JSON tokens (`"12.5"`, `"null"`, and
     /// what JSON cannot hold: `"NaN"`, `"Infinity"`, `"1e999"`): (seconds before `to`, aligned
     /// down to `interval`; token).
@@ -753,6 +756,7 @@ async fn answer(state: &Arc<Mutex<State>>, base: &str, req: Request<Incoming>) -
             _ => series.push(series_json(index, q, "*", 30, dense(&SeriesSpec::default(), from, to))),
         }
     }
+    let padding: usize = behaviors.iter().map(|b| if let Behavior::Padded(n) = b { *n } else { 0 }).sum();
     let answer = json!({
             "status": "ok",
             "res_type": "time_series",
@@ -761,7 +765,7 @@ async fn answer(state: &Arc<Mutex<State>>, base: &str, req: Request<Incoming>) -
             "from_date": from * 1000,
             "to_date": to * 1000,
             "series": series,
-            "message": "",
+            "message": "x".repeat(padding),
             "group_by": [],
             "values": [],
             "times": [],

@@ -17,12 +17,14 @@ use serde_json::{json, Value};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
-/// What the fake recommender answers: status, body, and how long it waits first.
+/// What the fake recommender answers: status, body, and how long it waits first; and a
+/// `Location` header, for a redirect.
 #[derive(Clone)]
 pub struct Answer {
     pub status: u16,
     pub body: String,
     pub delay: Duration,
+    pub location: Option<String>,
 }
 
 /// A recommender on a free loopback port that records each request (method, content type, body)
@@ -39,7 +41,12 @@ impl FakeRecommender {
     pub async fn start() -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let url = format!("http://{}/recommend", listener.local_addr().expect("address"));
-        let answer = Arc::new(Mutex::new(Answer { status: 200, body: reply(7, Some((6, 9))), delay: Duration::ZERO }));
+        let answer = Arc::new(Mutex::new(Answer {
+            status: 200,
+            body: reply(7, Some((6, 9))),
+            delay: Duration::ZERO,
+            location: None,
+        }));
         let requests = Arc::new(Mutex::new(Vec::new()));
         let authorizations = Arc::new(Mutex::new(Vec::new()));
         let (a, r, z) = (Arc::clone(&answer), Arc::clone(&requests), Arc::clone(&authorizations));
@@ -69,6 +76,9 @@ impl FakeRecommender {
                             tokio::time::sleep(answer.delay).await;
                             let mut response = Response::new(Full::new(Bytes::from(answer.body)));
                             *response.status_mut() = hyper::StatusCode::from_u16(answer.status).unwrap();
+                            if let Some(location) = answer.location {
+                                response.headers_mut().insert("location", location.parse().unwrap());
+                            }
                             Ok::<_, Infallible>(response)
                         }
                     });
@@ -80,7 +90,13 @@ impl FakeRecommender {
     }
 
     pub fn answer(&self, status: u16, body: impl Into<String>, delay: Duration) {
-        *self.answer.lock().unwrap() = Answer { status, body: body.into(), delay };
+        *self.answer.lock().unwrap() = Answer { status, body: body.into(), delay, location: None };
+    }
+
+    /// Answers every request with a redirect (`status`, e.g. 307) to `location`.
+    pub fn redirect(&self, status: u16, location: &str) {
+        *self.answer.lock().unwrap() =
+            Answer { status, body: String::new(), delay: Duration::ZERO, location: Some(location.to_string()) };
     }
 
     pub fn requests(&self) -> Vec<(String, String, Value)> {

@@ -57,7 +57,7 @@
 //!
 //! # Objects
 //! `create_namespace`, `unique_namespace`, `create_deployment`, `create_statefulset`,
-//! `create_replicaset`, `set_workload_status`, `patch_status`, `create_pod`, `set_pod_ready`,
+//! `create_replicaset`, `set_workload_status`, `spec_replicas`, `patch_status`, `create_pod`, `set_pod_ready`,
 //! `create_crd` (waits until established and served), `grant` (a Role and RoleBinding).
 //!
 //! # API aggregation
@@ -817,6 +817,13 @@ impl KubeCluster {
             status["updatedReplicas"] = json!(replicas);
         }
         self.patch_status(&resource, namespace, name, status).await;
+    }
+
+    /// `spec.replicas` of an apps/v1 workload (-1 when it has none).
+    pub async fn spec_replicas(&self, kind: &str, namespace: &str, name: &str) -> i64 {
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client(), namespace, &apps_v1(kind));
+        let object = api.get(name).await.unwrap_or_else(|e| panic!("get {kind} {namespace}/{name}: {e}"));
+        object.data["spec"]["replicas"].as_i64().unwrap_or(-1)
     }
 
     /// Merge-patches the status subresource of any namespaced object with `status`.

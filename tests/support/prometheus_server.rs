@@ -305,6 +305,30 @@ impl Recorded {
     pub fn param(&self, name: &str) -> Option<String> {
         self.params().into_iter().find(|(n, _)| n == name).map(|(_, v)| v)
     }
+
+    /// The query as the rules file wrote it (see [`written_query`]).
+    pub fn written_query(&self) -> Option<String> {
+        self.param("query").map(|sent| written_query(&sent))
+    }
+
+    /// Whether the query went with its data time asked for.
+    pub fn dated(&self) -> bool {
+        self.param("query").is_some_and(|sent| written_query(&sent) != sent)
+    }
+}
+
+/// What the backend adds to a query that is a series selector (or one aggregation of one) to
+/// learn the time of its data: `(QUERY) or label_replace(min(timestamp(SELECTOR)), ...)`.
+const DATED_TAIL: &str = ") or label_replace(min(timestamp(";
+
+/// The query as the rules file wrote it, from the one sent: faults and answers are keyed by it.
+pub fn written_query(sent: &str) -> String {
+    match (sent.strip_prefix('('), sent.rfind(DATED_TAIL)) {
+        (Some(_), Some(end)) if sent.ends_with(r#", "watermarkd_sample", "time", "", "")"#) => {
+            sent.get(1..end).unwrap_or(sent).to_string()
+        }
+        _ => sent.to_string(),
+    }
 }
 
 fn decode_pairs(encoded: &str) -> Vec<(String, String)> {
@@ -341,6 +365,19 @@ impl Reply {
         Self::json(
             200,
             &format!(r#"{{"status":"success","data":{{"resultType":"vector","result":[{}]}}}}"#, result.join(",")),
+        )
+    }
+
+    /// A `vector` answer to a dated query: one series of `value` at the evaluation time `ts`,
+    /// and the added series whose value is the time of its data, `data_seconds`.
+    pub fn dated(ts: f64, value: &str, data_seconds: f64) -> Self {
+        Self::json(
+            200,
+            &format!(
+                r#"{{"status":"success","data":{{"resultType":"vector","result":[
+                    {{"metric":{{"__name__":"m"}},"value":[{ts},"{value}"]}},
+                    {{"metric":{{"watermarkd_sample":"time"}},"value":[{ts},"{data_seconds}"]}}]}}}}"#
+            ),
         )
     }
 
@@ -435,8 +472,10 @@ pub enum Injected {
     Slow(Duration),
     /// Forwards, and cuts the answer's body in the middle.
     Truncated,
-    /// A one-sample vector of `value`, dated `age` before the query's `time` (as a lagging
-    /// replica or a stale cache would answer).
+    /// A one-sample vector of `value` whose data is `age` older than the query's `time`, as
+    /// Prometheus answers a series that stopped getting samples (within its lookback): the value
+    /// at the evaluation time, and for a dated query its data time `age` back. An undated query
+    /// gets the sample itself dated `age` back (a lagging replica or a stale cache).
     Old { age: Duration, value: String },
 }
 
@@ -450,7 +489,7 @@ struct ProxyState {
 }
 
 /// A proxy in front of a Prometheus (`upstream`, its base URL): every request is forwarded as
-/// it came, unless `inject` set a fault for its `query`.
+/// it came, unless `inject` set a fault for its `query` (as the rules file writes it).
 pub struct PrometheusProxy {
     addr: SocketAddr,
     upstream: String,
@@ -579,7 +618,7 @@ async fn proxy(
 ) -> Response<Full<Bytes>> {
     let path_and_query = req.uri().path_and_query().map(|p| p.as_str().to_string()).unwrap_or_default();
     let recorded = record(req).await;
-    let query = recorded.param("query").unwrap_or_default();
+    let query = recorded.written_query().unwrap_or_default();
     let fault = {
         let mut state = state.lock().expect("proxy state");
         *state.seen.entry(query.clone()).or_default() += 1;
@@ -596,7 +635,11 @@ async fn proxy(
         }
         Some(Injected::Old { age, value }) => {
             let time = recorded.param("time").and_then(|t| t.parse::<f64>().ok()).unwrap_or(0.0);
-            let reply = Reply::vector(time - age.as_secs_f64(), &[value.as_str()]);
+            let reply = if recorded.dated() {
+                Reply::dated(time, value, time - age.as_secs_f64())
+            } else {
+                Reply::vector(time - age.as_secs_f64(), &[value.as_str()])
+            };
             return response(reply.status, reply.content_type, reply.body);
         }
         Some(Injected::Slow(delay)) => tokio::time::sleep(*delay).await,
@@ -643,11 +686,16 @@ pub struct TestCerts {
 
 impl TestCerts {
     pub fn generate() -> Self {
+        Self::for_server("IP:127.0.0.1,DNS:localhost")
+    }
+
+    /// As `generate`, with a server certificate for the names in `subject_alt_names`
+    /// (`DNS:reco.internal`).
+    pub fn for_server(subject_alt_names: &str) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         test_pki::make_ca(dir.path(), "ca.key", "ca.pem", "watermarkd test CA");
-        for (name, usage, san) in
-            [("server", "serverAuth", "subjectAltName=IP:127.0.0.1,DNS:localhost\n"), ("client", "clientAuth", "")]
-        {
+        let server_san = format!("subjectAltName={subject_alt_names}\n");
+        for (name, usage, san) in [("server", "serverAuth", server_san.as_str()), ("client", "clientAuth", "")] {
             let (key, pem) = (format!("{name}.key"), format!("{name}.pem"));
             test_pki::sign(
                 dir.path(),
@@ -670,7 +718,11 @@ impl TestCerts {
 /// request with `body` (JSON). Blocking rustls on plain threads: no async TLS crate needed.
 pub struct TlsServer {
     pub addr: SocketAddr,
+    seen: Arc<std::sync::Mutex<Vec<Seen>>>,
 }
+
+/// Per request: the name the client sent in the TLS handshake (SNI), and its `Host` header.
+pub type Seen = (Option<String>, Option<String>);
 
 impl TlsServer {
     pub fn start(certs: &TestCerts, body: &str) -> Self {
@@ -695,11 +747,13 @@ impl TlsServer {
         let listener = StdListener::bind("127.0.0.1:0").expect("bind the TLS server");
         let addr = listener.local_addr().expect("TLS server address");
         let body = body.to_string();
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen_by_server = Arc::clone(&seen);
         // Lives as long as the test process; each connection gets a thread.
         std::thread::spawn(move || {
             for stream in listener.incoming() {
                 let Ok(stream) = stream else { continue };
-                let (config, body) = (Arc::clone(&config), body.clone());
+                let (config, body, seen) = (Arc::clone(&config), body.clone(), Arc::clone(&seen_by_server));
                 std::thread::spawn(move || {
                     let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
                     let Ok(connection) = rustls::ServerConnection::new(config) else { return };
@@ -714,6 +768,12 @@ impl TlsServer {
                             Ok(n) => request.extend_from_slice(&buf[..n]),
                         }
                     }
+                    let head = String::from_utf8_lossy(&request).to_string();
+                    let host = head
+                        .lines()
+                        .find_map(|l| l.split_once(':').filter(|(name, _)| name.eq_ignore_ascii_case("host")))
+                        .map(|(_, value)| value.trim().to_string());
+                    seen.lock().unwrap().push((tls.conn.server_name().map(String::from), host));
                     let answer = format!(
                         "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
                         body.len()
@@ -724,7 +784,12 @@ impl TlsServer {
                 });
             }
         });
-        TlsServer { addr }
+        TlsServer { addr, seen }
+    }
+
+    /// Per request answered: the TLS server name the client sent, and its `Host` header.
+    pub fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
     }
 
     pub fn url(&self) -> String {

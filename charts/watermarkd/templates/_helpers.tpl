@@ -99,6 +99,8 @@ the daemon's defaults; the Lease namespace and identity come from POD_NAMESPACE 
 {{- with $s.reloadPoll }}{{ $pairs = append $pairs (list "reload_poll" (toJson .)) }}{{ end -}}
 {{- with $s.clusterName }}{{ $pairs = append $pairs (list "cluster_name" (toJson .)) }}{{ end -}}
 {{- with $s.labelsAsTags }}{{ $pairs = append $pairs (list "labels_as_tags" (toJson .)) }}{{ end -}}
+{{- with $s.recommenderAllowedUrls }}{{ $pairs = append $pairs (list "recommender_allowed_urls" (toJson .)) }}{{ end -}}
+{{- with $s.recommenderTlsDir }}{{ $pairs = append $pairs (list "recommender_tls_dir" (toJson .)) }}{{ end -}}
 {{- $pairs = append $pairs (list "lease.name" (include "watermarkd.leaseName" . | toJson)) -}}
 {{- with $le.leaseDuration }}{{ $pairs = append $pairs (list "lease.duration" (toJson .)) }}{{ end -}}
 {{- with $le.renewDeadline }}{{ $pairs = append $pairs (list "lease.renew_deadline" (toJson .)) }}{{ end -}}

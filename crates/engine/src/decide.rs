@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use crate::decision::{Action, Decision, Guard, Limit, MetricOutcome, Position, Stabilization, Timing};
+use crate::history;
 use crate::input::{Reading, Recommendation, ScaleEvent, State, Target};
 use crate::number::Decimal;
 use crate::rule::{
@@ -141,9 +142,9 @@ pub(crate) fn decide_running(
             ));
             proposal = spec;
         }
-        // Above the band, an off-grid `spec` is itself rounded up, as the WPA does: the
-        // formula only gives `spec` there while replicas are unready (docs/engine.md §1).
-        if proposal != spec || evaluated[winner].outcome.position == Position::Above {
+        // A metric above the band has already rounded its own formula (§1), so a proposal
+        // equal to `spec` means nothing on the grid above `spec` is asked for: hold.
+        if proposal != spec {
             proposal = round_up_to_modulo(proposal, rule.replica_modulo(), spec);
         }
         decision.proposal = Some(proposal);
@@ -244,7 +245,7 @@ pub(crate) fn decide_running(
     if action != Action::Hold {
         next.last_scale_time = Some(now);
         if rule.scale_event_horizon() > Duration::ZERO {
-            next.scale_events.push(ScaleEvent { from: spec, to: replicas, at: now });
+            history::record_scale_event(&mut next.scale_events, ScaleEvent::new(spec, replicas, now));
         }
     }
     decision.state = next;
@@ -337,10 +338,14 @@ fn evaluate_metric(
     if exact > band_high.mul(&per_dec) {
         outcome.position = Position::Above;
         let wanted = load.div_ceil(&replicas_for(&metric.high_watermark)).unwrap_or(i64::MAX);
+        // The formula's result is put on the modulo's grid before `spec` floors it, as the WPA
+        // does: an off-grid `spec` above what the formula asks for holds rather than rounding
+        // up past it (docs/engine.md §1).
+        let wanted = round_up_to_modulo(to_replicas(wanted), step, 0);
         // A crossing never asks for less than the convergence step a lower reading would take,
         // or a higher reading could end with fewer replicas (unready pods, modulo > 1).
         let step_up = convergence.filter(|&c| c > spec).unwrap_or(spec);
-        outcome.proposal = Some(to_replicas(wanted).max(spec).max(step_up));
+        outcome.proposal = Some(wanted.max(spec).max(step_up));
     } else if exact < band_low.mul(&per_dec) {
         outcome.position = Position::Below;
         let wanted = load.div_floor(&replicas_for(&metric.low_watermark)).unwrap_or(0);
@@ -475,17 +480,19 @@ fn carried_state(
     };
     let below_since = if below && all_usable { state.below_since.or(Some(now)) } else { None };
     let event_horizon = rule.scale_event_horizon();
-    let recommendation_horizon = rule.recommendation_horizon();
     State {
         last_scale_time: state.last_scale_time,
         above_since,
         below_since,
-        recommendations: state
-            .recommendations
-            .iter()
-            .filter(|r| now.since(r.at) < recommendation_horizon)
-            .copied()
-            .collect(),
+        recommendations: match rule.velocity() {
+            Velocity::Behavior(b) => history::keep_recommendations(
+                &state.recommendations,
+                b.scale_up.stabilization_window,
+                b.scale_down.stabilization_window,
+                now,
+            ),
+            Velocity::Watermark(_) => Vec::new(),
+        },
         scale_events: state.scale_events.iter().filter(|e| now.since(e.at) < event_horizon).copied().collect(),
         zero: state.zero.clone(),
     }
@@ -611,6 +618,12 @@ fn normalize_behavior(
     let stabilized = spec.max(lower).min(upper);
     if rule.recommendation_horizon() > Duration::ZERO {
         next.recommendations.push(Recommendation { replicas: proposal, at: now });
+        next.recommendations = history::keep_recommendations(
+            &next.recommendations,
+            behavior.scale_up.stabilization_window,
+            behavior.scale_down.stabilization_window,
+            now,
+        );
     }
 
     let upscale_limit = policy_limit(&behavior.scale_up, spec, &old.scale_events, now, true).max(spec);
@@ -650,7 +663,7 @@ fn policy_limit(rules: &ScalingRules, spec: u32, events: &[ScaleEvent], now: Tim
         return spec;
     }
     let limits = rules.policies.iter().map(|policy| {
-        let recent = events.iter().filter(|e| now.since(e.at) < policy.period);
+        let recent = events.iter().filter(|e| history::counts_within(e, policy.period, now, up));
         let (added, removed) =
             recent.fold((0i64, 0i64), |(a, r), e| (a + i64::from(e.added()), r + i64::from(e.removed())));
         let start = (i64::from(spec) - added + removed).max(0);

@@ -66,7 +66,8 @@ impl Reading {
     }
 }
 
-/// A past recommendation, kept for the `behavior` stabilization windows.
+/// A past recommendation, kept for the `behavior` stabilization windows. One the engine kept
+/// may stand for several of a bucket (docs/engine.md §3b): then `at` is the newest one's time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Recommendation {
@@ -74,21 +75,37 @@ pub struct Recommendation {
     pub at: Timestamp,
 }
 
-/// A scale this autoscaler performed (recorded after the write succeeded).
+/// A scale this autoscaler performed (recorded after the write succeeded), or several scales in
+/// one direction merged into one (docs/engine.md §3b): their total change, from `since` (the
+/// oldest) to `at` (the newest).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ScaleEvent {
     pub from: u32,
     pub to: u32,
     pub at: Timestamp,
+    /// Only on merged scales: the time of the oldest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<Timestamp>,
 }
 
 impl ScaleEvent {
+    /// One scale, from `from` to `to` replicas at `at`.
+    pub fn new(from: u32, to: u32, at: Timestamp) -> Self {
+        ScaleEvent { from, to, at, since: None }
+    }
     pub fn added(&self) -> u32 {
         self.to.saturating_sub(self.from)
     }
     pub fn removed(&self) -> u32 {
         self.from.saturating_sub(self.to)
+    }
+    pub(crate) fn is_up(&self) -> bool {
+        self.to > self.from
+    }
+    /// The time of its oldest scale.
+    pub fn oldest(&self) -> Timestamp {
+        self.since.map_or(self.at, |since| since.min(self.at))
     }
 }
 
@@ -103,9 +120,11 @@ pub struct State {
     pub above_since: Option<Timestamp>,
     /// Since when some metric has been below its low watermark (with tolerance).
     pub below_since: Option<Timestamp>,
-    /// Unstabilized recommendations younger than the longer stabilization window.
+    /// Unstabilized recommendations younger than the longer stabilization window, as far as a
+    /// window can still use them: at most 61 per window (docs/engine.md §3b). Any history is
+    /// accepted; the next decision reduces it.
     pub recommendations: Vec<Recommendation>,
-    /// Scale events younger than the longest policy period.
+    /// Scale events younger than the longest policy period, at most 32 (docs/engine.md §3b).
     pub scale_events: Vec<ScaleEvent>,
     /// Scale to zero's clocks, for a rule with `min_replicas = 0` (boxed: most rules have none).
     #[serde(skip_serializing_if = "Option::is_none")]

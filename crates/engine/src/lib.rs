@@ -9,6 +9,7 @@
 
 mod decide;
 mod decision;
+mod history;
 mod input;
 mod number;
 mod rule;
@@ -18,6 +19,7 @@ mod zero;
 
 pub use decide::decide;
 pub use decision::{Action, Decision, Guard, Limit, MetricOutcome, Position, Stabilization, Timing};
+pub use history::{BUCKETS_PER_WINDOW, MAX_SCALE_EVENTS};
 pub use input::{Reading, Recommendation, ScaleEvent, State, Target, ZeroState};
 pub use number::{Decimal, ParseDecimalError};
 pub use rule::{

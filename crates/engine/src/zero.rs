@@ -153,7 +153,7 @@ fn at_zero(
 fn record_scale(rule: &Rule, state: &mut State, from: u32, to: u32, now: Timestamp) {
     state.last_scale_time = Some(now);
     if rule.scale_event_horizon() > std::time::Duration::ZERO {
-        state.scale_events.push(ScaleEvent { from, to, at: now });
+        crate::history::record_scale_event(&mut state.scale_events, ScaleEvent::new(from, to, now));
     }
 }
 

@@ -181,7 +181,7 @@ fn above_the_band_an_off_grid_spec_rounds_up_to_the_modulo() {
     });
     let d = decide(&r, target_ready(5, 4), &[value(1.2)], &State::default(), now());
     assert_eq!(d.metrics[0].position, Position::Above);
-    assert_eq!((d.metrics[0].proposal, d.proposal), (Some(5), Some(8)));
+    assert_eq!((d.metrics[0].proposal, d.proposal), (Some(8), Some(8)));
     assert_eq!((d.replicas, d.action), (8, Action::ScaleUp));
     // The case: spec 5, modulo 2 -> 6.
     let r = rule(|s| {
@@ -191,6 +191,45 @@ fn above_the_band_an_off_grid_spec_rounds_up_to_the_modulo() {
     assert_eq!(decide(&r, target_ready(5, 4), &[value(1.2)], &State::default(), now()).replicas, 6);
     // Inside the band the off-grid spec stays: nothing asks for a change.
     assert_eq!(decide(&r, target(5), &[value(0.8)], &State::default(), now()).replicas, 5);
+}
+
+#[test]
+fn above_the_band_an_off_grid_spec_over_the_rounded_formula_holds() {
+    // The WPA rounds its formula's result to the modulo and then takes the larger of that and
+    // `spec`: 40 ready at 272.9 against 95.6 ask ceil(114.2) = 115, on the grid 116, under the
+    // off-grid spec of 122, which holds (rounding 122 itself up would scale to 124).
+    let r = rule(|s| {
+        s.replica_modulo = Some(4);
+        s.max_replicas = Some(500);
+        s.metrics = vec![metric("m", "50", "95.6")];
+    });
+    let d = decide(&r, target_ready(122, 40), &[value(272.9)], &State::default(), now());
+    assert_eq!(d.metrics[0].position, Position::Above);
+    assert_eq!((d.metrics[0].proposal, d.proposal), (Some(122), Some(122)));
+    assert_eq!((d.replicas, d.action), (122, Action::Hold));
+    // `average` reads the total: the same usage per ready replica gives the same answer.
+    let r = rule(|s| {
+        s.algorithm = Some(Algorithm::Average);
+        s.replica_modulo = Some(4);
+        s.max_replicas = Some(500);
+        s.metrics = vec![metric("m", "50", "95.6")];
+    });
+    let d = decide(&r, target_ready(122, 40), &[value(272.9 * 40.0)], &State::default(), now());
+    assert_eq!((d.replicas, d.action), (122, Action::Hold));
+    // spec 9 with 2 ready, modulo 2, 37.669 against 13.3 (tolerance 0.02): ceil(5.66) = 6, on
+    // the grid 6, under 9: hold at 9, not 10.
+    let r = rule(|s| {
+        s.replica_modulo = Some(2);
+        s.tolerance = Some(dec("0.02"));
+        s.metrics = vec![metric("m", "10", "13.3")];
+    });
+    let d = decide(&r, target_ready(9, 2), &[value(37.669)], &State::default(), now());
+    assert_eq!(d.metrics[0].position, Position::Above);
+    assert_eq!((d.replicas, d.action), (9, Action::Hold));
+    // Once the rounded formula passes the off-grid spec it scales, to the grid: 3 ready at
+    // 37.669 ask ceil(8.5) = 9, on the grid 10.
+    let d = decide(&r, target_ready(9, 3), &[value(37.669)], &State::default(), now());
+    assert_eq!((d.replicas, d.action), (10, Action::ScaleUp));
 }
 
 #[test]
@@ -576,18 +615,18 @@ fn policy_periods_count_this_autoscalers_recent_scale_events() {
     let up = policies(SelectPolicy::Max, &[(PolicyKind::Pods, 4, 60)]);
     let r = behavior(Some(up), None);
     // 3 were added 30s ago: the period started at 7, so 11 is the most allowed now.
-    let state = State { scale_events: vec![ScaleEvent { from: 7, to: 10, at: ago(30) }], ..Default::default() };
+    let state = State { scale_events: vec![ScaleEvent::new(7, 10, ago(30))], ..Default::default() };
     let d = decide(&r, target(10), &[value(5.0)], &state, now());
     assert_eq!((d.replicas, d.limit), (11, Limit::UpscaleCapping));
     assert_eq!(d.state.scale_events.len(), 2);
-    assert_eq!(d.state.scale_events[1], ScaleEvent { from: 10, to: 11, at: now() });
+    assert_eq!(d.state.scale_events[1], ScaleEvent::new(10, 11, now()));
     // Older than the period: the whole budget is back.
-    let state = State { scale_events: vec![ScaleEvent { from: 7, to: 10, at: ago(60) }], ..Default::default() };
+    let state = State { scale_events: vec![ScaleEvent::new(7, 10, ago(60))], ..Default::default() };
     let d = decide(&r, target(10), &[value(5.0)], &state, now());
     assert_eq!(d.replicas, 14);
-    assert_eq!(d.state.scale_events, vec![ScaleEvent { from: 10, to: 14, at: now() }]);
+    assert_eq!(d.state.scale_events, vec![ScaleEvent::new(10, 14, now())]);
     // Budget used up: the limit never goes below spec.
-    let state = State { scale_events: vec![ScaleEvent { from: 2, to: 10, at: ago(10) }], ..Default::default() };
+    let state = State { scale_events: vec![ScaleEvent::new(2, 10, ago(10))], ..Default::default() };
     assert_eq!(replicas_with(&r, target(10), &[value(5.0)], &state), 10);
 }
 

@@ -106,10 +106,7 @@ fn case_strategy() -> impl Strategy<Value = Case> {
                 above_since: above.map(ago),
                 below_since: below.map(ago),
                 recommendations: history.iter().map(|&(r, a)| Recommendation { replicas: r, at: ago(a) }).collect(),
-                scale_events: history
-                    .iter()
-                    .map(|&(r, a)| ScaleEvent { from: r, to: r.saturating_add(2), at: ago(a) })
-                    .collect(),
+                scale_events: history.iter().map(|&(r, a)| ScaleEvent::new(r, r.saturating_add(2), ago(a))).collect(),
                 zero: None,
             },
         })

@@ -105,7 +105,7 @@ impl Inner {
     async fn admitted(&self) {
         loop {
             let wait = match lock(&self.pacer).admit(Instant::now(), 1) {
-                Admission::Go | Admission::Probe { .. } => return,
+                Admission::Go | Admission::Learn | Admission::Part { .. } | Admission::Probe { .. } => return,
                 Admission::Deferred { .. } => ADMISSION_POLL,
                 Admission::RateLimited { reset_in_seconds } => Duration::from_secs(reset_in_seconds.max(1)),
             };

@@ -16,8 +16,10 @@
 //! autoscaler per poll exhaust it, and then every autoscaler goes blind at once. So the budget is
 //! planned, from the `X-RateLimit-*` headers of every answer (`pacing`):
 //!
-//! - Until the first answer, the documented default is assumed, 1,600 per 3,600 s, with the whole
-//!   hour still ahead (the slowest pace that default implies: never too fast).
+//! - The first cycle sends one request alone and reads the budget from its answer before the
+//!   rest is planned, so a limit smaller than the default is never overrun before it is known.
+//!   Until an answer carries the headers, the documented default is assumed, 1,600 per 3,600 s,
+//!   with the whole hour still ahead (the slowest pace that default implies: never too fast).
 //! - 5 % of the limit is a reserve never planned for: retries, batches split to isolate a bad
 //!   query, `watermarkd query`, and what other users of the organisation spend between two of
 //!   our answers.
@@ -34,8 +36,24 @@
 //!   to the reserve by the end of every window and the organisation's other tools (or a second
 //!   watermarkd sharing the organisation) would meet the 429s instead.
 //! - A cycle that does not fit in what is left of the window (N > usable) waits for the reset.
+//! - A cycle that no window could hold (N > limit minus the reserve: 1,000 autoscalers are 29
+//!   requests, a budget of 27 a minute holds 25) can never go whole, so it is spread over the
+//!   windows instead: each ask sends what the budget accrued since the previous ask, one request
+//!   per `reset_seconds / usable_remaining` (a quarter of a window's worth at the first ask;
+//!   what an ask could not use carries over up to one request, so a silence is not saved up
+//!   into a burst), and defers the rest. Which queries go is decided by age: the client records
+//!   when each query text was last sent, and the oldest (never sent first) fill the requests.
+//!   Every query is thus refreshed once per `N x reset_seconds / usable`, the stretched
+//!   interval, whatever the period and however many windows one cycle spans, and every window
+//!   is spent up to its reserve.
+//! - In CRD mode each WPA's namespace may be held to a share of the budget
+//!   (`namespace_budget_percent`): a namespace accrues its own credit at that share of the rate,
+//!   its queries beyond it are deferred (oldest data first, as above) before the cycle is
+//!   planned, and a query asked by several namespaces is charged to the first (not at all when
+//!   the rules file asks it too). So one namespace with many WPAs stretches its own interval,
+//!   not everyone's. Logged when a namespace starts and stops being held.
 //! - A cycle asked for earlier is answered with `QueryError::Deferred` for every query without
-//!   any request: the engine holds its replicas, the effective interval is stretched, the
+//!   any request (a spread cycle: for the queries that did not go): the engine holds its replicas, the effective interval is stretched, the
 //!   `stretched_interval_seconds` gauge says by how much, `deferred_queries` counts them, and a
 //!   warning is logged when the stretch appears, changes by 10 % or more, or goes away. It goes
 //!   away only after a whole stretched interval and several asks in a row were all admitted:
@@ -58,7 +76,10 @@
 //! within the budget (debits happen at admission) but share one spacing.
 //!
 //! # Failures
-//! Never assumed JSON on a non-2xx answer. 5xx, 408, timeouts and connection failures are
+//! Never assumed JSON on a non-2xx answer. An answer larger than 16 MiB (`MAX_BODY_BYTES`) is
+//! not read beyond that: every query of its request is `QueryError::Protocol` saying so, and it
+//! is not retried (a grouped query over a whole fleet would otherwise be held in memory, and
+//! re-sent after every restart). 5xx, 408, timeouts and connection failures are
 //! retried with jittered exponential backoff until the cycle's deadline, which the caller
 //! gives (`backend::QueryBackend`): waiting for a request slot, every attempt (each given
 //! `min(timeout, time left)`) and every backoff sleep fit before it, and what is not answered
@@ -81,7 +102,7 @@ mod history;
 mod pacing;
 mod parse;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -106,6 +127,10 @@ pub use parse::{
 
 use pacing::{Admission, Pacer};
 
+/// The largest answer read, as for Prometheus: a batch of 35 queries over the default five
+/// minutes is a few hundred kilobytes; beyond this a query selects a whole fleet's series, and
+/// holding it could take the pod past its memory limit (and again after every restart).
+pub const MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
 /// An attempt with less time than this left before the deadline is not started.
 const MIN_ATTEMPT: Duration = Duration::from_millis(50);
 const API_KEY_HEADER: &str = "dd-api-key";
@@ -144,6 +169,14 @@ struct Inner {
     /// Whether the last answer was a 403, so that it is logged once, not once per request.
     forbidden: AtomicBool,
     bad_queries: Mutex<HashMap<String, (QueryError, Instant)>>,
+    /// When each query text (by `text_key`) was last sent: what cannot all go now goes oldest
+    /// first.
+    served: Mutex<HashMap<u64, Instant>>,
+    /// The largest share of the budget one namespace's queries may use (100: no bound).
+    namespace_budget_percent: u32,
+    /// Namespaces whose queries were last held to their share, so that it is logged when it
+    /// starts and when it ends, not every cycle.
+    capped_namespaces: Mutex<HashSet<String>>,
     metrics: Arc<BackendMetrics>,
 }
 
@@ -172,6 +205,16 @@ fn key_headers(api_key: &Secret, app_key: &Secret) -> Result<HeaderMap, &'static
         headers.insert(HeaderName::from_static(header), value);
     }
     Ok(headers)
+}
+
+/// A query text's key in `Inner::served`: a hash, not the text, so that 10,000 autoscalers'
+/// queries cost a few hundred kilobytes there rather than a copy of every text. Two texts
+/// with the same hash only share their place in the queue.
+fn text_key(text: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::hash::DefaultHasher::new();
+    text.hash(&mut hasher);
+    hasher.finish()
 }
 
 fn ceil_secs(d: Duration) -> u64 {
@@ -234,6 +277,9 @@ impl DatadogClient {
                 pacer: Mutex::new(Pacer::new(Instant::now())),
                 forbidden: AtomicBool::new(false),
                 bad_queries: Mutex::new(HashMap::new()),
+                served: Mutex::new(HashMap::new()),
+                namespace_budget_percent: config.namespace_budget_percent,
+                capped_namespaces: Mutex::new(HashSet::new()),
                 metrics,
             }),
         })
@@ -251,17 +297,42 @@ impl DatadogClient {
 
     /// One cycle: every query, answered in order by `deadline` (see the module comment).
     pub async fn evaluate(&self, queries: &[MetricQuery], now: Timestamp, deadline: Instant) -> Vec<Observation> {
+        self.evaluate_for(queries, &[], now, deadline).await
+    }
+
+    /// One cycle, knowing which namespace asks each query (`namespaces[i]` for `queries[i]`;
+    /// `None`, or a missing entry, for an autoscaler of the rules file): a namespace beyond its
+    /// share of the budget has its own queries deferred (see the module comment).
+    pub async fn evaluate_for(
+        &self,
+        queries: &[MetricQuery],
+        namespaces: &[Option<&str>],
+        now: Timestamp,
+        deadline: Instant,
+    ) -> Vec<Observation> {
         let inner = &self.inner;
         let started = Instant::now();
         let mut distinct: Vec<&str> = Vec::new();
+        // The namespace a distinct query is charged to: the first that asked it, unless an
+        // autoscaler of the rules file (never capped) asks it too.
+        let mut owners: Vec<Option<&str>> = Vec::new();
         let mut index_of: HashMap<&str, usize> = HashMap::new();
         let slots: Vec<usize> = queries
             .iter()
-            .map(|q| {
-                *index_of.entry(q.query.as_str()).or_insert_with(|| {
+            .enumerate()
+            .map(|(i, q)| {
+                let namespace = namespaces.get(i).copied().flatten();
+                let slot = *index_of.entry(q.query.as_str()).or_insert_with(|| {
                     distinct.push(q.query.as_str());
+                    owners.push(namespace);
                     distinct.len() - 1
-                })
+                });
+                if namespace.is_none() {
+                    if let Some(owner) = owners.get_mut(slot) {
+                        *owner = None;
+                    }
+                }
+                slot
             })
             .collect();
         let mut answers: Vec<Option<Observation>> = vec![None; distinct.len()];
@@ -270,7 +341,15 @@ impl DatadogClient {
                 answers[slot] = Some(Observation::unavailable(error));
             }
         }
-        let pending: Vec<usize> = (0..distinct.len()).filter(|&d| answers[d].is_none()).collect();
+        let mut pending: Vec<usize> = (0..distinct.len()).filter(|&d| answers[d].is_none()).collect();
+        // Oldest data first: what cannot all go now goes in the order it was last sent.
+        {
+            let served = lock(&inner.served);
+            pending.sort_by_key(|&d| served.get(&text_key(distinct[d])).copied());
+        }
+        for (d, error) in inner.namespace_shares(&mut pending, &owners, started) {
+            answers[d] = Some(Observation::unavailable(error));
+        }
         let texts: Vec<&str> = pending.iter().map(|&d| distinct[d]).collect();
         let to = now.unix_millis().div_euclid(1000);
         let from = to - i64::try_from(inner.window.as_secs()).unwrap_or(i64::MAX / 2);
@@ -289,11 +368,19 @@ impl DatadogClient {
                 }
             }
         }
-        if !planned.is_empty() {
-            let admission = lock(&inner.pacer).admit(started, planned.len() as u64);
+        let cx = CycleContext { from, to, now, started, deadline };
+        let mut sent: Vec<usize> = Vec::new();
+        while !planned.is_empty() {
+            let admission = lock(&inner.pacer).admit(Instant::now(), planned.len() as u64);
             inner.report_stretch();
             let (send, refused) = match admission {
                 Admission::Go => (planned.len(), None),
+                // One request, whose answer says what the budget is; the rest is asked for again.
+                Admission::Learn => (1, None),
+                Admission::Part { requests, stretched_interval_seconds } => (
+                    usize::try_from(requests).unwrap_or(usize::MAX),
+                    Some(QueryError::Deferred { stretched_interval_seconds }),
+                ),
                 // One request only: its answer corrects the budget; the rest wait their turn.
                 Admission::Probe { stretched_interval_seconds } => {
                     tracing::info!(
@@ -308,22 +395,25 @@ impl DatadogClient {
                 }
                 Admission::RateLimited { reset_in_seconds } => (0, Some(QueryError::RateLimited { reset_in_seconds })),
             };
-            let mut planned = planned;
-            let held = planned.split_off(send.min(planned.len()));
+            let rest = planned.split_off(send.min(planned.len()));
+            let going = std::mem::replace(&mut planned, rest);
             if let Some(error) = refused {
-                for request in &held {
-                    for &q in &request.queries {
+                for request in planned.drain(..) {
+                    for q in request.queries {
                         answers[pending[q]] = Some(Observation::unavailable(error.clone()));
                     }
                 }
             }
-            if !planned.is_empty() {
-                let cx = CycleContext { from, to, now, started, deadline };
-                for (q, observation) in self.run(planned, &texts, cx).await {
-                    answers[pending[q]] = Some(observation);
-                }
+            if going.is_empty() {
+                break;
+            }
+            sent.extend(going.iter().flat_map(|r| r.queries.iter().copied()));
+            for (q, observation) in self.run(going, &texts, cx).await {
+                answers[pending[q]] = Some(observation);
             }
         }
+        inner.served_now(sent.iter().map(|&q| texts[q]), started);
+        inner.charge_namespaces(sent.iter().map(|&q| owners[pending[q]]));
         let out: Vec<Observation> = slots
             .iter()
             .map(|&slot| match &answers[slot] {
@@ -383,6 +473,108 @@ struct CycleContext {
 impl Inner {
     fn v1_endpoint(&self) -> String {
         format!("{}/api/v1/query", self.base)
+    }
+
+    /// Notes that these queries were sent at `at`. Queries not sent for two of the longest
+    /// windows are forgotten (a removed autoscaler's, or one so starved that it is the oldest
+    /// anyway), so the record cannot grow without bound.
+    fn served_now<'a>(&self, sent: impl Iterator<Item = &'a str>, at: Instant) {
+        let mut served = lock(&self.served);
+        for text in sent {
+            served.insert(text_key(text), at);
+        }
+        served.retain(|_, when| at.saturating_duration_since(*when) < pacing::MAX_WINDOW * 2);
+    }
+
+    /// Holds each namespace to its share of the budget: of its queries in `pending` (oldest
+    /// first), those beyond what its share has accrued are removed and returned, deferred.
+    fn namespace_shares(
+        &self,
+        pending: &mut Vec<usize>,
+        owners: &[Option<&str>],
+        now: Instant,
+    ) -> Vec<(usize, QueryError)> {
+        let percent = self.namespace_budget_percent;
+        if percent >= 100 || owners.iter().all(Option::is_none) {
+            return Vec::new();
+        }
+        let mut count: HashMap<&str, usize> = HashMap::new();
+        for &d in pending.iter() {
+            if let Some(namespace) = owners[d] {
+                *count.entry(namespace).or_default() += 1;
+            }
+        }
+        let mut pacer = lock(&self.pacer);
+        pacer.forget_namespaces(now);
+        // Queries each namespace may still send now, and the spacing its whole set gets.
+        let mut allowed: HashMap<&str, (usize, u64)> = HashMap::new();
+        for (&namespace, &queries) in &count {
+            let share = pacer.namespace_share(now, namespace, percent);
+            let per_request = MAX_QUERIES_PER_REQUEST as f64;
+            let may = (share.requests * per_request).floor() as usize;
+            let stretched = ceil_secs(share.request_cost.mul_f64(queries as f64 / per_request)).max(1);
+            allowed.insert(namespace, (may, stretched));
+        }
+        drop(pacer);
+        let mut deferred = Vec::new();
+        let mut capped: HashMap<&str, u64> = HashMap::new();
+        pending.retain(|&d| {
+            let Some(namespace) = owners[d] else { return true };
+            let Some((may, stretched)) = allowed.get_mut(namespace) else { return true };
+            if *may > 0 {
+                *may -= 1;
+                return true;
+            }
+            deferred.push((d, QueryError::Deferred { stretched_interval_seconds: *stretched }));
+            capped.insert(namespace, *stretched);
+            false
+        });
+        self.log_capped(&capped, percent);
+        deferred
+    }
+
+    /// Logs the namespaces that start or stop being held to their share.
+    fn log_capped(&self, capped: &HashMap<&str, u64>, percent: u32) {
+        let mut logged = lock(&self.capped_namespaces);
+        for (namespace, stretched) in capped {
+            if !logged.contains(*namespace) {
+                tracing::warn!(
+                    backend = %self.name,
+                    namespace,
+                    stretched_interval_seconds = stretched,
+                    "Datadog rate budget: the namespace's queries need more than its share \
+                     (namespace_budget_percent = {percent}); some are deferred, oldest data first"
+                );
+                logged.insert((*namespace).to_string());
+            }
+        }
+        logged.retain(|namespace| {
+            let keep = capped.contains_key(namespace.as_str());
+            if !keep {
+                tracing::info!(
+                    backend = %self.name,
+                    namespace = %namespace,
+                    "Datadog rate budget: the namespace's queries fit in its share again"
+                );
+            }
+            keep
+        });
+    }
+
+    /// Charges each namespace for the queries of its that were sent: a full request carries
+    /// `MAX_QUERIES_PER_REQUEST` of them.
+    fn charge_namespaces<'a>(&self, sent: impl Iterator<Item = Option<&'a str>>) {
+        if self.namespace_budget_percent >= 100 {
+            return;
+        }
+        let mut queries: HashMap<&str, usize> = HashMap::new();
+        for namespace in sent.flatten() {
+            *queries.entry(namespace).or_default() += 1;
+        }
+        let mut pacer = lock(&self.pacer);
+        for (namespace, queries) in queries {
+            pacer.charge_namespace(namespace, queries as f64 / MAX_QUERIES_PER_REQUEST as f64);
+        }
     }
 
     /// Queries answered without a request: empty, unbalanced, several queries in one, or known bad.
@@ -496,7 +688,7 @@ impl Inner {
     /// Keeps a query Datadog rejected from being asked again for `bad_query_retry`.
     fn remember_bad(&self, query: &str, error: &QueryError) {
         let mut bad = lock(&self.bad_queries);
-        let until = Instant::now() + self.bad_query_retry;
+        let until = crate::instant::saturating_add(Instant::now(), self.bad_query_retry);
         if bad.insert(query.to_string(), (error.clone(), until)).is_none() {
             tracing::warn!(
                 backend = %self.name,
@@ -608,24 +800,22 @@ impl Inner {
     ) -> Result<T, Failure> {
         let started = Instant::now();
         let result = match request().timeout(timeout).send().await {
-            Ok(response) => {
+            Ok(mut response) => {
                 let status = response.status().as_u16();
                 let rate = RateLimitHeaders::from_header_map(response.headers());
                 self.note_rate(&rate, status != 429);
-                match response.bytes().await {
-                    Ok(body) => {
-                        if status == 429 {
-                            let wait = rate_limit_wait(&rate);
-                            lock(&self.pacer).rate_limited(Instant::now(), wait);
-                            tracing::warn!(
-                                backend = %self.name,
-                                wait_seconds = wait.as_secs(),
-                                "Datadog answered 429 (rate limited): no query requests until the budget resets"
-                            );
-                        }
-                        read(status, &rate, &body)
-                    }
-                    Err(err) => Err(self.http_failure(err, timeout)),
+                if status == 429 {
+                    let wait = rate_limit_wait(&rate);
+                    lock(&self.pacer).rate_limited(Instant::now(), wait);
+                    tracing::warn!(
+                        backend = %self.name,
+                        wait_seconds = wait.as_secs(),
+                        "Datadog answered 429 (rate limited): no query requests until the budget resets"
+                    );
+                }
+                match self.read_body(&mut response, timeout).await {
+                    Ok(body) => read(status, &rate, &body),
+                    Err(failure) => Err(failure),
                 }
             }
             Err(err) => Err(self.http_failure(err, timeout)),
@@ -650,6 +840,31 @@ impl Inner {
             }
         }
         result
+    }
+
+    /// The whole body, read in chunks so that an answer beyond `MAX_BODY_BYTES` is refused once
+    /// the cap is passed instead of filling memory. Not retried: the same query would bring the
+    /// same answer, and its budget with it.
+    async fn read_body(&self, response: &mut reqwest::Response, timeout: Duration) -> Result<Vec<u8>, Failure> {
+        let mut body = Vec::new();
+        while let Some(chunk) = response.chunk().await.map_err(|err| self.http_failure(err, timeout))? {
+            if body.len() + chunk.len() > MAX_BODY_BYTES {
+                return Err(Failure {
+                    error: QueryError::Protocol(format!(
+                        "Datadog's answer is larger than {} MiB, so it was not read: the request's queries return \
+                         far more series or points than an autoscaler needs (group or filter them, or shorten \
+                         `window`)",
+                        MAX_BODY_BYTES / (1024 * 1024)
+                    )),
+                    outcome: Outcome::Protocol,
+                    retryable: false,
+                    // Whatever the status said: an oversized 400 is not a reason to split the batch.
+                    status: None,
+                });
+            }
+            body.extend_from_slice(&chunk);
+        }
+        Ok(body)
     }
 
     fn http_failure(&self, err: reqwest::Error, timeout: Duration) -> Failure {
@@ -787,6 +1002,7 @@ mod tests {
             max_in_flight: 4,
             bad_query_retry: Duration::from_secs(600),
             allow_insecure_http: false,
+            namespace_budget_percent: 100,
         }
     }
 

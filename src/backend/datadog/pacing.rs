@@ -2,6 +2,7 @@
 //! cycle may spend part of it now. The design is described in the module comment of
 //! `backend::datadog`; this file is the arithmetic.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use reqwest::header::HeaderMap;
@@ -129,7 +130,18 @@ pub struct RateLimitSnapshot {
 /// May a cycle of `n` requests start now?
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Admission {
+    /// The whole cycle goes now.
     Go,
+    /// Nothing is known of the budget yet: send one request, read the budget from its answer's
+    /// headers, then ask again for the rest of the cycle (which the first answer now paces).
+    Learn,
+    /// The cycle needs more requests than a whole window allows: send `requests` of it now (the
+    /// queries whose data is oldest), defer the rest. Asks keep spending what the budget allows,
+    /// so every query is refreshed every `stretched_interval_seconds`.
+    Part {
+        requests: u64,
+        stretched_interval_seconds: u64,
+    },
     /// The budget as we know it does not allow the cycle, but nothing was sent for
     /// `PROBE_AFTER` or since the window it was planned in ended: send one request (the first
     /// of the cycle), so that its answer's headers set the numbers right; defer the rest.
@@ -187,6 +199,32 @@ pub struct Pacer {
     /// Current value of the stretched-interval gauge, and the last one logged.
     stretched: u64,
     logged_stretch: u64,
+    /// Whether the first request (`Admission::Learn`) has gone out.
+    learn_sent: bool,
+    /// For cycles larger than a window: spending time not yet spent (each request costs
+    /// `until_reset / usable`), and when it was last brought up to date.
+    credit: Duration,
+    last_ask: Option<Instant>,
+    /// Each namespace's own credit, for its share of the budget (`namespace_share`).
+    namespaces: HashMap<String, NamespaceCredit>,
+}
+
+/// A namespace's spending time not yet spent, at its share of the budget's rate.
+#[derive(Debug)]
+struct NamespaceCredit {
+    credit: Duration,
+    last_ask: Instant,
+    /// What one request cost it at its last ask.
+    request_cost: Duration,
+}
+
+/// What a namespace may send now.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct NamespaceShare {
+    /// Requests it may fill now (fractional: its queries share requests with others').
+    pub requests: f64,
+    /// How long one request takes of its share: the budget's request cost / its share.
+    pub request_cost: Duration,
 }
 
 pub fn reserve(limit: u64) -> u64 {
@@ -223,6 +261,10 @@ impl Pacer {
             admitted_since_deferral: 0,
             stretched: 0,
             logged_stretch: 0,
+            learn_sent: false,
+            credit: Duration::ZERO,
+            last_ask: None,
+            namespaces: HashMap::new(),
         }
     }
 
@@ -280,12 +322,29 @@ impl Pacer {
             return Admission::RateLimited { reset_in_seconds };
         }
         self.roll(now);
+        if !self.seen && !self.learn_sent && n > 1 {
+            // The limit is unknown: a cycle planned from the assumed default could overrun a
+            // smaller one at once. One request first; its answer says what the budget is.
+            self.learn_sent = true;
+            self.remaining = self.remaining.saturating_sub(1);
+            self.sent(now);
+            return Admission::Learn;
+        }
+        let elapsed = self.last_ask.map(|at| now.saturating_duration_since(at));
+        self.last_ask = Some(now);
         self.oversized = n > self.limit.saturating_sub(reserve(self.limit));
-        match self.plan(now, n) {
-            Ok(()) => {
+        let decision = if self.oversized { self.spread(now, n, elapsed) } else { self.plan(now, n).map(|()| n) };
+        match decision {
+            Ok(requests) if requests >= n => {
                 self.sent(now);
                 self.note(now, None);
                 Admission::Go
+            }
+            Ok(requests) => {
+                self.sent(now);
+                let stretched_interval_seconds = ceil_secs(self.last_spacing).max(1);
+                self.note(now, Some(stretched_interval_seconds));
+                Admission::Part { requests, stretched_interval_seconds }
             }
             Err(stretched_interval_seconds) if now >= self.probe_due => {
                 self.remaining = self.remaining.saturating_sub(1);
@@ -315,6 +374,53 @@ impl Pacer {
         self.probe_due = if self.reset_known && !self.oversized { after.max(self.reset_at) } else { after };
     }
 
+    /// How long one request may take of what is left of the window (`until_reset / usable`,
+    /// usable being what is left beyond the reserve and the other users' expected share), and
+    /// what is left beyond the reserve.
+    fn request_cost(&self, now: Instant) -> (Duration, u64) {
+        let spendable = self.remaining.saturating_sub(reserve(self.limit));
+        let until_reset = self.reset_at.saturating_duration_since(now).max(Duration::from_secs(1));
+        // Leave the other users what they are expected to spend. Early in a window that is a
+        // guess from little data (a burst right after the reset looks like a flood), and a wrong
+        // guess must not blind us for the hour: they are left at most half of what is left at
+        // the start of the window, growing to all of it at the end, when the guess is good.
+        let spendable_f = spendable as f64;
+        let period = self.period.as_secs_f64().max(1.0);
+        let elapsed_share = (1.0 - until_reset.as_secs_f64() / period).clamp(0.0, 1.0);
+        let usable = spendable_f - self.others_until_reset().min(spendable_f * (0.5 + 0.5 * elapsed_share));
+        (until_reset.div_f64(usable.max(1.0)), spendable)
+    }
+
+    /// A cycle larger than a whole window: it can never go at once, so each ask sends what the
+    /// budget has accrued since the previous ask (one request per `request_cost`, never more
+    /// than is left beyond the reserve). What an ask could not use carries over to the next,
+    /// up to one request, so the rate holds whatever the spacing of the asks; a long silence
+    /// is not saved up into a burst. The first ask gets a quarter of a window's worth.
+    /// Ok(requests to send now, at least 1), or Err(the stretched interval) when none may go.
+    fn spread(&mut self, now: Instant, n: u64, elapsed: Option<Duration>) -> Result<u64, u64> {
+        // Whole cycles no longer go, so their spacing no longer applies.
+        self.next_cycle_not_before = None;
+        let (cost, spendable) = self.request_cost(now);
+        self.credit = match elapsed {
+            Some(elapsed) => elapsed.saturating_add(self.credit.min(cost)),
+            None => self.period / 4,
+        }
+        .min(self.period);
+        let affordable = (self.credit.as_secs_f64() / cost.as_secs_f64().max(1e-9)).floor() as u64;
+        let requests = affordable.min(spendable).min(n);
+        // The interval each query gets: n requests at the window's whole rate, or at the rate
+        // left now when that is slower (others spent part of it). Not the cost alone, which
+        // is short on a window's boundary, where nothing is spendable anyway.
+        let window_rate = self.period.div_f64(self.limit.saturating_sub(reserve(self.limit)).max(1) as f64);
+        self.last_spacing = cost.max(window_rate).saturating_mul(u32::try_from(n).unwrap_or(u32::MAX));
+        if requests == 0 {
+            return Err(ceil_secs(self.last_spacing).max(1));
+        }
+        self.credit = self.credit.saturating_sub(cost.saturating_mul(u32::try_from(requests).unwrap_or(u32::MAX)));
+        self.remaining -= requests;
+        Ok(requests)
+    }
+
     /// Whether a cycle of `n` requests fits now (debiting it when it does), else the spacing it
     /// would need, in whole seconds.
     fn plan(&mut self, now: Instant, n: u64) -> Result<(), u64> {
@@ -323,7 +429,7 @@ impl Pacer {
                 return Err(ceil_secs(self.last_spacing).max(1));
             }
         }
-        let spendable = self.remaining.saturating_sub(reserve(self.limit));
+        let (cost, spendable) = self.request_cost(now);
         let until_reset = self.reset_at.saturating_duration_since(now).max(Duration::from_secs(1));
         if n > spendable {
             // Not enough left in this window: the next cycle runs when it ends.
@@ -331,19 +437,11 @@ impl Pacer {
             self.last_spacing = until_reset;
             return Err(ceil_secs(until_reset).max(1));
         }
-        // Leave the other users what they are expected to spend. Early in a window that is a
-        // guess from little data (a burst right after the reset looks like a flood), and a wrong
-        // guess must not blind us for the hour: they are left at most half of what is left at
-        // the start of the window, growing to all of it at the end, when the guess is good.
-        let spendable = spendable as f64;
-        let period = self.period.as_secs_f64().max(1.0);
-        let elapsed_share = (1.0 - until_reset.as_secs_f64() / period).clamp(0.0, 1.0);
-        let usable = spendable - self.others_until_reset().min(spendable * (0.5 + 0.5 * elapsed_share));
         // Spread what is usable evenly over what is left of the window: each request "costs"
         // reset / usable seconds. The rate usable / reset then stays constant while spending
         // goes as planned, so the window's budget lasts exactly until its reset.
-        let spacing = until_reset.mul_f64(n as f64 / usable.max(1.0));
-        if n as f64 > usable {
+        let spacing = cost.saturating_mul(u32::try_from(n).unwrap_or(u32::MAX));
+        if spacing > until_reset {
             // The cycle would eat into the others' expected share: skip this ask only, the
             // projection is revised at the next one.
             return Err(ceil_secs(spacing).max(1));
@@ -352,6 +450,41 @@ impl Pacer {
         self.last_spacing = spacing;
         self.remaining -= n;
         Ok(())
+    }
+
+    /// What `namespace` may send now when each namespace may use at most `percent` of the
+    /// budget: its credit accrues at that share of the rate the budget allows (one request per
+    /// `request_cost / share`), from a quarter of a window's worth at its first ask, and
+    /// carries over between asks up to that quarter window or one ask's worth, whichever is
+    /// more. `charge_namespace` takes off what it used.
+    pub fn namespace_share(&mut self, now: Instant, namespace: &str, percent: u32) -> NamespaceShare {
+        self.roll(now);
+        let (cost, _) = self.request_cost(now);
+        let request_cost = cost.mul_f64(100.0 / f64::from(percent.clamp(1, 100)));
+        let start = self.period / 4;
+        let entry = self.namespaces.entry(namespace.to_string()).or_insert(NamespaceCredit {
+            credit: start,
+            last_ask: now,
+            request_cost,
+        });
+        let elapsed = now.saturating_duration_since(entry.last_ask);
+        let cap = start.max(elapsed.saturating_add(request_cost)).min(self.period.max(request_cost));
+        entry.credit = entry.credit.saturating_add(elapsed).min(cap);
+        entry.last_ask = now;
+        entry.request_cost = request_cost;
+        NamespaceShare { requests: entry.credit.as_secs_f64() / request_cost.as_secs_f64().max(1e-9), request_cost }
+    }
+
+    /// `namespace` used `requests` (fractional) of its share.
+    pub fn charge_namespace(&mut self, namespace: &str, requests: f64) {
+        if let Some(entry) = self.namespaces.get_mut(namespace) {
+            entry.credit = entry.credit.saturating_sub(entry.request_cost.mul_f64(requests.max(0.0)));
+        }
+    }
+
+    /// Namespaces that asked nothing for the longest window are forgotten.
+    pub fn forget_namespaces(&mut self, now: Instant) {
+        self.namespaces.retain(|_, entry| now.saturating_duration_since(entry.last_ask) < MAX_WINDOW);
     }
 
     /// Requests beyond an admitted cycle (retries, a batch split to find a bad query) come out
@@ -512,10 +645,12 @@ mod tests {
         let t0 = Instant::now();
         let mut pacer = Pacer::new(t0);
         // 29 requests against the assumed 1,600/hour would space the next cycle by a minute.
-        assert_eq!(pacer.admit(t0, 29), Admission::Go);
+        assert_eq!(pacer.admit(t0, 29), Admission::Learn);
+        assert_eq!(pacer.admit(t0, 28), Admission::Go, "the learning request's answer had no headers");
         assert!(matches!(pacer.admit(t0 + Duration::from_secs(15), 29), Admission::Deferred { .. }));
         let mut pacer = Pacer::new(t0);
-        assert_eq!(pacer.admit(t0, 29), Admission::Go);
+        assert_eq!(pacer.admit(t0, 29), Admission::Learn);
+        assert_eq!(pacer.admit(t0, 28), Admission::Go);
         pacer.observe(t0 + Duration::from_millis(200), &headers(1_000_000, 999_971, 3_000), true);
         assert_eq!(pacer.admit(t0 + Duration::from_secs(15), 29), Admission::Go, "paced from the real budget");
     }
@@ -547,8 +682,9 @@ mod tests {
     fn before_any_answer_the_default_hour_is_assumed() {
         let t0 = Instant::now();
         let mut p = Pacer::new(t0);
-        assert_eq!(p.admit(t0, 29), Admission::Go);
-        // 29 requests x 3600 s / (1600 - 80) = 68.7 s.
+        assert_eq!(p.admit(t0, 29), Admission::Learn);
+        assert_eq!(p.admit(t0, 29), Admission::Go, "only the first ask learns");
+        // 29 requests x 3600 s / (1600 - 1 - 80) = 68.7 s.
         assert!(matches!(
             p.admit(t0 + Duration::from_secs(59), 29),
             Admission::Deferred { stretched_interval_seconds: 69 }
@@ -825,7 +961,10 @@ mod tests {
         let mut p = Pacer::new(t0);
         let mut t = t0;
         let first = p.admit(t, n);
-        assert!(matches!(first, Admission::Go | Admission::Probe { .. }), "{case}: first ask {first:?}");
+        assert!(
+            matches!(first, Admission::Go | Admission::Learn | Admission::Part { .. } | Admission::Probe { .. }),
+            "{case}: first ask {first:?}"
+        );
         for round in 0..3 {
             let answered = t + Duration::from_millis(200);
             p.observe(answered, headers, status != 429);
@@ -836,11 +975,146 @@ mod tests {
             loop {
                 t += ASK_STEP;
                 match p.admit(t, n) {
-                    Admission::Go | Admission::Probe { .. } => break,
+                    Admission::Go | Admission::Learn | Admission::Part { .. } | Admission::Probe { .. } => break,
                     Admission::Deferred { .. } | Admission::RateLimited { .. } => {}
                 }
                 assert!(t - sent_at <= allowed, "{case}: round {round}, nothing sent for {:?}", t - sent_at);
             }
         }
+    }
+
+    /// A server with calendar windows of `period` seconds and `limit` requests each, seen by a
+    /// pacer asked every `ask` seconds for a cycle of `n` requests for `duration` seconds; the
+    /// asks' answers carry its headers. Returns the requests of each window and the sends of
+    /// each ask.
+    fn spend(limit: u64, period: u64, n: u64, ask: u64, duration: u64) -> (Vec<u64>, Vec<u64>) {
+        let t0 = Instant::now();
+        let mut p = Pacer::new(t0);
+        let mut used = vec![0u64; usize::try_from(duration / period + 1).unwrap()];
+        let mut sends = Vec::new();
+        let mut t = 0;
+        while t < duration {
+            let now = t0 + Duration::from_secs(t);
+            let window = usize::try_from(t / period).unwrap();
+            let mut answer = |p: &mut Pacer, count: u64| {
+                for _ in 0..count {
+                    assert!(used[window] < limit, "a 429 at {t}s: {used:?}");
+                    used[window] += 1;
+                    let reset = period - t % period;
+                    p.observe(now, &headers_with_period(limit, limit - used[window], reset, period), true);
+                }
+            };
+            let mut sent = 0;
+            let mut left = n;
+            loop {
+                match p.admit(now, left) {
+                    Admission::Learn => {
+                        answer(&mut p, 1);
+                        sent += 1;
+                        left -= 1;
+                        continue;
+                    }
+                    Admission::Go => {
+                        answer(&mut p, left);
+                        sent += left;
+                    }
+                    Admission::Part { requests, .. } => {
+                        answer(&mut p, requests);
+                        sent += requests;
+                    }
+                    Admission::Probe { .. } => {
+                        answer(&mut p, 1);
+                        sent += 1;
+                    }
+                    Admission::Deferred { .. } | Admission::RateLimited { .. } => {}
+                }
+                break;
+            }
+            sends.push(sent);
+            t += ask;
+        }
+        (used, sends)
+    }
+
+    #[test]
+    fn a_cycle_larger_than_a_window_is_spread_over_the_windows() {
+        // 1,000 autoscalers (29 requests a cycle) on 27 requests a minute, asked every 15 s.
+        let (used, sends) = spend(27, 60, 29, 15, 600);
+        let full = &used[..used.len() - 1];
+        // Every whole window spends what it allows beyond the reserve (27 - 2), give or take
+        // one request of rounding, never more.
+        assert!(full.iter().all(|u| (23..=25).contains(u)), "per window {used:?}");
+        // Spread: no ask sends more than about a third of a window. The ask on a window's
+        // boundary still sees the old window (its reset is trusted a second late) and sends
+        // nothing; the next one makes up for it.
+        assert!(sends.iter().all(|s| *s <= 10), "per ask {sends:?}");
+        assert!(sends.iter().filter(|s| **s == 0).count() <= used.len(), "per ask {sends:?}");
+        // The first ask learns the budget with one request, then sends a quarter window's worth.
+        assert!((5..=8).contains(&sends[0]), "first ask {}", sends[0]);
+
+        // The same rate in windows of 18 s: 8 requests, reserve 1, asks every 15 s.
+        let (used, sends) = spend(8, 18, 29, 15, 600);
+        let spent: u64 = used.iter().sum();
+        // 7 usable per 18 s is 233 in 600 s; asks every 15 s cannot follow 18 s windows exactly.
+        assert!(spent >= 180, "{spent} of about 233: per window {used:?}");
+        assert!(sends.iter().all(|s| *s <= 7), "per ask {sends:?}");
+    }
+
+    #[test]
+    fn a_spread_cycle_reports_its_stretched_interval() {
+        let t0 = Instant::now();
+        let mut p = Pacer::new(t0);
+        p.observe(t0, &headers_with_period(27, 27, 60, 60), true);
+        // 25 usable over 61 s: 2.44 s a request, 29 requests take 71 s.
+        match p.admit(t0, 29) {
+            Admission::Part { requests, stretched_interval_seconds } => {
+                assert_eq!(requests, 6, "a quarter window's worth");
+                assert_eq!(stretched_interval_seconds, 71);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(p.stretch_to_log(), (71, Some(71)));
+        // Asked again at once: nothing accrued yet.
+        assert!(matches!(p.admit(t0, 29), Admission::Deferred { .. }));
+    }
+
+    #[test]
+    fn before_any_answer_one_request_learns_the_budget() {
+        let t0 = Instant::now();
+        let mut p = Pacer::new(t0);
+        assert_eq!(p.admit(t0, 29), Admission::Learn);
+        // Its answer: 27 a minute, 26 left.
+        p.observe(t0, &headers_with_period(27, 26, 60, 60), true);
+        assert!(matches!(p.admit(t0, 28), Admission::Part { requests: 5, .. }), "not 28 at once");
+        // A cycle of one request needs no learning.
+        let mut p = Pacer::new(t0);
+        assert_eq!(p.admit(t0, 1), Admission::Go);
+    }
+
+    #[test]
+    fn a_namespace_gets_its_share_of_the_rate() {
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut p = Pacer::new(t0);
+        p.observe(t0, &headers_with_period(27, 27, 60, 60), true);
+        // 25 usable over 61 s: 2.44 s a request; at 50 %, 4.88 s a request of its own, and a
+        // quarter window's credit (15 s) at first: 3 requests.
+        let share = p.namespace_share(at(0), "team-a", 50);
+        assert!((share.requests - 15.0 / 4.88).abs() < 0.05, "{share:?}");
+        p.charge_namespace("team-a", share.requests);
+        // 15 s later: 15 s more of credit at its rate (a request costs what is left of the
+        // window over what is left of the budget, shorter now that nothing was spent).
+        let share = p.namespace_share(at(15), "team-a", 50);
+        assert!((share.requests - 15.0 / share.request_cost.as_secs_f64()).abs() < 0.05, "{share:?}");
+        let (cost, _) = p.request_cost(at(15));
+        assert!((share.request_cost.as_secs_f64() - 2.0 * cost.as_secs_f64()).abs() < 0.01);
+        // Another namespace has its own credit.
+        let other = p.namespace_share(at(15), "team-b", 50);
+        assert!((other.requests - 15.0 / other.request_cost.as_secs_f64()).abs() < 0.05, "{other:?}");
+        // A long silence is not saved up beyond a window's worth of its share.
+        let share = p.namespace_share(at(600), "team-a", 50);
+        assert!(share.requests <= 61.0 / share.request_cost.as_secs_f64(), "{share:?}");
+        p.forget_namespaces(at(600 + 3_600));
+        assert!(p.namespaces.is_empty());
     }
 }

@@ -192,6 +192,7 @@ mod tests {
             url: url.into(),
             timeout: Duration::from_secs(10),
             max_in_flight: 8,
+            max_age: None,
             tenant: None,
             headers: BTreeMap::new(),
             params: BTreeMap::new(),

@@ -7,10 +7,14 @@
 //! left)`) and every backoff sleep fit before it, and a query not answered by then is
 //! `QueryError::Timeout` for this cycle.
 //! What cannot be a number (no data, several series, NaN, errors) comes back as "unavailable"
-//! with a reason, never as 0.
+//! with a reason, never as 0. An answer the server says is partial (`response::partial_reason`)
+//! comes back as a partial reading: it may scale up, never down. A query whose shape allows it
+//! also asks for the time of the data behind its value (`sample_time`), and a value older than
+//! the backend's `max_age` is stale.
 
 pub(crate) mod connection;
 mod response;
+mod sample_time;
 
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
@@ -62,6 +66,9 @@ struct Inner {
     name: String,
     connection: Connection,
     timeout: Duration,
+    /// Older data is stale (`max_age`); `None`: the data's age is not checked here (a metric's
+    /// own `max_age` still is, by the engine).
+    max_age: Option<Duration>,
     /// Bounds the queries in flight, each with its retries: during an outage that keeps us from
     /// piling more concurrent work on a struggling server.
     limiter: Semaphore,
@@ -96,6 +103,7 @@ impl PrometheusClient {
                 name: name.to_string(),
                 connection,
                 timeout: config.timeout,
+                max_age: config.max_age,
                 limiter: Semaphore::new(permits),
                 metrics,
                 jitter: RandomState::new(),
@@ -145,7 +153,7 @@ impl PrometheusClient {
             .iter()
             .zip(slots)
             .map(|(query, slot)| match answers.get(slot) {
-                Some(Some(Ok(answer))) => response::observe(answer, query.reducer),
+                Some(Some(Ok(answer))) => response::observe(answer, query.reducer, now, self.inner.max_age),
                 Some(Some(Err(error))) => Observation::unavailable(error.clone()),
                 _ => Observation::unavailable(QueryError::Protocol("the query task ended without an answer".into())),
             })
@@ -184,7 +192,8 @@ impl PrometheusClient {
                     count: series,
                 });
             }
-            out.extend(chunk.iter().copied().zip(response::observe_steps(&answer, query.reducer, chunk)));
+            let observed = response::observe_steps(&answer, query.reducer, chunk, inner.max_age);
+            out.extend(chunk.iter().copied().zip(observed));
             progress(out.len());
         }
         Ok(out)
@@ -236,7 +245,8 @@ impl Inner {
     }
 
     fn prepare(&self, query: &str, now: Timestamp) -> Prepared {
-        let mut form = vec![("query".to_string(), query.to_string()), ("time".to_string(), format_time(now))];
+        let sent = sample_time::dated(query).unwrap_or_else(|| query.to_string());
+        let mut form = vec![("query".to_string(), sent), ("time".to_string(), format_time(now))];
         form.extend(self.connection.params.iter().cloned());
         let mut url = self.connection.endpoint.clone();
         url.query_pairs_mut().extend_pairs(form.iter());
@@ -246,8 +256,9 @@ impl Inner {
 
     fn prepare_range(&self, query: &str, start: Timestamp, end: Timestamp, step: Duration) -> Prepared {
         let step_ms = i64::try_from(step.as_millis()).unwrap_or(i64::MAX);
+        let sent = sample_time::dated(query).unwrap_or_else(|| query.to_string());
         let mut form = vec![
-            ("query".to_string(), query.to_string()),
+            ("query".to_string(), sent),
             ("start".to_string(), format_time(start)),
             ("end".to_string(), format_time(end)),
             ("step".to_string(), format_time(Timestamp::from_unix_millis(step_ms))),
@@ -352,6 +363,12 @@ impl Inner {
     }
 }
 
+/// Whether `query` goes with the time of its data asked for, so that a `max_age` can find it
+/// stale (see `sample_time`).
+pub fn dates(query: &str) -> bool {
+    sample_time::dated(query).is_some()
+}
+
 /// `now` as Unix seconds with millisecond precision, as Prometheus' `time` parameter takes it.
 fn format_time(now: Timestamp) -> String {
     let ms = now.unix_millis();
@@ -372,6 +389,7 @@ mod tests {
             url: "http://prom:9090/prefix".into(),
             timeout: Duration::from_secs(10),
             max_in_flight: 0,
+            max_age: None,
             tenant: None,
             headers: BTreeMap::new(),
             params: params.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
@@ -406,11 +424,12 @@ mod tests {
             Some("http://prom:9090/prefix/api/v1/query?query=sum%28rate%28x%5B1m%5D%29%29+%3E+0&time=1.000&dedup=true")
         );
 
-        // The limit is on the whole URL, encoding included.
+        // The limit is on the whole URL, encoding included (a number: a selector would be sent
+        // with its data time asked for, which is longer).
         let fits = |query: &str| client.inner.prepare(query, at).get_url.is_some();
         let overhead = "http://prom:9090/prefix/api/v1/query?query=&time=1.000&dedup=true".len();
-        assert!(fits(&"a".repeat(MAX_GET_URL_CHARS - overhead)));
-        assert!(!fits(&"a".repeat(MAX_GET_URL_CHARS - overhead + 1)));
+        assert!(fits(&"1".repeat(MAX_GET_URL_CHARS - overhead)));
+        assert!(!fits(&"1".repeat(MAX_GET_URL_CHARS - overhead + 1)));
         assert!(!fits(&"(".repeat(MAX_GET_URL_CHARS / 3)), "each ( is encoded as 3 characters");
 
         let long = client.inner.prepare(&"a".repeat(3_000), at);

@@ -4,10 +4,12 @@
 //! Pure functions over bytes, so that every quirk is covered by unit tests without a server.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use serde::Deserialize;
 use watermarkd_engine::Timestamp;
 
+use super::sample_time;
 use crate::backend::{Observation, ObservationDetail, QueryError};
 use crate::rules::Reducer;
 
@@ -17,6 +19,11 @@ pub(super) struct Answer {
     pub result: QueryResult,
     /// `warnings`, then `infos` (prefixed `info: `), in the order the server sent them.
     pub warnings: Vec<String>,
+    /// The server says the answer lacks data (see [`partial_reason`]), and why.
+    pub partial: Option<String>,
+    /// The samples of the series tagged `watermarkd_sample="time"` (see `sample_time`): their
+    /// values are the times of the data behind the answer's value. Empty when not asked for.
+    pub sample_times: Vec<Sample>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -78,6 +85,9 @@ struct Body {
     error: Option<String>,
     warnings: Option<Vec<String>>,
     infos: Option<Vec<String>>,
+    /// VictoriaMetrics (cluster) sets it when a storage node did not answer.
+    #[serde(rename = "isPartial")]
+    is_partial: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -89,14 +99,23 @@ struct Data {
 
 #[derive(Deserialize)]
 struct MatrixEntry {
+    metric: Option<Labels>,
     values: Option<Vec<(f64, String)>>,
     histograms: Option<serde_json::Value>,
 }
 
 #[derive(Deserialize)]
 struct VectorEntry {
+    metric: Option<Labels>,
     value: Option<(f64, String)>,
     histogram: Option<serde_json::Value>,
+}
+
+/// The one label of a series this client reads.
+#[derive(Deserialize)]
+struct Labels {
+    #[serde(rename = "watermarkd_sample")]
+    sample: Option<String>,
 }
 
 const HISTOGRAM: &str = "the query returns native histogram samples, not numbers: wrap it in a function that \
@@ -207,21 +226,26 @@ fn by_status(status: u16, body: &[u8]) -> Failure {
 }
 
 fn success(body: Body) -> Result<Answer, Failure> {
-    let mut warnings = body.warnings.unwrap_or_default();
-    warnings.extend(body.infos.unwrap_or_default().into_iter().map(|i| format!("info: {i}")));
+    let warnings = body.warnings.unwrap_or_default();
+    let infos = body.infos.unwrap_or_default();
+    let partial = partial_reason(&warnings, &infos, body.is_partial.unwrap_or(false));
+    let warnings = warnings.into_iter().chain(infos.into_iter().map(|i| format!("info: {i}"))).collect();
     let data = body.data.ok_or_else(|| Failure::protocol("a success answer without data".into()))?;
+    let mut sample_times = Vec::new();
     let result = match data.result_type.as_str() {
         "vector" => {
             let entries: Vec<VectorEntry> = serde_json::from_value(data.result)
                 .map_err(|e| Failure::protocol(format!("malformed vector result: {e}")))?;
-            let samples = entries
-                .into_iter()
-                .map(|entry| match (entry.value, entry.histogram) {
-                    (Some((at_seconds, value)), _) => Ok(Sample::Float { at_seconds, value }),
-                    (None, Some(_)) => Ok(Sample::Histogram),
-                    (None, None) => Err(Failure::protocol("a vector sample without a value".into())),
-                })
-                .collect::<Result<_, _>>()?;
+            let mut samples = Vec::with_capacity(entries.len());
+            for entry in entries {
+                let sample = match (entry.value, entry.histogram) {
+                    (Some((at_seconds, value)), _) => Sample::Float { at_seconds, value },
+                    (None, Some(_)) => Sample::Histogram,
+                    (None, None) => return Err(Failure::protocol("a vector sample without a value".into())),
+                };
+                let is_time = entry.metric.and_then(|m| m.sample).is_some_and(|s| s == sample_time::TIME);
+                if is_time { &mut sample_times } else { &mut samples }.push(sample);
+            }
             QueryResult::Vector(samples)
         }
         "scalar" => {
@@ -232,48 +256,99 @@ fn success(body: Body) -> Result<Answer, Failure> {
         "matrix" => {
             let entries: Vec<MatrixEntry> = serde_json::from_value(data.result)
                 .map_err(|e| Failure::protocol(format!("malformed matrix result: {e}")))?;
-            let series = entries
-                .into_iter()
-                .map(|entry| {
-                    let mut samples: Vec<Sample> = entry
-                        .values
-                        .unwrap_or_default()
-                        .into_iter()
-                        .map(|(at_seconds, value)| Sample::Float { at_seconds, value })
-                        .collect();
-                    // Histogram samples are not numbers; one stands for all of them.
-                    if entry.histograms.is_some() {
-                        samples.push(Sample::Histogram);
-                    }
-                    samples
-                })
-                .collect();
+            let mut series = Vec::with_capacity(entries.len());
+            for entry in entries {
+                let mut samples: Vec<Sample> = entry
+                    .values
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|(at_seconds, value)| Sample::Float { at_seconds, value })
+                    .collect();
+                // Histogram samples are not numbers; one stands for all of them.
+                if entry.histograms.is_some() {
+                    samples.push(Sample::Histogram);
+                }
+                // The data time at each step, of a dated range query.
+                if entry.metric.and_then(|m| m.sample).is_some_and(|s| s == sample_time::TIME) {
+                    sample_times.extend(samples);
+                } else {
+                    series.push(samples);
+                }
+            }
             QueryResult::Matrix(series)
         }
         "string" => QueryResult::Unusable(data.result_type),
         other => return Err(Failure::protocol(format!("unknown result type {other:?}"))),
     };
-    Ok(Answer { result, warnings })
+    Ok(Answer { result, warnings, partial, sample_times })
 }
 
-/// `: <what the server said>`, cut short and on one line; empty when it said nothing.
-fn said(body: &[u8]) -> String {
+/// Why the server's own words say the answer lacks data, if they do. A partial answer is a
+/// `status: "success"` whose value may be too low (Thanos with partial responses on and a store
+/// unreachable, Mimir/Cortex or Prometheus' remote read with a failing source, VictoriaMetrics'
+/// `isPartial`), and a scale-down on it removes replicas that are still needed.
+///
+/// So every warning counts, except PromQL's own annotations ("PromQL warning: ...", "PromQL
+/// info: ...", as Prometheus 2.50+ and the stores built on its engine word them): those are about
+/// the query and the shape of the data (a counter without `_total`, a mix of histograms and
+/// floats), are there on every evaluation, and say nothing about a source that did not answer.
+/// Stores word their partial answers freely ("partial response", "store unavailable", an RPC
+/// error with an address), so a list of known texts would miss the next one; an unknown warning
+/// costs only scale-downs while it lasts, and is logged and counted. `infos` count only when they
+/// say "partial": by Prometheus' definition they are hints, not faults.
+pub(super) fn partial_reason(warnings: &[String], infos: &[String], is_partial: bool) -> Option<String> {
+    let is_annotation = |w: &str| {
+        let w = w.trim_start();
+        w.starts_with("PromQL warning:") || w.starts_with("PromQL info:")
+    };
+    let mut reasons: Vec<&str> = warnings.iter().map(String::as_str).filter(|w| !is_annotation(w)).collect();
+    reasons.extend(infos.iter().map(String::as_str).filter(|i| i.to_lowercase().contains("partial")));
+    let first = match reasons.first() {
+        Some(first) => format!("{:?}", one_line(first)),
+        None if is_partial => return Some("the server marked its answer as partial (isPartial)".into()),
+        None => return None,
+    };
+    let more = match reasons.len() {
+        1 => String::new(),
+        n => format!(" and {} more", n - 1),
+    };
+    Some(format!("the server says its answer is partial: {first}{more}"))
+}
+
+/// `text` on one line and cut short: server text goes into reasons and logs.
+fn one_line(text: &str) -> String {
     const MAX_CHARS: usize = 200;
-    let text = String::from_utf8_lossy(body);
     let mut words = text.split_whitespace().collect::<Vec<_>>().join(" ");
-    if words.is_empty() {
-        return String::new();
-    }
     if let Some((cut, _)) = words.char_indices().nth(MAX_CHARS) {
         words.truncate(cut);
         words.push_str("...");
     }
+    words
+}
+
+/// `: <what the server said>`, cut short and on one line; empty when it said nothing.
+fn said(body: &[u8]) -> String {
+    let words = one_line(&String::from_utf8_lossy(body));
+    if words.is_empty() {
+        return String::new();
+    }
     format!(": {words}")
 }
 
-/// What one metric query sees in an answer, reduced with the metric's reducer if it has one.
-pub(super) fn observe(answer: &Answer, reducer: Option<Reducer>) -> Observation {
-    let mut detail = ObservationDetail { warnings: answer.warnings.clone(), ..ObservationDetail::default() };
+/// What one metric query sees in an answer at `now`: reduced with the metric's reducer if it
+/// has one, dated by the data behind it where the answer tells (see `sample_time`), and stale
+/// when that is older than the backend's `max_age`. A partial answer gives a partial reading.
+pub(super) fn observe(
+    answer: &Answer,
+    reducer: Option<Reducer>,
+    now: Timestamp,
+    max_age: Option<Duration>,
+) -> Observation {
+    let mut detail = ObservationDetail {
+        warnings: answer.warnings.clone(),
+        partial: answer.partial.clone(),
+        ..ObservationDetail::default()
+    };
     let result = match &answer.result {
         QueryResult::Scalar(sample) => number(sample),
         QueryResult::Vector(samples) => {
@@ -283,10 +358,44 @@ pub(super) fn observe(answer: &Answer, reducer: Option<Reducer>) -> Observation 
         QueryResult::Matrix(_) => Err(unusable("matrix")),
         QueryResult::Unusable(kind) => Err(unusable(kind)),
     };
+    let result = result.and_then(|(value, at)| dated(value, at, answer.sample_times.iter(), now, max_age));
     match result {
         Ok((value, at)) => Observation::value(value, at, detail),
         Err(error) => Observation::unavailable_with(error, detail),
     }
+}
+
+/// `value` dated by the oldest of `sample_times` (the time of its data, when the answer carries
+/// it), and stale at `now` when that is older than `max_age`.
+fn dated<'a>(
+    value: f64,
+    at: Timestamp,
+    sample_times: impl Iterator<Item = &'a Sample>,
+    now: Timestamp,
+    max_age: Option<Duration>,
+) -> Result<(f64, Timestamp), QueryError> {
+    let at = data_time(sample_times)?.map_or(at, |data| data.min(at));
+    match max_age {
+        Some(max_age) if now.since(at) > max_age => {
+            Err(QueryError::Stale { age_seconds: now.since(at).as_secs(), max_age_seconds: max_age.as_secs() })
+        }
+        _ => Ok((value, at)),
+    }
+}
+
+/// The oldest of the sample times the answer carries (their values are Unix seconds), if any.
+fn data_time<'a>(sample_times: impl Iterator<Item = &'a Sample>) -> Result<Option<Timestamp>, QueryError> {
+    let mut oldest: Option<Timestamp> = None;
+    for sample in sample_times {
+        let Sample::Float { value, .. } = sample else {
+            return Err(QueryError::Protocol("a sample time that is a histogram".into()));
+        };
+        let seconds =
+            parse_value(value).map_err(|_| QueryError::Protocol(format!("sample time {value:?} is not a time")))?;
+        let at = timestamp(seconds)?;
+        oldest = Some(oldest.map_or(at, |o| o.min(at)));
+    }
+    Ok(oldest)
 }
 
 fn unusable(kind: &str) -> QueryError {
@@ -302,16 +411,22 @@ fn unusable(kind: &str) -> QueryError {
 
 /// What a live query at each of `steps` would have seen, from a range query's answer: the
 /// samples of every series at that step, judged as an instant query's vector is (no sample is
-/// no data, several need the metric's reducer, NaN is no number). The answer of a range query
-/// that is not a matrix judges every step alike.
-pub(super) fn observe_steps(answer: &Answer, reducer: Option<Reducer>, steps: &[Timestamp]) -> Vec<Observation> {
+/// no data, several need the metric's reducer, NaN is no number, data older than `max_age` at
+/// that step is stale). The answer of a range query that is not a matrix judges every step alike.
+pub(super) fn observe_steps(
+    answer: &Answer,
+    reducer: Option<Reducer>,
+    steps: &[Timestamp],
+    max_age: Option<Duration>,
+) -> Vec<Observation> {
     let QueryResult::Matrix(series) = &answer.result else {
-        return steps.iter().map(|_| observe(answer, reducer)).collect();
+        return steps.iter().map(|step| observe(answer, reducer, *step, max_age)).collect();
     };
+    let key = |at_seconds: f64| (at_seconds * 1000.0).round() as i64;
     let mut at_step: BTreeMap<i64, Vec<Sample>> = BTreeMap::new();
     for sample in series.iter().flatten() {
         let key = match sample {
-            Sample::Float { at_seconds, .. } => (at_seconds * 1000.0).round() as i64,
+            Sample::Float { at_seconds, .. } => key(*at_seconds),
             // Dated nowhere: it makes every step unusable.
             Sample::Histogram => i64::MIN,
         };
@@ -325,8 +440,16 @@ pub(super) fn observe_steps(answer: &Answer, reducer: Option<Reducer>, steps: &[
                 return Observation::unavailable(QueryError::BadQuery(HISTOGRAM.into()));
             }
             let samples = at_step.get(&step.unix_millis()).map_or(&[][..], Vec::as_slice);
-            let detail = ObservationDetail { series: Some(samples.len()), ..ObservationDetail::default() };
-            match vector(samples, reducer) {
+            let detail = ObservationDetail {
+                series: Some(samples.len()),
+                partial: answer.partial.clone(),
+                ..ObservationDetail::default()
+            };
+            let times = answer.sample_times.iter().filter(|t| match t {
+                Sample::Float { at_seconds, .. } => key(*at_seconds) == step.unix_millis(),
+                Sample::Histogram => true,
+            });
+            match vector(samples, reducer).and_then(|(value, at)| dated(value, at, times, *step, max_age)) {
                 Ok((value, at)) => Observation::value(value, at, detail),
                 Err(error) => Observation::unavailable_with(error, detail),
             }
@@ -439,6 +562,11 @@ mod tests {
         format!(r#"{{"status":"success","data":{{"resultType":"vector","result":[{}]}}}}"#, result.join(","))
     }
 
+    /// What a metric without a reducer-specific `max_age` sees (the time does not matter).
+    fn seen(answer: &Answer, reducer: Option<Reducer>) -> Observation {
+        observe(answer, reducer, Timestamp::from_unix_millis(0), None)
+    }
+
     fn value_of(obs: &Observation) -> (f64, i64) {
         match &obs.reading {
             Reading::Value { value, at } => (*value, at.unix_millis()),
@@ -449,7 +577,7 @@ mod tests {
     #[test]
     fn one_sample_is_the_value_with_its_timestamp() {
         let answer = ok(&vector_body(&[(1712345678.123, "1.5")]));
-        let obs = observe(&answer, None);
+        let obs = seen(&answer, None);
         assert_eq!(value_of(&obs), (1.5, 1_712_345_678_123));
         assert_eq!(obs.detail.series, Some(1));
         assert_eq!(obs.detail.error, None);
@@ -457,7 +585,7 @@ mod tests {
 
     #[test]
     fn an_empty_vector_is_no_data_never_zero() {
-        let obs = observe(&ok(&vector_body(&[])), Some(Reducer::Sum));
+        let obs = seen(&ok(&vector_body(&[])), Some(Reducer::Sum));
         assert!(matches!(obs.detail.error, Some(QueryError::NoData(_))), "{obs:?}");
         assert!(matches!(obs.reading, Reading::Unavailable { .. }));
         assert_eq!(obs.detail.series, Some(0));
@@ -466,38 +594,37 @@ mod tests {
     #[test]
     fn several_series_need_a_reducer() {
         let answer = ok(&vector_body(&[(100.0, "1"), (99.5, "4"), (100.0, "7")]));
-        let obs = observe(&answer, None);
+        let obs = seen(&answer, None);
         assert_eq!(obs.detail.error, Some(QueryError::SeveralSeries { count: 3 }));
         assert_eq!(obs.detail.series, Some(3));
         // Reduced values are dated by the oldest sample.
-        assert_eq!(value_of(&observe(&answer, Some(Reducer::Max))), (7.0, 99_500));
-        assert_eq!(value_of(&observe(&answer, Some(Reducer::Min))), (1.0, 99_500));
-        assert_eq!(value_of(&observe(&answer, Some(Reducer::Sum))), (12.0, 99_500));
-        assert_eq!(value_of(&observe(&answer, Some(Reducer::Avg))), (4.0, 99_500));
+        assert_eq!(value_of(&seen(&answer, Some(Reducer::Max))), (7.0, 99_500));
+        assert_eq!(value_of(&seen(&answer, Some(Reducer::Min))), (1.0, 99_500));
+        assert_eq!(value_of(&seen(&answer, Some(Reducer::Sum))), (12.0, 99_500));
+        assert_eq!(value_of(&seen(&answer, Some(Reducer::Avg))), (4.0, 99_500));
     }
 
     #[test]
     fn nan_and_infinities_are_unavailable() {
         for raw in ["NaN", "+Inf", "-Inf"] {
-            let obs = observe(&ok(&vector_body(&[(1.0, raw)])), None);
+            let obs = seen(&ok(&vector_body(&[(1.0, raw)])), None);
             assert_eq!(obs.detail.error, Some(QueryError::NotANumber(raw.into())), "{raw}");
             let scalar = format!(r#"{{"status":"success","data":{{"resultType":"scalar","result":[1,"{raw}"]}}}}"#);
-            let obs = observe(&ok(&scalar), None);
+            let obs = seen(&ok(&scalar), None);
             assert_eq!(obs.detail.error, Some(QueryError::NotANumber(raw.into())), "{raw}");
         }
         // One NaN series spoils a reduction rather than being dropped from it.
-        let obs = observe(&ok(&vector_body(&[(1.0, "3"), (1.0, "NaN")])), Some(Reducer::Sum));
+        let obs = seen(&ok(&vector_body(&[(1.0, "3"), (1.0, "NaN")])), Some(Reducer::Sum));
         assert_eq!(obs.detail.error, Some(QueryError::NotANumber("NaN in 1 of 2 series".into())));
-        let obs = observe(&ok(&vector_body(&[(1.0, "1e308"), (1.0, "1e308")])), Some(Reducer::Sum));
+        let obs = seen(&ok(&vector_body(&[(1.0, "1e308"), (1.0, "1e308")])), Some(Reducer::Sum));
         assert!(matches!(obs.detail.error, Some(QueryError::NotANumber(_))), "{obs:?}");
-        let obs = observe(&ok(&vector_body(&[(1.0, "lots")])), None);
+        let obs = seen(&ok(&vector_body(&[(1.0, "lots")])), None);
         assert!(matches!(obs.detail.error, Some(QueryError::Protocol(_))), "{obs:?}");
     }
 
     #[test]
     fn scalars_are_values() {
-        let obs =
-            observe(&ok(r#"{"status":"success","data":{"resultType":"scalar","result":[1700000000.5,"2"]}}"#), None);
+        let obs = seen(&ok(r#"{"status":"success","data":{"resultType":"scalar","result":[1700000000.5,"2"]}}"#), None);
         assert_eq!(value_of(&obs), (2.0, 1_700_000_000_500));
         assert_eq!(obs.detail.series, None);
     }
@@ -506,12 +633,12 @@ mod tests {
     fn matrix_and_string_results_are_bad_queries() {
         let matrix =
             r#"{"status":"success","data":{"resultType":"matrix","result":[{"metric":{},"values":[[1,"1"]]}]}}"#;
-        let obs = observe(&ok(matrix), None);
+        let obs = seen(&ok(matrix), None);
         let Some(QueryError::BadQuery(message)) = obs.detail.error else { panic!("{obs:?}") };
         assert!(message.contains("instant vector or a scalar"), "{message}");
         assert!(message.contains("range"), "{message}");
         let string = r#"{"status":"success","data":{"resultType":"string","result":[1,"hello"]}}"#;
-        let obs = observe(&ok(string), None);
+        let obs = seen(&ok(string), None);
         assert!(matches!(obs.detail.error, Some(QueryError::BadQuery(_))), "{obs:?}");
     }
 
@@ -519,8 +646,95 @@ mod tests {
     fn native_histograms_are_bad_queries() {
         let body = r#"{"status":"success","data":{"resultType":"vector","result":[
             {"metric":{},"histogram":[1,{"count":"3","sum":"4","buckets":[]}]}]}}"#;
-        let obs = observe(&ok(body), None);
+        let obs = seen(&ok(body), None);
         assert!(matches!(obs.detail.error, Some(QueryError::BadQuery(ref m)) if m.contains("histogram")), "{obs:?}");
+    }
+
+    #[test]
+    fn warnings_make_an_answer_partial_unless_they_are_promql_annotations() {
+        let with = |extra: &str| {
+            ok(&format!(
+                r#"{{"status":"success","data":{{"resultType":"vector","result":[{{"metric":{{}},"value":[1,"3"]}}]}}{extra}}}"#
+            ))
+        };
+        // Thanos with partial responses on, a store unreachable; Mimir's and anyone's own words.
+        let thanos = with(
+            r#","warnings":["receive series from Addr: 10.0.3.4:10901 LabelSets: {cluster=\"b\"}: rpc error: code = Unavailable desc = connection refused"]"#,
+        );
+        let obs = seen(&thanos, None);
+        assert_eq!(value_of(&obs), (3.0, 1_000), "still a value: it may scale up");
+        let why = obs.detail.partial.expect("partial");
+        assert!(why.starts_with("the server says its answer is partial: \"receive series from Addr"), "{why}");
+        let two = with(r#","warnings":["store-gateway-2 unavailable","partial response"]"#);
+        assert_eq!(
+            two.partial.as_deref(),
+            Some("the server says its answer is partial: \"store-gateway-2 unavailable\" and 1 more")
+        );
+        // VictoriaMetrics says it in a field of its own.
+        let vm = with(r#","isPartial":true"#);
+        assert_eq!(vm.partial.as_deref(), Some("the server marked its answer as partial (isPartial)"));
+        assert_eq!(with(r#","isPartial":false"#).partial, None);
+
+        // PromQL's annotations are about the query, not missing data; infos count only when
+        // they say partial.
+        let annotations = with(
+            r#","warnings":["PromQL warning: encountered a mix of histograms and floats for metric name \"x\""],
+               "infos":["PromQL info: metric might not be a counter, name does not end in _total/_sum/_count/_bucket: \"x\""]"#,
+        );
+        assert_eq!(annotations.partial, None);
+        assert_eq!(annotations.warnings.len(), 2, "still kept and shown");
+        let info = with(r#","infos":["Partial data: 1 of 3 ingesters did not answer"]"#);
+        assert!(info.partial.is_some());
+        assert_eq!(with("").partial, None);
+
+        // Long server text is cut, on one line.
+        let long = with(&format!(r#","warnings":["{}\n{}"]"#, "a".repeat(150), "b".repeat(150)));
+        let why = long.partial.unwrap();
+        assert!(why.len() < 260 && why.contains("a b") && why.ends_with("...\""), "{why}");
+    }
+
+    #[test]
+    fn the_sample_times_date_the_value_and_max_age_makes_it_stale() {
+        // The value at the evaluation time (100 s), the oldest sample behind it at 40.5 s.
+        let body = r#"{"status":"success","data":{"resultType":"vector","result":[
+            {"metric":{"pod":"a"},"value":[100,"2"]},{"metric":{"pod":"b"},"value":[100,"5"]},
+            {"metric":{"watermarkd_sample":"time"},"value":[100,"40.5"]}]}}"#;
+        let answer = ok(body);
+        assert_eq!(answer.sample_times.len(), 1);
+        let now = Timestamp::from_unix_millis(100_000);
+        let obs = observe(&answer, Some(Reducer::Sum), now, None);
+        assert_eq!(value_of(&obs), (7.0, 40_500));
+        assert_eq!(obs.detail.series, Some(2), "the added series is not one of the query's");
+        let obs = observe(&answer, Some(Reducer::Sum), now, Some(Duration::from_secs(60)));
+        assert_eq!(value_of(&obs), (7.0, 40_500));
+        let obs = observe(&answer, Some(Reducer::Sum), now, Some(Duration::from_secs(59)));
+        assert_eq!(obs.detail.error, Some(QueryError::Stale { age_seconds: 59, max_age_seconds: 59 }));
+        assert!(matches!(obs.reading, Reading::Unavailable { .. }));
+
+        // Without sample times (a query that is not a selector), the evaluation time dates it.
+        let obs = observe(&ok(&vector_body(&[(100.0, "3")])), None, now, Some(Duration::from_secs(1)));
+        assert_eq!(value_of(&obs), (3.0, 100_000));
+        // A sample time that is not one is the server's fault.
+        let garbage = r#"{"status":"success","data":{"resultType":"vector","result":[
+            {"metric":{},"value":[100,"2"]},{"metric":{"watermarkd_sample":"time"},"value":[100,"NaN"]}]}}"#;
+        let obs = observe(&ok(garbage), None, now, None);
+        assert!(matches!(obs.detail.error, Some(QueryError::Protocol(_))), "{obs:?}");
+    }
+
+    #[test]
+    fn a_dated_range_answer_dates_each_step() {
+        // A series stopped after 95 s: at 110 s the lookback still answers its last sample.
+        let body = r#"{"status":"success","data":{"resultType":"matrix","result":[
+            {"metric":{"__name__":"q"},"values":[[100,"2"],[110,"2"]]},
+            {"metric":{"watermarkd_sample":"time"},"values":[[100,"95"],[110,"95"]]}]}}"#;
+        let answer = ok(body);
+        assert_eq!(series_count(&answer), 1, "the added series is not one of the query's");
+        let steps = [Timestamp::from_unix_millis(100_000), Timestamp::from_unix_millis(110_000)];
+        let obs = observe_steps(&answer, None, &steps, Some(Duration::from_secs(10)));
+        assert_eq!(value_of(&obs[0]), (2.0, 95_000));
+        assert_eq!(obs[1].detail.error, Some(QueryError::Stale { age_seconds: 15, max_age_seconds: 10 }));
+        let obs = observe_steps(&answer, None, &steps, None);
+        assert_eq!(value_of(&obs[1]), (2.0, 95_000));
     }
 
     #[test]
@@ -529,7 +743,7 @@ mod tests {
             "warnings":["store gateway down: partial answer"],"infos":["metric might not be a counter"]}"#;
         let answer = ok(body);
         assert_eq!(answer.warnings, ["store gateway down: partial answer", "info: metric might not be a counter"]);
-        let obs = observe(&answer, None);
+        let obs = seen(&answer, None);
         assert_eq!(obs.detail.warnings.len(), 2);
         assert!(matches!(obs.detail.error, Some(QueryError::NoData(_))));
     }

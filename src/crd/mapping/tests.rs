@@ -6,6 +6,7 @@ use std::time::Duration;
 use watermarkd_engine::{Algorithm, ConvergeTowards, Decimal, Velocity};
 
 use super::super::query::NoDatadogMetrics;
+use super::super::recommender_policy::AllowedUrl;
 use super::*;
 use crate::rules::{parse_rules, Reducer};
 
@@ -37,8 +38,10 @@ spec:
       lowWatermark: 150m
 "#;
 
+/// The recommenders of these tests are allowed, with their TLS files in /etc.
 fn options() -> MappingOptions {
-    MappingOptions::new("dd")
+    let allowed = ["https://reco.example", "http://reco", "https://reco"].map(|url| AllowedUrl::parse(url).unwrap());
+    MappingOptions::new("dd").with_recommender_policy(RecommenderPolicy::new(allowed.to_vec(), Some("/etc".into())))
 }
 
 fn map(yaml: &str) -> Result<MappedWpa, MapError> {
@@ -229,7 +232,7 @@ fn replica_problems_name_the_wpa_fields() {
     );
     assert_eq!(
         problems(&with(&[("minReplicas", Some("-1"))])),
-        ["spec.minReplicas (-1) must be a whole number from 0 to 4294967295"]
+        ["spec.minReplicas (-1) must be a whole number from 0 to 2147483647 (the largest replica count Kubernetes takes)"]
     );
     assert_eq!(
         problems(&with(&[("minReplicas", None), ("maxReplicas", Some("0"))])),
@@ -721,7 +724,7 @@ fn recommender_problems_name_the_wpa_fields() {
     let bad_url = with(&[("recommender", Some("{url: reco:80, highWatermark: 1}")), ("metrics", None)]);
     assert_eq!(problems(&bad_url), ["spec.recommender.url (\"reco:80\") must start with http:// or https://"]);
     let half_cert = with(&[
-        ("recommender", Some("{url: http://reco, highWatermark: 1, tlsConfig: {certFile: /c.pem}}")),
+        ("recommender", Some("{url: http://reco, highWatermark: 1, tlsConfig: {certFile: /etc/c.pem}}")),
         ("metrics", None),
     ]);
     assert_eq!(
@@ -731,21 +734,90 @@ fn recommender_problems_name_the_wpa_fields() {
 }
 
 #[test]
-fn recommender_tls_options_watermarkd_cannot_honour_are_said() {
-    let yaml = with(&[
-        (
-            "recommender",
-            Some("{url: https://reco, highWatermark: 1, tlsConfig: {minVersion: TLS12, serverName: reco.internal}}"),
+fn a_recommender_is_refused_unless_the_daemon_allows_its_url_and_tls_files() {
+    let yaml = with(&[("recommender", Some(RECOMMENDER)), ("metrics", None)]);
+    // The default: no recommender, no TLS file.
+    let refused = problems_with(&yaml, &MappingOptions::new("dd"), &NoDatadogMetrics);
+    assert_eq!(refused.len(), 4, "{refused:?}");
+    assert!(
+        refused[0].starts_with(
+            "spec.recommender.tlsConfig.caFile (/etc/ca.pem) is refused: this daemon reads no TLS file a \
+             WatermarkPodAutoscaler names (its recommender_tls_dir setting is not set)"
         ),
-        ("metrics", None),
-    ]);
-    match map(&yaml) {
+        "{refused:?}"
+    );
+    assert!(refused[1].starts_with("spec.recommender.tlsConfig.certFile (/etc/client.pem) is refused"), "{refused:?}");
+    assert!(refused[2].starts_with("spec.recommender.tlsConfig.keyFile (/etc/client.key) is refused"), "{refused:?}");
+    assert_eq!(
+        refused[3],
+        "spec.recommender.url (https://reco.example/recommend) is refused: this daemon lets no \
+         WatermarkPodAutoscaler use a recommender (its recommender_allowed_urls setting is empty); an operator who \
+         trusts this recommender adds its URL there"
+    );
+    // Another origin, and files elsewhere.
+    let policy = RecommenderPolicy::new(
+        vec![AllowedUrl::parse("https://reco.example:8443").unwrap()],
+        Some("/var/run/reco-tls".into()),
+    );
+    let refused = problems_with(&yaml, &MappingOptions::new("dd").with_recommender_policy(policy), &NoDatadogMetrics);
+    assert!(
+        refused[0].contains("not a file inside /var/run/reco-tls, the daemon's recommender_tls_dir"),
+        "{refused:?}"
+    );
+    assert!(refused[3].contains("is not under any URL of the daemon's recommender_allowed_urls"), "{refused:?}");
+
+    // Allowed: the files as resolved in the directory (a relative one inside it), and the
+    // directory they must still be in once symlinks are followed.
+    let relative = RECOMMENDER.replace("caFile: /etc/ca.pem", "caFile: reco/ca.pem");
+    let mapped = mapped(&with(&[("recommender", Some(&relative)), ("metrics", None)]));
+    let recommender = mapped.autoscaler.recommender.expect("a recommender");
+    assert_eq!(recommender.tls.ca_file.as_deref(), Some(std::path::Path::new("/etc/reco/ca.pem")));
+    assert_eq!(recommender.tls_dir.as_deref(), Some(std::path::Path::new("/etc")));
+}
+
+#[test]
+fn a_recommender_server_name_is_the_name_verified() {
+    let with_server_name = |url: &str, name: &str| {
+        with(&[
+            (
+                "recommender",
+                Some(&format!("{{url: \"{url}\", highWatermark: 1, tlsConfig: {{serverName: \"{name}\"}}}}")),
+            ),
+            ("metrics", None),
+        ])
+    };
+    let server_name = |yaml: &str| mapped(yaml).autoscaler.recommender.expect("a recommender").server_name;
+    assert_eq!(server_name(&with_server_name("https://reco", "reco.internal")), Some("reco.internal".into()));
+    // The url's own address: what is verified anyway.
+    let allowed = [AllowedUrl::parse("https://10.0.0.7").unwrap(), AllowedUrl::parse("http://reco").unwrap()];
+    let options = MappingOptions::new("dd").with_recommender_policy(RecommenderPolicy::new(allowed.to_vec(), None));
+    let map_with = |yaml: &str| map_wpa(&wpa(yaml), &options, &NoDatadogMetrics);
+    let same = map_with(&with_server_name("https://10.0.0.7/r", "10.0.0.7")).expect("runs");
+    assert_eq!(same.autoscaler.recommender.expect("a recommender").server_name, None);
+    // Without TLS it has no effect, as in the Datadog controller.
+    let plain = map_with(&with_server_name("http://reco/r", "reco.internal")).expect("runs");
+    assert_eq!(
+        plain.notes,
+        ["spec.recommender.tlsConfig.serverName (reco.internal) has no effect: the url is http://, without TLS, as \
+          in the Datadog controller"]
+    );
+    // Another address cannot be verified in its place.
+    match map_with(&with_server_name("https://10.0.0.7/r", "10.0.0.8")) {
         Err(MapError::Unsupported(unsupported)) => {
             assert_eq!(unsupported.len(), 1);
             assert_eq!(unsupported[0].field, "spec.recommender.tlsConfig.serverName");
         }
         other => panic!("{other:?}"),
     }
+    // Not a name at all: invalid, with the field.
+    assert_eq!(
+        problems(&with_server_name("https://reco", "not a name")),
+        ["spec.recommender.tlsConfig.serverName (\"not a name\") is not a DNS name"]
+    );
+}
+
+#[test]
+fn recommender_tls_options_watermarkd_cannot_honour_are_said() {
     let yaml = with(&[
         ("recommender", Some("{url: https://reco, highWatermark: 1, tlsConfig: {minVersion: TLS12}}")),
         ("metrics", None),
@@ -776,4 +848,46 @@ fn rename_covers_every_metric_path() {
     assert!(is_within("spec.metrics[1].external", "spec.metrics[1]"));
     assert!(is_within("spec.metrics[1]", "spec.metrics[1]"));
     assert!(!is_within("spec.metrics[10]", "spec.metrics[1]"));
+}
+
+#[test]
+fn durations_and_replica_counts_are_bounded_under_their_wpa_names() {
+    let huge = "9223372036854775807";
+    for (key, value, expected) in [
+        (
+            "downscaleForbiddenWindowSeconds",
+            huge,
+            format!("spec.downscaleForbiddenWindowSeconds ({huge}) must be at most 1day (86400s)"),
+        ),
+        (
+            "upscaleForbiddenWindowSeconds",
+            "86401",
+            "spec.upscaleForbiddenWindowSeconds (86401) must be at most 1day (86400s)".into(),
+        ),
+        (
+            "upscaleDelayAboveWatermarkSeconds",
+            huge,
+            format!("spec.upscaleDelayAboveWatermarkSeconds ({huge}) must be at most"),
+        ),
+        (
+            "downscaleDelayBelowWatermarkSeconds",
+            huge,
+            format!("spec.downscaleDelayBelowWatermarkSeconds ({huge}) must be at most"),
+        ),
+        (
+            "maxReplicas",
+            "2147483648",
+            "spec.maxReplicas (2147483648) must be a whole number from 0 to 2147483647 (the largest replica count \
+             Kubernetes takes)"
+                .into(),
+        ),
+        ("replicaScalingAbsoluteModulo", "2147483648", "spec.replicaScalingAbsoluteModulo (2147483648) must be".into()),
+    ] {
+        let problems = problems(&with(&[(key, Some(value))]));
+        assert_eq!(problems.len(), 1, "{key}: {problems:?}");
+        assert!(problems[0].starts_with(&expected), "{key}: {problems:?}");
+    }
+    let at_bound =
+        mapped(&with(&[("maxReplicas", Some("2147483647")), ("downscaleForbiddenWindowSeconds", Some("86400"))]));
+    assert_eq!(at_bound.autoscaler.rule.max_replicas(), 2_147_483_647);
 }

@@ -27,8 +27,12 @@ fn wpa(extra: &str) -> WatermarkPodAutoscaler {
     serde_yaml_ng::from_str(&format!("{WPA}{extra}")).unwrap()
 }
 
+/// The rule a WPA maps to, its recommender (at `http://reco`) allowed.
 fn rule(wpa: &WatermarkPodAutoscaler) -> Rule {
-    map_wpa(wpa, &MappingOptions::new("dd"), &NoDatadogMetrics).unwrap().autoscaler.rule
+    let allowed = crate::crd::AllowedUrl::parse("http://reco").unwrap();
+    let options =
+        MappingOptions::new("dd").with_recommender_policy(crate::crd::RecommenderPolicy::new(vec![allowed], None));
+    map_wpa(wpa, &options, &NoDatadogMetrics).unwrap().autoscaler.rule
 }
 
 fn t(seconds: i64) -> Timestamp {
