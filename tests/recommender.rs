@@ -18,8 +18,6 @@
 mod fake_recommender;
 #[path = "support/prometheus_server.rs"]
 mod prometheus_server;
-#[path = "support/redirect_servers.rs"]
-mod redirect_servers;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -27,7 +25,6 @@ use std::time::Duration;
 
 use fake_recommender::{reply, FakeRecommender};
 use prometheus_server::{TestCerts, TlsServer};
-use redirect_servers::{Recorder, Redirector};
 use serde_json::json;
 use tokio::time::Instant;
 use watermarkd::backend::recommender::{RecommenderClients, WorkloadState};
@@ -371,22 +368,6 @@ async fn requests_are_counted_in_the_datadog_controllers_client_series() {
             format!("http_client_request_duration_seconds_count{{client=\"{client}\",code=\"503\",method=\"post\"}} 2"),
         ])
     );
-}
-
-/// A recommender that answers 307 to another origin (another port on 127.0.0.1): the request
-/// (the workload's name and state) is not re-sent there, and the autoscaler holds with a reason
-/// naming the redirect.
-#[tokio::test]
-async fn a_redirect_to_another_origin_is_not_followed() {
-    let elsewhere = Recorder::start(r#"{"targetReplicas": 20}"#).await;
-    let redirector = Redirector::start(307, &elsewhere.url).await;
-    let clients = RecommenderClients::with_cluster_name(None);
-    let autoscaler = autoscaler(&format!("{}/recommend", redirector.url), "");
-    let (observation, decision) = ask_and_decide(&clients, &autoscaler, 4).await;
-    let Reading::Unavailable { reason } = &observation.reading else { panic!("{observation:?}") };
-    assert!(reason.contains("HTTP 307") && reason.contains(&elsewhere.url), "{reason}");
-    assert!(elsewhere.requests().is_empty(), "the other origin is not asked");
-    assert_holds(&decision, 4, "HTTP 307");
 }
 
 /// A recommender whose certificate is for `reco.internal` only, listening on 127.0.0.1.
