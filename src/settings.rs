@@ -11,7 +11,7 @@ use serde::Deserialize;
 
 use crate::crd::{check_tls_dir, AllowedUrl, RecommenderPolicy, ALLOWED_URLS_SETTING, TLS_DIR_SETTING};
 use crate::lease::{self, LeaseSettings};
-use crate::telemetry::LabelsAsTags;
+use crate::telemetry::{LabelsAsTags, ListenerLimits};
 
 /// Where the settings file is looked for when `--settings` is not given.
 pub const DEFAULT_SETTINGS_FILE: &str = "/etc/watermarkd/watermarkd.toml";
@@ -44,6 +44,9 @@ pub struct Settings {
     pub namespaces: Vec<String>,
     /// `/metrics`, `/healthz` and `/readyz`.
     pub listen: SocketAddr,
+    /// What one client may hold of that listener: `listen_max_connections`,
+    /// `listen_header_timeout`, `listen_connection_timeout`.
+    pub listen_limits: ListenerLimits,
     pub log_format: LogFormat,
     /// A `tracing` filter, e.g. `info` or `watermarkd=debug,kube=warn`.
     pub log_level: String,
@@ -82,6 +85,9 @@ struct Layer {
     crd: Option<bool>,
     namespaces: Option<StringList>,
     listen: Option<String>,
+    listen_max_connections: Option<usize>,
+    listen_header_timeout: Option<String>,
+    listen_connection_timeout: Option<String>,
     log_format: Option<LogFormat>,
     log_level: Option<String>,
     kubeconfig: Option<PathBuf>,
@@ -253,6 +259,7 @@ impl Settings {
     }
 
     fn merge(layer: Layer, args: &RunArgs, env: &Environment) -> Result<Settings, SettingsError> {
+        let listen_limits = listen_limits(&layer)?;
         let lease = layer.lease.unwrap_or_default();
         let listen_text = args.listen.clone().or(layer.listen).unwrap_or_else(|| "0.0.0.0:8080".into());
         let listen = listen_text.parse().map_err(|_| {
@@ -329,6 +336,7 @@ impl Settings {
             crd,
             namespaces,
             listen,
+            listen_limits,
             log_format: args.log_format.or(layer.log_format).unwrap_or(LogFormat::Text),
             log_level: args.log_level.clone().or(layer.log_level).unwrap_or_else(|| "info".into()),
             kubeconfig: args.kubeconfig.clone().or(layer.kubeconfig),
@@ -344,6 +352,37 @@ impl Settings {
             recommender_policy,
         })
     }
+}
+
+/// The listener's limits, each at least 1 (or 1s) and the timeouts at most an hour.
+fn listen_limits(layer: &Layer) -> Result<ListenerLimits, SettingsError> {
+    const LONGEST: Duration = Duration::from_secs(3600);
+    let defaults = ListenerLimits::DEFAULT;
+    let max_connections = layer.listen_max_connections.unwrap_or(defaults.max_connections);
+    if max_connections == 0 {
+        return Err(SettingsError::Invalid("listen_max_connections: must be at least 1".into()));
+    }
+    let header_timeout =
+        duration("listen_header_timeout", layer.listen_header_timeout.clone(), defaults.header_timeout)?;
+    let connection_timeout =
+        duration("listen_connection_timeout", layer.listen_connection_timeout.clone(), defaults.connection_timeout)?;
+    for (field, value) in [("listen_header_timeout", header_timeout), ("listen_connection_timeout", connection_timeout)]
+    {
+        if value < Duration::from_millis(100) || value > LONGEST {
+            return Err(SettingsError::Invalid(format!(
+                "{field}: {} must be between 100ms and 1h",
+                humantime::format_duration(value)
+            )));
+        }
+    }
+    if header_timeout > connection_timeout {
+        return Err(SettingsError::Invalid(format!(
+            "listen_header_timeout ({}) must not be longer than listen_connection_timeout ({})",
+            humantime::format_duration(header_timeout),
+            humantime::format_duration(connection_timeout)
+        )));
+    }
+    Ok(ListenerLimits { max_connections, header_timeout, connection_timeout })
 }
 
 /// The longest duration a setting takes (intervals, lease times, the reload poll): a day, as
@@ -481,6 +520,13 @@ mod tests {
             ("rules = \"r\"\nlisten = \"everywhere\"\n", "listen"),
             ("rules = \"r\"\n[lease]\nduration = \"5s\"\n", "lease.renew_deadline"),
             ("rules = \"r\"\nmax_concurrency = 0\n", "max_concurrency"),
+            ("rules = \"r\"\nlisten_max_connections = 0\n", "listen_max_connections"),
+            ("rules = \"r\"\nlisten_header_timeout = \"0s\"\n", "listen_header_timeout"),
+            ("rules = \"r\"\nlisten_connection_timeout = \"2h\"\n", "listen_connection_timeout"),
+            (
+                "rules = \"r\"\nlisten_header_timeout = \"30s\"\nlisten_connection_timeout = \"10s\"\n",
+                "listen_header_timeout (30s)",
+            ),
             ("rules = \"r\"\nlog_levl = \"x\"\n", "log_levl"),
         ] {
             let (_dir, args) = args_with_file(text);
@@ -515,6 +561,25 @@ mod tests {
         assert!(
             err.to_string().contains("lease.renew_deadline (10s) must be shorter than lease.duration (5s)"),
             "{err}"
+        );
+    }
+
+    #[test]
+    fn the_listener_limits_default_and_can_be_set() {
+        let (_dir, args) = args_with_file("rules = \"r.toml\"\n");
+        assert_eq!(Settings::load(&args, &env(&[])).expect("valid").listen_limits, ListenerLimits::DEFAULT);
+        let (_dir, args) = args_with_file(
+            "rules = \"r.toml\"\nlisten_max_connections = 8\nlisten_header_timeout = \"2s\"\n\
+             listen_connection_timeout = \"30s\"\n",
+        );
+        let settings = Settings::load(&args, &env(&[("WATERMARKD__LISTEN_MAX_CONNECTIONS", "16")])).expect("valid");
+        assert_eq!(
+            settings.listen_limits,
+            ListenerLimits {
+                max_connections: 16,
+                header_timeout: Duration::from_secs(2),
+                connection_timeout: Duration::from_secs(30)
+            }
         );
     }
 

@@ -765,6 +765,72 @@ async fn an_invalid_reload_keeps_the_old_rules_and_sighup_applies_a_valid_one() 
     }
 }
 
+/// A reload whose new backend secret cannot be read fails as a whole: the running backend (and
+/// the rules) carry on, the failure is counted and logged by file name, never by value, and
+/// once the file is in place a SIGHUP applies the change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_whose_new_secret_cannot_be_read_keeps_the_running_backend() {
+    let cluster = KubeCluster::shared();
+    let setup = Setup::start("e2e-secret", "web", 2, "load 8\n", |r| r).await;
+    let ns = setup.ns.clone();
+    // Prometheus ignores the password; what matters is the file the backend reads it from.
+    let with_password_file = |file: &Path| {
+        setup.valid_rules.replacen(
+            "type = \"prometheus\"\n",
+            &format!(
+                "type = \"prometheus\"\nbasic_auth = {{ username = \"watermarkd\", password_file = \"{}\" }}\n",
+                file.display()
+            ),
+            1,
+        )
+    };
+    let first = setup.dir.path().join("password");
+    write(&first, "first-password-value\n");
+    write(&setup.config, &with_password_file(&first));
+    let mut daemon = DaemonProcess::start(&setup.args(&["--no-leader-election"]), &[("WATERMARKD__RELOAD_POLL", "1h")]);
+    daemon.wait_ready(STARTUP).await;
+    eventually!(Duration::from_secs(10), "web evaluated", {
+        match daemon.sample("wpa_controller_value", &[("wpa_name", "web")]).await {
+            Some(8.0) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    });
+
+    let rotated = setup.dir.path().join("rotated-password");
+    write(&setup.config, &with_password_file(&rotated));
+    daemon.hangup();
+    eventually!(Duration::from_secs(10), "the failed reload counted", {
+        match daemon.sample("watermarkd_config_reloads_total", &[("result", "failure")]).await {
+            Some(v) if v >= 1.0 => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    });
+    assert_eq!(daemon.sample("watermarkd_config_last_reload_successful", &[]).await, Some(0.0));
+    assert!(daemon.log().contains(&rotated.display().to_string()), "the file is named; log:\n{}", daemon.log());
+    // The running backend still answers: over the watermark, web scales.
+    setup.exporter.set("load 30\n");
+    eventually!(Duration::from_secs(15), "the running backend still scales web", {
+        let replicas = spec_replicas(cluster, "Deployment", &ns, "web").await;
+        if replicas > 2 {
+            Ok(())
+        } else {
+            Err(format!("{replicas} replicas"))
+        }
+    });
+
+    write(&rotated, "second-password-value\n");
+    daemon.hangup();
+    eventually!(Duration::from_secs(10), "the reload applies once the file is there", {
+        match daemon.sample("watermarkd_config_last_reload_successful", &[]).await {
+            Some(1.0) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    });
+    let log = daemon.log();
+    assert!(!log.contains("first-password-value") && !log.contains("second-password-value"), "a secret in the log");
+    assert!(daemon.terminate(Duration::from_secs(15)), "a clean exit on SIGTERM");
+}
+
 /// A reload with an interval no clock can add (it once passed validation and then overflowed the
 /// scheduler's time addition, killing the daemon): refused with its position, counted as a failed
 /// reload, and the previous rules keep scaling.

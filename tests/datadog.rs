@@ -12,6 +12,8 @@
 
 #[path = "support/fake_datadog.rs"]
 mod fake_datadog;
+#[path = "support/redirect_servers.rs"]
+mod redirect_servers;
 
 use std::cell::RefCell;
 use std::collections::BTreeSet;
@@ -28,6 +30,7 @@ use watermarkd::telemetry::BackendMetrics;
 use watermarkd_engine::{Reading, Timestamp};
 
 use fake_datadog::{Behavior, Budget, FakeDatadog, SeriesSpec, API_KEY, APP_KEY};
+use redirect_servers::{Recorder, Redirector};
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/datadog");
 /// The cycles' wall-clock time at the start of each test: a multiple of 30 s, so buckets align.
@@ -39,7 +42,7 @@ const T0_MS: i64 = 1_700_000_010_000;
 struct Setup {
     client: DatadogClient,
     metrics: Arc<BackendMetrics>,
-    _keys: TempDir,
+    keys: TempDir,
 }
 
 fn config_for(url: &str, keys: &TempDir) -> DatadogBackend {
@@ -53,6 +56,7 @@ fn config_for(url: &str, keys: &TempDir) -> DatadogBackend {
         timeout: Duration::from_secs(10),
         max_in_flight: 4,
         bad_query_retry: Duration::from_secs(600),
+        allow_insecure_http: false,
         namespace_budget_percent: 100,
     }
 }
@@ -65,7 +69,7 @@ fn setup_with(url: &str, api: &str, app: &str, tweak: impl FnOnce(&mut DatadogBa
     tweak(&mut config);
     let metrics = Arc::new(BackendMetrics::detached());
     let client = DatadogClient::new("dd", &config, metrics.clone()).unwrap();
-    Setup { client, metrics, _keys: keys }
+    Setup { client, metrics, keys }
 }
 
 fn setup(fake: &FakeDatadog) -> Setup {
@@ -949,6 +953,65 @@ async fn after_a_429_nothing_is_sent_until_the_reset() {
     assert!(out.iter().all(|o| matches!(o.reading, Reading::Value { .. })), "{:?}", out[0]);
     assert_eq!(fake.requests(), 7);
     assert_eq!(fake.count_status(429), 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Credentials: rotation and redirects
+
+/// Replaces a key file the way a Secret volume or a deployment tool does: a new file renamed over
+/// the old one.
+fn replace_file(path: &std::path::Path, content: &str) {
+    let staged = path.with_extension("new");
+    std::fs::write(&staged, content).unwrap();
+    std::fs::rename(&staged, path).unwrap();
+}
+
+/// Datadog revokes the keys and the new ones land in the key files: the next cycle sends them,
+/// without a restart and without a 403 in between.
+#[tokio::test(start_paused = true)]
+async fn rotated_key_files_are_sent_from_the_next_cycle() {
+    const NEW_API_KEY: &str = "rotated-api-key-77aa0c3e19f24b6d8e5a";
+    const NEW_APP_KEY: &str = "rotated-app-key-2b9f6e1d0c4a3b5e7f8091a2b3c4d5e6f7";
+    let fake = FakeDatadog::start().await;
+    let s = setup(&fake);
+    let start = Instant::now();
+    let queries = [q("avg:system.cpu.user{*}")];
+    let out = s.client.evaluate(&queries, now_since(start), by(&s.client)).await;
+    value(&out[0]);
+
+    fake.rotate_keys(NEW_API_KEY, NEW_APP_KEY);
+    replace_file(&s.keys.path().join("api"), &format!("{NEW_API_KEY}\n"));
+    replace_file(&s.keys.path().join("app"), &format!("{NEW_APP_KEY}\n"));
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    let out = s.client.evaluate(&queries, now_since(start), by(&s.client)).await;
+    value(&out[0]);
+    assert_eq!(fake.count_status(403), 0, "no request went out with the revoked keys");
+    assert_eq!(fake.requests(), 2);
+
+    // A key file that disappears mid-rotation keeps the last good key.
+    std::fs::remove_file(s.keys.path().join("api")).unwrap();
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    let out = s.client.evaluate(&queries, now_since(start), by(&s.client)).await;
+    value(&out[0]);
+}
+
+/// A Datadog URL that answers 307 to another origin (another port on 127.0.0.1): the client
+/// does not follow it, so the other server never sees a key, and the queries fail with an
+/// error naming the redirect.
+#[tokio::test]
+async fn a_redirect_to_another_origin_is_not_followed_with_the_keys() {
+    let elsewhere = Recorder::start(r#"{"status":"ok","series":[]}"#).await;
+    let redirector = Redirector::start(307, &elsewhere.url).await;
+    let s = setup_with(&redirector.url, API_KEY, APP_KEY, |_| {});
+    let out = s.client.evaluate(&[q("avg:system.cpu.user{*}")], t0(), by(&s.client)).await;
+    let error = error(&out[0]);
+    let QueryError::Configuration(text) = &error else { panic!("{error:?}") };
+    assert!(text.contains("HTTP 307") && text.contains(&elsewhere.url), "{text}");
+    assert!(!text.contains(API_KEY) && !text.contains(APP_KEY), "{text}");
+    for headers in elsewhere.requests() {
+        assert!(headers.get("dd-api-key").is_none() && headers.get("dd-application-key").is_none(), "{headers:?}");
+    }
+    assert!(elsewhere.requests().is_empty(), "the other origin is not asked at all");
 }
 
 /// What a run of `spread_run` saw.

@@ -20,7 +20,9 @@ use prometheus::Registry;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 use watermarkd::crd::{self, ScaleWrite, WatermarkPodAutoscalerSpec};
-use watermarkd::telemetry::{serve, AutoscalerMetrics, HttpClientMetrics, LabelsAsTags, Readiness, SeriesLabels};
+use watermarkd::telemetry::{
+    serve, AutoscalerMetrics, HttpClientMetrics, LabelsAsTags, ListenerLimits, Readiness, SeriesLabels,
+};
 use watermarkd_engine::{decide, Reading, State, Target, Timestamp};
 
 /// The per-autoscaler labels of the Datadog controller (`defaultPromLabels`).
@@ -197,8 +199,16 @@ async fn every_datadog_controller_series_and_label_is_served() {
     http.response("https://recommender.test/recommend", "POST", 200, 0.05);
     http.error("https://recommender.test/recommend");
     let _waiting = http.in_flight("https://recommender.test/recommend");
-    let (bound, _server) =
-        serve(address, registry, Arc::clone(&metrics), Arc::new(Readiness::default()), shutdown).await.expect("serve");
+    let (bound, _server) = serve(
+        address,
+        ListenerLimits::default(),
+        registry,
+        Arc::clone(&metrics),
+        Arc::new(Readiness::default()),
+        shutdown,
+    )
+    .await
+    .expect("serve");
     let text = get_metrics(bound).await;
 
     let mut types: BTreeMap<String, String> = BTreeMap::new();

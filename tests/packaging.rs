@@ -63,12 +63,15 @@ const MANIFESTS: [&str; 8] = [
 ];
 
 /// The top-level keys of the settings file (`watermarkd run --settings`); it rejects others.
-const SETTINGS_KEYS: [&str; 15] = [
+const SETTINGS_KEYS: [&str; 18] = [
     "rules",
     "labels_as_tags",
     "crd",
     "namespaces",
     "listen",
+    "listen_max_connections",
+    "listen_header_timeout",
+    "listen_connection_timeout",
     "log_format",
     "log_level",
     "kubeconfig",
@@ -196,10 +199,12 @@ fn check_settings(text: &str, what: &str) -> toml::Table {
                 matches!(value.as_str(), Some("text" | "json")),
                 "{what}: log_format must be \"text\" or \"json\""
             ),
-            "max_concurrency" => {
-                assert!(value.as_integer().is_some_and(|n| n >= 1), "{what}: max_concurrency must be at least 1")
+            "max_concurrency" | "listen_max_connections" => {
+                assert!(value.as_integer().is_some_and(|n| n >= 1), "{what}: {key} must be at least 1")
             }
-            "default_interval" | "reload_poll" => duration(key, value),
+            "default_interval" | "reload_poll" | "listen_header_timeout" | "listen_connection_timeout" => {
+                duration(key, value)
+            }
             "lease" => {
                 let lease = value.as_table().unwrap_or_else(|| panic!("{what}: lease must be a table"));
                 for (key, value) in lease {
@@ -757,6 +762,13 @@ fn the_sample_rules_pass_check() {
 fn the_sample_settings_use_only_known_keys() {
     let what = "packaging/etc/watermarkd/watermarkd.toml";
     let settings = check_settings(&read(what), what);
+    // On a host nothing needs more than loopback until the operator opens it; in the pod the
+    // daemon binds every interface (daemon_metrics_port), or it could not be scraped.
+    assert_eq!(settings.get("listen").and_then(|v| v.as_str()), Some("127.0.0.1:8080"), "{what}");
+    let pod = parse_toml(&configmap_key("watermarkd.toml"), "deploy/configmap.yaml watermarkd.toml");
+    let pod_listen = pod.get("listen").and_then(|l| l.as_str()).unwrap_or("0.0.0.0:8080");
+    let pod_listen: std::net::SocketAddr = pod_listen.parse().expect("an address");
+    assert!(pod_listen.ip().is_unspecified(), "the pod listens on every interface: {pod_listen}");
     assert_eq!(settings.get("kubeconfig").and_then(|v| v.as_str()), Some("/etc/watermarkd/kubeconfig"), "{what}");
     let rules = parse_toml(&read("packaging/etc/watermarkd/rules.toml"), "packaging/etc/watermarkd/rules.toml");
     assert_default_backend_exists(&settings, &rules, what);
@@ -770,6 +782,9 @@ fn sample_value(key: &str) -> &'static str {
         "crd" | "dry_run" => "false",
         "namespaces" => "[\"prod\"]",
         "listen" => "\"127.0.0.1:9000\"",
+        "listen_max_connections" => "64",
+        "listen_header_timeout" => "\"5s\"",
+        "listen_connection_timeout" => "\"30s\"",
         "log_format" => "\"json\"",
         "log_level" => "\"info\"",
         "kubeconfig" => "\"/etc/watermarkd/kubeconfig\"",
@@ -973,6 +988,15 @@ fn the_unit_has_the_notify_protocol_commands_and_hardening() {
     assert!(
         values(service, "ReadOnlyPaths").iter().any(|v| v.split_whitespace().any(|p| p == CONFIG_DIR)),
         "ReadOnlyPaths={CONFIG_DIR}"
+    );
+    // Room for the outgoing connections beside a full /metrics listener: systemd's default soft
+    // limit (1024) is not.
+    let open_files: u64 = one("LimitNOFILE").parse().expect("LimitNOFILE= a number");
+    let sample = parse_toml(&read("packaging/etc/watermarkd/watermarkd.toml"), "the sample settings");
+    let listener_cap = sample.get("listen_max_connections").and_then(toml::Value::as_integer).expect("set");
+    assert!(
+        open_files >= 65536 && open_files >= 100 * u64::try_from(listener_cap).expect("positive"),
+        "LimitNOFILE={open_files} next to listen_max_connections = {listener_cap}"
     );
     // The Lease identity defaults to the host name, read from /proc/sys/kernel/hostname.
     assert!(values(service, "ProcSubset").is_empty(), "ProcSubset=pid would hide the host name");

@@ -24,6 +24,8 @@ mod daemon_process;
 mod kube_cluster;
 #[path = "support/prometheus_server.rs"]
 mod prometheus_server;
+#[path = "support/redirect_servers.rs"]
+mod redirect_servers;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -33,8 +35,9 @@ use daemon_process::{write, DaemonProcess};
 use kube_cluster::{KubeCluster, ADMIN_TOKEN};
 
 use prometheus_server::{Exporter, FakeServer, PrometheusServer, Reply, TestCerts, TlsServer};
+use redirect_servers::Redirector;
 use watermarkd::backend::prometheus::PrometheusClient;
-use watermarkd::backend::{BackendError, MetricQuery, Observation, QueryError};
+use watermarkd::backend::{BackendError, MetricQuery, Observation, QueryError, SECRET_CHECK_EVERY};
 use watermarkd::rules::{BasicAuth, PrometheusBackend, Reducer, SecretSource, TlsSettings};
 use watermarkd::telemetry::BackendMetrics;
 use watermarkd_engine::{Reading, Timestamp};
@@ -300,6 +303,14 @@ async fn credentials_tenant_headers_and_params_reach_the_server() {
     assert_eq!(r.header("x-custom"), Some("yes"));
 }
 
+/// Replaces a secret file the way a Secret volume or a deployment tool does: a new file renamed
+/// over the old one.
+fn replace_file(path: &std::path::Path, content: &str) {
+    let staged = path.with_extension("new");
+    std::fs::write(&staged, content).unwrap();
+    std::fs::rename(&staged, path).unwrap();
+}
+
 #[tokio::test]
 async fn a_bearer_token_file_is_reread_after_it_changes() {
     let fake = FakeServer::start(|_, _| Reply::vector(1.0, &["1"])).await;
@@ -311,13 +322,62 @@ async fn a_bearer_token_file_is_reread_after_it_changes() {
     let (client, _) = build(&settings);
 
     one(&client, q("up")).await;
-    // A rotation: new content and a new modification time.
+    // A rotation in place: new content and a new modification time.
     std::fs::write(&token, "second-token-longer\n").unwrap();
     let file = std::fs::File::options().write(true).open(&token).unwrap();
     file.set_modified(SystemTime::now() + Duration::from_secs(60)).unwrap();
+    // Files are looked at again at most this often.
+    tokio::time::sleep(SECRET_CHECK_EVERY).await;
     one(&client, q("up")).await;
     let seen: Vec<_> = fake.requests().iter().map(|r| r.header("authorization").unwrap_or("").to_string()).collect();
     assert_eq!(seen, ["Bearer first-token", "Bearer second-token-longer"]);
+}
+
+#[tokio::test]
+async fn a_basic_auth_password_file_is_reread_after_it_changes() {
+    let fake = FakeServer::start(|_, _| Reply::vector(1.0, &["1"])).await;
+    let dir = tempfile::tempdir().unwrap();
+    let password = dir.path().join("password");
+    std::fs::write(&password, "s3cret\n").unwrap();
+    let mut settings = config(&fake.url());
+    settings.basic_auth = Some(BasicAuth { username: "alice".into(), password: SecretSource::File(password.clone()) });
+    let (client, _) = build(&settings);
+
+    one(&client, q("up")).await;
+    replace_file(&password, "n3w-s3cret\n");
+    tokio::time::sleep(SECRET_CHECK_EVERY).await;
+    one(&client, q("up")).await;
+    let seen: Vec<_> = fake.requests().iter().map(|r| r.header("authorization").unwrap_or("").to_string()).collect();
+    // base64("alice:s3cret"), then base64("alice:n3w-s3cret")
+    assert_eq!(seen, ["Basic YWxpY2U6czNjcmV0", "Basic YWxpY2U6bjN3LXMzY3JldA=="]);
+}
+
+/// A server that answers 307 to another origin (another port on 127.0.0.1): the client does
+/// not follow it, so neither the tenant, the custom headers nor the password reach the other
+/// server, and the query fails with an error naming the redirect.
+#[tokio::test]
+async fn a_redirect_to_another_origin_is_not_followed_with_the_credentials() {
+    let elsewhere = FakeServer::start(|_, _| Reply::vector(1.0, &["1"])).await;
+    let redirector = Redirector::start(307, &elsewhere.url()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let password = dir.path().join("password");
+    std::fs::write(&password, "s3cret\n").unwrap();
+    let mut settings = config(&redirector.url);
+    settings.tenant = Some("team-a".into());
+    settings.headers.insert("X-Api-Token".into(), "custom-header-secret".into());
+    settings.basic_auth = Some(BasicAuth { username: "alice".into(), password: SecretSource::File(password) });
+    let (client, metrics) = build(&settings);
+
+    let obs = one(&client, q("up")).await;
+    let QueryError::Configuration(text) = error(&obs) else { panic!("{obs:?}") };
+    assert!(text.contains("HTTP 307") && text.contains(&elsewhere.url()), "{text}");
+    for r in elsewhere.requests() {
+        for name in ["x-scope-orgid", "x-api-token", "authorization"] {
+            assert_eq!(r.header(name), None, "{name} reached the other origin");
+        }
+    }
+    assert!(elsewhere.requests().is_empty(), "the other origin is not asked at all");
+    assert_eq!(requests(&metrics, "transport"), 1, "not retried: the answer would be the same");
 }
 
 #[tokio::test]

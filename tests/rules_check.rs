@@ -255,6 +255,41 @@ fn run_reports_a_startup_validation_error_once() {
     }
 }
 
+/// A Datadog `url` in plain http to another machine would send both keys unencrypted: refused
+/// at its line unless the backend allows it; loopback (a local proxy) needs no opt-in.
+#[test]
+fn a_plain_http_datadog_url_is_refused_unless_allowed() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = |url: &str, extra: &str| {
+        format!(
+            "[backend.dd]\ntype = \"datadog\"\nurl = \"{url}\"\napi_key_env = \"DD_API_KEY\"\napp_key_env = \"DD_APP_KEY\"\n{extra}\n\
+             [[autoscaler]]\nname = \"web\"\ntarget = {{ kind = \"Deployment\", namespace = \"prod\", name = \"web\" }}\n\
+             min_replicas = 1\nmax_replicas = 10\n\
+             [[autoscaler.metric]]\nname = \"cpu\"\nbackend = \"dd\"\nquery = \"avg:cpu{{*}}\"\nhigh_watermark = 80\nlow_watermark = 60\n"
+        )
+    };
+    let plain = write(dir.path(), "plain.toml", &backend("http://dd-proxy.internal:8080", ""));
+    let output = check(&[&plain]);
+    assert_eq!(output.status.code(), Some(1));
+    let out = stdout(&output);
+    let expected = format!(
+        "{}:3: backend.dd.url (\"http://dd-proxy.internal:8080\") is plain http to dd-proxy.internal: the API and \
+         application keys would cross the network unencrypted; use https://, or set allow_insecure_http = true",
+        plain.display()
+    );
+    assert!(out.starts_with(&expected), "expected a line starting with\n  {expected}\nin:\n{out}");
+
+    for (name, url, extra) in [
+        ("allowed.toml", "http://dd-proxy.internal:8080", "allow_insecure_http = true"),
+        ("loopback.toml", "http://127.0.0.1:8126", ""),
+        ("https.toml", "https://dd-proxy.internal", ""),
+    ] {
+        let path = write(dir.path(), name, &backend(url, extra));
+        let output = check(&[&path]);
+        assert!(output.status.success(), "{name}: {}", stdout(&output));
+    }
+}
+
 /// Durations and replica counts beyond what the daemon can use: each once passed `check`, and
 /// then overflowed a time addition (killing the daemon) or made every `/scale` write fail.
 const UNBOUNDED: &str = r#"[backend.dd]

@@ -19,6 +19,7 @@ pub mod datadog;
 pub mod prometheus;
 pub mod recommender;
 mod secret;
+pub mod trust;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,8 +30,8 @@ use watermarkd_engine::{Reading, Timestamp};
 use crate::rules::{self, Reducer};
 use crate::telemetry::BackendMetrics;
 
-pub use secret::Secret;
 pub(crate) use secret::SecretError;
+pub use secret::{FileStamp, Secret, CHECK_EVERY as SECRET_CHECK_EVERY};
 
 /// One metric query, as an autoscaler's metric names it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -205,6 +206,18 @@ impl MetricBackend {
 }
 
 impl MetricBackend {
+    /// Whether the backends of `next` that differ from `running` can be built now (secrets
+    /// read, certificates loaded), without keeping them. A reload checks this first, so that a
+    /// new secret that cannot be read fails the reload and the working client stays.
+    pub fn check_changed(running: &rules::RulesFile, next: &rules::RulesFile) -> Result<(), BackendError> {
+        for (name, config) in &next.backends {
+            if running.backends.get(name) != Some(config) {
+                Self::new(name, config, Arc::new(BackendMetrics::detached()))?;
+            }
+        }
+        Ok(())
+    }
+
     /// The configured timeout of one request.
     pub fn timeout(&self) -> Duration {
         match self {

@@ -32,6 +32,7 @@ const DATADOG_KEYS: &[&str] = &[
     "timeout",
     "max_in_flight",
     "bad_query_retry",
+    "allow_insecure_http",
     "namespace_budget_percent",
 ];
 const PROMETHEUS_KEYS: &[&str] = &[
@@ -107,7 +108,9 @@ fn read_datadog(table: &mut Table<'_>, sink: &mut Sink) -> Option<DatadogBackend
             format!("({site:?}) is not a Datadog site: use one of {} (or `url` for a proxy)", DATADOG_SITES.join(", ")),
         );
     }
+    let allow_insecure_http = table.flag(sink, "allow_insecure_http").unwrap_or(false);
     let url = table.text(sink, "url").and_then(|url| checked_url(table, sink, url));
+    let url = url.filter(|url| allow_insecure_http || secure_enough(table, sink, url));
     let url_ok = !table.has("url") || url.is_some();
     let api_key = read_secret(table, sink, "api_key");
     let app_key = read_secret(table, sink, "app_key");
@@ -130,8 +133,24 @@ fn read_datadog(table: &mut Table<'_>, sink: &mut Sink) -> Option<DatadogBackend
         timeout,
         max_in_flight,
         bad_query_retry,
+        allow_insecure_http,
         namespace_budget_percent: namespace_budget_percent?,
     })
+}
+
+/// A Datadog `url` in plain http to another machine is refused unless allowed (see
+/// `backend::trust`).
+fn secure_enough(table: &Table<'_>, sink: &mut Sink, url: &str) -> bool {
+    let Some(host) = crate::backend::trust::plain_http_host(url) else { return true };
+    table.report(
+        sink,
+        "url",
+        format!(
+            "({url:?}) is plain http to {host}: the API and application keys would cross the network unencrypted; \
+             use https://, or set allow_insecure_http = true if that network is trusted"
+        ),
+    );
+    false
 }
 
 /// `namespace_budget_percent`: 1 to 100 (the default, no bound).

@@ -84,6 +84,9 @@ pub struct DatadogBackend {
     pub max_in_flight: u32,
     /// How long a query Datadog rejected (HTTP 400) is not asked again (default 10 minutes).
     pub bad_query_retry: Duration,
+    /// Lets `url` be plain `http://` to a host other than loopback (default false: the keys
+    /// would cross the network unencrypted).
+    pub allow_insecure_http: bool,
     /// The largest share of the rate budget, in percent, that the queries of one namespace's
     /// WPAs may use (default 100: no bound).
     pub namespace_budget_percent: u32,

@@ -75,6 +75,7 @@ fn a_valid_file_yields_backends_targets_and_rules() {
             timeout: Duration::from_secs(10),
             max_in_flight: 4,
             bad_query_retry: Duration::from_secs(600),
+            allow_insecure_http: false,
             namespace_budget_percent: 100,
         })
     );

@@ -88,6 +88,7 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
     let (shutdown_tx, shutdown) = watch::channel(false);
     let (bound, server) = crate::telemetry::serve(
         settings.listen,
+        settings.listen_limits,
         registry.clone(),
         Arc::clone(&autoscaler_metrics),
         Arc::clone(&readiness),

@@ -2,7 +2,6 @@
 //! invalid file keeps the previous rules running.
 
 use std::hash::{Hash, Hasher};
-use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,6 +11,7 @@ use tokio::sync::{mpsc, watch};
 use super::scheduler::Command;
 use super::source::{Desired, SourceKind};
 use super::Shared;
+use crate::backend::{FileStamp, MetricBackend};
 use crate::rules::{self, RulesFile};
 
 /// Splits a rules file into its autoscalers and the rest (the backends, which CRD mode also
@@ -45,22 +45,8 @@ pub struct RulesWatch {
 
 /// What identifies the file's content without reading it: the resolved file (symlinks
 /// followed, so a ConfigMap's `..data` swap is a new inode), its size and its mtime.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Fingerprint {
-    device: u64,
-    inode: u64,
-    size: u64,
-    modified_nanos: i128,
-}
-
-fn fingerprint(path: &std::path::Path) -> Option<Fingerprint> {
-    let metadata = std::fs::metadata(path).ok()?;
-    Some(Fingerprint {
-        device: metadata.dev(),
-        inode: metadata.ino(),
-        size: metadata.size(),
-        modified_nanos: i128::from(metadata.mtime()) * 1_000_000_000 + i128::from(metadata.mtime_nsec()),
-    })
+fn fingerprint(path: &std::path::Path) -> Option<FileStamp> {
+    FileStamp::of(path)
 }
 
 fn content_hash(text: &str) -> u64 {
@@ -104,7 +90,25 @@ pub async fn watch_rules_file(mut watch: RulesWatch) {
         if forced {
             watch.notifier.reloading();
         }
-        match rules::parse_rules(&text, &watch.path.display().to_string()) {
+        let parsed = rules::parse_rules(&text, &watch.path.display().to_string());
+        // A backend whose new settings cannot be built (a secret file that cannot be read) fails
+        // the reload as a whole: the running client keeps working. Not remembered as a failed
+        // content: once the secret is in place, a touch of the file or SIGHUP applies it.
+        let unbuildable = match &parsed {
+            Ok(next) => {
+                let running = Arc::clone(&watch.rules.borrow());
+                MetricBackend::check_changed(&running, next).err()
+            }
+            Err(_) => None,
+        };
+        if let Some(err) = unbuildable {
+            reload_failed(&watch.shared, &format!("{err}; the previous rules keep running"));
+            if forced {
+                watch.notifier.ready();
+            }
+            continue;
+        }
+        match parsed {
             Ok(next) => {
                 failed_hash = None;
                 applied_hash = Some(hash);
@@ -155,7 +159,7 @@ mod tests {
         let rules = dir.path().join("rules.toml");
         std::fs::write(&rules, "a = 1\n").expect("write");
         let first = fingerprint(&rules).expect("fingerprint");
-        assert_eq!(fingerprint(&rules), Some(first.clone()), "stable while nothing changes");
+        assert_eq!(fingerprint(&rules), Some(first), "stable while nothing changes");
 
         // An editor's save: a new file renamed over the old one, same size.
         let staged = dir.path().join("rules.toml.tmp");

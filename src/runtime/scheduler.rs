@@ -119,7 +119,15 @@ impl Scheduler {
                 Ok(client) => {
                     next.insert(name.clone(), (config.clone(), Arc::new(client)));
                 }
-                Err(err) => tracing::error!(backend = %name, error = %err, "cannot set up the backend"),
+                // The reload checked it could be built; should that change in between (a secret
+                // file removed), the working client of the previous settings carries on.
+                Err(err) => match self.backends.get(name) {
+                    Some((old_config, client)) => {
+                        tracing::error!(backend = %name, error = %err, "cannot set up the backend's new settings: keeping the previous ones");
+                        next.insert(name.clone(), (old_config.clone(), Arc::clone(client)));
+                    }
+                    None => tracing::error!(backend = %name, error = %err, "cannot set up the backend"),
+                },
             }
         }
         self.backends = next;

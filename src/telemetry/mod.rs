@@ -10,7 +10,7 @@ mod server;
 pub use autoscaler::{AutoscalerMetrics, LabelsAsTags, SeriesLabels, ShadowOutcome};
 pub use daemon::DaemonMetrics;
 pub use http_client::HttpClientMetrics;
-pub use server::{serve, Readiness};
+pub use server::{accept_backoff, serve, ListenerLimits, Readiness};
 
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
 

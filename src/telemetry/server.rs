@@ -1,4 +1,22 @@
 //! `/metrics`, `/healthz` and `/readyz` on one small HTTP/1 listener.
+//!
+//! # Limits
+//! The listener answers whoever connects (in a pod it binds all interfaces, to be scraped), so it
+//! bounds what a client can hold (`ListenerLimits`, from the settings):
+//!
+//! - A client has `header_timeout` to send a request's headers; hyper enforces it only with a
+//!   timer, which is why one is given.
+//! - A connection lives at most `connection_timeout`, however it is used (a slow-loris client
+//!   trickling bytes, a scraper that stops reading a `/metrics` answer). Then it is shut down
+//!   gracefully, letting the answer being written finish within another `header_timeout`, and
+//!   is dropped after that. A scraper reconnects for its next scrape.
+//! - At most `max_connections` are open at once. One more is accepted and closed at once rather
+//!   than left waiting in the kernel's backlog: the peer learns at once that it must retry, the
+//!   backlog keeps draining, and the descriptor is freed. The slots held free up within
+//!   `connection_timeout` at worst, so `/healthz` answers again once the flood stops.
+//! - An accept that fails (too many open files, no memory) is retried after a delay doubling
+//!   from 5 ms to 1 s (`accept_backoff`), not at once: a loop retrying at once spins a core and
+//!   frees nothing.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -6,6 +24,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
@@ -13,10 +32,11 @@ use hyper::body::{Bytes, Frame};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus::{Encoder, Registry, TextEncoder};
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, watch};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, watch, Semaphore};
 
 use super::AutoscalerMetrics;
 
@@ -67,9 +87,49 @@ impl Readiness {
     }
 }
 
+/// What one client may hold of the listener (see "Limits" above).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ListenerLimits {
+    /// Connections open at once; one more is closed as soon as it is accepted.
+    pub max_connections: usize,
+    /// Time to send a request's headers.
+    pub header_timeout: Duration,
+    /// Time a connection may stay open, whatever it does.
+    pub connection_timeout: Duration,
+}
+
+impl ListenerLimits {
+    pub const DEFAULT: ListenerLimits = ListenerLimits {
+        max_connections: 128,
+        header_timeout: Duration::from_secs(10),
+        connection_timeout: Duration::from_secs(60),
+    };
+}
+
+impl Default for ListenerLimits {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+/// The first delay after a failed accept.
+const FIRST_ACCEPT_BACKOFF: Duration = Duration::from_millis(5);
+/// The longest delay between failed accepts.
+const MAX_ACCEPT_BACKOFF: Duration = Duration::from_secs(1);
+
+/// How long to wait before accepting again after a failed accept, given the delay after the
+/// previous failure in a row (`None`: this is the first).
+pub fn accept_backoff(previous: Option<Duration>) -> Duration {
+    match previous {
+        None => FIRST_ACCEPT_BACKOFF,
+        Some(delay) => delay.saturating_mul(2).clamp(FIRST_ACCEPT_BACKOFF, MAX_ACCEPT_BACKOFF),
+    }
+}
+
 /// Binds `address` (so a taken port fails the start, not later) and serves until `shutdown`.
 pub async fn serve(
     address: SocketAddr,
+    limits: ListenerLimits,
     registry: Registry,
     autoscalers: Arc<AutoscalerMetrics>,
     readiness: Arc<Readiness>,
@@ -77,18 +137,44 @@ pub async fn serve(
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let listener = TcpListener::bind(address).await?;
     let bound = listener.local_addr()?;
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
     let task = tokio::spawn(async move {
+        let mut backoff: Option<Duration> = None;
+        // Whether the last connection was refused for the cap, so that a flood is logged when it
+        // starts and when it ends, not per connection.
+        let mut refusing = false;
         loop {
             let stream = tokio::select! {
                 accepted = listener.accept() => match accepted {
                     Ok((stream, _)) => stream,
                     Err(err) => {
-                        tracing::warn!(error = %err, "metrics listener accept failed");
-                        continue;
+                        let delay = accept_backoff(backoff);
+                        backoff = Some(delay);
+                        tracing::warn!(error = %err, retry_in = ?delay, "metrics listener accept failed");
+                        tokio::select! {
+                            _ = tokio::time::sleep(delay) => continue,
+                            _ = shutdown.changed() => return,
+                        }
                     }
                 },
                 _ = shutdown.changed() => return,
             };
+            backoff = None;
+            let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+                if !refusing {
+                    tracing::warn!(
+                        max_connections = limits.max_connections,
+                        "metrics listener: every connection slot is taken, closing new connections at once"
+                    );
+                    refusing = true;
+                }
+                drop(stream);
+                continue;
+            };
+            if refusing {
+                tracing::info!("metrics listener: connection slots free again");
+                refusing = false;
+            }
             let registry = registry.clone();
             let readiness = Arc::clone(&readiness);
             let autoscalers = Arc::clone(&autoscalers);
@@ -97,13 +183,40 @@ pub async fn serve(
                     let response = respond(&request, &registry, &autoscalers, &readiness);
                     async move { Ok::<_, Infallible>(response) }
                 });
-                if let Err(err) = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await {
-                    tracing::debug!(error = %err, "metrics connection ended with an error");
-                }
+                serve_connection(stream, service, limits).await;
+                drop(slot);
             });
         }
     });
     Ok((bound, task))
+}
+
+/// One connection, within the header and lifetime limits.
+async fn serve_connection<S>(stream: TcpStream, service: S, limits: ListenerLimits)
+where
+    S: hyper::service::HttpService<hyper::body::Incoming, ResBody = Body>,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let mut builder = http1::Builder::new();
+    builder.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout);
+    let connection = builder.serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(connection);
+    let ended = tokio::select! {
+        ended = connection.as_mut() => ended,
+        _ = tokio::time::sleep(limits.connection_timeout) => {
+            connection.as_mut().graceful_shutdown();
+            match tokio::time::timeout(limits.header_timeout, connection.as_mut()).await {
+                Ok(ended) => ended,
+                Err(_) => {
+                    tracing::debug!("metrics connection open past its time: dropped");
+                    return;
+                }
+            }
+        }
+    };
+    if let Err(err) = ended {
+        tracing::debug!(error = %err, "metrics connection ended with an error");
+    }
 }
 
 fn text(status: StatusCode, body: impl Into<Bytes>, content_type: &str) -> Response<Body> {
@@ -160,5 +273,24 @@ fn respond<B>(
             }
         }
         _ => text(StatusCode::NOT_FOUND, "not found: try /metrics, /healthz or /readyz\n", "text/plain"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failed_accepts_back_off_from_5ms_doubling_to_1s() {
+        let mut delays = Vec::new();
+        let mut previous = None;
+        for _ in 0..12 {
+            let delay = accept_backoff(previous);
+            delays.push(delay.as_millis());
+            previous = Some(delay);
+        }
+        assert_eq!(delays, [5, 10, 20, 40, 80, 160, 320, 640, 1000, 1000, 1000, 1000]);
+        assert_eq!(accept_backoff(Some(Duration::MAX)), MAX_ACCEPT_BACKOFF, "no overflow");
+        assert_eq!(accept_backoff(Some(Duration::ZERO)), FIRST_ACCEPT_BACKOFF);
     }
 }

@@ -1,5 +1,6 @@
 //! A fake Datadog metrics API on 127.0.0.1, close enough to the real one to test a client
-//! against: it checks both auth headers (403 with the recorded body otherwise), answers
+//! against: it checks both auth headers (403 with the recorded body otherwise; the keys it
+//! accepts can be rotated), answers
 //! `GET /api/v1/query` with comma-joined sub-queries (split at top-level commas only), produces
 //! dense buckets aligned to each series' interval with null gaps, tags series with `query_index`,
 //! and enforces a calendar-aligned rate budget on tokio time (so paused-clock tests work), with
@@ -196,6 +197,8 @@ struct State {
     in_flight: usize,
     max_in_flight: usize,
     fault: Option<Fault>,
+    /// The (API, application) keys accepted: `API_KEY` and `APP_KEY` until `rotate_keys`.
+    keys: (String, String),
 }
 
 impl State {
@@ -291,6 +294,7 @@ impl FakeDatadog {
             in_flight: 0,
             max_in_flight: 0,
             fault: None,
+            keys: (API_KEY.to_string(), APP_KEY.to_string()),
         }));
         let connections = Arc::new(Mutex::new(Vec::new()));
         let server = spawn_server(listener, state.clone(), url.clone(), connections.clone());
@@ -331,6 +335,12 @@ impl FakeDatadog {
     }
 
     /// What every query request gets from now on (`None`: the normal answers again).
+    /// Accepts these keys from now on, and no longer the previous ones (a key rotated in
+    /// Datadog).
+    pub fn rotate_keys(&self, api_key: &str, app_key: &str) {
+        self.state.lock().unwrap().keys = (api_key.to_string(), app_key.to_string());
+    }
+
     pub fn set_fault(&self, fault: Option<Fault>) {
         self.state.lock().unwrap().fault = fault;
     }
@@ -575,7 +585,8 @@ async fn answer(state: &Arc<Mutex<State>>, base: &str, req: Request<Incoming>) -
     };
 
     // Authentication comes first: an unknown caller has no organisation, hence no budget.
-    if api_key != API_KEY || app_key != APP_KEY {
+    let keys = state.lock().unwrap().keys.clone();
+    if api_key != keys.0 || app_key != keys.1 {
         let window = state.lock().unwrap().calendar().0;
         record(403, window);
         let fixture: Value = serde_json::from_str(FORBIDDEN_FIXTURE).unwrap();

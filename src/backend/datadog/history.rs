@@ -69,7 +69,7 @@ impl DatadogClient {
             let url = format!("{}?from={from}&to={to}&query={encoded}", inner.v1_endpoint());
             let started = Instant::now();
             let answer = inner
-                .exchange(|| inner.http.get(&url), started, started + REQUEST_BUDGET, &read)
+                .exchange(inner.keyed_get(&url).await, started, started + REQUEST_BUDGET, &read)
                 .await
                 .map_err(|failure| failed(failure.error))?;
             match answer.as_slice() {

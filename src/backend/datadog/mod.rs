@@ -92,7 +92,10 @@
 //! fixed by the rules file, and re-splitting a batch every cycle would cost up to 35 requests).
 //! Such a suppression is logged when it starts and when the query is asked again, and
 //! `watermarkd_backend_suppressed_queries` counts the queries suppressed now, 422 no data, 429 rate limited.
-//! Keys travel only in headers marked sensitive; every error text is scrubbed of them anyway.
+//! Keys travel only in headers marked sensitive, and only to the configured origin (redirects
+//! elsewhere are refused: `backend::trust`); every error text is scrubbed of them anyway. A key
+//! file is read again when it changes (`secret::RotatingSecret`), so a rotated key is used
+//! without a restart.
 
 mod batch;
 mod history;
@@ -111,6 +114,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use watermarkd_engine::Timestamp;
 
+use super::secret::RotatingSecret;
 use super::{BackendError, MetricQuery, Observation, QueryError, Secret};
 use crate::rules::DatadogBackend;
 use crate::telemetry::BackendMetrics;
@@ -152,8 +156,9 @@ struct Inner {
     place: String,
     base: String,
     http: reqwest::Client,
-    api_key: Secret,
-    app_key: Secret,
+    /// Sent with every request as they are then: a rotated key file is read again.
+    api_key: RotatingSecret,
+    app_key: RotatingSecret,
     window: Duration,
     max_age: Option<Duration>,
     timeout: Duration,
@@ -190,6 +195,18 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// Both keys as request headers, marked sensitive (out of reqwest's and hyper's debug output);
+/// which key cannot be a header value otherwise.
+fn key_headers(api_key: &Secret, app_key: &Secret) -> Result<HeaderMap, &'static str> {
+    let mut headers = HeaderMap::new();
+    for (header, key, what) in [(API_KEY_HEADER, api_key, "API key"), (APP_KEY_HEADER, app_key, "application key")] {
+        let mut value = HeaderValue::from_str(key.expose()).map_err(|_| what)?;
+        value.set_sensitive(true);
+        headers.insert(HeaderName::from_static(header), value);
+    }
+    Ok(headers)
+}
+
 /// A query text's key in `Inner::served`: a hash, not the text, so that 10,000 autoscalers'
 /// queries cost a few hundred kilobytes there rather than a copy of every text. Two texts
 /// with the same hash only share their place in the queue.
@@ -210,10 +227,11 @@ impl DatadogClient {
         &self.inner.name
     }
 
-    /// Reads both keys now and builds the connection pool, once.
+    /// Reads both keys now (key files are followed afterwards) and builds the connection pool,
+    /// once.
     pub fn new(name: &str, config: &DatadogBackend, metrics: Arc<BackendMetrics>) -> Result<Self, BackendError> {
         let secret = |source: &crate::rules::SecretSource| {
-            source.load().map_err(|source| BackendError::Secret { backend: name.to_string(), source })
+            RotatingSecret::load(source).map_err(|source| BackendError::Secret { backend: name.to_string(), source })
         };
         let invalid = |message: String| BackendError::Invalid { backend: name.to_string(), message };
         let api_key = secret(&config.api_key)?;
@@ -224,16 +242,14 @@ impl DatadogClient {
             Ok(url) if matches!(url.scheme(), "http" | "https") && url.query().is_none() => {}
             _ => return Err(invalid(format!("{base:?} is not an http(s) base URL"))),
         }
-        let mut headers = HeaderMap::new();
-        for (header, key, what) in
-            [(API_KEY_HEADER, &api_key, "API key"), (APP_KEY_HEADER, &app_key, "application key")]
-        {
-            let mut value = HeaderValue::from_str(key.expose())
-                .map_err(|_| invalid(format!("the {what} holds characters that cannot be sent in a header")))?;
-            // Keeps the value out of reqwest's and hyper's debug output.
-            value.set_sensitive(true);
-            headers.insert(HeaderName::from_static(header), value);
+        if let Some(host) = super::trust::plain_http_host(&base).filter(|_| !config.allow_insecure_http) {
+            return Err(invalid(format!(
+                "{base:?} is plain http to {host}: set allow_insecure_http to send the keys unencrypted"
+            )));
         }
+        key_headers(&api_key.cached(), &app_key.cached())
+            .map_err(|what| invalid(format!("the {what} holds characters that cannot be sent in a header")))?;
+        let mut headers = HeaderMap::new();
         headers.insert(ACCEPT, HeaderValue::from_static("application/json"));
         super::ensure_crypto_provider();
         let http = reqwest::Client::builder()
@@ -241,6 +257,7 @@ impl DatadogClient {
             .user_agent(concat!("watermarkd/", env!("CARGO_PKG_VERSION")))
             .connect_timeout(config.timeout)
             .timeout(config.timeout)
+            .redirect(super::trust::redirect_policy())
             .build()
             .map_err(|err| invalid(format!("cannot build the HTTP client: {err}")))?;
         let place = config.url.clone().unwrap_or_else(|| config.site.clone());
@@ -694,7 +711,16 @@ impl Inner {
                 }
             };
         tracing::debug!(backend = %self.name, queries, url_chars = url.len(), "Datadog query");
-        self.exchange(|| self.http.get(url), cx.started, cx.deadline, read).await
+        self.exchange(self.keyed_get(url).await, cx.started, cx.deadline, read).await
+    }
+
+    /// A GET of `url` with both keys as they are now, for `exchange` to build once per attempt.
+    async fn keyed_get<'a>(&'a self, url: &'a str) -> impl Fn() -> reqwest::RequestBuilder + 'a {
+        let (api_key, app_key) = (self.api_key.current().await, self.app_key.current().await);
+        // A rotated key that cannot be a header value is sent as none: Datadog's 403 then says
+        // to check the keys, which is the advice needed.
+        let keys = key_headers(&api_key, &app_key).unwrap_or_default();
+        move || self.http.get(url).headers(keys.clone())
     }
 
     /// Sends one request, retrying what is worth retrying until the deadline (however many
@@ -852,6 +878,7 @@ impl Inner {
         }
         // The chain without the URL (long, and useless next to the backend's name): "error
         // sending request: client error (Connect): tcp connect error: Connection refused".
+        let refused_redirect = super::trust::is_refused_redirect(&err);
         let err = err.without_url();
         let mut text = String::new();
         let mut source: Option<&dyn std::error::Error> = Some(&err);
@@ -864,6 +891,15 @@ impl Inner {
                 text.push_str(&part);
             }
             source = e.source();
+        }
+        // A redirect elsewhere is the URL's problem: asking again gets the same answer.
+        if refused_redirect {
+            return Failure {
+                error: QueryError::Configuration(self.scrub_text(&text)),
+                outcome: Outcome::Transport,
+                retryable: false,
+                status: None,
+            };
         }
         Failure {
             error: QueryError::Transport(self.scrub_text(&text)),
@@ -915,7 +951,7 @@ impl Inner {
 
     fn scrub_text(&self, text: &str) -> String {
         let mut text = text.to_string();
-        for key in [&self.api_key, &self.app_key] {
+        for key in [self.api_key.cached(), self.app_key.cached()] {
             let value = key.expose();
             if !value.is_empty() && text.contains(value) {
                 text = text.replace(value, "[redacted]");
@@ -965,6 +1001,7 @@ mod tests {
             timeout: Duration::from_secs(10),
             max_in_flight: 4,
             bad_query_retry: Duration::from_secs(600),
+            allow_insecure_http: false,
             namespace_budget_percent: 100,
         }
     }
@@ -975,7 +1012,13 @@ mod tests {
         let metrics = Arc::new(BackendMetrics::detached());
         let client = DatadogClient::new("dd", &config(dir.path(), None), metrics.clone()).unwrap();
         assert_eq!(client.inner.v1_endpoint(), "https://api.datadoghq.eu/api/v1/query");
-        let client = DatadogClient::new("dd", &config(dir.path(), Some("http://proxy:8080/dd/")), metrics).unwrap();
+        let err = DatadogClient::new("dd", &config(dir.path(), Some("http://proxy:8080/dd/")), metrics.clone())
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("allow_insecure_http"), "{err}");
+        let mut insecure = config(dir.path(), Some("http://proxy:8080/dd/"));
+        insecure.allow_insecure_http = true;
+        let client = DatadogClient::new("dd", &insecure, metrics).unwrap();
         assert_eq!(client.inner.v1_endpoint(), "http://proxy:8080/dd/api/v1/query");
         assert!(client.rate_limit().is_none());
     }

@@ -1,16 +1,14 @@
 //! Everything fixed when a Prometheus backend is built: the endpoint, the HTTP client (TLS, default
 //! headers, timeout), extra parameters and credentials.
 
-use std::path::{Path, PathBuf};
-use std::sync::Mutex;
-use std::time::SystemTime;
+use std::path::Path;
 
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, ACCEPT};
 use reqwest::{Certificate, ClientBuilder, Identity, RequestBuilder, Url};
 
-use crate::backend::secret::read_secret_file;
-use crate::backend::{BackendError, Secret};
-use crate::rules::{PrometheusBackend, SecretSource, TlsSettings};
+use crate::backend::secret::RotatingSecret;
+use crate::backend::BackendError;
+use crate::rules::{PrometheusBackend, TlsSettings};
 
 /// Query parameters watermarkd sets itself on every request.
 const OWN_PARAMS: &[&str] = &["query", "time"];
@@ -46,6 +44,7 @@ impl Connection {
         let mut builder = reqwest::Client::builder()
             .timeout(config.timeout)
             .user_agent(concat!("watermarkd/", env!("CARGO_PKG_VERSION")))
+            .redirect(crate::backend::trust::redirect_policy())
             .default_headers(headers(config).map_err(invalid)?);
         builder = tls(builder, name, &config.tls).map_err(invalid)?;
         let client = builder.build().map_err(|e| invalid(format!("cannot set up the HTTP client: {}", chain(&e))))?;
@@ -55,13 +54,11 @@ impl Connection {
         }
         let secret_error = |source| BackendError::Secret { backend: name.to_string(), source };
         let auth = match (&config.basic_auth, &config.bearer_token) {
-            (Some(basic), _) => {
-                Auth::Basic { username: basic.username.clone(), password: basic.password.load().map_err(secret_error)? }
-            }
-            (None, Some(SecretSource::File(path))) => Auth::Bearer(BearerToken::from_file(path).map_err(secret_error)?),
-            (None, Some(source @ SecretSource::Env(_))) => {
-                Auth::Bearer(BearerToken::Fixed(source.load().map_err(secret_error)?))
-            }
+            (Some(basic), _) => Auth::Basic {
+                username: basic.username.clone(),
+                password: RotatingSecret::load(&basic.password).map_err(secret_error)?,
+            },
+            (None, Some(source)) => Auth::Bearer(RotatingSecret::load(source).map_err(secret_error)?),
             (None, None) => Auth::None,
         };
 
@@ -162,93 +159,29 @@ pub(crate) fn chain(error: &dyn std::error::Error) -> String {
 
 pub(super) enum Auth {
     None,
-    Basic { username: String, password: Secret },
-    Bearer(BearerToken),
+    Basic {
+        username: String,
+        password: RotatingSecret,
+    },
+    /// A file is followed as it rotates: Kubernetes rewrites projected service-account tokens in
+    /// place.
+    Bearer(RotatingSecret),
 }
 
 impl Auth {
-    pub fn apply(&self, request: RequestBuilder) -> RequestBuilder {
+    /// Adds the credentials as they are now (a rotated file is read again: `RotatingSecret`).
+    pub async fn apply(&self, request: RequestBuilder) -> RequestBuilder {
         match self {
             Auth::None => request,
-            Auth::Basic { username, password } => request.basic_auth(username, Some(password.expose())),
-            Auth::Bearer(token) => request.bearer_auth(token.current().expose()),
-        }
-    }
-}
-
-/// A bearer token. From a file it is re-read when the file's modification time or size changes:
-/// Kubernetes rotates projected service-account tokens in place. Checking costs one `stat` per
-/// request; the file is read only when it changed.
-pub(super) enum BearerToken {
-    Fixed(Secret),
-    File { path: PathBuf, cached: Mutex<CachedToken> },
-}
-
-pub(super) struct CachedToken {
-    stamp: Option<FileStamp>,
-    token: Secret,
-    /// The change that could not be read, so that it is logged once rather than per request.
-    unreadable: Option<FileStamp>,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct FileStamp {
-    modified: SystemTime,
-    len: u64,
-}
-
-fn stamp(path: &Path) -> Option<FileStamp> {
-    // `metadata` follows symlinks: Kubernetes swaps a `..data` symlink to rotate the token.
-    let meta = std::fs::metadata(path).ok()?;
-    Some(FileStamp { modified: meta.modified().ok()?, len: meta.len() })
-}
-
-impl BearerToken {
-    fn from_file(path: &Path) -> Result<Self, crate::backend::SecretError> {
-        // Stamp first, then read: if the file changes in between, the next request sees a newer
-        // stamp and reads again, so a rotation is never missed.
-        let stamp = stamp(path);
-        let token = read_secret_file(path)?;
-        Ok(BearerToken::File {
-            path: path.to_path_buf(),
-            cached: Mutex::new(CachedToken { stamp, token, unreadable: None }),
-        })
-    }
-
-    /// The token to send now. A changed file that cannot be read (mid-rotation, or removed)
-    /// keeps the last good token: the server's 401, if it comes, says more than we can.
-    pub fn current(&self) -> Secret {
-        match self {
-            BearerToken::Fixed(token) => token.clone(),
-            BearerToken::File { path, cached } => {
-                // A poisoned lock only means another request panicked mid-update; the cache is
-                // a plain value that is still usable.
-                let mut cached = cached.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-                let now = stamp(path);
-                if now.is_some() && now != cached.stamp {
-                    match read_secret_file(path) {
-                        Ok(token) => {
-                            tracing::debug!(path = %path.display(), "bearer token file changed: re-read");
-                            cached.token = token;
-                            cached.stamp = now;
-                            cached.unreadable = None;
-                        }
-                        Err(error) => {
-                            if cached.unreadable != now {
-                                tracing::warn!(%error, "bearer token file changed but cannot be read: keeping the previous token");
-                                cached.unreadable = now;
-                            }
-                        }
-                    }
-                }
-                cached.token.clone()
-            }
+            Auth::Basic { username, password } => request.basic_auth(username, Some(password.current().await.expose())),
+            Auth::Bearer(token) => request.bearer_auth(token.current().await.expose()),
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use crate::rules::SecretSource;
     use std::collections::BTreeMap;
     use std::time::Duration;
 
@@ -355,37 +288,5 @@ mod tests {
         let mut c = config("http://prom:9090");
         c.bearer_token = Some(SecretSource::File(dir.path().join("token")));
         assert!(matches!(build(&c), Err(BackendError::Secret { .. })));
-    }
-
-    #[test]
-    fn a_token_file_is_reread_only_when_it_changes() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("token");
-        std::fs::write(&path, "token-A\n").unwrap();
-        let token = BearerToken::from_file(&path).unwrap();
-        assert_eq!(token.current().expose(), "token-A");
-
-        let set_mtime = |secs: u64| {
-            let file = std::fs::File::options().write(true).open(&path).unwrap();
-            file.set_modified(SystemTime::UNIX_EPOCH + Duration::from_secs(secs)).unwrap();
-        };
-        std::fs::write(&path, "token-B\n").unwrap();
-        set_mtime(1_000);
-        assert_eq!(token.current().expose(), "token-B");
-
-        // Same size, same modification time: not read again (cached by stamp).
-        std::fs::write(&path, "token-C\n").unwrap();
-        set_mtime(1_000);
-        assert_eq!(token.current().expose(), "token-B");
-        set_mtime(2_000);
-        assert_eq!(token.current().expose(), "token-C");
-
-        // Removed mid-rotation: the last good token stays.
-        std::fs::remove_file(&path).unwrap();
-        assert_eq!(token.current().expose(), "token-C");
-        std::fs::write(&path, "  \n").unwrap();
-        assert_eq!(token.current().expose(), "token-C");
-        std::fs::write(&path, "token-D").unwrap();
-        assert_eq!(token.current().expose(), "token-D");
     }
 }

@@ -315,7 +315,7 @@ impl Inner {
                 client.post(endpoint.clone()).form(&prepared.form)
             }
         };
-        let request = self.connection.auth.apply(request.timeout(timeout));
+        let request = self.connection.auth.apply(request.timeout(timeout)).await;
         let mut response = request.send().await.map_err(|e| self.transport(e, timeout))?;
         let status = response.status().as_u16();
         let mut body = Vec::new();
@@ -342,7 +342,13 @@ impl Inner {
             return Failure::new(QueryError::Timeout(seconds), "timeout", true);
         }
         // Without the URL: it holds the whole query, and the endpoint says enough.
+        let refused_redirect = crate::backend::trust::is_refused_redirect(&error);
         let error = chain(&error.without_url());
+        if refused_redirect {
+            // The configured url's problem: asking again gets the same answer.
+            let message = format!("{}: {error}", self.connection.display_endpoint);
+            return Failure::new(QueryError::Configuration(message), "transport", false);
+        }
         Failure::new(QueryError::Transport(format!("{}: {error}", self.connection.display_endpoint)), "transport", true)
     }
 

@@ -1,0 +1,158 @@
+//! The `/metrics`, `/healthz` and `/readyz` listener over real TCP on 127.0.0.1, with small
+//! limits: a client that sends no headers, or trickles them, is cut off; a connection is closed
+//! after its lifetime however busy; connections beyond the cap are closed at once, and
+//! `/healthz` answers again once the ones holding the slots are gone.
+//!
+//! The waits below are upper bounds on a loaded machine, never measured: each test fails by
+//! waiting for something that, without the limits, never happens.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "test code: clippy.toml lets #[test] functions unwrap and print, and the helpers beside them do the same"
+)]
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+use watermarkd::telemetry::{serve, AutoscalerMetrics, ListenerLimits, Readiness};
+
+/// Longer than any limit used here: what "never" means in these tests.
+const NEVER: Duration = Duration::from_secs(20);
+
+struct Listener {
+    address: SocketAddr,
+    _shutdown: watch::Sender<bool>,
+}
+
+async fn listen(limits: ListenerLimits) -> Listener {
+    let (shutdown, watching) = watch::channel(false);
+    let readiness = Arc::new(Readiness::default());
+    readiness.rules_loaded.store(true, Ordering::Relaxed);
+    let (address, _task) = serve(
+        "127.0.0.1:0".parse().unwrap(),
+        limits,
+        prometheus::Registry::new(),
+        Arc::new(AutoscalerMetrics::new()),
+        readiness,
+        watching,
+    )
+    .await
+    .expect("bind");
+    Listener { address, _shutdown: shutdown }
+}
+
+/// Reads until the server closes the connection (or resets it); `None` if it stays open for
+/// `NEVER`. Returns what was read.
+async fn closed_by_server(stream: &mut TcpStream) -> Option<String> {
+    let mut read = Vec::new();
+    let outcome = tokio::time::timeout(NEVER, async {
+        let mut buffer = [0u8; 4096];
+        loop {
+            match stream.read(&mut buffer).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => read.extend_from_slice(&buffer[..n]),
+            }
+        }
+    })
+    .await;
+    outcome.ok().map(|()| String::from_utf8_lossy(&read).to_string())
+}
+
+async fn healthz(address: SocketAddr) -> String {
+    let mut stream = TcpStream::connect(address).await.expect("connect");
+    stream.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await.expect("send");
+    closed_by_server(&mut stream).await.expect("the answer ends")
+}
+
+#[tokio::test]
+async fn a_client_that_sends_no_headers_or_trickles_them_is_cut_off() {
+    let limits = ListenerLimits {
+        max_connections: 8,
+        header_timeout: Duration::from_millis(300),
+        connection_timeout: Duration::from_secs(10),
+    };
+    let listener = listen(limits).await;
+
+    let mut silent = TcpStream::connect(listener.address).await.expect("connect");
+    let read = closed_by_server(&mut silent).await;
+    assert!(read.is_some(), "a connection that never sent a byte is still open after {NEVER:?}");
+
+    // Slow loris: a byte every 50 ms, each in time, the whole never done.
+    let mut trickling = TcpStream::connect(listener.address).await.expect("connect");
+    let request = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Padding: ".iter().chain(std::iter::repeat(&b'a'));
+    let mut cut_off = false;
+    for byte in request.take(usize::try_from(NEVER.as_millis() / 50).unwrap()) {
+        if trickling.write_all(&[*byte]).await.is_err() {
+            cut_off = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(cut_off, "a client trickling its headers is still connected after {NEVER:?}");
+
+    assert!(healthz(listener.address).await.starts_with("HTTP/1.1 200"), "a prompt client is answered");
+}
+
+#[tokio::test]
+async fn a_busy_connection_is_closed_after_its_lifetime() {
+    let limits = ListenerLimits {
+        max_connections: 8,
+        header_timeout: Duration::from_millis(500),
+        connection_timeout: Duration::from_secs(1),
+    };
+    let listener = listen(limits).await;
+    let mut stream = TcpStream::connect(listener.address).await.expect("connect");
+    let mut answered = 0;
+    let mut buffer = [0u8; 4096];
+    let closed = tokio::time::timeout(NEVER, async {
+        loop {
+            // Keep-alive requests, each in time: only the lifetime can end this.
+            if stream.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await.is_err() {
+                return;
+            }
+            match stream.read(&mut buffer).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => answered += 1,
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "a keep-alive connection is still open after {NEVER:?}");
+    assert!(answered >= 1, "its requests were answered until then");
+}
+
+#[tokio::test]
+async fn connections_beyond_the_cap_are_closed_and_healthz_answers_once_they_are_gone() {
+    let limits = ListenerLimits {
+        max_connections: 3,
+        header_timeout: Duration::from_secs(3),
+        connection_timeout: Duration::from_secs(6),
+    };
+    let listener = listen(limits).await;
+    let mut holding = Vec::new();
+    for _ in 0..3 {
+        holding.push(TcpStream::connect(listener.address).await.expect("connect"));
+    }
+    // Accepted in order after the three: no slot left, so it is closed without an answer.
+    let mut beyond = TcpStream::connect(listener.address).await.expect("connect");
+    let _ = beyond.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await;
+    let answer = closed_by_server(&mut beyond).await.expect("closed, not left waiting");
+    assert!(answer.is_empty(), "the connection beyond the cap was answered: {answer}");
+
+    // The three send nothing: their header timeout frees the slots.
+    for stream in &mut holding {
+        assert!(closed_by_server(stream).await.is_some(), "a slot is held for good");
+    }
+    let answer = healthz(listener.address).await;
+    assert!(answer.starts_with("HTTP/1.1 200") && answer.ends_with("ok\n"), "{answer}");
+}
