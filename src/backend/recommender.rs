@@ -352,13 +352,7 @@ impl RecommenderClients {
             Ok(Err(e)) => {
                 self.count_error(&label);
                 // The URL is named by the caller, redacted; reqwest's own message would quote it whole.
-                return Err(if e.is_timeout() {
-                    timed_out()
-                } else if super::trust::is_refused_redirect(&e) {
-                    QueryError::Configuration(chain(&e.without_url()))
-                } else {
-                    QueryError::Transport(chain(&e.without_url()))
-                });
+                return Err(if e.is_timeout() { timed_out() } else { QueryError::Transport(chain(&e.without_url())) });
             }
             Err(_) => {
                 self.count_error(&label);
