@@ -18,7 +18,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use reqwest::header::{HeaderValue, CONTENT_TYPE, HOST};
 use reqwest::Url;
@@ -27,7 +27,7 @@ use tokio::time::Instant;
 use watermarkd_engine::Reading;
 
 use super::prometheus::connection::{chain, tls};
-use super::{Observation, ObservationDetail, QueryError};
+use super::{FileStamp, Observation, ObservationDetail, QueryError};
 use crate::rules::{Recommender, TargetRef, TlsSettings};
 use crate::telemetry::HttpClientMetrics;
 
@@ -163,19 +163,9 @@ impl reqwest::dns::Resolve for Renamed {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct FileStamp {
-    modified: Option<SystemTime>,
-    len: u64,
-}
-
-/// Blocking.
+/// Blocking. `FileStamp::of` follows symlinks: Kubernetes rotates mounted secrets by swapping one.
 fn stamps(files: &[PathBuf]) -> Vec<Option<FileStamp>> {
-    // `metadata` follows symlinks: Kubernetes rotates mounted secrets by swapping one.
-    files
-        .iter()
-        .map(|file| std::fs::metadata(file).ok().map(|m| FileStamp { modified: m.modified().ok(), len: m.len() }))
-        .collect()
+    files.iter().map(|file| FileStamp::of(file)).collect()
 }
 
 /// `settings` with every file resolved (symlinks followed), each of which must lie inside `dir`
