@@ -35,12 +35,13 @@ pub const PERMISSIONS: &[Permission] = &[
     WPA_READ,
     WPA_STATUS_WRITE,
     DATADOG_METRIC_READ,
-    WORKLOAD_READ_AND_ANNOTATE,
+    WORKLOAD_READ,
     WORKLOAD_SCALE,
     POD_READ,
     POD_METRICS_READ,
     EVENT_WRITE,
     LEASE,
+    STATE_CONFIGMAPS,
 ];
 
 /// CRD mode: the watcher of WatermarkPodAutoscaler objects (the initial list, then watch)
@@ -74,14 +75,14 @@ pub const DATADOG_METRIC_READ: Permission = Permission {
 };
 
 /// The scale targets: [`crate::workload`] watches them for replicas, readiness and the time of
-/// the last scale; `patch` only writes the `watermarkd.io/state` annotation
-/// (`workload::STATE_ANNOTATION`) that holds an autoscaler's persisted state (rules-file mode).
-pub const WORKLOAD_READ_AND_ANNOTATE: Permission = Permission {
+/// the last scale. Read only: the state of a rules-file autoscaler is kept in a ConfigMap of
+/// the daemon's own ([`STATE_CONFIGMAPS`]), not on the target.
+pub const WORKLOAD_READ: Permission = Permission {
     namespaced_to_daemon: false,
     crd_mode_only: false,
     api_group: "apps",
     resources: &["deployments", "statefulsets", "replicasets"],
-    verbs: &["list", "watch", "patch"],
+    verbs: &["list", "watch"],
 };
 
 /// [`crate::workload`]: changing a target's replicas with a merge patch of `/scale` that carries
@@ -135,4 +136,16 @@ pub const LEASE: Permission = Permission {
     api_group: "coordination.k8s.io",
     resources: &["leases"],
     verbs: &["get", "create", "update"],
+};
+
+/// [`crate::state::configmap`]: a rules-file autoscaler's persisted state, one ConfigMap per
+/// target in the daemon's own namespace: read when an autoscaler starts or this daemon becomes
+/// the leader, written with a server-side apply (which the API server authorizes as `create`
+/// too when the ConfigMap does not exist yet).
+pub const STATE_CONFIGMAPS: Permission = Permission {
+    namespaced_to_daemon: true,
+    crd_mode_only: false,
+    api_group: "",
+    resources: &["configmaps"],
+    verbs: &["get", "create", "patch"],
 };

@@ -1,8 +1,10 @@
 //! The engine state that must outlive the daemon: where it is kept, when it is written, and how
 //! a restarted daemon gets it back.
 //!
-//! - Rules-file mode: a `watermarkd.io/state` annotation on the target, JSON of the engine's
-//!   `State` and the autoscaler's name.
+//! - Rules-file mode: a ConfigMap per target in the daemon's own namespace ([`configmap`]),
+//!   holding JSON of the engine's `State` and the autoscaler's name. Earlier versions wrote the
+//!   same JSON as the target's `watermarkd.io/state` annotation; a target without a ConfigMap
+//!   is restored from that annotation, and the next write goes to the ConfigMap.
 //! - CRD mode: the WPA status as the Datadog controller shapes it. `lastScaleTime` is the last
 //!   scale; the AboveHighWatermark / BelowLowWatermark conditions follow the engine's "since"
 //!   clocks, so a True condition's `lastTransitionTime` is where the delay started. A WPA has no
@@ -16,6 +18,8 @@
 //! managers for `/scale` writes says when watermarkd's last wrote the scale, and never restores
 //! an earlier time. (Not every one does: a write that lands unseen is also caught by its
 //! effect, see [`note_unaccounted_change`].)
+
+pub mod configmap;
 
 use std::time::Duration;
 

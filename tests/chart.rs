@@ -638,13 +638,9 @@ fn rbac_is_exactly_the_table_and_crd_mode_alone_brings_the_datadoghq_rules() {
     // Custom scale targets: the verbs the README asks for, for that kind only.
     let granted = rendered_grants(&render(&["-f", EVERYTHING]), EVERYTHING);
     let mut wanted = table(false);
-    for (resource, verb) in [
-        ("rollouts", "list"),
-        ("rollouts", "watch"),
-        ("rollouts", "patch"),
-        ("rollouts/scale", "get"),
-        ("rollouts/scale", "patch"),
-    ] {
+    for (resource, verb) in
+        [("rollouts", "list"), ("rollouts", "watch"), ("rollouts/scale", "get"), ("rollouts/scale", "patch")]
+    {
         wanted.insert((false, "argoproj.io".into(), resource.into(), verb.into()));
     }
     assert_same_grants(&granted, &wanted, "the chart with customScaleTargets");
@@ -657,7 +653,7 @@ fn rbac_is_exactly_the_table_and_crd_mode_alone_brings_the_datadoghq_rules() {
     assert_eq!(subjects.len(), 1);
     assert_eq!((subjects[0].name.as_str(), subjects[0].namespace.as_deref()), ("wmd-sa", Some(NAMESPACE)));
     let binding: RoleBinding = one(&objects, "RoleBinding");
-    assert_eq!(binding.role_ref.name, "wmd-leader-election");
+    assert_eq!(binding.role_ref.name, "wmd-namespaced");
     assert_eq!(binding.subjects.unwrap_or_default()[0].name, "wmd-sa");
 }
 

@@ -34,6 +34,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use daemon_process::{write, DaemonProcess};
+use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
@@ -55,6 +56,20 @@ async fn annotation(cluster: &KubeCluster, kind: &str, namespace: &str, name: &s
     let api: Api<DynamicObject> = Api::namespaced_with(cluster.client(), namespace, &apps_v1(kind));
     let object = api.get(name).await.ok()?;
     object.metadata.annotations.and_then(|a| a.get(key).cloned())
+}
+
+/// The persisted state of the rules-file autoscaler on `target` (`Deployment.apps ns/web`), as
+/// JSON: from the state ConfigMaps in `daemon_namespace`, found by their label and the target
+/// they name (not by the name the daemon gives them).
+async fn persisted_state(cluster: &KubeCluster, daemon_namespace: &str, target: &str) -> Option<Value> {
+    let api: Api<ConfigMap> = Api::namespaced(cluster.client(), daemon_namespace);
+    let listed = api.list(&ListParams::default().labels("watermarkd.io/role=state")).await.expect("list ConfigMaps");
+    let data = listed
+        .items
+        .into_iter()
+        .filter_map(|c| c.data)
+        .find(|d| d.get("target").map(String::as_str) == Some(target))?;
+    Some(serde_json::from_str(data.get("state")?).expect("JSON state"))
 }
 
 async fn events_about(cluster: &KubeCluster, namespace: &str, name: &str) -> Vec<Event> {
@@ -186,8 +201,7 @@ async fn a_rules_file_scales_a_deployment_and_a_statefulset_from_prometheus() {
         }
     });
 
-    let state = annotation(cluster, "Deployment", &ns, "web", "watermarkd.io/state").await.expect("state annotation");
-    let state: Value = serde_json::from_str(&state).expect("JSON state");
+    let state = persisted_state(cluster, &ns, &format!("Deployment.apps {ns}/web")).await.expect("a state ConfigMap");
     assert_eq!(state["autoscaler"], "web");
     assert_eq!(state["v"], 2, "the current, compact format: {state}");
     assert!(state["state"]["last_scale"].is_i64(), "in Unix milliseconds: {state}");
@@ -253,9 +267,17 @@ impl Setup {
         Setup { ns, exporter, prometheus, dir, config, kubeconfig, valid_rules }
     }
 
-    /// `--config RULES --kubeconfig KUBECONFIG`, then `extra`.
+    /// `--config RULES --kubeconfig KUBECONFIG --lease-namespace NS` (the state ConfigMaps go
+    /// to the test's own namespace, with or without election), then `extra`.
     fn args<'a>(&'a self, extra: &[&'a str]) -> Vec<&'a str> {
-        let mut args = vec!["--config", self.config.to_str().expect("utf-8"), "--kubeconfig", &self.kubeconfig];
+        let mut args = vec![
+            "--config",
+            self.config.to_str().expect("utf-8"),
+            "--kubeconfig",
+            &self.kubeconfig,
+            "--lease-namespace",
+            &self.ns,
+        ];
         args.extend_from_slice(extra);
         args
     }
@@ -396,8 +418,8 @@ async fn a_shadow_rule_reports_what_it_would_do_and_never_writes() {
     });
     assert!(settled >= Some(divergences), "a counter never goes back: {settled:?}");
     assert!(daemon.log().contains("the shadow rule agrees again"), "{}", daemon.log());
-    let state = annotation(cluster, "Deployment", &ns, "web", "watermarkd.io/state").await.expect("state");
-    assert!(state.contains("\"autoscaler\":\"web\""), "the active rule's state: {state}");
+    let state = persisted_state(cluster, &ns, &format!("Deployment.apps {ns}/web")).await.expect("state");
+    assert_eq!(state["autoscaler"], "web", "the active rule's state: {state}");
     assert!(daemon.terminate(Duration::from_secs(15)), "a clean exit on SIGTERM; log:\n{}", daemon.log());
 }
 
@@ -442,8 +464,7 @@ async fn scale_to_zero_wakes_on_activation_and_sleeps_after_the_delay() {
     reaches(cluster, &ns, "worker", 0, Duration::from_secs(20)).await;
     assert!(idle.elapsed() >= Duration::from_secs(3), "to zero after {:?}, before the delay", idle.elapsed());
     cluster.set_workload_status("Deployment", &ns, "worker", 0, 0).await;
-    let state = annotation(cluster, "Deployment", &ns, "worker", "watermarkd.io/state").await.expect("state");
-    let state: Value = serde_json::from_str(&state).expect("JSON state");
+    let state = persisted_state(cluster, &ns, &format!("Deployment.apps {ns}/worker")).await.expect("state");
     assert!(state["state"]["scaled_to_zero_at"].is_i64(), "recorded as this rule's zero: {state}");
 
     // Exactly at the activation is not above it: it sleeps on.
@@ -536,7 +557,7 @@ async fn a_restart_after_kill_9_keeps_the_forbidden_window() {
     })
     .await;
     let ns = setup.ns.clone();
-    let args = setup.args(&["--lease-namespace", &ns]);
+    let args = setup.args(&[]);
     let mut daemon = DaemonProcess::start(&args, &[("WATERMARKD__LEASE__IDENTITY", "restarting")]);
     daemon.wait_ready(STARTUP).await;
     eventually!(Duration::from_secs(15), "the first scale", {
@@ -575,6 +596,49 @@ async fn a_restart_after_kill_9_keeps_the_forbidden_window() {
     });
 }
 
+/// An upgrade from a version that kept the state in an annotation on the target: the daemon
+/// restores from it (the forbidden window of a scale just before holds), writes the state to
+/// its ConfigMap at once, and leaves the target itself alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_annotation_of_an_earlier_version_is_restored_and_moved_to_a_configmap() {
+    let cluster = KubeCluster::shared();
+    let setup = Setup::start("e2e-upgrade", "web", 2, "load 30\n", |r| {
+        r.replace("upscale_forbidden_window = \"1s\"", "upscale_forbidden_window = \"12s\"")
+    })
+    .await;
+    let ns = setup.ns.clone();
+    let scaled_at = std::time::Instant::now();
+    let now_ms = i64::try_from(
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("after 1970").as_millis(),
+    )
+    .expect("milliseconds fit");
+    let old = json!({ "v": 2, "autoscaler": "web", "state": { "last_scale": now_ms } }).to_string();
+    let deployments: Api<DynamicObject> = Api::namespaced_with(cluster.client(), &ns, &apps_v1("Deployment"));
+    let patch = json!({ "metadata": { "annotations": { "watermarkd.io/state": old } } });
+    deployments.patch("web", &PatchParams::default(), &Patch::Merge(&patch)).await.expect("annotate");
+
+    let mut daemon = DaemonProcess::start(&setup.args(&[]), &[]);
+    daemon.wait_ready(STARTUP).await;
+    let target = format!("Deployment.apps {ns}/web");
+    let state = eventually!(Duration::from_secs(10), "the state in a ConfigMap", {
+        persisted_state(cluster, &ns, &target).await.ok_or("no state ConfigMap yet")
+    });
+    assert_eq!(state["autoscaler"], "web");
+    assert_eq!(state["state"]["last_scale"], now_ms, "the annotation's scale time, carried over: {state}");
+    // Load 30 is over the watermark, but the window of the scale recorded in the annotation holds.
+    while scaled_at.elapsed() < Duration::from_secs(10) {
+        assert_eq!(spec_replicas(cluster, "Deployment", &ns, "web").await, 2, "scaled inside the 12s window");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    reaches(cluster, &ns, "web", 3, Duration::from_secs(8)).await;
+    assert_eq!(
+        annotation(cluster, "Deployment", &ns, "web", "watermarkd.io/state").await.as_deref(),
+        Some(old.as_str()),
+        "the annotation is left as it was: the daemon does not write to the target"
+    );
+    assert!(daemon.terminate(Duration::from_secs(15)), "a clean exit; log:\n{}", daemon.log());
+}
+
 /// Two daemons, one Lease: only the leader writes; when it dies the other takes over within
 /// the lease duration and scaling goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -582,7 +646,7 @@ async fn the_follower_takes_over_when_the_leader_dies() {
     let cluster = KubeCluster::shared();
     let setup = Setup::start("e2e-failover", "web", 1, "load 8\n", |r| r).await;
     let (ns, exporter) = (setup.ns.clone(), &setup.exporter);
-    let args = setup.args(&["--lease-namespace", &ns, "--lease-duration", "4s"]);
+    let args = setup.args(&["--lease-duration", "4s"]);
     let lease_env = [("WATERMARKD__LEASE__RENEW_DEADLINE", "3s"), ("WATERMARKD__LEASE__RETRY_PERIOD", "500ms")];
     let mut first =
         DaemonProcess::start(&args, &[lease_env[0], lease_env[1], ("WATERMARKD__LEASE__IDENTITY", "first")]);
@@ -915,6 +979,7 @@ async fn a_dry_run_reports_the_decision_and_writes_nothing() {
     });
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(spec_replicas(cluster, "Deployment", &ns, "web").await, 2, "nothing written");
+    assert_eq!(persisted_state(cluster, &ns, &format!("Deployment.apps {ns}/web")).await, None);
     assert_eq!(annotation(cluster, "Deployment", &ns, "web", "watermarkd.io/state").await, None);
     assert!(daemon.log().contains("dry-run: nothing written"), "the log says so");
 }

@@ -353,15 +353,23 @@ fn the_permission_table_is_consistent() {
     let grants = grants_of_table(PERMISSIONS);
     for (namespaced, group, resource, _) in grants.iter().filter(|g| g.2.ends_with("/scale")) {
         let base = resource.trim_end_matches("/scale");
-        for verb in ["list", "watch", "patch"] {
+        for verb in ["list", "watch"] {
             let wanted = (*namespaced, group.clone(), base.to_string(), verb.to_string());
             assert!(grants.contains(&wanted), "{resource} without {verb} on {base}");
         }
     }
-    // Only the Lease is confined to the daemon's namespace.
-    let namespaced: Vec<_> = PERMISSIONS.iter().filter(|p| p.namespaced_to_daemon).collect();
-    assert_eq!(namespaced.len(), 1);
-    assert_eq!(namespaced[0].resources, ["leases"]);
+    // The workloads are never written but through /scale: no verb that changes an object on
+    // a resource that is not a subresource, cluster-wide.
+    for (namespaced, group, resource, verb) in &grants {
+        let writes = ["create", "update", "patch", "delete"].contains(&verb.as_str());
+        assert!(
+            !writes || *namespaced || resource.contains('/') || group == "events.k8s.io",
+            "{verb} {group}/{resource} cluster-wide: write access beyond /scale, status and events"
+        );
+    }
+    // Confined to the daemon's namespace: the Lease and the state ConfigMaps.
+    let namespaced: Vec<_> = PERMISSIONS.iter().filter(|p| p.namespaced_to_daemon).flat_map(|p| p.resources).collect();
+    assert_eq!(namespaced, [&"leases", &"configmaps"]);
     // CRD mode alone reads and writes the datadoghq.com kinds, and needs nothing else of its
     // own: the chart drops exactly these entries with crd.enabled false.
     for p in PERMISSIONS {

@@ -129,7 +129,14 @@ pub async fn evaluate(
                 // Another daemon may have led meanwhile: what it wrote is on the object.
                 memory.persisted = Persisted::for_source(desired.key.source());
             }
-            restore(desired, memory, &reading, now);
+            let persisted = match persisted_text(shared, desired, &reading).await {
+                Ok(persisted) => persisted,
+                Err(err) => {
+                    state_unreadable(shared, desired, memory, &err);
+                    return Outcome::Failed;
+                }
+            };
+            restore(desired, memory, persisted, &reading, now);
             memory.epoch = epoch;
             memory.suspicion.leading_since = Some(now);
         }
@@ -444,8 +451,67 @@ async fn wait_for_newer(shared: &Shared, target: &crate::rules::TargetRef, stale
     }
 }
 
+/// Where a rules-file autoscaler's persisted state was found.
+enum PersistedText {
+    /// Its ConfigMap (`state::configmap`).
+    ConfigMap(String),
+    /// The `watermarkd.io/state` annotation on the target, as earlier versions wrote it: read
+    /// only while there is no ConfigMap, and written to one at the next chance.
+    Annotation(String),
+    /// Nowhere (or the autoscaler comes from a WPA, whose status the restore reads).
+    Nowhere,
+}
+
+/// Reads a rules-file autoscaler's persisted state: its ConfigMap, or else the annotation
+/// an earlier version left on the target. An error (the ConfigMap could not be read) stops
+/// the evaluation: deciding without the windows could scale too early.
+async fn persisted_text(
+    shared: &Shared,
+    desired: &Desired,
+    reading: &ScaleReading,
+) -> Result<PersistedText, state::configmap::StateObjectError> {
+    use state::configmap::Stored;
+    if !matches!(desired.source, Source::RulesFile) {
+        return Ok(PersistedText::Nowhere);
+    }
+    let autoscaler = &desired.autoscaler;
+    match shared.states.read(&autoscaler.target).await? {
+        Stored::State(text) => return Ok(PersistedText::ConfigMap(text)),
+        Stored::Absent => {}
+        Stored::OtherTarget(about) => tracing::warn!(
+            autoscaler = %autoscaler.name,
+            workload = %describe(&autoscaler.target),
+            configmap = %state::configmap::object_name(&autoscaler.target),
+            about = about.as_deref().unwrap_or("no target"),
+            "the state ConfigMap of this target's name is about another target; ignoring it"
+        ),
+    }
+    Ok(reading.marks.state_annotation.clone().map_or(PersistedText::Nowhere, PersistedText::Annotation))
+}
+
+fn state_unreadable(shared: &Shared, desired: &Desired, memory: &mut Memory, err: &state::configmap::StateObjectError) {
+    let autoscaler = &desired.autoscaler;
+    shared.autoscaler_metrics.observe_failure(&desired.labels, &autoscaler.rule);
+    let message = err.to_string();
+    if memory.failing.as_deref() != Some(message.as_str()) {
+        tracing::warn!(
+            autoscaler = %autoscaler.name,
+            workload = %describe(&autoscaler.target),
+            error = %message,
+            "cannot read the persisted state; not deciding without it, trying again next evaluation"
+        );
+    }
+    memory.failing = Some(message);
+}
+
 /// The state a (re)started daemon, or a new leader, continues from.
-fn restore(desired: &Desired, memory: &mut Memory, reading: &ScaleReading, now: watermarkd_engine::Timestamp) {
+fn restore(
+    desired: &Desired,
+    memory: &mut Memory,
+    found: PersistedText,
+    reading: &ScaleReading,
+    now: watermarkd_engine::Timestamp,
+) {
     let autoscaler = &desired.autoscaler;
     let persisted = match (&desired.source, &mut memory.persisted) {
         (Source::Wpa(wpa), Persisted::Status { status, .. }) => {
@@ -454,9 +520,14 @@ fn restore(desired: &Desired, memory: &mut Memory, reading: &ScaleReading, now: 
             }
             state::from_wpa_status(status.as_deref())
         }
-        (Source::Wpa(_), Persisted::Annotation { .. }) => State::default(),
+        (Source::Wpa(_), Persisted::ConfigMap { .. }) => State::default(),
         (Source::RulesFile, persisted) => {
-            let decoded = match reading.marks.state_annotation.as_deref() {
+            let (text, in_configmap) = match &found {
+                PersistedText::ConfigMap(text) => (Some(text.as_str()), true),
+                PersistedText::Annotation(text) => (Some(text.as_str()), false),
+                PersistedText::Nowhere => (None, true),
+            };
+            let decoded = match text {
                 None => None,
                 Some(text) => match state::decode_annotation(&autoscaler.name, text) {
                     Ok(decoded) => decoded,
@@ -465,20 +536,21 @@ fn restore(desired: &Desired, memory: &mut Memory, reading: &ScaleReading, now: 
                             autoscaler = %autoscaler.name,
                             workload = %describe(&autoscaler.target),
                             error = %err,
-                            "ignoring the persisted state on the target; the autoscaler starts without one"
+                            "ignoring the persisted state; the autoscaler starts without one"
                         );
                         None
                     }
                 },
             };
             let restored = decoded.as_ref().map(|d| d.state.clone()).unwrap_or_default();
-            // An annotation in an older format is written again in the current one at the next
-            // evaluation that has anything to keep.
+            // A state in an older format, or still on the target's annotation, is written again
+            // in the current format, to the ConfigMap, at the next evaluation that has anything
+            // to keep.
             let written = match &decoded {
-                Some(decoded) if decoded.legacy => None,
+                Some(decoded) if decoded.legacy || !in_configmap => None,
                 _ => Some(state::Written::of(&restored)),
             };
-            *persisted = Persisted::Annotation { written };
+            *persisted = Persisted::ConfigMap { written };
             restored
         }
     };
@@ -571,7 +643,7 @@ fn reason_shape(reason: &str) -> String {
 }
 
 /// Persists what a later decision depends on, where the autoscaler's source keeps it: the
-/// target's state annotation (rules file), or the WPA's status.
+/// target's state ConfigMap (rules file), or the WPA's status.
 async fn persist(
     shared: &Shared,
     desired: &Desired,
@@ -585,18 +657,22 @@ async fn persist(
     }
     match (&desired.source, &mut memory.persisted) {
         (Source::Wpa(wpa), persisted) => report::decision_status(shared, wpa, persisted, decision, write).await,
-        (Source::RulesFile, Persisted::Annotation { written }) => {
-            // A dry run writes nothing to the target, its annotation included.
+        (Source::RulesFile, Persisted::ConfigMap { written }) => {
+            // A dry run writes nothing, its state included.
             let rule = &desired.autoscaler.rule;
             if decision.dry_run || !state::needs_write(written.as_ref(), next_state, rule, decision.now) {
                 return;
             }
             let value = state::encode_annotation(&desired.autoscaler.name, next_state);
             let Some(budget) = shared.write_budget() else { return };
-            let written_now =
-                tokio::time::timeout(budget, shared.targets.write_state(&desired.autoscaler.target, &value));
+            let target = &desired.autoscaler.target;
+            let written_now = tokio::time::timeout(budget, shared.states.write(target, &value));
             let result = written_now.await.unwrap_or_else(|_| {
-                Err(WorkloadError::Connection(format!("no answer within {:.1}s", budget.as_secs_f64())))
+                Err(state::configmap::StateObjectError::Timeout {
+                    namespace: shared.states.namespace().to_string(),
+                    name: state::configmap::object_name(target),
+                    seconds: budget.as_secs_f64(),
+                })
             });
             match result {
                 Ok(()) => {
@@ -608,7 +684,7 @@ async fn persist(
                     tracing::warn!(
                         autoscaler = %desired.autoscaler.name,
                         error = %err,
-                        "could not persist the state on the target; trying again next evaluation"
+                        "could not persist the state; trying again next evaluation"
                     );
                 }
             }

@@ -41,6 +41,7 @@ use crate::lease::{Authority, LeaderElector, Role};
 use crate::resource::ResourceMetrics;
 use crate::rules::{self, RulesError};
 use crate::settings::Settings;
+use crate::state::configmap::StateConfigMaps;
 use crate::telemetry::{AutoscalerMetrics, BackendMetrics, DaemonMetrics, HttpClientMetrics, Readiness};
 use crate::workload::{WorkloadError, Workloads};
 use scheduler::{Command, Scheduler, TargetChanges};
@@ -113,6 +114,7 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
     let shared = Arc::new(Shared {
         client: client.clone(),
         targets: targets.clone(),
+        states: StateConfigMaps::new(client.clone(), &settings.lease.namespace),
         events: Some(events),
         autoscaler_metrics: Arc::clone(&autoscaler_metrics),
         daemon: daemon.clone(),

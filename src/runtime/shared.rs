@@ -11,6 +11,7 @@ use crate::backend::recommender::RecommenderClients;
 use crate::events::EventPublisher;
 use crate::lease::Authority;
 use crate::resource::ResourceMetrics;
+use crate::state::configmap::StateConfigMaps;
 use crate::telemetry::{AutoscalerMetrics, DaemonMetrics};
 use crate::workload::Workloads;
 
@@ -35,6 +36,8 @@ impl Clock {
 pub struct Shared {
     pub client: kube::Client,
     pub targets: Workloads,
+    /// Where the rules file's autoscalers keep their state.
+    pub states: StateConfigMaps,
     pub events: Option<EventPublisher>,
     pub autoscaler_metrics: Arc<AutoscalerMetrics>,
     pub daemon: DaemonMetrics,

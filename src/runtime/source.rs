@@ -1,8 +1,9 @@
 //! Where an autoscaler comes from, and what follows from it: its key, where its state is
 //! persisted between restarts, and where its status goes.
 //!
-//! - The rules file: the state is an annotation on the target (`watermarkd.io/state`); there is
-//!   no object of the autoscaler's own, so events go on the target.
+//! - The rules file: the state is a ConfigMap per target in the daemon's namespace
+//!   (`crate::state::configmap`); there is no object of the autoscaler's own, so events go on
+//!   the target.
 //! - A WatermarkPodAutoscaler object: the state is the object's status, written as the Datadog
 //!   controller writes it, and events go on the object.
 
@@ -222,8 +223,9 @@ impl Desired {
 /// What an autoscaler remembers of what it persisted, by source.
 #[derive(Debug)]
 pub enum Persisted {
-    /// The state annotation last written on the target, or read from it.
-    Annotation { written: Option<crate::state::Written> },
+    /// The state last written to the target's state ConfigMap, or read from it (`None`: still
+    /// to be written there).
+    ConfigMap { written: Option<crate::state::Written> },
     /// The WPA status last written, or read from the object.
     /// Boxed: most autoscalers at scale come from a rules file, and inline the status would
     /// make every one's memory 70 bytes larger.
@@ -233,7 +235,7 @@ pub enum Persisted {
 impl Persisted {
     pub fn for_source(source: SourceKind) -> Persisted {
         match source {
-            SourceKind::RulesFile => Persisted::Annotation { written: None },
+            SourceKind::RulesFile => Persisted::ConfigMap { written: None },
             SourceKind::Wpa => Persisted::Status { status: None, written_at: None },
         }
     }

@@ -67,12 +67,10 @@ use object::{kind_paths, pod_is_ready, split_api_version, KindPaths};
 pub use watch::{backoff as watch_backoff, next as next_event, Retrying as RetryingWatch, WatchHealth};
 use watch::{follow, publish, AbortOnDrop, StoreStatus, MAX_RETRY_DELAY};
 
-/// The field manager named in the managed fields of every write.
 /// The field manager of scale writes; [`Marks::scaled_at`] reads its `managedFields` entry.
 pub(crate) const FIELD_MANAGER: &str = "watermarkd";
-/// The field manager of state annotation writes, separate so they do not move `scaled_at`.
-const STATE_FIELD_MANAGER: &str = "watermarkd-state";
-/// The annotation holding an autoscaler's persisted state on its target (rules-file mode).
+/// The annotation where versions before the state ConfigMaps (`crate::state::configmap`) kept
+/// a rules-file autoscaler's state on its target. Still read (the cache keeps it), never written.
 pub const STATE_ANNOTATION: &str = "watermarkd.io/state";
 
 /// Builds a client. Where the settings come from, first match wins:
@@ -690,18 +688,6 @@ impl Workloads {
         let params = ListParams::default().fields(&format!("metadata.name={}", target.name));
         let list = api.list_metadata(&params).await.map_err(|err| request.error(&err))?;
         Ok(list.items.into_iter().next().map(|object| object.metadata.resource_version.unwrap_or_default()))
-    }
-
-    /// Writes `value` as the target's [`STATE_ANNOTATION`] with a merge patch that touches
-    /// nothing else (no resourceVersion: the annotation is watermarkd's alone, and a workload
-    /// controller's concurrent status update must not make it fail).
-    pub async fn write_state(&self, target: &TargetRef, value: &str) -> Result<(), WorkloadError> {
-        let resolved = resolved_kind(&*self.store_of(target)?, target)?;
-        let api: Api<DynamicObject> = api_for(&self.inner.context.client, &resolved, &target.namespace);
-        let request = Request::for_target("patch", &resolved.resource.plural, target);
-        let patch = json!({ "metadata": { "annotations": { STATE_ANNOTATION: value } } });
-        let params = PatchParams { field_manager: Some(STATE_FIELD_MANAGER.to_string()), ..PatchParams::default() };
-        api.patch(&target.name, &params, &Patch::Merge(&patch)).await.map(|_| ()).map_err(|err| request.error(&err))
     }
 }
 

@@ -45,7 +45,8 @@ pub(crate) fn kind_paths(group: &str, kind: &str) -> KindPaths {
 /// What watermarkd left on a target: its persisted state, and when it last wrote the scale.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Marks {
-    /// The `watermarkd.io/state` annotation, as written.
+    /// The `watermarkd.io/state` annotation, as earlier versions wrote it (read only while
+    /// the target has no state ConfigMap).
     pub state_annotation: Option<String>,
     /// When the API server last recorded a write by watermarkd's scale field manager (the
     /// `managedFields` entry's time, whole seconds, rounded down). It is the API server's own

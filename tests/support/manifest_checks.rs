@@ -131,9 +131,10 @@ pub async fn may(client: &kube::Client, group: &str, resource: &str, verb: &str,
     answer.status.is_some_and(|s| s.allowed)
 }
 
-/// Resources the daemon never touches, tried with `get`.
+/// Resources the daemon never touches, tried with `get`. (ConfigMaps are in the table: those of
+/// the daemon's own namespace hold the state, and `get` anywhere else is denied as `outside`.)
 const NEVER: [(&str, &str); 6] =
-    [("", "secrets"), ("", "configmaps"), ("", "events"), ("", "pods/exec"), ("apps", "daemonsets"), ("", "nodes")];
+    [("", "secrets"), ("", "services"), ("", "events"), ("", "pods/exec"), ("apps", "daemonsets"), ("", "nodes")];
 const ALL_VERBS: [&str; 8] = ["get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"];
 
 /// Everything `account` may do that it should not, and everything in `table` it may not do:
