@@ -16,6 +16,7 @@
 //! autoscaler in the batch, so one cycle never runs into the next.
 
 pub mod datadog;
+pub mod plan;
 pub mod prometheus;
 pub mod recommender;
 mod secret;
@@ -26,6 +27,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use watermarkd_engine::{Reading, Timestamp};
+
+pub use plan::{PlanPart, PlannedFetch, QueryPlan};
 
 use crate::rules::{self, Reducer};
 use crate::telemetry::BackendMetrics;

@@ -33,6 +33,13 @@ pub struct BackendMetrics {
     /// Queries a backend rejected that are not asked again for a while (Datadog's
     /// `bad_query_retry`).
     pub suppressed_queries: IntGaugeVec,
+    /// The last cycle's query plan: requests it sent (`crate::backend::plan`).
+    pub plan_requests: IntGaugeVec,
+    /// The last cycle's queries by `folded` (`true`: answered by a group of a grouped query;
+    /// `false`: sent as they are).
+    pub plan_queries: IntGaugeVec,
+    /// Queries answered per request, each request of each cycle's plan.
+    pub plan_members_per_request: HistogramVec,
 }
 
 impl BackendMetrics {
@@ -82,6 +89,28 @@ impl BackendMetrics {
         )?;
         registry.register(Box::new(warnings.clone()))?;
         registry.register(Box::new(suppressed_queries.clone()))?;
+        let plan_requests = IntGaugeVec::new(
+            Opts::new("watermarkd_query_plan_requests", "Requests in the last cycle's query plan"),
+            &["backend"],
+        )?;
+        let plan_queries = IntGaugeVec::new(
+            Opts::new(
+                "watermarkd_query_plan_queries",
+                "Autoscaler queries of the last cycle's plan, folded into grouped queries or sent as they are",
+            ),
+            &["backend", "folded"],
+        )?;
+        let plan_members_per_request = HistogramVec::new(
+            HistogramOpts::new(
+                "watermarkd_query_plan_queries_per_request",
+                "Autoscaler queries answered by one request of a cycle's plan",
+            )
+            .buckets(vec![1.0, 2.0, 5.0, 10.0, 35.0, 100.0, 250.0, 500.0, 1000.0, 2500.0]),
+            &["backend"],
+        )?;
+        registry.register(Box::new(plan_requests.clone()))?;
+        registry.register(Box::new(plan_queries.clone()))?;
+        registry.register(Box::new(plan_members_per_request.clone()))?;
         Ok(BackendMetrics {
             requests,
             request_seconds,
@@ -90,7 +119,22 @@ impl BackendMetrics {
             deferred_queries,
             warnings,
             suppressed_queries,
+            plan_requests,
+            plan_queries,
+            plan_members_per_request,
         })
+    }
+
+    /// Exports a cycle's plan for `backend`.
+    pub fn observe_plan(&self, backend: &str, plan: &crate::backend::QueryPlan) {
+        let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        self.plan_requests.with_label_values(&[backend]).set(count(plan.request_count()));
+        self.plan_queries.with_label_values(&[backend, "true"]).set(count(plan.folded_members()));
+        self.plan_queries.with_label_values(&[backend, "false"]).set(count(plan.unfolded_members()));
+        let histogram = self.plan_members_per_request.with_label_values(&[backend]);
+        for request in &plan.requests {
+            histogram.observe(request.member_count() as f64);
+        }
     }
 
     /// Metrics on a private registry, for tests and one-shot commands.
