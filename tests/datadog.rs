@@ -58,6 +58,9 @@ fn config_for(url: &str, keys: &TempDir) -> DatadogBackend {
         bad_query_retry: Duration::from_secs(600),
         allow_insecure_http: false,
         namespace_budget_percent: 100,
+        // The batching and pacing tests ask per-deployment queries, which would fold; folding
+        // has its own tests (`setup_folding`).
+        fold_queries: false,
     }
 }
 
@@ -74,6 +77,10 @@ fn setup_with(url: &str, api: &str, app: &str, tweak: impl FnOnce(&mut DatadogBa
 
 fn setup(fake: &FakeDatadog) -> Setup {
     setup_with(&fake.url, API_KEY, APP_KEY, |_| {})
+}
+
+fn setup_folding(fake: &FakeDatadog) -> Setup {
+    setup_with(&fake.url, API_KEY, APP_KEY, |c| c.fold_queries = true)
 }
 
 fn q(text: &str) -> MetricQuery {
@@ -182,7 +189,13 @@ fn assert_reading(actual: &Reading, value: f64, at_ms: i64) {
 
 fn read_v1_fixture(name: &str, now_ms: i64) -> (Fixture, V1Answer) {
     let f = fixture(name);
-    let cx = V1Context { queries: 1, now: Timestamp::from_unix_millis(now_ms), max_age: None, site: "datadoghq.com" };
+    let cx = V1Context {
+        queries: 1,
+        layout: &[],
+        now: Timestamp::from_unix_millis(now_ms),
+        max_age: None,
+        site: "datadoghq.com",
+    };
     let answer = read_v1_answer(f.status, &f.headers, f.body.as_bytes(), &cx);
     (f, answer)
 }
@@ -1184,4 +1197,122 @@ async fn one_namespace_cannot_stretch_every_namespace_interval() {
     assert!(largest_b(&shared) >= Duration::from_secs(90), "{:?}", largest_b(&shared));
     assert!(largest_b(&bounded) <= Duration::from_secs(45), "{:?}", largest_b(&bounded));
     assert_eq!(bounded.never, 0, "team-a's autoscalers are refreshed too, at its share's pace");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Folding
+
+/// `avg:...{kube_deployment:web-NNNN,env:prod}` for each `i`, each answering `i`.
+fn folding_fleet(fake: &FakeDatadog, n: usize) -> Vec<String> {
+    let texts: Vec<String> = (0..n).map(realistic_query).collect();
+    for (i, text) in texts.iter().enumerate() {
+        fake.set(text, Behavior::Series(SeriesSpec::constant(i as f64)));
+    }
+    texts
+}
+
+#[tokio::test]
+async fn per_deployment_queries_fold_into_one_grouped_request_and_each_gets_its_own_group() {
+    let fake = FakeDatadog::start().await;
+    let s = setup_folding(&fake);
+    let mut texts = folding_fleet(&fake, 100);
+    fake.set(&texts[7], Behavior::NoData);
+    // Not foldable: sent as written, in the same request.
+    texts.push("top(avg:kubernetes.cpu.usage.total{env:prod} by {kube_deployment}, 5, 'mean', 'desc')".into());
+    fake.set(&texts[100], Behavior::Series(SeriesSpec::constant(-1.0)));
+
+    let out = s.client.evaluate(&qs(&texts), t0(), by(&s.client)).await;
+    let log = fake.log();
+    assert_eq!(log.len(), 1, "one request: {log:#?}");
+    assert_eq!(log[0].status, 200);
+    let grouped: Vec<&String> = log[0].sub_queries.iter().filter(|q| q.contains(" IN (")).collect();
+    assert_eq!(grouped.len(), 1, "{:?}", log[0].sub_queries);
+    assert!(
+        grouped[0].starts_with("avg:kubernetes.cpu.usage.total{env:prod AND kube_deployment IN (web-0000, web-0001")
+    );
+    assert!(grouped[0].ends_with(")} by {kube_deployment}"), "{}", grouped[0]);
+    for (i, o) in out.iter().enumerate().take(100) {
+        if i == 7 {
+            // Absent from the answer: no data for it alone, never 0.
+            assert!(matches!(error(o), QueryError::NoData(_)), "{o:?}");
+        } else {
+            assert_eq!(value(o).0, i as f64, "member {i} matched by its tag, not its position");
+        }
+    }
+    assert_eq!(value(&out[100]).0, -1.0);
+
+    let plan = s.client.plan(&qs(&texts), t0());
+    assert_eq!(plan.request_count(), 1);
+    assert_eq!(plan.folded_members(), 100);
+    assert_eq!(plan.unfolded_members(), 1);
+    let gauge = |folded: &str| s.metrics.plan_queries.with_label_values(&["dd", folded]).get();
+    assert_eq!((gauge("true"), gauge("false")), (100, 1));
+    assert_eq!(s.metrics.plan_requests.with_label_values(&["dd"]).get(), 1);
+}
+
+#[tokio::test]
+async fn a_grouped_query_datadog_rejects_is_asked_member_by_member_and_then_left_unfolded() {
+    let fake = FakeDatadog::start().await;
+    let s = setup_folding(&fake);
+    let texts = folding_fleet(&fake, 10);
+    fake.set(&texts[3], Behavior::BadQuery);
+
+    let out = s.client.evaluate(&qs(&texts), t0(), by(&s.client)).await;
+    for (i, o) in out.iter().enumerate() {
+        if i == 3 {
+            assert!(matches!(error(o), QueryError::BadQuery(_)), "{o:?}");
+        } else {
+            assert_eq!(value(o).0, i as f64, "a bad member never blinds member {i}");
+        }
+    }
+    let log = fake.log();
+    // The grouped query (400), its members batched (400), then each alone.
+    assert_eq!(log[0].status, 400);
+    assert!(log[0].sub_queries[0].contains(" IN ("));
+    assert_eq!(log[1].sub_queries.len(), 10);
+    assert_eq!(log.len(), 2 + 10, "{log:#?}");
+
+    // The next cycle asks the members unfolded (the bad one not at all, for its retry time).
+    let before = log.len();
+    let out = s.client.evaluate(&qs(&texts), t0(), by(&s.client)).await;
+    let log = fake.log();
+    assert_eq!(log.len(), before + 1);
+    assert!(log[before].sub_queries.iter().all(|q| !q.contains(" IN (")), "{:?}", log[before].sub_queries);
+    assert_eq!(log[before].sub_queries.len(), 9);
+    assert_eq!(value(&out[9]).0, 9.0);
+}
+
+#[tokio::test]
+async fn long_in_lists_are_split_under_the_url_bound_and_every_member_is_answered() {
+    let fake = FakeDatadog::start().await;
+    let s = setup_folding(&fake);
+    let texts = folding_fleet(&fake, 2_000);
+    let out = s.client.evaluate(&qs(&texts), t0(), by(&s.client)).await;
+    for (i, o) in out.iter().enumerate() {
+        assert_eq!(value(o).0, i as f64, "member {i}");
+    }
+    let log = fake.log();
+    assert!(log.iter().all(|r| r.status == 200), "{:?}", log.iter().map(|r| r.status).collect::<Vec<_>>());
+    assert!(fake.max_url_len() < 7_000, "{}", fake.max_url_len());
+    // 2,000 members of about 18 encoded characters each: a handful of requests, not 58.
+    println!("2,000 folded members: {} requests, longest URL {}", log.len(), fake.max_url_len());
+    assert!(log.len() <= 8, "{} requests", log.len());
+}
+
+#[tokio::test]
+async fn two_varying_tags_fold_grouped_by_both() {
+    let fake = FakeDatadog::start().await;
+    let s = setup_folding(&fake);
+    let texts: Vec<String> =
+        (0..6).map(|i| format!("sum:queue.depth{{kube_namespace:team-{i},app:worker-{i}}}")).collect();
+    for (i, text) in texts.iter().enumerate() {
+        fake.set(text, Behavior::Series(SeriesSpec::constant(10.0 * i as f64)));
+    }
+    let out = s.client.evaluate(&qs(&texts), t0(), by(&s.client)).await;
+    for (i, o) in out.iter().enumerate() {
+        assert_eq!(value(o).0, 10.0 * i as f64, "member {i}");
+    }
+    let log = fake.log();
+    assert_eq!(log.len(), 1);
+    assert!(log[0].sub_queries[0].ends_with("} by {app,kube_namespace}"), "{:?}", log[0].sub_queries);
 }

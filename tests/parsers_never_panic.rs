@@ -389,7 +389,7 @@ proptest! {
         now in now(),
         max_age in option::of(max_age()),
     ) {
-        let cx = V1Context { queries, now, max_age, site: "datadoghq.com" };
+        let cx = V1Context { queries, layout: &[], now, max_age, site: "datadoghq.com" };
         match read_v1_answer(status, &read_headers(&headers), &body, &cx) {
             V1Answer::Answered(observations) => {
                 prop_assert_eq!(observations.len(), queries);
@@ -634,7 +634,13 @@ fn times_before_1970_are_refused_where_they_are_read() {
 /// was read as a value, and `watermarkd query` then panicked printing its time.
 #[test]
 fn datadog_point_times_outside_1970_to_9999_are_no_values() {
-    let cx = V1Context { queries: 1, now: Timestamp::from_unix_millis(1_000), max_age: None, site: "datadoghq.com" };
+    let cx = V1Context {
+        queries: 1,
+        layout: &[],
+        now: Timestamp::from_unix_millis(1_000),
+        max_age: None,
+        site: "datadoghq.com",
+    };
     for time in ["-5000", "2.6e14"] {
         let body = format!(r#"{{"status":"ok","series":[{{"pointlist":[[{time},1.5],[{time},2.5]]}}]}}"#);
         let V1Answer::Answered(observations) = read_v1_answer(200, &RateLimitHeaders::default(), body.as_bytes(), &cx)

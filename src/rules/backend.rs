@@ -34,6 +34,7 @@ const DATADOG_KEYS: &[&str] = &[
     "bad_query_retry",
     "allow_insecure_http",
     "namespace_budget_percent",
+    "fold_queries",
 ];
 const PROMETHEUS_KEYS: &[&str] = &[
     "type",
@@ -120,6 +121,7 @@ fn read_datadog(table: &mut Table<'_>, sink: &mut Sink) -> Option<DatadogBackend
     let max_in_flight = in_flight(table, sink).unwrap_or(DEFAULT_DATADOG_IN_FLIGHT);
     let bad_query_retry = positive_duration(table, sink, "bad_query_retry").unwrap_or(DEFAULT_BAD_QUERY_RETRY);
     let namespace_budget_percent = namespace_budget_percent(table, sink);
+    let fold_queries = table.flag(sink, "fold_queries").unwrap_or(true);
     if !url_ok || !site_ok {
         return None;
     }
@@ -135,6 +137,7 @@ fn read_datadog(table: &mut Table<'_>, sink: &mut Sink) -> Option<DatadogBackend
         bad_query_retry,
         allow_insecure_http,
         namespace_budget_percent: namespace_budget_percent?,
+        fold_queries,
     })
 }
 

@@ -90,6 +90,9 @@ pub struct DatadogBackend {
     /// The largest share of the rate budget, in percent, that the queries of one namespace's
     /// WPAs may use (default 100: no bound).
     pub namespace_budget_percent: u32,
+    /// Whether queries that differ only in one or two tag values are asked as one grouped
+    /// query (default true; `backend::datadog` folding).
+    pub fold_queries: bool,
 }
 
 /// Where a secret is read from when the daemon starts; never the secret itself.

@@ -77,6 +77,7 @@ fn a_valid_file_yields_backends_targets_and_rules() {
             bad_query_retry: Duration::from_secs(600),
             allow_insecure_http: false,
             namespace_budget_percent: 100,
+            fold_queries: true,
         })
     );
     assert_eq!(

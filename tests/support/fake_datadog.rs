@@ -8,6 +8,13 @@
 //! It records every request (URL length, sub-queries, `from`/`to`, status) for the tests to
 //! inspect.
 //!
+//! Grouped queries, as the real API answers them: `{a:b AND k IN (x, y)} by {k}` (functional
+//! syntax, `AND` and `IN`) returns one series per group, tagged `k:x` in `tag_set` and `scope`.
+//! Each group is answered as the plain query of that group would be (`set` with the plain
+//! text, `key:value` conjuncts in any order, gives a group its behaviour); a group whose plain
+//! query is set to `NoData` has no series. A scope mixing `,` with `AND`/`OR`/`IN` is a 400, as
+//! on the real API, and a URL of more than 7,600 characters is a 414.
+//!
 //! Faults for the daemon's fault matrix (tests/faults.rs), switchable while it runs: a
 //! request-level `Fault` answering every query request (a 5xx, a 429 with any headers, a 403, a
 //! slow, HTML, truncated, empty or `status: error` 200), per-query `Behavior`s (no data, all-null,
@@ -187,6 +194,8 @@ struct State {
     budget: Budget,
     default: Behavior,
     table: HashMap<String, Behavior>,
+    /// The table by `canonical` form, for the groups of grouped queries.
+    by_canonical: HashMap<String, Behavior>,
     /// Failures still to give, per query (`ServerError`).
     failures_left: HashMap<String, usize>,
     /// Requests counted in each window (ours and `consume`d ones).
@@ -287,6 +296,7 @@ impl FakeDatadog {
             budget,
             default: Behavior::Series(SeriesSpec::default()),
             table: HashMap::new(),
+            by_canonical: HashMap::new(),
             failures_left: HashMap::new(),
             used: HashMap::new(),
             log: Vec::new(),
@@ -355,6 +365,9 @@ impl FakeDatadog {
         let mut state = self.state.lock().unwrap();
         if let Behavior::ServerError { times, .. } = behavior {
             state.failures_left.insert(query.to_string(), times);
+        }
+        if let Some(canonical) = canonical(query) {
+            state.by_canonical.insert(canonical, behavior.clone());
         }
         state.table.insert(query.to_string(), behavior);
     }
@@ -473,6 +486,112 @@ fn split_queries(joined: &str) -> Vec<String> {
     parts
 }
 
+/// A group of a grouped query as answered: its tags and its behaviour.
+type AnsweredGroup = (Vec<String>, Behavior);
+
+/// The longest URL the fake serves; longer is a 414, as the real API answers somewhere past
+/// 7,600 characters.
+pub const MAX_URL_LEN: usize = 7_600;
+
+/// `head{a:b,c:d}tail` (or `a:b AND c:d`) with its conjuncts sorted: the same text for the same
+/// question, however its scope is written. `None` for a query without one plain scope.
+fn canonical(query: &str) -> Option<String> {
+    let open = query.find('{')?;
+    let close = open + query[open..].find('}')?;
+    if query[close + 1..].contains('{') {
+        return None;
+    }
+    let body = &query[open + 1..close];
+    let mut conjuncts: Vec<&str> =
+        if body.contains(',') { body.split(',').collect() } else { body.split(" AND ").collect() };
+    conjuncts.iter_mut().for_each(|c| *c = c.trim());
+    if conjuncts.iter().any(|c| !c.contains(':') || c.contains(' ')) {
+        return None;
+    }
+    conjuncts.sort_unstable();
+    Some(format!("{}{{{}}}{}", &query[..open], conjuncts.join(","), &query[close + 1..]))
+}
+
+/// One group of a grouped query: its tags (`key:value`) and the canonical text of its plain
+/// query.
+type Group = (Vec<String>, String);
+
+/// The groups a grouped query (`head{scope} by {keys}tail`) asks for: each group's tags and the
+/// canonical text of its plain query. `Ok(None)` for a query that is not grouped; `Err` with
+/// the API's message for a scope it would refuse.
+fn groups_of(query: &str) -> Result<Option<Vec<Group>>, String> {
+    let Some(by) = query.find("} by {") else { return Ok(None) };
+    let open = query[..by].find('{').ok_or("no scope")?;
+    let keys_end = by + 6 + query[by + 6..].find('}').ok_or("unclosed by")?;
+    let (head, body, keys, tail) =
+        (&query[..open], &query[open + 1..by], &query[by + 6..keys_end], &query[keys_end + 1..]);
+    let functional = [" AND ", " OR ", " IN ", "NOT "].iter().any(|op| body.contains(op));
+    let outside_lists: String = {
+        let mut depth = 0;
+        body.chars()
+            .filter(|c| {
+                match c {
+                    '(' => depth += 1,
+                    ')' => depth -= 1,
+                    _ => {}
+                }
+                depth == 0
+            })
+            .collect()
+    };
+    if functional && outside_lists.contains(',') {
+        return Err(format!(
+            "Error parsing query: \n unable to parse {query}: 'AND' and 'OR' cannot be mixed with ','"
+        ));
+    }
+    let mut fixed: Vec<String> = Vec::new();
+    let mut lists: Vec<(String, Vec<String>)> = Vec::new();
+    for conjunct in body.split(" AND ") {
+        let conjunct = conjunct.trim();
+        if let Some((key, list)) = conjunct.split_once(" IN ") {
+            let values = list.trim().strip_prefix('(').and_then(|l| l.strip_suffix(')')).ok_or("bad IN list")?;
+            lists.push((key.trim().to_string(), values.split(',').map(|v| v.trim().to_string()).collect()));
+        } else if conjunct.contains(':') && !conjunct.contains(' ') {
+            fixed.push(conjunct.to_string());
+        } else if conjunct != "*" {
+            return Err(format!("Error parsing query: \n unable to parse {query}: Rule 'scope_expr' didn't match"));
+        }
+    }
+    let keys: Vec<&str> = keys.split(',').map(str::trim).collect();
+    // A key without an IN list groups over whatever exists: the fake answers such a query as a
+    // plain one, from its own behaviour (`Several` for a `by {host}`).
+    if keys.iter().any(|key| !lists.iter().any(|(k, _)| k == key)) {
+        return Ok(None);
+    }
+    // Every combination of the keys' values.
+    let mut combos: Vec<Vec<String>> = vec![Vec::new()];
+    for key in &keys {
+        let values = lists.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone()).ok_or("group key without IN list")?;
+        combos = combos
+            .into_iter()
+            .flat_map(|combo| values.iter().map(move |v| [combo.clone(), vec![format!("{key}:{v}")]].concat()))
+            .collect();
+    }
+    let listed_elsewhere: Vec<String> = lists
+        .iter()
+        .filter(|(k, _)| !keys.contains(&k.as_str()))
+        .map(|(k, v)| format!("{k} IN ({})", v.join(", ")))
+        .collect();
+    if !listed_elsewhere.is_empty() {
+        return Err(format!("an IN list on a key not grouped by: {listed_elsewhere:?}"));
+    }
+    Ok(Some(
+        combos
+            .into_iter()
+            .map(|tags| {
+                let mut all: Vec<String> = fixed.iter().cloned().chain(tags.iter().cloned()).collect();
+                all.sort_unstable();
+                (tags, format!("{head}{{{}}}{tail}", all.join(",")))
+            })
+            .collect(),
+    ))
+}
+
 fn series_json(index: usize, query: &str, scope: &str, interval: u64, points: Vec<(i64, Option<f64>)>) -> Value {
     let pointlist: Vec<Value> = points.iter().map(|(ms, v)| json!([*ms as f64, v])).collect();
     let start = points.first().map(|p| p.0).unwrap_or(0);
@@ -482,7 +601,7 @@ fn series_json(index: usize, query: &str, scope: &str, interval: u64, points: Ve
         "display_name": query,
         "expression": query,
         "scope": scope,
-        "tag_set": if scope == "*" { vec![] } else { vec![scope.to_string()] },
+        "tag_set": if scope == "*" { vec![] } else { scope.split(',').map(str::to_string).collect::<Vec<_>>() },
         "query_index": index,
         "interval": interval,
         "aggr": "avg",
@@ -493,6 +612,45 @@ fn series_json(index: usize, query: &str, scope: &str, interval: u64, points: Ve
         "end": end,
         "pointlist": pointlist,
     })
+}
+
+/// The series of one sub-query (or one group of a grouped one, tagged `scope`).
+fn series_for(index: usize, q: &str, scope: &str, behavior: &Behavior, from: i64, to: i64) -> Vec<Value> {
+    let mut series = Vec::new();
+    match behavior {
+        Behavior::Points { interval, points } => {
+            series.push(series_json(index, q, scope, *interval, explicit(*interval, points, to)))
+        }
+        Behavior::NoData => {}
+        Behavior::Several(n) => {
+            for host in 0..*n {
+                let points = dense(&SeriesSpec::default(), from, to);
+                series.push(series_json(index, q, &format!("host:h{host}"), 30, points));
+            }
+        }
+        Behavior::Series(spec) => series.push(series_json(index, q, scope, spec.interval, dense(spec, from, to))),
+        Behavior::Timeline { interval, segments } => {
+            let points = timeline(*interval, segments, from, to);
+            // Before the timeline begins there is no series at all, as for a metric not yet
+            // reported.
+            if !points.is_empty() {
+                series.push(series_json(index, q, scope, *interval, points));
+            }
+        }
+        Behavior::RawPoints { interval, points } => {
+            let step = (*interval).max(1) as i64;
+            let mut tokens: Vec<(i64, &String)> =
+                points.iter().map(|(ago, token)| ((to - ago).div_euclid(step) * step * 1000, token)).collect();
+            tokens.sort_by_key(|p| p.0);
+            let mut one = series_json(index, q, scope, *interval, tokens.iter().map(|(ms, _)| (*ms, None)).collect());
+            // Each token goes in as a marked string, written out raw below.
+            one["pointlist"] =
+                tokens.iter().map(|(ms, token)| json!([*ms as f64, format!("{RAW_MARK}{token}")])).collect();
+            series.push(one);
+        }
+        _ => series.push(series_json(index, q, scope, 30, dense(&SeriesSpec::default(), from, to))),
+    }
+    series
 }
 
 /// Bucket times (ms) aligned to `interval` within `[from, to]`, oldest first.
@@ -614,6 +772,12 @@ async fn answer(state: &Arc<Mutex<State>>, base: &str, req: Request<Incoming>) -
         _ => {}
     }
 
+    if url_len > MAX_URL_LEN {
+        let window = state.lock().unwrap().calendar().0;
+        record(414, window);
+        return respond(414, "text/html", &[], "<html><body><h1>414 Request-URI Too Large</h1></body></html>".into());
+    }
+
     // The budget: calendar-aligned windows, counted per organisation.
     let (window, headers, exhausted) = {
         let mut s = state.lock().unwrap();
@@ -661,6 +825,39 @@ async fn answer(state: &Arc<Mutex<State>>, base: &str, req: Request<Incoming>) -
         let s = state.lock().unwrap();
         sub_queries.iter().map(|q| s.table.get(q).cloned().unwrap_or_else(|| s.default.clone())).collect()
     };
+    // Per sub-query: its groups (tags, behaviour) when it is grouped.
+    let mut grouped: Vec<Option<Vec<AnsweredGroup>>> = Vec::new();
+    for q in &sub_queries {
+        match groups_of(q) {
+            Ok(None) => grouped.push(None),
+            Ok(Some(groups)) => {
+                let s = state.lock().unwrap();
+                grouped.push(Some(
+                    groups
+                        .into_iter()
+                        .map(|(tags, canonical)| {
+                            let behavior = s.by_canonical.get(&canonical).cloned().unwrap_or_else(|| s.default.clone());
+                            (tags, behavior)
+                        })
+                        .collect(),
+                ));
+            }
+            Err(message) => {
+                record(400, window);
+                return json_response(400, &headers, json!({ "errors": [message] }));
+            }
+        }
+    }
+    // What decides the request's fate: each plain sub-query's behaviour, each group's.
+    let deciding: Vec<(&String, &Behavior)> = sub_queries
+        .iter()
+        .zip(&behaviors)
+        .zip(&grouped)
+        .flat_map(|((q, b), g)| match g {
+            None => vec![(q, b)],
+            Some(groups) => groups.iter().map(|(_, b)| (q, b)).collect(),
+        })
+        .collect();
 
     // Request-level behaviours, in sub-query order; a delay (the longest asked for) comes first.
     let delay = behaviors.iter().filter_map(|b| if let Behavior::Delay(d) = b { Some(*d) } else { None }).max();
@@ -682,7 +879,7 @@ async fn answer(state: &Arc<Mutex<State>>, base: &str, req: Request<Incoming>) -
         record(status, window);
         return respond(status, content_type, &headers, text);
     }
-    for (q, behavior) in sub_queries.iter().zip(&behaviors) {
+    for (q, behavior) in deciding {
         let failure = match behavior {
             Behavior::BadQuery => Some((
                 400,
@@ -721,39 +918,11 @@ async fn answer(state: &Arc<Mutex<State>>, base: &str, req: Request<Incoming>) -
     }
 
     let mut series = Vec::new();
-    for (index, (q, behavior)) in sub_queries.iter().zip(&behaviors).enumerate() {
-        match behavior {
-            Behavior::Points { interval, points } => {
-                series.push(series_json(index, q, "*", *interval, explicit(*interval, points, to)))
-            }
-            Behavior::NoData => {}
-            Behavior::Several(n) => {
-                for host in 0..*n {
-                    let points = dense(&SeriesSpec::default(), from, to);
-                    series.push(series_json(index, q, &format!("host:h{host}"), 30, points));
-                }
-            }
-            Behavior::Series(spec) => series.push(series_json(index, q, "*", spec.interval, dense(spec, from, to))),
-            Behavior::Timeline { interval, segments } => {
-                let points = timeline(*interval, segments, from, to);
-                // Before the timeline begins there is no series at all, as for a metric not yet
-                // reported.
-                if !points.is_empty() {
-                    series.push(series_json(index, q, "*", *interval, points));
-                }
-            }
-            Behavior::RawPoints { interval, points } => {
-                let step = (*interval).max(1) as i64;
-                let mut tokens: Vec<(i64, &String)> =
-                    points.iter().map(|(ago, token)| ((to - ago).div_euclid(step) * step * 1000, token)).collect();
-                tokens.sort_by_key(|p| p.0);
-                let mut one = series_json(index, q, "*", *interval, tokens.iter().map(|(ms, _)| (*ms, None)).collect());
-                // Each token goes in as a marked string, written out raw below.
-                one["pointlist"] =
-                    tokens.iter().map(|(ms, token)| json!([*ms as f64, format!("{RAW_MARK}{token}")])).collect();
-                series.push(one);
-            }
-            _ => series.push(series_json(index, q, "*", 30, dense(&SeriesSpec::default(), from, to))),
+    for (index, q) in sub_queries.iter().enumerate() {
+        let groups = grouped[index].clone().unwrap_or_else(|| vec![(Vec::new(), behaviors[index].clone())]);
+        for (tags, behavior) in &groups {
+            let scope = if tags.is_empty() { "*".to_string() } else { tags.join(",") };
+            series.extend(series_for(index, q, &scope, behavior, from, to));
         }
     }
     let padding: usize = behaviors.iter().map(|b| if let Behavior::Padded(n) = b { *n } else { 0 }).sum();

@@ -122,6 +122,11 @@ pub struct TooLong {
     pub url_chars: usize,
 }
 
+/// The characters of a request URL before its first query.
+pub fn url_prefix_len(endpoint: &str, from: i64, to: i64) -> usize {
+    format!("{endpoint}?from={from}&to={to}&query=").len()
+}
+
 /// Packs `queries` (already de-duplicated, in order) into as few requests as the two bounds
 /// allow, filling each request before starting the next. Order is kept, so a batch's
 /// `query_index` `i` is `PlannedRequest::queries[i]`.

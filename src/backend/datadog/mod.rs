@@ -98,6 +98,7 @@
 //! without a restart.
 
 mod batch;
+mod fold;
 mod history;
 mod pacing;
 mod parse;
@@ -115,14 +116,15 @@ use tokio::time::Instant;
 use watermarkd_engine::Timestamp;
 
 use super::secret::RotatingSecret;
-use super::{BackendError, MetricQuery, Observation, QueryError, Secret};
+use super::{BackendError, MetricQuery, Observation, PlanPart, PlannedFetch, QueryError, QueryPlan, Secret};
 use crate::rules::DatadogBackend;
 use crate::telemetry::BackendMetrics;
 
 pub use batch::{is_balanced, split_top_level, top_level_commas, MAX_QUERIES_PER_REQUEST, MAX_URL_CHARS};
+pub use fold::{foldable, NotFoldable};
 pub use pacing::{RateLimitHeaders, RateLimitSnapshot, DEFAULT_LIMIT, DEFAULT_PERIOD, RESERVE_PERCENT};
 pub use parse::{
-    default_max_age, error_text, penultimate, rate_limit_wait, read_v1_answer, Outcome, V1Answer, V1Context,
+    default_max_age, error_text, penultimate, rate_limit_wait, read_v1_answer, Outcome, SubQuery, V1Answer, V1Context,
 };
 
 use pacing::{Admission, Pacer};
@@ -169,11 +171,16 @@ struct Inner {
     /// Whether the last answer was a 403, so that it is logged once, not once per request.
     forbidden: AtomicBool,
     bad_queries: Mutex<HashMap<String, (QueryError, Instant)>>,
+    /// Shapes (`fold::FoldedQuery::shape`) whose grouped query Datadog rejected, and until when
+    /// their members go unfolded.
+    refused_shapes: Mutex<HashMap<u64, Instant>>,
     /// When each query text (by `text_key`) was last sent: what cannot all go now goes oldest
     /// first.
     served: Mutex<HashMap<u64, Instant>>,
     /// The largest share of the budget one namespace's queries may use (100: no bound).
     namespace_budget_percent: u32,
+    /// Whether queries are folded into grouped ones (`fold`).
+    fold_queries: bool,
     /// Namespaces whose queries were last held to their share, so that it is logged when it
     /// starts and when it ends, not every cycle.
     capped_namespaces: Mutex<HashSet<String>>,
@@ -277,8 +284,10 @@ impl DatadogClient {
                 pacer: Mutex::new(Pacer::new(Instant::now())),
                 forbidden: AtomicBool::new(false),
                 bad_queries: Mutex::new(HashMap::new()),
+                refused_shapes: Mutex::new(HashMap::new()),
                 served: Mutex::new(HashMap::new()),
                 namespace_budget_percent: config.namespace_budget_percent,
+                fold_queries: config.fold_queries,
                 capped_namespaces: Mutex::new(HashSet::new()),
                 metrics,
             }),
@@ -351,19 +360,30 @@ impl DatadogClient {
             answers[d] = Some(Observation::unavailable(error));
         }
         let texts: Vec<&str> = pending.iter().map(|&d| distinct[d]).collect();
-        let to = now.unix_millis().div_euclid(1000);
-        let from = to - i64::try_from(inner.window.as_secs()).unwrap_or(i64::MAX / 2);
-        let (mut planned, too_long) = batch::plan(&inner.v1_endpoint(), from, to, &texts);
+        let (from, to) = inner.range(now);
+        let compiled = inner.compile(&texts, from, to, started);
+        let Compiled { units, mut planned, too_long } = compiled;
+        let unit_texts: Vec<&str> = units.iter().map(|u| u.text(&texts)).collect();
+        inner.metrics.observe_plan(
+            &inner.name,
+            &plan_of(&planned, &units, &unit_texts, |q| {
+                let d = pending[q];
+                (0..slots.len()).filter(|&i| slots[i] == d).collect()
+            }),
+        );
         for t in too_long {
-            answers[pending[t.query]] = Some(Observation::unavailable(QueryError::BadQuery(format!(
-                "the query is too long: its request URL alone would have {} characters, the limit is {MAX_URL_CHARS}",
-                t.url_chars
-            ))));
+            for q in units[t.query].members() {
+                answers[pending[q]] = Some(Observation::unavailable(QueryError::BadQuery(format!(
+                    "the query is too long: its request URL alone would have {} characters, the limit is \
+                     {MAX_URL_CHARS}",
+                    t.url_chars
+                ))));
+            }
         }
         // A cycle that has no time left spends no budget.
         if !planned.is_empty() && deadline.saturating_duration_since(started) < MIN_ATTEMPT {
             for request in planned.drain(..) {
-                for q in request.queries {
+                for q in request.queries.iter().flat_map(|&u| units[u].members()) {
                     answers[pending[q]] = Some(Observation::unavailable(QueryError::Timeout(0)));
                 }
             }
@@ -399,7 +419,7 @@ impl DatadogClient {
             let going = std::mem::replace(&mut planned, rest);
             if let Some(error) = refused {
                 for request in planned.drain(..) {
-                    for q in request.queries {
+                    for q in request.queries.iter().flat_map(|&u| units[u].members()) {
                         answers[pending[q]] = Some(Observation::unavailable(error.clone()));
                     }
                 }
@@ -407,8 +427,8 @@ impl DatadogClient {
             if going.is_empty() {
                 break;
             }
-            sent.extend(going.iter().flat_map(|r| r.queries.iter().copied()));
-            for (q, observation) in self.run(going, &texts, cx).await {
+            sent.extend(going.iter().flat_map(|r| r.queries.iter().flat_map(|&u| units[u].members())));
+            for (q, observation) in self.run(going, &units, &texts, cx).await {
                 answers[pending[q]] = Some(observation);
             }
         }
@@ -429,18 +449,20 @@ impl DatadogClient {
         out
     }
 
-    /// Sends the planned requests concurrently; returns (index into `texts`, observation).
+    /// Sends the planned requests concurrently; returns (index into `texts`, observation) for
+    /// every member of every unit they carry.
     async fn run(
         &self,
         planned: Vec<batch::PlannedRequest>,
+        units: &[fold::Unit],
         texts: &[&str],
         cx: CycleContext,
     ) -> Vec<(usize, Observation)> {
         let mut tasks = JoinSet::new();
         for request in planned {
             let inner = Arc::clone(&self.inner);
-            let members: Vec<(usize, String)> = request.queries.iter().map(|&q| (q, texts[q].to_string())).collect();
-            tasks.spawn(async move { inner.run_batch(request.url, members, cx).await });
+            let parts: Vec<Part> = request.queries.iter().map(|&u| Part::of(&units[u], texts)).collect();
+            tasks.spawn(async move { inner.run_request(request.url, parts, cx).await });
         }
         let mut out = Vec::with_capacity(texts.len());
         while let Some(joined) = tasks.join_next().await {
@@ -450,6 +472,123 @@ impl DatadogClient {
             }
         }
         out
+    }
+
+    /// What this cycle would send for `queries`, without sending anything: which queries fold
+    /// into which grouped query, and how the texts are batched into requests (`watermarkd
+    /// query` shows it). Pacing is left out: it decides when, not what.
+    pub fn plan(&self, queries: &[MetricQuery], now: Timestamp) -> QueryPlan {
+        let inner = &self.inner;
+        let mut distinct: Vec<&str> = Vec::new();
+        let mut inputs: Vec<Vec<usize>> = Vec::new();
+        let mut index_of: HashMap<&str, usize> = HashMap::new();
+        for (i, q) in queries.iter().enumerate() {
+            let d = *index_of.entry(q.query.as_str()).or_insert_with(|| {
+                distinct.push(q.query.as_str());
+                inputs.push(Vec::new());
+                distinct.len() - 1
+            });
+            inputs[d].push(i);
+        }
+        let started = Instant::now();
+        let pending: Vec<usize> =
+            (0..distinct.len()).filter(|&d| inner.precheck(distinct[d], started).is_none()).collect();
+        let texts: Vec<&str> = pending.iter().map(|&d| distinct[d]).collect();
+        let (from, to) = inner.range(now);
+        let Compiled { units, planned, .. } = inner.compile(&texts, from, to, started);
+        let unit_texts: Vec<&str> = units.iter().map(|u| u.text(&texts)).collect();
+        plan_of(&planned, &units, &unit_texts, |q| inputs[pending[q]].clone())
+    }
+}
+
+/// The plan as the shared type: `inputs_of(q)` are the cycle's queries behind text `q`.
+fn plan_of(
+    planned: &[batch::PlannedRequest],
+    units: &[fold::Unit],
+    unit_texts: &[&str],
+    inputs_of: impl Fn(usize) -> Vec<usize>,
+) -> QueryPlan {
+    let requests = planned
+        .iter()
+        .map(|request| PlannedFetch {
+            parts: request
+                .queries
+                .iter()
+                .map(|&u| PlanPart {
+                    text: unit_texts[u].to_string(),
+                    members: units[u].members().flat_map(&inputs_of).collect(),
+                    folded: matches!(units[u], fold::Unit::Folded(_)),
+                })
+                .collect(),
+        })
+        .collect();
+    QueryPlan { requests }
+}
+
+/// What a cycle compiled its texts into.
+struct Compiled {
+    /// Each a text to send: a query alone or a grouped one.
+    units: Vec<fold::Unit>,
+    /// The units batched into requests (`queries` index `units`).
+    planned: Vec<batch::PlannedRequest>,
+    /// Units that cannot be sent at all.
+    too_long: Vec<batch::TooLong>,
+}
+
+impl fold::Unit {
+    fn text<'a>(&'a self, texts: &[&'a str]) -> &'a str {
+        match self {
+            fold::Unit::Alone(q) => texts[*q],
+            fold::Unit::Folded(f) => &f.text,
+        }
+    }
+
+    /// The texts (indexes into the texts folded) this unit answers.
+    fn members(&self) -> Box<dyn Iterator<Item = usize> + '_> {
+        match self {
+            fold::Unit::Alone(q) => Box::new(std::iter::once(*q)),
+            fold::Unit::Folded(f) => Box::new(f.members.iter().map(|(q, _)| *q)),
+        }
+    }
+}
+
+/// One sub-query of a request, with what it stands for.
+#[derive(Clone, Debug)]
+enum Part {
+    /// A query as written: (index into the cycle's texts, the text).
+    Alone(usize, String),
+    /// A grouped query: its text, keys and shape, and each member's index, text and values.
+    Folded { text: String, keys: Vec<String>, shape: u64, members: Vec<(usize, String, Vec<String>)> },
+}
+
+impl Part {
+    fn of(unit: &fold::Unit, texts: &[&str]) -> Part {
+        match unit {
+            fold::Unit::Alone(q) => Part::Alone(*q, texts[*q].to_string()),
+            fold::Unit::Folded(f) => Part::Folded {
+                text: f.text.clone(),
+                keys: f.keys.clone(),
+                shape: f.shape,
+                members: f.members.iter().map(|(q, values)| (*q, texts[*q].to_string(), values.clone())).collect(),
+            },
+        }
+    }
+
+    fn layout(&self) -> SubQuery {
+        match self {
+            Part::Alone(..) => SubQuery::One,
+            Part::Folded { keys, members, .. } => {
+                SubQuery::Groups { keys: keys.clone(), members: members.iter().map(|(_, _, v)| v.clone()).collect() }
+            }
+        }
+    }
+
+    /// Every member as (index, text): the part itself when alone.
+    fn singles(&self) -> Vec<(usize, String)> {
+        match self {
+            Part::Alone(q, text) => vec![(*q, text.clone())],
+            Part::Folded { members, .. } => members.iter().map(|(q, text, _)| (*q, text.clone())).collect(),
+        }
     }
 }
 
@@ -473,6 +612,43 @@ struct CycleContext {
 impl Inner {
     fn v1_endpoint(&self) -> String {
         format!("{}/api/v1/query", self.base)
+    }
+
+    /// The query window ending at `now`: (from, to) in Unix seconds.
+    fn range(&self, now: Timestamp) -> (i64, i64) {
+        let to = now.unix_millis().div_euclid(1000);
+        (to - i64::try_from(self.window.as_secs()).unwrap_or(i64::MAX / 2), to)
+    }
+
+    /// Folds `texts` (distinct, in order of priority) into units and batches them into
+    /// requests. A grouped query is kept short enough to go in a request of its own.
+    fn compile(&self, texts: &[&str], from: i64, to: i64, now: Instant) -> Compiled {
+        let endpoint = self.v1_endpoint();
+        let prefix = batch::url_prefix_len(&endpoint, from, to);
+        let units = if self.fold_queries {
+            let mut refused = lock(&self.refused_shapes);
+            refused.retain(|_, until| *until > now);
+            fold::fold(texts, MAX_URL_CHARS.saturating_sub(prefix), &|shape| refused.contains_key(&shape))
+        } else {
+            (0..texts.len()).map(fold::Unit::Alone).collect()
+        };
+        let unit_texts: Vec<&str> = units.iter().map(|u| u.text(texts)).collect();
+        let (planned, too_long) = batch::plan(&endpoint, from, to, &unit_texts);
+        Compiled { units, planned, too_long }
+    }
+
+    /// Keeps the members of a grouped query Datadog rejected unfolded for `bad_query_retry`.
+    fn refuse_shape(&self, shape: u64, text: &str, error: &QueryError) {
+        let until = crate::instant::saturating_add(Instant::now(), self.bad_query_retry);
+        if lock(&self.refused_shapes).insert(shape, until).is_none() {
+            tracing::warn!(
+                backend = %self.name,
+                query = %self.scrub_text(text),
+                error = %self.scrub_error(error.clone()),
+                retry_in = %humantime::format_duration(self.bad_query_retry),
+                "Datadog rejected a grouped query (HTTP 400): its members are asked unfolded until the retry time"
+            );
+        }
     }
 
     /// Notes that these queries were sent at `at`. Queries not sent for two of the longest
@@ -621,14 +797,69 @@ impl Inner {
             .set(i64::try_from(count).unwrap_or(i64::MAX));
     }
 
-    /// One planned request; a 400 on several queries re-sends each alone, once.
-    async fn run_batch(
+    /// One planned request. Without grouped queries, see `run_plain_batch`. With them, a 400
+    /// sends every member unfolded instead (batched, as `run_plain_batch`, so a bad member is
+    /// then found alone) and keeps the grouped queries' shapes unfolded for a while: one bad
+    /// member never blinds its siblings. Those requests come from the reserve; when it cannot
+    /// cover them, the members fail this cycle and go unfolded the next.
+    async fn run_request(
+        self: Arc<Self>,
+        url: String,
+        parts: Vec<Part>,
+        cx: CycleContext,
+    ) -> Vec<(usize, Observation)> {
+        if parts.iter().all(|p| matches!(p, Part::Alone(..))) {
+            let members = parts.iter().flat_map(Part::singles).collect();
+            return self.run_plain_batch(url, members, cx).await;
+        }
+        let layout: Vec<SubQuery> = parts.iter().map(Part::layout).collect();
+        let members: Vec<(usize, String)> = parts.iter().flat_map(Part::singles).collect();
+        let failure = match self.send_v1(&url, &layout, cx).await {
+            Ok(observations) => return members.iter().map(|(q, _)| *q).zip(observations).collect(),
+            Err(failure) => failure,
+        };
+        if failure.status == Some(400) {
+            for part in &parts {
+                if let Part::Folded { text, shape, .. } = part {
+                    self.refuse_shape(*shape, text, &failure.error);
+                }
+            }
+            let texts: Vec<&str> = members.iter().map(|(_, text)| text.as_str()).collect();
+            let (planned, too_long) = batch::plan(&self.v1_endpoint(), cx.from, cx.to, &texts);
+            if too_long.is_empty() && lock(&self.pacer).take_extra(Instant::now(), planned.len() as u64) {
+                tracing::debug!(
+                    backend = %self.name,
+                    queries = members.len(),
+                    requests = planned.len(),
+                    "Datadog rejected a request with a grouped query (HTTP 400): asking its members unfolded"
+                );
+                let mut batches = JoinSet::new();
+                for request in planned {
+                    let inner = Arc::clone(&self);
+                    let batch: Vec<(usize, String)> = request.queries.iter().map(|&i| members[i].clone()).collect();
+                    batches.spawn(async move { inner.run_plain_batch(request.url, batch, cx).await });
+                }
+                let mut out = Vec::with_capacity(members.len());
+                while let Some(joined) = batches.join_next().await {
+                    if let Ok(answered) = joined {
+                        out.extend(answered);
+                    }
+                }
+                return out;
+            }
+        }
+        members.into_iter().map(|(q, _)| (q, Observation::unavailable(failure.error.clone()))).collect()
+    }
+
+    /// One request of queries as written; a 400 on several re-sends each alone, once.
+    async fn run_plain_batch(
         self: Arc<Self>,
         url: String,
         members: Vec<(usize, String)>,
         cx: CycleContext,
     ) -> Vec<(usize, Observation)> {
-        match self.send_v1(&url, members.len(), cx).await {
+        let layout = vec![SubQuery::One; members.len()];
+        match self.send_v1(&url, &layout, cx).await {
             Ok(observations) => members.iter().map(|(q, _)| *q).zip(observations).collect(),
             // Splitting costs one request per query, taken from the reserve; when the reserve
             // cannot cover it, the whole batch fails this cycle and the split is tried again next.
@@ -672,7 +903,7 @@ impl Inner {
         let Some(request) = planned.into_iter().next() else {
             return Observation::unavailable(QueryError::BadQuery("the query is too long".into()));
         };
-        match self.send_v1(&request.url, 1, cx).await {
+        match self.send_v1(&request.url, &[SubQuery::One], cx).await {
             Ok(mut observations) => observations.pop().unwrap_or_else(|| {
                 Observation::unavailable(QueryError::Protocol("an answer without the query".into()))
             }),
@@ -701,8 +932,11 @@ impl Inner {
         self.set_suppressed(bad.len());
     }
 
-    async fn send_v1(&self, url: &str, queries: usize, cx: CycleContext) -> Result<Vec<Observation>, Failure> {
-        let context = V1Context { queries, now: cx.now, max_age: self.max_age, site: &self.place };
+    /// One request of `layout.len()` sub-queries; one observation per sub-query, or per member
+    /// of a grouped one (`parse::SubQuery`).
+    async fn send_v1(&self, url: &str, layout: &[SubQuery], cx: CycleContext) -> Result<Vec<Observation>, Failure> {
+        let queries = layout.len();
+        let context = V1Context { queries, layout, now: cx.now, max_age: self.max_age, site: &self.place };
         let read =
             |status: u16, rate: &RateLimitHeaders, body: &[u8]| match read_v1_answer(status, rate, body, &context) {
                 V1Answer::Answered(observations) => Ok(observations),
@@ -1003,6 +1237,7 @@ mod tests {
             bad_query_retry: Duration::from_secs(600),
             allow_insecure_http: false,
             namespace_budget_percent: 100,
+            fold_queries: true,
         }
     }
 

@@ -54,7 +54,8 @@ impl Outcome {
 /// What one v1 answer means for the sub-queries of its request.
 #[derive(Clone, Debug, PartialEq)]
 pub enum V1Answer {
-    /// HTTP 200, `status: ok`: one observation per sub-query, in `query_index` order.
+    /// HTTP 200, `status: ok`: one observation per sub-query, in `query_index` order; a
+    /// grouped sub-query has one per member instead, in the order of its members.
     Answered(Vec<Observation>),
     /// The whole request failed the same way for every sub-query.
     Failed {
@@ -65,11 +66,25 @@ pub enum V1Answer {
     },
 }
 
+/// How the series of one sub-query map to what was asked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SubQuery {
+    /// One query: exactly one series answers it.
+    One,
+    /// A grouped query (`fold`) standing for several members: each member is answered by the
+    /// series whose tags hold its values of `keys`, never by position. A member without such a
+    /// series has no data, alone.
+    Groups { keys: Vec<String>, members: Vec<Vec<String>> },
+}
+
 /// What `read_v1_answer` needs besides the answer itself.
 #[derive(Clone, Debug)]
 pub struct V1Context<'a> {
     /// Sub-queries in the request (comma-joined).
     pub queries: usize,
+    /// What each sub-query stands for; a sub-query beyond its end (all of them, when empty) is
+    /// [`SubQuery::One`].
+    pub layout: &'a [SubQuery],
     /// The cycle's time: staleness is judged against it.
     pub now: Timestamp,
     /// The configured bound; `None`: `max(120s, 3 x the series' interval)`.
@@ -258,10 +273,11 @@ fn read_v1_ok(body: &[u8], cx: &V1Context<'_>) -> V1Answer {
         };
     }
     let Some(series) = parsed.series else { return protocol("HTTP 200 without `series`".to_string()) };
-    // Per sub-query, its series (or why one of them could not be read). A series without
-    // `query_index` can only belong to a lone query.
-    let mut by_index: Vec<Vec<Result<V1Series, QueryError>>> = (0..cx.queries).map(|_| Vec::new()).collect();
+    // Per sub-query, its series (or why one of them could not be read), with their tags. A
+    // series without `query_index` can only belong to a lone query.
+    let mut by_index: Vec<Vec<TaggedSeries>> = (0..cx.queries).map(|_| Vec::new()).collect();
     for value in series {
+        let tags = series_tags(&value);
         let query_index = match value.get("query_index") {
             None | Some(serde_json::Value::Null) => None,
             Some(index) => match index.as_u64().and_then(|i| usize::try_from(i).ok()) {
@@ -277,13 +293,50 @@ fn read_v1_ok(body: &[u8], cx: &V1Context<'_>) -> V1Answer {
         let read = serde_json::from_value::<V1Series>(value)
             .map_err(|err| QueryError::Protocol(format!("a series of the answer cannot be read ({err})")));
         match by_index.get_mut(index) {
-            Some(slot) => slot.push(read),
+            Some(slot) => slot.push((tags, read)),
             None => {
                 return protocol(format!("a series with query_index {index} for a request of {} queries", cx.queries))
             }
         }
     }
-    V1Answer::Answered(by_index.iter().map(|found| observe_v1(found, cx)).collect())
+    let mut observations = Vec::with_capacity(cx.queries);
+    for (index, found) in by_index.iter().enumerate() {
+        match cx.layout.get(index) {
+            Some(SubQuery::Groups { keys, members }) => {
+                for values in members {
+                    let wanted: Vec<String> =
+                        keys.iter().zip(values).map(|(k, v)| format!("{k}:{v}").to_ascii_lowercase()).collect();
+                    let of_member: Vec<&Result<V1Series, QueryError>> = found
+                        .iter()
+                        .filter(|(tags, _)| wanted.iter().all(|w| tags.iter().any(|t| t.eq_ignore_ascii_case(w))))
+                        .map(|(_, series)| series)
+                        .collect();
+                    observations.push(observe_v1(&of_member, cx));
+                }
+            }
+            Some(SubQuery::One) | None => {
+                let all: Vec<&Result<V1Series, QueryError>> = found.iter().map(|(_, series)| series).collect();
+                observations.push(observe_v1(&all, cx));
+            }
+        }
+    }
+    V1Answer::Answered(observations)
+}
+
+/// A series of an answer, or why it could not be read, with its tags (`series_tags`).
+type TaggedSeries = (Vec<String>, Result<V1Series, QueryError>);
+
+/// The tags that identify a series of a grouped answer: `tag_set` (`["key:value", ...]`), or
+/// else the comma-separated `scope`. Empty when it has neither.
+fn series_tags(series: &serde_json::Value) -> Vec<String> {
+    if let Some(tags) = series.get("tag_set").and_then(serde_json::Value::as_array) {
+        return tags.iter().filter_map(serde_json::Value::as_str).map(str::to_string).collect();
+    }
+    series
+        .get("scope")
+        .and_then(serde_json::Value::as_str)
+        .map(|scope| scope.split(',').map(|t| t.trim().to_string()).collect())
+        .unwrap_or_default()
 }
 
 /// One series of a range read for a backtest: its rollup and every bucket, null or not.
@@ -303,7 +356,7 @@ pub fn read_v1_history(
     site: &str,
 ) -> Result<Vec<HistorySeries>, (QueryError, Outcome, bool)> {
     if !(200..=299).contains(&status) {
-        let cx = V1Context { queries: 1, now: Timestamp::from_unix_millis(0), max_age: None, site };
+        let cx = V1Context { queries: 1, layout: &[], now: Timestamp::from_unix_millis(0), max_age: None, site };
         return match read_v1_answer(status, rate, body, &cx) {
             V1Answer::Failed { error, outcome, retryable } => Err((error, outcome, retryable)),
             V1Answer::Answered(_) => Ok(Vec::new()),
@@ -355,7 +408,7 @@ fn not_one_series((error, series): (QueryError, usize)) -> Observation {
     Observation::unavailable_with(error, ObservationDetail { series: Some(series), ..ObservationDetail::default() })
 }
 
-fn observe_v1(found: &[Result<V1Series, QueryError>], cx: &V1Context<'_>) -> Observation {
+fn observe_v1(found: &[&Result<V1Series, QueryError>], cx: &V1Context<'_>) -> Observation {
     let series = match exactly_one(found) {
         Ok(Ok(series)) => series,
         Ok(Err(error)) => {
@@ -548,7 +601,13 @@ mod tests {
     use watermarkd_engine::Reading;
 
     fn cx(queries: usize, now_ms: i64) -> V1Context<'static> {
-        V1Context { queries, now: Timestamp::from_unix_millis(now_ms), max_age: None, site: "datadoghq.com" }
+        V1Context {
+            queries,
+            layout: &[],
+            now: Timestamp::from_unix_millis(now_ms),
+            max_age: None,
+            site: "datadoghq.com",
+        }
     }
 
     fn read(status: u16, body: &str, cx: &V1Context<'_>) -> V1Answer {
