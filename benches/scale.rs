@@ -7,6 +7,12 @@
 //!     cargo bench --bench scale -- 1000 budget  # 1,000 on Datadog's default 1,600 requests/hour
 //!     cargo bench --bench scale -- 1000 spread  # 1,000 on 27 requests/minute: a cycle (29
 //!                                               # requests) larger than a window
+//!     cargo bench --bench scale -- 1000 fold    # 1,000 over 10 query shapes, folded, on the
+//!                                               # default 1,600 requests/hour
+//!     cargo bench --bench scale -- 10000 fold   # 10,000 over 100 shapes, large budget
+//!
+//! Without `fold`, every autoscaler's query is a shape of its own (a metric of its own), which
+//! no folding can join: the worst case, as every query was sent before folding.
 //!
 //! A benchmark, not a test: it prints a report (the numbers in BENCHMARKS.md come from it) and
 //! fails only when the harness itself cannot run.
@@ -43,11 +49,16 @@ const MEASURED_CYCLES: u32 = 4;
 /// Autoscalers whose metric crosses the high watermark, one at a time, for the reaction delay.
 const CROSSINGS: usize = 5;
 
-fn query(i: usize) -> String {
-    format!("avg:bench.load{{app:web-{i}}}")
+/// Autoscaler `i`'s query: with `shapes`, one of that many metrics, per deployment (these
+/// fold, one grouped query per shape); without, a metric of its own (nothing folds).
+fn query(i: usize, shapes: Option<usize>) -> String {
+    match shapes {
+        Some(k) => format!("avg:bench.load.s{}{{team:bench,app:web-{i}}}", i % k),
+        None => format!("avg:bench.load.q{i}{{app:web-{i}}}"),
+    }
 }
 
-fn rules(n: usize, namespace: &str, datadog: &str) -> String {
+fn rules(n: usize, namespace: &str, datadog: &str, shapes: Option<usize>) -> String {
     let mut text = format!(
         "[backend.dd]\ntype = \"datadog\"\nurl = \"{datadog}\"\napi_key_env = \"DD_API_KEY\"\napp_key_env = \"DD_APP_KEY\"\n"
     );
@@ -56,7 +67,7 @@ fn rules(n: usize, namespace: &str, datadog: &str) -> String {
             "\n[[autoscaler]]\nname = \"web-{i}\"\ntarget = {{ kind = \"Deployment\", namespace = \"{namespace}\", name = \"web-{i}\" }}\n\
              min_replicas = 1\nmax_replicas = 20\nalgorithm = \"absolute\"\n\
              [[autoscaler.metric]]\nbackend = \"dd\"\nquery = \"{}\"\nhigh_watermark = 1000\nlow_watermark = 10\n",
-            query(i)
+            query(i, shapes)
         ));
     }
     text
@@ -210,21 +221,25 @@ const SPREAD_BUDGET: Budget = Budget { limit: 27, period: Duration::from_secs(60
 
 /// Over `[from, to]` (the fake's clock): the requests of each calendar window wholly inside it,
 /// and the longest any of the `n` autoscalers went without an answer to its query.
-fn spread_report(datadog: &FakeDatadog, n: usize, from: Duration, to: Duration, period: Duration) -> String {
+fn spread_report(case: &Case, datadog: &FakeDatadog, from: Duration, to: Duration, period: Duration) -> String {
+    let n = case.n;
     let log = datadog.log();
     let first = from.as_secs().div_ceil(period.as_secs());
     let last = to.as_secs() / period.as_secs();
     let per_window: Vec<usize> =
         (first..last).map(|w| log.iter().filter(|r| r.window == w && r.status != 429).count()).collect();
-    let mut answered: std::collections::HashMap<&str, Vec<Duration>> = std::collections::HashMap::new();
+    let mut answered: std::collections::HashMap<String, Vec<Duration>> = std::collections::HashMap::new();
     for r in log.iter().filter(|r| r.status == 200 && r.at >= from && r.at <= to) {
         for q in &r.sub_queries {
-            answered.entry(q.as_str()).or_default().push(r.at);
+            for member in fake_datadog::members_answered(q) {
+                answered.entry(member).or_default().push(r.at);
+            }
         }
     }
     let mut largest = Duration::ZERO;
     for i in 0..n {
-        let mut times = answered.get(query(i).as_str()).cloned().unwrap_or_default();
+        let member = fake_datadog::canonical(&query(i, case.shapes)).expect("a plain query");
+        let mut times = answered.get(&member).cloned().unwrap_or_default();
         times.sort();
         let mut previous = from;
         for at in times.into_iter().chain([to]) {
@@ -239,12 +254,37 @@ fn spread_report(datadog: &FakeDatadog, n: usize, from: Duration, to: Duration, 
     )
 }
 
-async fn scenario(n: usize, budget: Option<Budget>) {
+/// One run of the harness.
+#[derive(Clone, Copy)]
+struct Case {
+    n: usize,
+    /// The Datadog budget; `None`: one no cycle comes near.
+    budget: Option<Budget>,
+    /// How many query shapes the autoscalers share (`query`); `None`: each its own.
+    shapes: Option<usize>,
+}
+
+/// In the folding case: autoscalers whose value asks for more replicas (5,000 against a high
+/// watermark of 1,000), and those whose member of the grouped query has no data at all.
+fn crossing_from_start(i: usize) -> bool {
+    i % 10 == 3
+}
+
+fn without_data(i: usize) -> bool {
+    i % 50 == 7
+}
+
+async fn scenario(case: Case) {
+    let Case { n, budget, shapes } = case;
     let label = match budget {
         Some(b) => format!("Datadog budget {} requests per {}s", b.limit, b.period.as_secs()),
         None => "large Datadog budget".to_string(),
     };
-    println!("\n== {n} autoscalers, interval 15s, {label} ==");
+    let shaped = match shapes {
+        Some(k) => format!("{k} query shapes, folded"),
+        None => "every query its own shape".to_string(),
+    };
+    println!("\n== {n} autoscalers, interval 15s, {label}, {shaped} ==");
     let cluster = KubeCluster::start().await;
     let namespace = cluster.unique_namespace("bench").await;
     let started = Instant::now();
@@ -264,10 +304,20 @@ async fn scenario(n: usize, budget: Option<Budget>) {
     };
     // In the band [10, 1000]: every evaluation holds, so the steady state writes nothing.
     datadog.set_default(Behavior::Series(SeriesSpec::constant(100.0)));
+    // Folding: a tenth asks for more replicas from the start, a fiftieth has no data (if that
+    // were read as 0, below the low watermark of 10, they would scale down).
+    if shapes.is_some() {
+        for i in (0..n).filter(|&i| crossing_from_start(i)) {
+            datadog.set(&query(i, shapes), Behavior::Series(SeriesSpec::constant(5000.0)));
+        }
+        for i in (0..n).filter(|&i| without_data(i)) {
+            datadog.set(&query(i, shapes), Behavior::NoData);
+        }
+    }
 
     let dir = tempfile::tempdir().expect("temp dir");
     let config = dir.path().join("rules.toml");
-    std::fs::write(&config, rules(n, &namespace, &datadog.url)).expect("rules");
+    std::fs::write(&config, rules(n, &namespace, &datadog.url, shapes)).expect("rules");
     let kubeconfig = dir.path().join("kubeconfig");
     cluster.write_kubeconfig(&kubeconfig, ADMIN_TOKEN);
     let listen =
@@ -343,8 +393,12 @@ async fn scenario(n: usize, budget: Option<Budget>) {
         n,
         datadog.count_status(429)
     );
-    if let Some(budget) = budget {
-        println!("{}", spread_report(&datadog, n, measured_from, measured_to, budget.period));
+    // The large budget's windows are an hour, longer than the measurement: no whole window.
+    let period = budget.map_or(Duration::from_secs(3600), |b| b.period);
+    println!("{}", spread_report(&case, &datadog, measured_from, measured_to, period));
+    if shapes.is_some() {
+        folding_report(&cluster, &namespace, n, &listen).await;
+        return;
     }
 
     // Reaction: one autoscaler at a time crosses its high watermark (value 5000 > 1000).
@@ -355,7 +409,7 @@ async fn scenario(n: usize, budget: Option<Budget>) {
         let i = (k * 7919) % n;
         let name = format!("web-{i}");
         let crossed = Instant::now();
-        datadog.set(&query(i), Behavior::Series(SeriesSpec::constant(5000.0)));
+        datadog.set(&query(i, shapes), Behavior::Series(SeriesSpec::constant(5000.0)));
         loop {
             if spec_replicas(&api, &name).await > 2 {
                 break;
@@ -389,6 +443,39 @@ async fn scenario(n: usize, budget: Option<Budget>) {
     }
 }
 
+/// 1,000 autoscalers over 10 shapes on the default budget; 10,000 over 100 on a large one.
+fn fold_case(n: usize) -> Case {
+    let budget = (n <= 1_000).then(Budget::default);
+    Case { n, budget, shapes: Some((n / 100).max(1)) }
+}
+
+/// After the measured cycles of the folding case: every autoscaler at the replicas its own
+/// value asks for, and none without data moved.
+async fn folding_report(cluster: &KubeCluster, namespace: &str, n: usize, listen: &str) {
+    let api: Api<Deployment> = Api::namespaced(cluster.client(), namespace);
+    let (mut up, mut held, mut wrong) = (0, 0, Vec::new());
+    for i in 0..n {
+        let replicas = spec_replicas(&api, &format!("web-{i}")).await;
+        let right = if crossing_from_start(i) { replicas > 2 } else { replicas == 2 };
+        match (right, crossing_from_start(i)) {
+            (true, true) => up += 1,
+            (true, false) => held += 1,
+            (false, _) => wrong.push((i, replicas)),
+        }
+    }
+    let no_data = (0..n).filter(|&i| without_data(i)).count();
+    println!(
+        "replicas: {up} scaled up on their own value (5,000), {held} held at 2 ({no_data} of them without data); \
+         wrong: {wrong:?}"
+    );
+    let metrics = reqwest::get(format!("http://{listen}/metrics")).await.expect("metrics").text().await.expect("body");
+    for line in metrics.lines().filter(|l| l.starts_with("watermarkd_query_plan_")) {
+        if !line.contains("_bucket") {
+            println!("  {line}");
+        }
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
@@ -397,18 +484,21 @@ fn main() {
         match args.first().map(String::as_str) {
             Some(n) => {
                 let n: usize = n.parse().expect("the number of autoscalers");
-                let budget = match args.get(1).map(String::as_str) {
-                    Some("budget") => Some(Budget::default()),
-                    Some("spread") => Some(SPREAD_BUDGET),
-                    _ => None,
+                let case = match args.get(1).map(String::as_str) {
+                    Some("budget") => Case { n, budget: Some(Budget::default()), shapes: None },
+                    Some("spread") => Case { n, budget: Some(SPREAD_BUDGET), shapes: None },
+                    Some("fold") => fold_case(n),
+                    _ => Case { n, budget: None, shapes: None },
                 };
-                scenario(n, budget).await;
+                scenario(case).await;
             }
             None => {
-                scenario(1_000, None).await;
-                scenario(10_000, None).await;
-                scenario(1_000, Some(Budget::default())).await;
-                scenario(1_000, Some(SPREAD_BUDGET)).await;
+                scenario(Case { n: 1_000, budget: None, shapes: None }).await;
+                scenario(Case { n: 10_000, budget: None, shapes: None }).await;
+                scenario(Case { n: 1_000, budget: Some(Budget::default()), shapes: None }).await;
+                scenario(Case { n: 1_000, budget: Some(SPREAD_BUDGET), shapes: None }).await;
+                scenario(fold_case(1_000)).await;
+                scenario(fold_case(10_000)).await;
             }
         }
     });

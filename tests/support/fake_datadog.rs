@@ -495,7 +495,7 @@ pub const MAX_URL_LEN: usize = 7_600;
 
 /// `head{a:b,c:d}tail` (or `a:b AND c:d`) with its conjuncts sorted: the same text for the same
 /// question, however its scope is written. `None` for a query without one plain scope.
-fn canonical(query: &str) -> Option<String> {
+pub fn canonical(query: &str) -> Option<String> {
     let open = query.find('{')?;
     let close = open + query[open..].find('}')?;
     if query[close + 1..].contains('{') {
@@ -510,6 +510,15 @@ fn canonical(query: &str) -> Option<String> {
     }
     conjuncts.sort_unstable();
     Some(format!("{}{{{}}}{}", &query[..open], conjuncts.join(","), &query[close + 1..]))
+}
+
+/// The plain queries a sub-query answered, as `canonical` texts: itself, or each group of a
+/// grouped query.
+pub fn members_answered(sub_query: &str) -> Vec<String> {
+    match groups_of(sub_query) {
+        Ok(Some(groups)) => groups.into_iter().map(|(_, canonical)| canonical).collect(),
+        _ => canonical(sub_query).into_iter().collect(),
+    }
 }
 
 /// One group of a grouped query: its tags (`key:value`) and the canonical text of its plain
