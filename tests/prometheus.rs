@@ -977,13 +977,29 @@ async fn a_folded_query_is_one_post_and_its_members_are_judged_alone() {
     assert!(sent[0].dated(), "each member's data time asked for");
 }
 
-#[tokio::test]
-async fn a_folded_query_the_server_rejects_is_asked_unfolded_and_its_shape_not_folded_again() {
+/// The fleet in a real Prometheus, behind a proxy that can answer for it, once it is scraped.
+struct ProxiedFleet {
+    /// Kept for as long as the fleet is used: dropping either stops it.
+    _exporter: Exporter,
+    _server: PrometheusServer,
+    proxy: PrometheusProxy,
+    client: PrometheusClient,
+    metrics: Arc<BackendMetrics>,
+}
+
+async fn proxied_fleet() -> ProxiedFleet {
     let exporter = Exporter::start(&fleet()).await;
     let server = PrometheusServer::start(&exporter.target()).await;
     let proxy = PrometheusProxy::start(&server.url()).await;
     let (client, metrics) = build(&config(&proxy.url()));
     eventually(&client, q("count(wm_fold_load)"), is_value(38.0)).await;
+    ProxiedFleet { _exporter: exporter, _server: server, proxy, client, metrics }
+}
+
+#[tokio::test]
+async fn a_folded_query_the_server_rejects_is_asked_unfolded_and_its_shape_not_folded_again() {
+    let fleet = proxied_fleet().await;
+    let (proxy, client, metrics) = (&fleet.proxy, &fleet.client, &fleet.metrics);
 
     let queries: Vec<MetricQuery> = fleet_queries().into_iter().take(5).collect();
     let plan = client.plan(&queries);
@@ -995,18 +1011,18 @@ async fn a_folded_query_the_server_rejects_is_asked_unfolded_and_its_shape_not_f
             r#"{"status":"error","errorType":"bad_data","error":"query too complex"}"#,
         ))),
     );
-    let obs = client.evaluate(&queries, now(), by(&client)).await;
+    let obs = client.evaluate(&queries, now(), by(client)).await;
     let values: Vec<f64> = obs.iter().map(value).collect();
     assert_eq!(values, [2.0, 22.0, 42.0, 62.0, 82.0]);
     assert_eq!(proxy.injected(&folded_text), 1);
-    assert_eq!(requests(&metrics, "bad_query"), 1);
+    assert_eq!(requests(metrics, "bad_query"), 1);
     for query in &queries {
         assert_eq!(proxy.seen(&query.query), 1, "{}", query.query);
     }
 
     // Remembered: the next cycles ask the members alone, without trying the folded query.
     assert!(client.plan(&queries).requests.iter().all(|r| !r.parts[0].folded));
-    let obs = client.evaluate(&queries, now(), by(&client)).await;
+    let obs = client.evaluate(&queries, now(), by(client)).await;
     assert_eq!(obs.iter().map(value).collect::<Vec<_>>(), values);
     assert_eq!(proxy.seen(&folded_text), 1);
     // Other shapes still fold.
@@ -1016,18 +1032,15 @@ async fn a_folded_query_the_server_rejects_is_asked_unfolded_and_its_shape_not_f
 
 #[tokio::test]
 async fn a_folded_query_failing_as_it_runs_fails_every_member_and_folds_again_next_cycle() {
-    let exporter = Exporter::start(&fleet()).await;
-    let server = PrometheusServer::start(&exporter.target()).await;
-    let proxy = PrometheusProxy::start(&server.url()).await;
-    let (client, _) = build(&config(&proxy.url()));
-    eventually(&client, q("count(wm_fold_load)"), is_value(38.0)).await;
+    let fleet = proxied_fleet().await;
+    let (proxy, client) = (&fleet.proxy, &fleet.client);
 
     let queries: Vec<MetricQuery> = fleet_queries().into_iter().take(3).collect();
     let folded_text = written_query(&client.plan(&queries).requests[0].parts[0].text);
     let refusal =
         r#"{"status":"error","errorType":"execution","error":"query processing would load too many samples"}"#;
     proxy.inject(&folded_text, Some(Injected::Reply(Reply::json(422, refusal))));
-    let obs = client.evaluate(&queries, now(), by(&client)).await;
+    let obs = client.evaluate(&queries, now(), by(client)).await;
     for o in &obs {
         assert!(matches!(error(o), QueryError::BadQuery(ref m) if m.contains("too many samples")), "{o:?}");
     }
@@ -1036,6 +1049,6 @@ async fn a_folded_query_failing_as_it_runs_fails_every_member_and_folds_again_ne
 
     proxy.inject(&folded_text, None);
     assert!(client.plan(&queries).requests[0].parts[0].folded, "not remembered");
-    let obs = client.evaluate(&queries, now(), by(&client)).await;
+    let obs = client.evaluate(&queries, now(), by(client)).await;
     assert_eq!(obs.iter().map(value).collect::<Vec<_>>(), [2.0, 22.0, 42.0]);
 }

@@ -432,45 +432,54 @@ enum Arg {
 }
 
 /// Functions that compute each output series from one input series, keeping its labels (the
-/// metric name aside, which is the same for all). Names are case-sensitive in PromQL.
-const FUNCTIONS: &[(&str, &[Arg])] = &[
-    ("rate", &[Arg::Range]),
-    ("irate", &[Arg::Range]),
-    ("increase", &[Arg::Range]),
-    ("delta", &[Arg::Range]),
-    ("idelta", &[Arg::Range]),
-    ("deriv", &[Arg::Range]),
-    ("resets", &[Arg::Range]),
-    ("changes", &[Arg::Range]),
-    ("avg_over_time", &[Arg::Range]),
-    ("min_over_time", &[Arg::Range]),
-    ("max_over_time", &[Arg::Range]),
-    ("sum_over_time", &[Arg::Range]),
-    ("count_over_time", &[Arg::Range]),
-    ("last_over_time", &[Arg::Range]),
-    ("present_over_time", &[Arg::Range]),
-    ("stddev_over_time", &[Arg::Range]),
-    ("stdvar_over_time", &[Arg::Range]),
-    ("mad_over_time", &[Arg::Range]),
+/// metric name aside, which is the same for all). Names are case-sensitive in PromQL. These
+/// take one range selector.
+const RANGE_FUNCTIONS: &[&str] = &[
+    "rate",
+    "irate",
+    "increase",
+    "delta",
+    "idelta",
+    "deriv",
+    "resets",
+    "changes",
+    "avg_over_time",
+    "min_over_time",
+    "max_over_time",
+    "sum_over_time",
+    "count_over_time",
+    "last_over_time",
+    "present_over_time",
+    "stddev_over_time",
+    "stdvar_over_time",
+    "mad_over_time",
+];
+
+/// Per-series functions of one instant vector.
+const INSTANT_FUNCTIONS: &[&str] = &["abs", "ceil", "floor", "exp", "ln", "log2", "log10", "sqrt", "sgn", "timestamp"];
+
+/// Per-series functions with number arguments too.
+const FUNCTIONS_WITH_NUMBERS: &[(&str, &[Arg])] = &[
     ("quantile_over_time", &[Arg::Number, Arg::Range]),
     ("predict_linear", &[Arg::Range, Arg::Number]),
     ("holt_winters", &[Arg::Range, Arg::Number, Arg::Number]),
     ("double_exponential_smoothing", &[Arg::Range, Arg::Number, Arg::Number]),
-    ("abs", &[Arg::Instant]),
-    ("ceil", &[Arg::Instant]),
-    ("floor", &[Arg::Instant]),
-    ("exp", &[Arg::Instant]),
-    ("ln", &[Arg::Instant]),
-    ("log2", &[Arg::Instant]),
-    ("log10", &[Arg::Instant]),
-    ("sqrt", &[Arg::Instant]),
-    ("sgn", &[Arg::Instant]),
-    ("timestamp", &[Arg::Instant]),
     ("round", &[Arg::Instant, Arg::OptionalNumber]),
     ("clamp", &[Arg::Instant, Arg::Number, Arg::Number]),
     ("clamp_min", &[Arg::Instant, Arg::Number]),
     ("clamp_max", &[Arg::Instant, Arg::Number]),
 ];
+
+/// The arguments of a per-series function; `None` for any other function.
+fn signature(name: &str) -> Option<&'static [Arg]> {
+    if RANGE_FUNCTIONS.contains(&name) {
+        return Some(&[Arg::Range]);
+    }
+    if INSTANT_FUNCTIONS.contains(&name) {
+        return Some(&[Arg::Instant]);
+    }
+    FUNCTIONS_WITH_NUMBERS.iter().find(|(f, _)| *f == name).map(|(_, args)| *args)
+}
 
 /// A text of a shape that folds.
 #[derive(Debug)]
@@ -698,7 +707,7 @@ impl<'t, 'a> Cursor<'t, 'a> {
         if depth >= MAX_DEPTH {
             return None;
         }
-        let (_, args) = FUNCTIONS.iter().find(|(f, _)| *f == name.text)?;
+        let args = signature(name.text)?;
         self.at += 2;
         let mut selector = None;
         for (position, arg) in args.iter().enumerate() {
