@@ -934,6 +934,25 @@ async fn queries_of_one_shape_fold_into_one_request_and_each_gets_what_it_gets_a
     assert!(scraped < at, "{scraped} vs {at}");
     assert_eq!(value(&folded[20 + 3]), 31.5);
     assert_eq!(value(&folded[60 + 3]), 31.0);
+
+    // 3,000 deployments (all but 19 without series): several folded queries, each under
+    // 16 KiB, each taken by the real server; every member its own answer.
+    let many: Vec<MetricQuery> = (0..3_000)
+        .map(|d| q(&format!("max(max_over_time(wm_fold_load{{deployment=\"web-{d}\",namespace=\"prod\"}}[1m]))")))
+        .collect();
+    let plan = client.plan(&many);
+    assert!(plan.request_count() > 1, "{}", plan.request_count());
+    assert!(plan.requests.iter().all(|r| r.parts[0].folded && r.parts[0].text.len() < 16 * 1024));
+    assert_eq!(plan.folded_members(), 3_000);
+    let before = requests(&metrics, "ok");
+    let obs = client.evaluate(&many, at, by(&client)).await;
+    assert_eq!(requests(&metrics, "ok") - before, plan.request_count() as u64);
+    for (d, o) in obs.iter().enumerate() {
+        match d {
+            7 | 20.. => assert!(matches!(error(o), QueryError::NoData(_)), "web-{d}: {o:?}"),
+            _ => assert_eq!(value(o), (d * 10 + 1) as f64 + 0.5, "web-{d}"),
+        }
+    }
 }
 
 #[tokio::test]

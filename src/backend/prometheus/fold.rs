@@ -199,11 +199,15 @@ fn fold_group<'r, 'a: 'r>(
 
     // Member values in order of appearance; texts differing only in spacing share one.
     let mut values: Vec<(String, Vec<usize>)> = Vec::new();
+    let mut value_at: HashMap<&str, usize> = HashMap::new();
     for &index in members {
-        let Some(value) = found(index).and_then(|f| f.keys.get(position)).map(|k| k.value.clone()) else { continue };
-        match values.iter_mut().find(|(v, _)| *v == value) {
-            Some((_, indexes)) => indexes.push(index),
-            None => values.push((value, vec![index])),
+        let Some(value) = found(index).and_then(|f| f.keys.get(position)).map(|k| k.value.as_str()) else { continue };
+        let at = *value_at.entry(value).or_insert_with(|| {
+            values.push((value.to_string(), Vec::new()));
+            values.len() - 1
+        });
+        if let Some((_, indexes)) = values.get_mut(at) {
+            indexes.push(index);
         }
     }
 
@@ -306,8 +310,9 @@ fn tokenize(text: &str) -> Option<Vec<Token<'_>>> {
     let mut at = 0;
     while let Some(tail) = text.get(at..).filter(|t| !t.is_empty()) {
         let c = tail.chars().next()?;
-        if c.is_whitespace() {
-            at += c.len_utf8();
+        // PromQL's own spacing; any other space character is an error there.
+        if matches!(c, ' ' | '\t' | '\n' | '\r') {
+            at += 1;
             continue;
         }
         let starts_number = c.is_ascii_digit() || (c == '.' && tail.as_bytes().get(1).is_some_and(u8::is_ascii_digit));
