@@ -25,6 +25,7 @@
 //! Pure functions over query texts: no I/O, no clock.
 
 use std::collections::{HashMap, HashSet};
+use std::fmt::Write as _;
 
 use super::sample_time;
 
@@ -265,7 +266,9 @@ pub(super) fn quote_body(value: &str) -> String {
         match c {
             '\\' => out.push_str("\\\\"),
             '"' => out.push_str("\\\""),
-            c if c.is_control() && u32::from(c) < 0x80 => out.push_str(&format!("\\x{:02x}", u32::from(c))),
+            c if c.is_control() && u32::from(c) < 0x80 => {
+                let _ = write!(out, "\\x{:02x}", u32::from(c));
+            }
             c => out.push(c),
         }
     }
@@ -529,8 +532,9 @@ impl Recognised<'_> {
             if blanked.contains(&index) {
                 out.push('*');
             } else {
-                // Length-prefixed: no token text can pass for two.
-                out.push_str(&format!("{}:{}", token.text.len(), token.text));
+                // Length-prefixed: no token text can pass for two. Writing to a String
+                // cannot fail.
+                let _ = write!(out, "{}:{}", token.text.len(), token.text);
             }
         }
         out

@@ -410,9 +410,18 @@ proptest! {
         }
     }
 
-    /// The recogniser takes any text without panicking.
+    /// The recogniser takes any text, and any jumble of PromQL's pieces, without panicking, and
+    /// plans each exactly once.
     #[test]
-    fn any_text_is_planned_without_panicking(texts in proptest::collection::vec(".{0,60}", 0..6)) {
+    fn any_text_is_planned_without_panicking(
+        mut texts in proptest::collection::vec(".{0,60}", 0..6),
+        jumbles in proptest::collection::vec(proptest::collection::vec(proptest::sample::select(vec![
+            "sum", "quantile", "histogram_quantile", "rate", "clamp_min", "by", "without", "le", "offset", "@",
+            "(", ")", "{", "}", "[", "]", ",", "=", "=~", "!=", "x", "d", "\"a\"", "\"b\"", "'c'", "`d`",
+            "\"\\x41\"", "0.5", "5m", "-", "+", " ", "start()", "or", "vector(0)", "#",
+        ]), 0..24), 0..6),
+    ) {
+        texts.extend(jumbles.iter().map(|pieces| pieces.concat()));
         let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
         let plan = plan_all(&refs);
         let mut planned: Vec<usize> = plan.iter().flat_map(|f| match f {
