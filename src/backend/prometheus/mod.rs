@@ -263,7 +263,10 @@ async fn fetch_folded(
     deadline: Instant,
 ) -> Vec<(usize, Result<Answer, QueryError>)> {
     let prepared = inner.prepare_sent(folded.sent.clone(), now, Some(&folded.label));
-    let failure = match inner.fetch_prepared(&folded.text, &prepared, now, deadline).await {
+    // Logs name it by one member: the folded text can be 16 KiB long.
+    let first = alone.iter().flatten().next().map_or("", String::as_str);
+    let name = format!("{first} and {} more folded by {}", folded.members.len().saturating_sub(1), folded.label);
+    let failure = match inner.fetch_prepared(&name, &prepared, now, deadline).await {
         Ok(answer) => {
             let parts = answer.split(folded.members.iter().map(|(value, _)| value.as_str()));
             return folded
@@ -287,9 +290,8 @@ async fn fetch_folded(
     inner.refuse_shape(&folded.shape);
     tracing::warn!(
         backend = %inner.name,
-        query = %folded.text,
+        query = %name,
         error = %failure.error,
-        members = folded.members.len(),
         "the server rejected a folded query: its members are asked one by one, and queries of its shape are not \
          folded for the next {} minutes",
         REFUSED_SHAPE_FOR.as_secs() / 60
