@@ -34,7 +34,9 @@ use std::time::{Duration, Instant, SystemTime};
 use daemon_process::{write, DaemonProcess};
 use kube_cluster::{KubeCluster, ADMIN_TOKEN};
 
-use prometheus_server::{Exporter, FakeServer, PrometheusServer, Reply, TestCerts, TlsServer};
+use prometheus_server::{
+    written_query, Exporter, FakeServer, Injected, PrometheusProxy, PrometheusServer, Reply, TestCerts, TlsServer,
+};
 use redirect_servers::Redirector;
 use watermarkd::backend::prometheus::PrometheusClient;
 use watermarkd::backend::{BackendError, MetricQuery, Observation, QueryError, SECRET_CHECK_EVERY};
@@ -845,4 +847,227 @@ async fn the_daemon_never_scales_down_on_a_partial_answer_and_may_scale_up() {
         }
     });
     assert!(daemon.terminate(Duration::from_secs(15)), "a clean exit on SIGTERM");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Folding
+
+/// Deployments web-0 to web-19 of one namespace, two pods each, with a load gauge and a latency
+/// histogram; web-7 has no series at all.
+fn fleet() -> String {
+    let mut text = String::from("# TYPE wm_fold_load gauge\n# TYPE wm_fold_latency histogram\n");
+    for d in (0..20).filter(|d| *d != 7) {
+        for pod in 0..2 {
+            let load = f64::from(d * 10 + pod) + 0.5;
+            text.push_str(&format!(
+                "wm_fold_load{{namespace=\"prod\",deployment=\"web-{d}\",pod=\"p{pod}\"}} {load}\n"
+            ));
+        }
+        let (fast, slow, all) = (d, 2 * d + 1, 3 * d + 2);
+        for (le, count) in [("0.1", fast), ("1", slow), ("+Inf", all)] {
+            text.push_str(&format!("wm_fold_latency_bucket{{deployment=\"web-{d}\",le=\"{le}\"}} {count}\n"));
+        }
+        text.push_str(&format!("wm_fold_latency_sum{{deployment=\"web-{d}\"}} {d}\n"));
+        text.push_str(&format!("wm_fold_latency_count{{deployment=\"web-{d}\"}} {all}\n"));
+    }
+    text
+}
+
+/// Twenty autoscalers' queries of each of four shapes: a dated sum, a function over a range,
+/// a histogram quantile, a quantile.
+fn fleet_queries() -> Vec<MetricQuery> {
+    let shapes = [
+        "sum(wm_fold_load{namespace=\"prod\",deployment=\"web-N\"})",
+        "max(max_over_time(wm_fold_load{deployment=\"web-N\"}[1m]))",
+        "histogram_quantile(0.9, sum by (le) (wm_fold_latency_bucket{deployment=\"web-N\"}))",
+        "quantile(0.5, wm_fold_load{deployment=\"web-N\"})",
+    ];
+    shapes.iter().flat_map(|shape| (0..20).map(move |d| q(&shape.replace("web-N", &format!("web-{d}"))))).collect()
+}
+
+#[tokio::test]
+async fn queries_of_one_shape_fold_into_one_request_and_each_gets_what_it_gets_alone() {
+    let exporter = Exporter::start(&fleet()).await;
+    let server = PrometheusServer::start(&exporter.target()).await;
+    let (client, metrics) = build(&config(&server.url()));
+    eventually(&client, q("count(wm_fold_load)"), is_value(38.0)).await;
+    eventually(&client, q("count(wm_fold_latency_bucket)"), is_value(57.0)).await;
+
+    let queries = fleet_queries();
+    let plan = client.plan(&queries);
+    assert_eq!(plan.request_count(), 4, "{plan:?}");
+    assert!(plan.requests.iter().all(|r| r.parts.len() == 1 && r.parts[0].folded && r.parts[0].members.len() == 20));
+
+    // A time two seconds back, when every series was there already: every scrape before it is
+    // in the storage, so alone or folded, the queries read the same samples.
+    let give_up = Instant::now() + Duration::from_secs(20);
+    let at = loop {
+        let at = Timestamp::from_unix_millis(now().unix_millis() - 2_000);
+        let counts = [q("count(wm_fold_load)"), q("count(wm_fold_latency_bucket)")];
+        let seen: Vec<Reading> =
+            client.evaluate(&counts, at, by(&client)).await.into_iter().map(|o| o.reading).collect();
+        if matches!(seen[..], [Reading::Value { value: 38.0, .. }, Reading::Value { value: 57.0, .. }]) {
+            break at;
+        }
+        assert!(Instant::now() < give_up, "the fleet never showed up: {seen:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let before = requests(&metrics, "ok");
+    let folded = client.evaluate(&queries, at, by(&client)).await;
+    assert_eq!(requests(&metrics, "ok") - before, 4, "one request per shape");
+    assert_eq!(metrics.plan_requests.with_label_values(&[NAME]).get(), 4);
+    assert_eq!(metrics.plan_queries.with_label_values(&[NAME, "true"]).get(), 80);
+    assert_eq!(metrics.plan_queries.with_label_values(&[NAME, "false"]).get(), 0);
+
+    for (query, folded) in queries.iter().zip(&folded) {
+        let alone = client.evaluate(std::slice::from_ref(query), at, by(&client)).await;
+        assert_eq!(Some(folded), alone.first(), "{}", query.query);
+        if query.query.contains("\"web-7\"") {
+            assert!(matches!(error(folded), QueryError::NoData(_)), "{}: {folded:?}", query.query);
+        } else {
+            assert!(matches!(folded.reading, Reading::Value { .. }), "{}: {folded:?}", query.query);
+        }
+    }
+    assert_eq!(metrics.plan_queries.with_label_values(&[NAME, "false"]).get(), 1, "a query alone is not folded");
+    // web-3: 30.5 + 31.5, dated by its scrape, not by the evaluation time.
+    let Reading::Value { value: 62.0, at: scraped } = folded[3].reading else { panic!("{:?}", folded[3]) };
+    assert!(scraped < at, "{scraped} vs {at}");
+    assert_eq!(value(&folded[20 + 3]), 31.5);
+    assert_eq!(value(&folded[60 + 3]), 31.0);
+
+    // 3,000 deployments (all but 19 without series): several folded queries, each under
+    // 16 KiB, each taken by the real server; every member its own answer.
+    let many: Vec<MetricQuery> = (0..3_000)
+        .map(|d| q(&format!("max(max_over_time(wm_fold_load{{deployment=\"web-{d}\",namespace=\"prod\"}}[1m]))")))
+        .collect();
+    let plan = client.plan(&many);
+    assert!(plan.request_count() > 1, "{}", plan.request_count());
+    assert!(plan.requests.iter().all(|r| r.parts[0].folded && r.parts[0].text.len() < 16 * 1024));
+    assert_eq!(plan.folded_members(), 3_000);
+    let before = requests(&metrics, "ok");
+    let obs = client.evaluate(&many, at, by(&client)).await;
+    assert_eq!(requests(&metrics, "ok") - before, plan.request_count() as u64);
+    for (d, o) in obs.iter().enumerate() {
+        match d {
+            7 | 20.. => assert!(matches!(error(o), QueryError::NoData(_)), "web-{d}: {o:?}"),
+            _ => assert_eq!(value(o), (d * 10 + 1) as f64 + 0.5, "web-{d}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_folded_query_is_one_post_and_its_members_are_judged_alone() {
+    // Answers by label, in an order of its own: web-b is missing; web-a's data is ten minutes
+    // old, web-c's fresh.
+    let fake = FakeServer::start(|_, r| {
+        let time: f64 = r.param("time").and_then(|t| t.parse().ok()).unwrap_or(0.0);
+        Reply::json(
+            200,
+            &format!(
+                r#"{{"status":"success","data":{{"resultType":"vector","result":[
+                {{"metric":{{"d":"web-c"}},"value":[{time},"3"]}},
+                {{"metric":{{"d":"web-c","watermarkd_sample":"time"}},"value":[{time},"{}"]}},
+                {{"metric":{{"d":"web-a","watermarkd_sample":"time"}},"value":[{time},"{}"]}},
+                {{"metric":{{"d":"web-a"}},"value":[{time},"1"]}}]}}}}"#,
+                time - 5.0,
+                time - 600.0
+            ),
+        )
+    })
+    .await;
+    let mut settings = config(&fake.url());
+    settings.max_age = Some(Duration::from_secs(120));
+    let (client, _) = build(&settings);
+    let queries: Vec<MetricQuery> =
+        ["web-a", "web-b", "web-c"].iter().map(|d| q(&format!("sum(q{{d=\"{d}\"}})"))).collect();
+    let at = now();
+    let obs = client.evaluate(&queries, at, by(&client)).await;
+    assert_eq!(error(&obs[0]), QueryError::Stale { age_seconds: 600, max_age_seconds: 120 });
+    assert!(matches!(error(&obs[1]), QueryError::NoData(_)), "{:?}", obs[1]);
+    assert_eq!(
+        obs[2].reading,
+        Reading::Value { value: 3.0, at: Timestamp::from_unix_millis(at.unix_millis() - 5_000) }
+    );
+
+    let sent = fake.requests();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].method, "POST", "short, but folded");
+    assert_eq!(sent[0].written_query().as_deref(), Some(r#"sum by (d)(q{d=~"web-a|web-b|web-c"})"#));
+    assert!(sent[0].dated(), "each member's data time asked for");
+}
+
+/// The fleet in a real Prometheus, behind a proxy that can answer for it, once it is scraped.
+struct ProxiedFleet {
+    /// Kept for as long as the fleet is used: dropping either stops it.
+    _exporter: Exporter,
+    _server: PrometheusServer,
+    proxy: PrometheusProxy,
+    client: PrometheusClient,
+    metrics: Arc<BackendMetrics>,
+}
+
+async fn proxied_fleet() -> ProxiedFleet {
+    let exporter = Exporter::start(&fleet()).await;
+    let server = PrometheusServer::start(&exporter.target()).await;
+    let proxy = PrometheusProxy::start(&server.url()).await;
+    let (client, metrics) = build(&config(&proxy.url()));
+    eventually(&client, q("count(wm_fold_load)"), is_value(38.0)).await;
+    ProxiedFleet { _exporter: exporter, _server: server, proxy, client, metrics }
+}
+
+#[tokio::test]
+async fn a_folded_query_the_server_rejects_is_asked_unfolded_and_its_shape_not_folded_again() {
+    let fleet = proxied_fleet().await;
+    let (proxy, client, metrics) = (&fleet.proxy, &fleet.client, &fleet.metrics);
+
+    let queries: Vec<MetricQuery> = fleet_queries().into_iter().take(5).collect();
+    let plan = client.plan(&queries);
+    let folded_text = written_query(&plan.requests[0].parts[0].text);
+    proxy.inject(
+        &folded_text,
+        Some(Injected::Reply(Reply::json(
+            400,
+            r#"{"status":"error","errorType":"bad_data","error":"query too complex"}"#,
+        ))),
+    );
+    let obs = client.evaluate(&queries, now(), by(client)).await;
+    let values: Vec<f64> = obs.iter().map(value).collect();
+    assert_eq!(values, [2.0, 22.0, 42.0, 62.0, 82.0]);
+    assert_eq!(proxy.injected(&folded_text), 1);
+    assert_eq!(requests(metrics, "bad_query"), 1);
+    for query in &queries {
+        assert_eq!(proxy.seen(&query.query), 1, "{}", query.query);
+    }
+
+    // Remembered: the next cycles ask the members alone, without trying the folded query.
+    assert!(client.plan(&queries).requests.iter().all(|r| !r.parts[0].folded));
+    let obs = client.evaluate(&queries, now(), by(client)).await;
+    assert_eq!(obs.iter().map(value).collect::<Vec<_>>(), values);
+    assert_eq!(proxy.seen(&folded_text), 1);
+    // Other shapes still fold.
+    let others: Vec<MetricQuery> = fleet_queries().into_iter().skip(20).take(3).collect();
+    assert!(client.plan(&others).requests[0].parts[0].folded);
+}
+
+#[tokio::test]
+async fn a_folded_query_failing_as_it_runs_fails_every_member_and_folds_again_next_cycle() {
+    let fleet = proxied_fleet().await;
+    let (proxy, client) = (&fleet.proxy, &fleet.client);
+
+    let queries: Vec<MetricQuery> = fleet_queries().into_iter().take(3).collect();
+    let folded_text = written_query(&client.plan(&queries).requests[0].parts[0].text);
+    let refusal =
+        r#"{"status":"error","errorType":"execution","error":"query processing would load too many samples"}"#;
+    proxy.inject(&folded_text, Some(Injected::Reply(Reply::json(422, refusal))));
+    let obs = client.evaluate(&queries, now(), by(client)).await;
+    for o in &obs {
+        assert!(matches!(error(o), QueryError::BadQuery(ref m) if m.contains("too many samples")), "{o:?}");
+    }
+    assert_eq!(proxy.injected(&folded_text), 1);
+    assert!(queries.iter().all(|query| proxy.seen(&query.query) == 0), "not asked alone");
+
+    proxy.inject(&folded_text, None);
+    assert!(client.plan(&queries).requests[0].parts[0].folded, "not remembered");
+    let obs = client.evaluate(&queries, now(), by(client)).await;
+    assert_eq!(obs.iter().map(value).collect::<Vec<_>>(), [2.0, 22.0, 42.0]);
 }

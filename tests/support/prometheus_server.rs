@@ -318,8 +318,9 @@ impl Recorded {
 }
 
 /// What the backend adds to a query that is a series selector (or one aggregation of one) to
-/// learn the time of its data: `(QUERY) or label_replace(min(timestamp(SELECTOR)), ...)`.
-const DATED_TAIL: &str = ") or label_replace(min(timestamp(";
+/// learn the time of its data: `(QUERY) or label_replace(min(timestamp(SELECTOR)), ...)`, or for
+/// a folded query `(QUERY) or label_replace(min by (K) (timestamp(SELECTOR)), ...)`.
+const DATED_TAIL: &str = ") or label_replace(min";
 
 /// The query as the rules file wrote it, from the one sent: faults and answers are keyed by it.
 pub fn written_query(sent: &str) -> String {

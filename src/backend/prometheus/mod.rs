@@ -11,15 +11,23 @@
 //! comes back as a partial reading: it may scale up, never down. A query whose shape allows it
 //! also asks for the time of the data behind its value (`sample_time`), and a value older than
 //! the backend's `max_age` is stale.
+//!
+//! Before anything is sent, the cycle's queries are planned (`fold`): queries of one shape that
+//! differ only in the value of one label (`sum(rate(x{deployment="web-17"}[1m]))` for many
+//! deployments) go as one grouped query (`sum by (deployment) (...)`), always as a form POST,
+//! and each gets the series labelled with its own value, judged as its own answer would be.
+//! A grouped query the server rejects as malformed (HTTP 400) is asked again as its members,
+//! in the same cycle, and its shape is not folded for [`REFUSED_SHAPE_FOR`].
 
 pub(crate) mod connection;
+mod fold;
 mod response;
 mod sample_time;
 
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::hash::BuildHasher;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use backon::{ExponentialBuilder, Retryable};
@@ -30,8 +38,11 @@ use tokio::time::Instant;
 use watermarkd_engine::Timestamp;
 
 use self::connection::{chain, Connection};
+use self::fold::{Fetch, FoldedQuery};
 use self::response::{Answer, Failure};
-use super::{BackendError, HistoryError, HistorySpan, MetricQuery, Observation, QueryError};
+use super::{
+    BackendError, HistoryError, HistorySpan, MetricQuery, Observation, PlanPart, PlannedFetch, QueryError, QueryPlan,
+};
 use crate::rules::PrometheusBackend;
 use crate::telemetry::BackendMetrics;
 
@@ -56,6 +67,15 @@ const MIN_ATTEMPT: Duration = Duration::from_millis(50);
 /// The first retry waits about this long (jittered up to twice as long), doubling each time.
 const FIRST_RETRY_DELAY: Duration = Duration::from_millis(100);
 
+/// A shape whose folded query the server rejected as malformed is sent unfolded for this long:
+/// long enough not to ask a server that cannot take it every cycle, short enough that a server
+/// upgraded or a limit raised is used again soon.
+pub const REFUSED_SHAPE_FOR: Duration = Duration::from_secs(600);
+
+/// Refused shapes remembered at once, at most: each is forgotten after [`REFUSED_SHAPE_FOR`]
+/// anyway, and there are rarely more than the rules have shapes.
+const MAX_REFUSED_SHAPES: usize = 10_000;
+
 /// A client for one `[backend.NAME]` of type `prometheus`. Cheap to share: one connection pool,
 /// built once, kept across errors.
 pub struct PrometheusClient {
@@ -75,6 +95,8 @@ struct Inner {
     metrics: Arc<BackendMetrics>,
     /// Seeds each query's retry jitter differently, so that retries spread out.
     jitter: RandomState,
+    /// Shapes whose folded query the server rejected, and until when they are not folded.
+    refused_shapes: Mutex<HashMap<String, Instant>>,
 }
 
 /// How one query goes over HTTP.
@@ -85,6 +107,8 @@ struct Prepared {
     range: bool,
     /// `query`, `time`, then the configured `params`.
     form: Vec<(String, String)>,
+    /// A folded query's label: its answer's series are kept with their value of it.
+    fold_label: Option<String>,
 }
 
 impl PrometheusClient {
@@ -107,6 +131,7 @@ impl PrometheusClient {
                 limiter: Semaphore::new(permits),
                 metrics,
                 jitter: RandomState::new(),
+                refused_shapes: Mutex::new(HashMap::new()),
             }),
         })
     }
@@ -118,31 +143,32 @@ impl PrometheusClient {
 
     /// Evaluates every query as of `now`: one observation per query, in order, by `deadline`.
     pub async fn evaluate(&self, queries: &[MetricQuery], now: Timestamp, deadline: Instant) -> Vec<Observation> {
-        // The same query text is sent once, however many metrics (with whatever reducers) use it.
-        let mut unique: Vec<&str> = Vec::new();
-        let mut index_of: HashMap<&str, usize> = HashMap::new();
-        let slots: Vec<usize> = queries
-            .iter()
-            .map(|q| {
-                *index_of.entry(q.query.as_str()).or_insert_with(|| {
-                    unique.push(q.query.as_str());
-                    unique.len() - 1
-                })
-            })
-            .collect();
+        let (texts, slots) = distinct(queries);
+        let fetches = self.inner.fold_plan(&texts);
+        self.inner.metrics.observe_plan(&self.inner.name, &query_plan(&fetches, &texts, &slots));
 
         let mut tasks = JoinSet::new();
-        for (i, query) in unique.iter().enumerate() {
+        for fetch in fetches {
             let inner = Arc::clone(&self.inner);
-            let query = query.to_string();
-            tasks.spawn(async move { (i, inner.fetch(&query, now, deadline).await) });
+            match fetch {
+                Fetch::Alone(i) => {
+                    let text = texts.get(i).map(|t| t.to_string()).unwrap_or_default();
+                    tasks.spawn(async move { vec![(i, inner.fetch(&text, now, deadline).await)] });
+                }
+                Fetch::Folded(folded) => {
+                    let alone = folded.members.iter().map(|(_, i)| texts.get(*i).map(|t| t.to_string())).collect();
+                    tasks.spawn(fetch_folded(inner, folded, alone, now, deadline));
+                }
+            }
         }
-        let mut answers: Vec<Option<Result<Answer, QueryError>>> = vec![None; unique.len()];
+        let mut answers: Vec<Option<Result<Answer, QueryError>>> = vec![None; texts.len()];
         while let Some(joined) = tasks.join_next().await {
             match joined {
-                Ok((i, answer)) => {
-                    if let Some(slot) = answers.get_mut(i) {
-                        *slot = Some(answer);
+                Ok(results) => {
+                    for (i, answer) in results {
+                        if let Some(slot) = answers.get_mut(i) {
+                            *slot = Some(answer);
+                        }
                     }
                 }
                 Err(error) => tracing::error!(backend = %self.inner.name, %error, "a query task failed"),
@@ -153,12 +179,137 @@ impl PrometheusClient {
             .iter()
             .zip(slots)
             .map(|(query, slot)| match answers.get(slot) {
+                // A folded member's answer holds only its own series, at most one (every shape
+                // that folds aggregates to one series without `by`), so a reducer sees what the
+                // member's own answer would have shown it.
                 Some(Some(Ok(answer))) => response::observe(answer, query.reducer, now, self.inner.max_age),
                 Some(Some(Err(error))) => Observation::unavailable(error.clone()),
                 _ => Observation::unavailable(QueryError::Protocol("the query task ended without an answer".into())),
             })
             .collect()
     }
+
+    /// What `evaluate` would send for `queries` now: the requests, the text each carries, and
+    /// which queries each answers. Pure, but for the shapes the server recently refused to take
+    /// folded.
+    pub fn plan(&self, queries: &[MetricQuery]) -> QueryPlan {
+        let (texts, slots) = distinct(queries);
+        query_plan(&self.inner.fold_plan(&texts), &texts, &slots)
+    }
+}
+
+/// The distinct query texts, in order of first use, and for each query the index of its text:
+/// the same text is sent once, however many metrics (with whatever reducers) use it.
+fn distinct(queries: &[MetricQuery]) -> (Vec<&str>, Vec<usize>) {
+    let mut texts: Vec<&str> = Vec::new();
+    let mut index_of: HashMap<&str, usize> = HashMap::new();
+    let slots = queries
+        .iter()
+        .map(|q| {
+            *index_of.entry(q.query.as_str()).or_insert_with(|| {
+                texts.push(q.query.as_str());
+                texts.len() - 1
+            })
+        })
+        .collect();
+    (texts, slots)
+}
+
+/// The shared shape of a plan: one request per fetch, its text as sent, and the queries (by
+/// index in the cycle's queries, not its texts) it answers.
+fn query_plan(fetches: &[Fetch], texts: &[&str], slots: &[usize]) -> QueryPlan {
+    let mut asked_by: Vec<Vec<usize>> = vec![Vec::new(); texts.len()];
+    for (query, slot) in slots.iter().enumerate() {
+        if let Some(asking) = asked_by.get_mut(*slot) {
+            asking.push(query);
+        }
+    }
+    let asking = |text: usize| asked_by.get(text).map_or(&[][..], Vec::as_slice);
+    let requests = fetches
+        .iter()
+        .map(|fetch| {
+            let part = match fetch {
+                Fetch::Alone(i) => {
+                    let text = texts.get(*i).copied().unwrap_or_default();
+                    PlanPart {
+                        text: sample_time::dated(text).unwrap_or_else(|| text.to_string()),
+                        members: asking(*i).to_vec(),
+                        folded: false,
+                    }
+                }
+                Fetch::Folded(folded) => {
+                    let mut members: Vec<usize> =
+                        folded.members.iter().flat_map(|(_, i)| asking(*i)).copied().collect();
+                    members.sort_unstable();
+                    PlanPart { text: folded.sent.clone(), members, folded: true }
+                }
+            };
+            PlannedFetch { parts: vec![part] }
+        })
+        .collect();
+    QueryPlan { requests }
+}
+
+/// A folded query, and what each of its members gets: the series labelled with its value. If
+/// the server rejects the folded query as malformed, each member is asked alone (its text in
+/// `alone`, in the order of `folded.members`) in this same cycle, and the shape is not folded
+/// for a while: one bad member, or a server that cannot take the grouped form, never blinds the
+/// others. Any other failure is every member's, as each would have met it alone.
+async fn fetch_folded(
+    inner: Arc<Inner>,
+    folded: FoldedQuery,
+    alone: Vec<Option<String>>,
+    now: Timestamp,
+    deadline: Instant,
+) -> Vec<(usize, Result<Answer, QueryError>)> {
+    let prepared = inner.prepare_sent(folded.sent.clone(), now, Some(&folded.label));
+    // Logs name it by one member: the folded text can be 16 KiB long.
+    let first = alone.iter().flatten().next().map_or("", String::as_str);
+    let name = format!("{first} and {} more folded by {}", folded.members.len().saturating_sub(1), folded.label);
+    let failure = match inner.fetch_prepared(&name, &prepared, now, deadline).await {
+        Ok(answer) => {
+            let parts = answer.split(folded.members.iter().map(|(value, _)| value.as_str()));
+            return folded
+                .members
+                .iter()
+                .map(|(value, i)| {
+                    let part = parts.as_ref().map_err(Clone::clone).and_then(|parts| {
+                        parts.get(value.as_str()).cloned().ok_or_else(|| {
+                            QueryError::Protocol("a folded query's member is missing from its split answer".into())
+                        })
+                    });
+                    (*i, part)
+                })
+                .collect();
+        }
+        Err(failure) => failure,
+    };
+    if !failure.malformed {
+        return folded.members.iter().map(|(_, i)| (*i, Err(failure.error.clone()))).collect();
+    }
+    inner.refuse_shape(&folded.shape);
+    tracing::warn!(
+        backend = %inner.name,
+        query = %name,
+        error = %failure.error,
+        "the server rejected a folded query: its members are asked one by one, and queries of its shape are not \
+         folded for the next {} minutes",
+        REFUSED_SHAPE_FOR.as_secs() / 60
+    );
+    let mut tasks = JoinSet::new();
+    for ((_, i), text) in folded.members.iter().zip(alone) {
+        let (inner, i) = (Arc::clone(&inner), *i);
+        let Some(text) = text else { continue };
+        tasks.spawn(async move { (i, inner.fetch(&text, now, deadline).await) });
+    }
+    let mut out = Vec::with_capacity(folded.members.len());
+    while let Some(joined) = tasks.join_next().await {
+        match joined {
+            Ok(answer) => out.push(answer),
+            Err(error) => tracing::error!(backend = %inner.name, %error, "a query task failed"),
+        }
+    }
+    out
 }
 
 impl PrometheusClient {
@@ -201,17 +352,37 @@ impl PrometheusClient {
 }
 
 impl Inner {
-    /// One query, with retries, by the cycle's deadline.
+    /// One query as written, with retries, by the cycle's deadline.
     async fn fetch(&self, query: &str, now: Timestamp, deadline: Instant) -> Result<Answer, QueryError> {
-        let started = Instant::now();
-        let timed_out = || QueryError::Timeout(deadline.saturating_duration_since(started).as_secs_f64().ceil() as u64);
         let prepared = self.prepare(query, now);
+        self.fetch_prepared(query, &prepared, now, deadline).await.map_err(|failure| failure.error)
+    }
+
+    /// One prepared request (`query`: what logs name it by), with retries, by the deadline.
+    async fn fetch_prepared(
+        &self,
+        query: &str,
+        prepared: &Prepared,
+        now: Timestamp,
+        deadline: Instant,
+    ) -> Result<Answer, Failure> {
+        let started = Instant::now();
+        let timed_out = || {
+            let seconds = deadline.saturating_duration_since(started).as_secs_f64().ceil() as u64;
+            Failure::new(QueryError::Timeout(seconds), "timeout", false)
+        };
         // Waiting behind other queries counts against the cycle: a query that cannot start
         // before the deadline is not sent.
         let _permit = match tokio::time::timeout_at(deadline, self.limiter.acquire()).await {
             Ok(Ok(permit)) => permit,
             // Only a closed semaphore fails, and this one is never closed.
-            Ok(Err(_)) => return Err(QueryError::Server("the backend is shutting down".into())),
+            Ok(Err(_)) => {
+                return Err(Failure::new(
+                    QueryError::Server("the backend is shutting down".into()),
+                    "server_error",
+                    false,
+                ))
+            }
             Err(_) => return Err(timed_out()),
         };
         if deadline.saturating_duration_since(Instant::now()) < MIN_ATTEMPT {
@@ -226,7 +397,7 @@ impl Inner {
             .with_jitter()
             .with_jitter_seed(self.jitter.hash_one((query, now.unix_millis())));
 
-        let result = (|| self.attempt(&prepared, deadline))
+        let result = (|| self.attempt(prepared, deadline))
             .retry(backoff)
             .when(|failure: &Failure| failure.retry)
             .adjust(|_, delay| delay.filter(|d| Instant::now() + *d + MIN_ATTEMPT <= deadline))
@@ -235,23 +406,53 @@ impl Inner {
             })
             .await;
 
-        match result {
-            Ok(answer) => {
-                self.report_warnings(query, &answer);
-                Ok(answer)
-            }
-            Err(failure) => Err(failure.error),
+        if let Ok(answer) = &result {
+            self.report_warnings(query, answer);
         }
+        result
     }
 
+    /// A query as written: with its data time asked for when its shape allows.
     fn prepare(&self, query: &str, now: Timestamp) -> Prepared {
         let sent = sample_time::dated(query).unwrap_or_else(|| query.to_string());
+        self.prepare_sent(sent, now, None)
+    }
+
+    /// `sent` as an instant query at `now`. A folded query (with its `fold_label`) is always a
+    /// form POST: its length grows with its members.
+    fn prepare_sent(&self, sent: String, now: Timestamp, fold_label: Option<&str>) -> Prepared {
         let mut form = vec![("query".to_string(), sent), ("time".to_string(), format_time(now))];
         form.extend(self.connection.params.iter().cloned());
-        let mut url = self.connection.endpoint.clone();
-        url.query_pairs_mut().extend_pairs(form.iter());
-        let get_url = (url.as_str().len() <= MAX_GET_URL_CHARS).then_some(url);
-        Prepared { get_url, range: false, form }
+        let get_url = if fold_label.is_some() {
+            None
+        } else {
+            let mut url = self.connection.endpoint.clone();
+            url.query_pairs_mut().extend_pairs(form.iter());
+            (url.as_str().len() <= MAX_GET_URL_CHARS).then_some(url)
+        };
+        Prepared { get_url, range: false, form, fold_label: fold_label.map(str::to_string) }
+    }
+
+    /// The fetches for `texts` (distinct query texts), without the shapes refused lately.
+    fn fold_plan(&self, texts: &[&str]) -> Vec<Fetch> {
+        let now = Instant::now();
+        let mut refused = self.refused_shapes.lock().unwrap_or_else(PoisonError::into_inner);
+        refused.retain(|_, until| *until > now);
+        fold::plan(texts, |shape| refused.contains_key(shape))
+    }
+
+    /// Remembers that the server rejected the folded query of `shape`.
+    fn refuse_shape(&self, shape: &str) {
+        let now = Instant::now();
+        let mut refused = self.refused_shapes.lock().unwrap_or_else(PoisonError::into_inner);
+        refused.retain(|_, until| *until > now);
+        if refused.len() >= MAX_REFUSED_SHAPES {
+            let oldest = refused.iter().min_by_key(|(_, until)| **until).map(|(shape, _)| shape.clone());
+            if let Some(oldest) = oldest {
+                refused.remove(&oldest);
+            }
+        }
+        refused.insert(shape.to_string(), now + REFUSED_SHAPE_FOR);
     }
 
     fn prepare_range(&self, query: &str, start: Timestamp, end: Timestamp, step: Duration) -> Prepared {
@@ -267,7 +468,7 @@ impl Inner {
         let mut url = self.connection.range_endpoint.clone();
         url.query_pairs_mut().extend_pairs(form.iter());
         let get_url = (url.as_str().len() <= MAX_GET_URL_CHARS).then_some(url);
-        Prepared { get_url, range: true, form }
+        Prepared { get_url, range: true, form, fold_label: None }
     }
 
     /// One range request, retried a few times on what another attempt may fix.
@@ -332,7 +533,7 @@ impl Inner {
             }
             body.extend_from_slice(&chunk);
         }
-        response::classify(status, &body, &self.connection.display_endpoint)
+        response::classify(status, &body, &self.connection.display_endpoint, prepared.fold_label.as_deref())
     }
 
     /// A request that got no complete answer: timed out, refused, reset, or a TLS failure.
@@ -436,5 +637,66 @@ mod tests {
         assert!(long.get_url.is_none());
         let names: Vec<&str> = long.form.iter().map(|(k, _)| k.as_str()).collect();
         assert_eq!(names, ["query", "time", "dedup"]);
+
+        // A folded query is a form POST however short, its answer kept with the label.
+        let folded = client.inner.prepare_sent("sum by (d) (x{d=~\"a|b\"})".into(), at, Some("d"));
+        assert!(folded.get_url.is_none());
+        assert_eq!(folded.fold_label.as_deref(), Some("d"));
+        assert_eq!(folded.form.first().map(|(_, v)| v.as_str()), Some("sum by (d) (x{d=~\"a|b\"})"));
+    }
+
+    fn query(text: &str, reducer: Option<crate::rules::Reducer>) -> MetricQuery {
+        MetricQuery { query: text.into(), reducer }
+    }
+
+    #[test]
+    fn the_plan_folds_alike_queries_and_names_every_query_each_request_answers() {
+        let client = client(&[]);
+        let queries = [
+            query("sum(x{d=\"a\"})", None),
+            query("sum(x{d=\"b\"})", Some(crate::rules::Reducer::Max)),
+            query("sum(x{d=\"a\"})", None),
+            query("up", None),
+            query("sum(x{d=\"c\"})", None),
+        ];
+        let plan = client.plan(&queries);
+        assert_eq!(plan.request_count(), 2);
+        let (folded, alone) = (&plan.requests[0].parts, &plan.requests[1].parts);
+        assert_eq!(folded.len(), 1);
+        assert!(folded[0].folded);
+        assert_eq!(folded[0].members, [0, 1, 2, 4]);
+        assert!(
+            folded[0].text.starts_with("(sum by (d)(x{d=~\"a|b|c\"})) or label_replace(min by (d) ("),
+            "{}",
+            folded[0].text
+        );
+        assert_eq!(alone.len(), 1);
+        assert!(!alone[0].folded);
+        assert_eq!(alone[0].members, [3]);
+        assert_eq!(alone[0].text, sample_time::dated("up").unwrap());
+        assert_eq!((plan.folded_members(), plan.unfolded_members()), (4, 1));
+        assert_eq!(client.plan(&[]), QueryPlan::default());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refused_shape_is_sent_unfolded_for_ten_minutes_then_forgotten() {
+        let client = client(&[]);
+        let texts = [
+            "sum(rate(x{d=\"a\"}[1m]))",
+            "sum(rate(x{d=\"b\"}[1m]))",
+            "sum(rate(y{d=\"a\"}[1m]))",
+            "sum(rate(y{d=\"b\"}[1m]))",
+        ];
+        let queries: Vec<MetricQuery> = texts.iter().map(|t| query(t, None)).collect();
+        let fetches = client.inner.fold_plan(&texts);
+        let [Fetch::Folded(x), Fetch::Folded(_)] = &fetches[..] else { panic!("{fetches:?}") };
+        client.inner.refuse_shape(&x.shape);
+        let folded = |plan: &QueryPlan| plan.requests.iter().map(|r| r.parts[0].folded).collect::<Vec<_>>();
+        assert_eq!(folded(&client.plan(&queries)), [false, false, true]);
+        tokio::time::advance(REFUSED_SHAPE_FOR - Duration::from_secs(1)).await;
+        assert_eq!(folded(&client.plan(&queries)), [false, false, true]);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(folded(&client.plan(&queries)), [true, true]);
+        assert!(client.inner.refused_shapes.lock().unwrap().is_empty(), "forgotten, not only ignored");
     }
 }

@@ -3,7 +3,7 @@
 //!
 //! Pure functions over bytes, so that every quirk is covered by unit tests without a server.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -24,6 +24,18 @@ pub(super) struct Answer {
     /// The samples of the series tagged `watermarkd_sample="time"` (see `sample_time`): their
     /// values are the times of the data behind the answer's value. Empty when not asked for.
     pub sample_times: Vec<Sample>,
+    /// For a folded query's answer (see `fold`): the value of its fold label on each series.
+    pub fold_values: FoldValues,
+}
+
+/// The value of a folded query's label on each series of its answer, in the answer's order:
+/// what maps each series back to its member. Empty for any other answer.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(super) struct FoldValues {
+    /// One per sample of the `Vector` result.
+    samples: Vec<Option<String>>,
+    /// One per sample time.
+    times: Vec<Option<String>>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -54,15 +66,23 @@ pub(super) struct Failure {
     pub outcome: &'static str,
     /// Worth another attempt within this cycle (5xx, timeouts, connection problems).
     pub retry: bool,
+    /// The server could not take the query as written (HTTP 400, `bad_data`), as opposed to
+    /// failing while running it (422, `execution`): a folded query's members are then asked
+    /// alone.
+    pub malformed: bool,
 }
 
 impl Failure {
     pub fn new(error: QueryError, outcome: &'static str, retry: bool) -> Self {
-        Failure { error, outcome, retry }
+        Failure { error, outcome, retry, malformed: false }
     }
 
     fn bad_query(message: String) -> Self {
         Failure::new(QueryError::BadQuery(message), "bad_query", false)
+    }
+
+    fn malformed(message: String) -> Self {
+        Failure { malformed: true, ..Failure::bad_query(message) }
     }
 
     fn server(message: String) -> Self {
@@ -106,7 +126,8 @@ struct MatrixEntry {
 
 #[derive(Deserialize)]
 struct VectorEntry {
-    metric: Option<Labels>,
+    /// Every label: a folded query's answer is mapped back by one of them.
+    metric: Option<serde_json::Map<String, serde_json::Value>>,
     value: Option<(f64, String)>,
     histogram: Option<serde_json::Value>,
 }
@@ -122,12 +143,14 @@ const HISTOGRAM: &str = "the query returns native histogram samples, not numbers
     yields a float, such as histogram_quantile(), histogram_sum() or histogram_count()";
 
 /// Turns one HTTP answer into an `Answer` or a `Failure`. Never assumes the body is JSON: a
-/// proxy, or Prometheus itself while starting or stopping, answers in plain text.
-pub(super) fn classify(status: u16, body: &[u8], endpoint: &str) -> Result<Answer, Failure> {
+/// proxy, or Prometheus itself while starting or stopping, answers in plain text. For a folded
+/// query, each series' value of its `fold_label` is kept, to map it back to its member
+/// (`Answer::split`).
+pub(super) fn classify(status: u16, body: &[u8], endpoint: &str, fold_label: Option<&str>) -> Result<Answer, Failure> {
     let parsed: Option<Body> = serde_json::from_slice(body).ok();
     match status {
         200..=299 => match parsed {
-            Some(b) if b.status.as_deref() == Some("success") => success(b),
+            Some(b) if b.status.as_deref() == Some("success") => success(b, fold_label),
             Some(b) if b.status.as_deref() == Some("error") => Err(error_in_success(status, b)),
             _ => {
                 Err(Failure::protocol(format!("HTTP {status} with a body that is not Prometheus' JSON{}", said(body))))
@@ -204,12 +227,14 @@ fn api_error(status: u16, body: Body) -> Failure {
     match error_type.as_str() {
         // `execution` errors (many-to-many matching, duplicate label sets, too many samples) come
         // from the query meeting the data: no retry makes them go away, the query must change.
-        "bad_data" | "execution" => Failure::bad_query(message),
+        "bad_data" => Failure::malformed(message),
+        "execution" => Failure::bad_query(message),
         "timeout" => Failure::new(QueryError::Server(format!("timeout: {message}")), "timeout", true),
         "canceled" | "internal" | "unavailable" => Failure::server(format!("{error_type}: {message}")),
         "not_found" => Failure::new(QueryError::Configuration(message), "protocol", false),
         _ => match status {
-            400 | 422 => Failure::bad_query(message),
+            400 => Failure::malformed(message),
+            422 => Failure::bad_query(message),
             500..=599 => Failure::server(message),
             _ => Failure::protocol(format!("HTTP {status}, error type {error_type:?}: {message}")),
         },
@@ -219,19 +244,21 @@ fn api_error(status: u16, body: Body) -> Failure {
 /// An error answer without Prometheus' JSON: judged by its status code alone.
 fn by_status(status: u16, body: &[u8]) -> Failure {
     match status {
-        400 | 422 => Failure::bad_query(format!("HTTP {status}{}", said(body))),
+        400 => Failure::malformed(format!("HTTP {status}{}", said(body))),
+        422 => Failure::bad_query(format!("HTTP {status}{}", said(body))),
         500..=599 => Failure::server(format!("HTTP {status}{}", said(body))),
         _ => Failure::protocol(format!("HTTP {status}{}", said(body))),
     }
 }
 
-fn success(body: Body) -> Result<Answer, Failure> {
+fn success(body: Body, fold_label: Option<&str>) -> Result<Answer, Failure> {
     let warnings = body.warnings.unwrap_or_default();
     let infos = body.infos.unwrap_or_default();
     let partial = partial_reason(&warnings, &infos, body.is_partial.unwrap_or(false));
     let warnings = warnings.into_iter().chain(infos.into_iter().map(|i| format!("info: {i}"))).collect();
     let data = body.data.ok_or_else(|| Failure::protocol("a success answer without data".into()))?;
     let mut sample_times = Vec::new();
+    let mut fold_values = FoldValues::default();
     let result = match data.result_type.as_str() {
         "vector" => {
             let entries: Vec<VectorEntry> = serde_json::from_value(data.result)
@@ -243,7 +270,12 @@ fn success(body: Body) -> Result<Answer, Failure> {
                     (None, Some(_)) => Sample::Histogram,
                     (None, None) => return Err(Failure::protocol("a vector sample without a value".into())),
                 };
-                let is_time = entry.metric.and_then(|m| m.sample).is_some_and(|s| s == sample_time::TIME);
+                let label = |name: &str| entry.metric.as_ref().and_then(|m| m.get(name)).and_then(|v| v.as_str());
+                let is_time = label(sample_time::LABEL) == Some(sample_time::TIME);
+                if let Some(fold_label) = fold_label {
+                    let value = label(fold_label).map(str::to_string);
+                    if is_time { &mut fold_values.times } else { &mut fold_values.samples }.push(value);
+                }
                 if is_time { &mut sample_times } else { &mut samples }.push(sample);
             }
             QueryResult::Vector(samples)
@@ -280,7 +312,44 @@ fn success(body: Body) -> Result<Answer, Failure> {
         "string" => QueryResult::Unusable(data.result_type),
         other => return Err(Failure::protocol(format!("unknown result type {other:?}"))),
     };
-    Ok(Answer { result, warnings, partial, sample_times })
+    Ok(Answer { result, warnings, partial, sample_times, fold_values })
+}
+
+impl Answer {
+    /// A folded query's answer split into what each member's own query would have answered:
+    /// for each of `values` (of the fold label), the series and data times labelled with it,
+    /// and the answer's warnings. A value without a series gets an empty vector, which is no
+    /// data for that member only. Series of other values are not any member's.
+    pub fn split<'v>(&self, values: impl IntoIterator<Item = &'v str>) -> Result<HashMap<&'v str, Answer>, QueryError> {
+        let QueryResult::Vector(samples) = &self.result else {
+            return Err(QueryError::Protocol("the answer to a folded query is not a vector".into()));
+        };
+        let mut parts: HashMap<&str, (Vec<Sample>, Vec<Sample>)> =
+            values.into_iter().map(|value| (value, (Vec::new(), Vec::new()))).collect();
+        for (sample, value) in samples.iter().zip(&self.fold_values.samples) {
+            if let Some((series, _)) = value.as_deref().and_then(|v| parts.get_mut(v)) {
+                series.push(sample.clone());
+            }
+        }
+        for (time, value) in self.sample_times.iter().zip(&self.fold_values.times) {
+            if let Some((_, times)) = value.as_deref().and_then(|v| parts.get_mut(v)) {
+                times.push(time.clone());
+            }
+        }
+        Ok(parts
+            .into_iter()
+            .map(|(value, (series, sample_times))| {
+                let part = Answer {
+                    result: QueryResult::Vector(series),
+                    warnings: self.warnings.clone(),
+                    partial: self.partial.clone(),
+                    sample_times,
+                    fold_values: FoldValues::default(),
+                };
+                (value, part)
+            })
+            .collect())
+    }
 }
 
 /// Why the server's own words say the answer lacks data, if they do. A partial answer is a
@@ -546,11 +615,11 @@ mod tests {
     const ENDPOINT: &str = "http://prom:9090/api/v1/query";
 
     fn ok(body: &str) -> Answer {
-        classify(200, body.as_bytes(), ENDPOINT).unwrap()
+        classify(200, body.as_bytes(), ENDPOINT, None).unwrap()
     }
 
     fn fail(status: u16, body: &str) -> Failure {
-        classify(status, body.as_bytes(), ENDPOINT).unwrap_err()
+        classify(status, body.as_bytes(), ENDPOINT, None).unwrap_err()
     }
 
     fn vector_body(values: &[(f64, &str)]) -> String {
@@ -749,12 +818,60 @@ mod tests {
     }
 
     #[test]
+    fn a_folded_answer_maps_back_by_label_never_by_position() {
+        let body = r#"{"status":"success","warnings":["store-gateway-2 unavailable"],"data":{"resultType":"vector","result":[
+            {"metric":{"d":"b"},"value":[100,"2"]},
+            {"metric":{"d":"zzz"},"value":[100,"9"]},
+            {"metric":{},"value":[100,"8"]},
+            {"metric":{"d":"a"},"value":[100,"1"]},
+            {"metric":{"d":"a","watermarkd_sample":"time"},"value":[100,"40"]},
+            {"metric":{"d":"b","watermarkd_sample":"time"},"value":[100,"60"]}]}}"#;
+        let answer = classify(200, body.as_bytes(), ENDPOINT, Some("d")).unwrap();
+        let parts = answer.split(["a", "b", "c"]).unwrap();
+        let now = Timestamp::from_unix_millis(100_000);
+        let seen = |value: &str, max_age: Option<Duration>| observe(&parts[value], None, now, max_age);
+        // Each member its own series, dated by its own samples.
+        assert_eq!(value_of(&seen("a", None)), (1.0, 40_000));
+        assert_eq!(value_of(&seen("b", None)), (2.0, 60_000));
+        assert_eq!(seen("a", None).detail.series, Some(1));
+        // Staleness is each member's: only a's data is older than 50 s.
+        assert!(matches!(seen("a", Some(Duration::from_secs(50))).detail.error, Some(QueryError::Stale { .. })));
+        assert_eq!(value_of(&seen("b", Some(Duration::from_secs(50)))), (2.0, 60_000));
+        // A member with no series has no data, never 0; series of no member are no one's.
+        let c = seen("c", None);
+        assert!(matches!(c.detail.error, Some(QueryError::NoData(_))), "{c:?}");
+        assert_eq!(c.detail.series, Some(0));
+        // A partial answer is partial for every member.
+        for value in ["a", "b", "c"] {
+            assert!(seen(value, None).detail.partial.is_some(), "{value}");
+        }
+        // Without a fold label, nothing is kept to split by.
+        let plain = classify(200, body.as_bytes(), ENDPOINT, None).unwrap();
+        assert_eq!(plain.fold_values, FoldValues::default());
+        // A folded query answered with anything but a vector is the server's fault.
+        let scalar = ok(r#"{"status":"success","data":{"resultType":"scalar","result":[1,"2"]}}"#);
+        assert!(matches!(scalar.split(["a"]), Err(QueryError::Protocol(_))));
+    }
+
+    #[test]
+    fn only_a_query_the_server_cannot_take_is_malformed() {
+        assert!(fail(400, r#"{"status":"error","errorType":"bad_data","error":"parse error"}"#).malformed);
+        assert!(fail(400, "bad request").malformed);
+        assert!(fail(200, r#"{"status":"error","errorType":"bad_data","error":"nope"}"#).malformed);
+        assert!(!fail(422, r#"{"status":"error","errorType":"execution","error":"too many samples"}"#).malformed);
+        assert!(!fail(422, "query too long").malformed);
+        assert!(!fail(503, "down").malformed);
+        assert!(!fail(429, "slow down").malformed);
+    }
+
+    #[test]
     fn error_answers() {
         let f = fail(
             400,
             r#"{"status":"error","errorType":"bad_data","error":"1:5: parse error: unexpected end of input"}"#,
         );
-        assert_eq!(f, Failure::bad_query("1:5: parse error: unexpected end of input".into()));
+        assert_eq!(f, Failure::malformed("1:5: parse error: unexpected end of input".into()));
+        assert!(f.malformed);
         let f = fail(
             422,
             r#"{"status":"error","errorType":"execution","error":"found duplicate series for the match group; many-to-many matching not allowed"}"#,

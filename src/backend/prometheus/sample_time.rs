@@ -24,6 +24,10 @@
 //! written, and its value stays dated at the evaluation time: what it computed from old samples
 //! cannot be told from the answer.
 //!
+//! A folded query (see `fold`) of such a shape asks the same per group,
+//! `min by (K) (timestamp(SELECTOR'))`, so that each member gets the time of its own samples;
+//! a folded query of any other shape is sent undated, as its members would be.
+//!
 //! Pure text functions: no PromQL parser, only a recogniser for these shapes. What it does not
 //! recognise is sent unchanged, so a mistake costs the data time, never the query.
 
@@ -36,7 +40,7 @@ const AGGREGATIONS: &[&str] = &["sum", "min", "max", "avg", "count"];
 
 /// Words that cannot be a metric name standing alone: operators, keywords, and the number
 /// literals `Inf` and `NaN` (a scalar, which `label_replace` would refuse).
-const NOT_NAMES: &[&str] = &[
+pub(super) const NOT_NAMES: &[&str] = &[
     "and",
     "or",
     "unless",
@@ -58,6 +62,14 @@ const NOT_NAMES: &[&str] = &[
 pub(super) fn dated(query: &str) -> Option<String> {
     let selector = selector_of(query)?;
     Some(format!("({query}) or label_replace(min(timestamp({selector})), \"{LABEL}\", \"{TIME}\", \"\", \"\")"))
+}
+
+/// `dated` for a folded query (see `fold`): `query` groups by `label`, and `selector` is its
+/// one selector. The data time is asked for per group, labelled with the group's value of
+/// `label` as the query's own series are, so that each member gets the time of its own samples:
+/// what `min(timestamp(...))` of its own selector would have said.
+pub(super) fn dated_by(query: &str, selector: &str, label: &str) -> String {
+    format!("({query}) or label_replace(min by ({label}) (timestamp({selector})), \"{LABEL}\", \"{TIME}\", \"\", \"\")")
 }
 
 /// The series selector whose samples `query`'s value comes from: the query itself, or what its
