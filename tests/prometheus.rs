@@ -913,8 +913,12 @@ async fn queries_of_one_shape_fold_into_one_request_and_each_gets_what_it_gets_a
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     let before = requests(&metrics, "ok");
+    let per_request = metrics.plan_members_per_request.with_label_values(&[NAME]);
+    let (counted, summed) = (per_request.get_sample_count(), per_request.get_sample_sum());
     let folded = client.evaluate(&queries, at, by(&client)).await;
     assert_eq!(requests(&metrics, "ok") - before, 4, "one request per shape");
+    assert_eq!(per_request.get_sample_count() - counted, 4);
+    assert_eq!(per_request.get_sample_sum() - summed, 80.0);
     assert_eq!(metrics.plan_requests.with_label_values(&[NAME]).get(), 4);
     assert_eq!(metrics.plan_queries.with_label_values(&[NAME, "true"]).get(), 80);
     assert_eq!(metrics.plan_queries.with_label_values(&[NAME, "false"]).get(), 0);
