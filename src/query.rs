@@ -10,7 +10,7 @@ use std::time::SystemTime;
 use watermarkd_engine::{Decimal, Reading, Timestamp};
 
 use crate::backend::datadog::RateLimitSnapshot;
-use crate::backend::{BackendError, MetricBackend, MetricQuery, Observation, QueryBackend};
+use crate::backend::{BackendError, MetricBackend, MetricQuery, Observation, QueryBackend, QueryPlan};
 use crate::rules::{self, Autoscaler, RulesError, RulesFile};
 use crate::telemetry::BackendMetrics;
 
@@ -49,7 +49,7 @@ pub async fn run(args: &QueryArgs, out: &mut impl Write) -> Result<bool, QueryCo
     let rules = rules::load_rules(&args.rules)?;
     let selected = select(&rules, args)?;
     let now = Timestamp::from_system_time(SystemTime::now());
-    let Answers { metrics: answers, rate_limits } = query_all(&rules, &selected, now).await?;
+    let Answers { metrics: answers, rate_limits, plans } = query_all(&rules, &selected, now).await?;
     let mut all_ok = true;
     // In file order: each autoscaler with its answers (they are sorted so).
     let mut answers_left = answers.iter().peekable();
@@ -77,6 +77,9 @@ pub async fn run(args: &QueryArgs, out: &mut impl Write) -> Result<bool, QueryCo
     }
     if selected.is_empty() {
         writeln!(out, "{}: no autoscalers", args.rules.display())?;
+    }
+    for plan in &plans {
+        write_plan(out, plan)?;
     }
     for (backend, budget) in rate_limits {
         write!(
@@ -131,6 +134,7 @@ pub async fn query_all<'a>(
         }
     }
     let mut rate_limits = Vec::new();
+    let mut plans = Vec::new();
     for (name, users) in per_backend {
         let Some(config) = rules.backends.get(name) else { continue };
         let backend = MetricBackend::new(name, config, metrics.clone())?;
@@ -141,6 +145,8 @@ pub async fn query_all<'a>(
                 MetricQuery { query: source.query.clone(), reducer: source.reducer }
             })
             .collect();
+        let labels = users.iter().map(|(a, i)| format!("{} ({})", a.name, a.metrics[*i].name)).collect();
+        plans.push(BackendPlan { backend: name.to_string(), plan: backend.plan(&queries, now), labels });
         // No cycle to fit in: as long as a cycle of the daemon with retries used to take.
         let deadline = tokio::time::Instant::now() + backend.timeout().saturating_mul(2);
         let observations = backend.evaluate(&queries, now, deadline).await;
@@ -165,7 +171,7 @@ pub async fn query_all<'a>(
     // Back to file order: autoscaler, then metric.
     let order: BTreeMap<&str, usize> = selected.iter().enumerate().map(|(i, a)| (&*a.name, i)).collect();
     answers.sort_by_key(|a| (order.get(&*a.autoscaler.name).copied(), a.metric_index));
-    Ok(Answers { metrics: answers, rate_limits })
+    Ok(Answers { metrics: answers, rate_limits, plans })
 }
 
 /// Everything one `query` run learned.
@@ -173,6 +179,40 @@ pub struct Answers<'a> {
     pub metrics: Vec<MetricAnswer<'a>>,
     /// The Datadog rate budget after the queries, per backend.
     pub rate_limits: Vec<(String, RateLimitSnapshot)>,
+    /// What each backend planned to send, before it sent it.
+    pub plans: Vec<BackendPlan>,
+}
+
+/// One backend's plan for the queries of `query`, with who asks each.
+pub struct BackendPlan {
+    pub backend: String,
+    pub plan: QueryPlan,
+    /// `autoscaler (metric)` for each query planned, in the plan's member numbering.
+    pub labels: Vec<String>,
+}
+
+/// Which autoscalers share which request, and which of them are folded into a grouped query.
+fn write_plan(out: &mut impl Write, backend_plan: &BackendPlan) -> std::io::Result<()> {
+    let BackendPlan { backend, plan, labels } = backend_plan;
+    let grouped = plan.requests.iter().flat_map(|r| r.parts.iter()).filter(|p| p.folded).count();
+    writeln!(
+        out,
+        "backend {backend}: {} request(s) for {} queries ({} folded into {grouped} grouped queries, {} sent as they are)",
+        plan.request_count(),
+        plan.folded_members() + plan.unfolded_members(),
+        plan.folded_members(),
+        plan.unfolded_members(),
+    )?;
+    for (r, request) in plan.requests.iter().enumerate() {
+        writeln!(out, "  request {}:", r + 1)?;
+        for part in &request.parts {
+            let how = if part.folded { "grouped" } else { "as is" };
+            writeln!(out, "    {how}: {}", part.text)?;
+            let who: Vec<&str> = part.members.iter().filter_map(|&m| labels.get(m).map(String::as_str)).collect();
+            writeln!(out, "      for {}", who.join(", "))?;
+        }
+    }
+    Ok(())
 }
 
 fn write_answer(out: &mut impl Write, answer: &MetricAnswer<'_>, now: Timestamp) -> std::io::Result<()> {

@@ -1316,3 +1316,45 @@ async fn two_varying_tags_fold_grouped_by_both() {
     assert_eq!(log.len(), 1);
     assert!(log[0].sub_queries[0].ends_with("} by {app,kube_namespace}"), "{:?}", log[0].sub_queries);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Budget-aware refresh
+
+#[tokio::test]
+async fn a_value_that_cannot_have_changed_is_not_asked_again_until_its_next_bucket() {
+    // A budget no pacing comes near: the cycles here follow each other at once.
+    let fake = FakeDatadog::with_budget(Budget {
+        limit: 1_000_000,
+        period: Duration::from_secs(3600),
+        offset: Duration::ZERO,
+    })
+    .await;
+    let s = setup(&fake);
+    let text = "avg:kubernetes.cpu.usage.total{kube_deployment:web,env:prod}".to_string();
+    // Every bucket filled, the newest one (still filling) included, as a live series is.
+    fake.set(&text, Behavior::Series(SeriesSpec { trailing_nulls: 0, ..SeriesSpec::constant(5.0) }));
+    let first = s.client.evaluate(&[q(&text)], t0(), by(&s.client)).await;
+    let (value_read, at) = value(&first[0]);
+    assert_eq!(fake.requests(), 1);
+    // The penultimate point at `at` (rollup 30 s) stays the penultimate point until a point
+    // can exist for the bucket after next: at + 60 s.
+    let until = at.plus(Duration::from_secs(60));
+    assert!(until > t0(), "the newest bucket is at {at:?}, the cycle at {:?}", t0());
+    let just_before = Timestamp::from_unix_millis(until.unix_millis() - 1);
+    let again = s.client.evaluate(&[q(&text)], just_before, by(&s.client)).await;
+    assert_eq!(fake.requests(), 1, "asked again for a value that cannot have changed");
+    assert_eq!(value(&again[0]), (value_read, at), "the same value, with its own (older) time");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    s.client.evaluate(&[q(&text)], until, by(&s.client)).await;
+    assert_eq!(fake.requests(), 2, "asked again once the value can have changed");
+
+    // Anything but a value is asked again at the next cycle.
+    fake.set(&text, Behavior::NoData);
+    let later = until.plus(Duration::from_secs(120));
+    for _ in 0..2 {
+        // Past the pacer's spacing of one request (3.6 ms on this budget).
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        s.client.evaluate(&[q(&text)], later, by(&s.client)).await;
+    }
+    assert_eq!(fake.requests(), 4);
+}

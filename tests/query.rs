@@ -195,6 +195,55 @@ high_watermark = 1
     assert!(out.contains("environment variable WM_TEST_DD_API_KEY is not set"), "{out}");
 }
 
+/// The plan: which autoscalers share which request, and which are folded into a grouped query.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn query_shows_which_autoscalers_share_a_grouped_query() {
+    let fake = FakeDatadog::start().await;
+    let mut text = format!(
+        "[backend.dd]\ntype = \"datadog\"\nurl = \"{}\"\napi_key_env = \"WM_TEST_DD_API_KEY\"\napp_key_env = \"WM_TEST_DD_APP_KEY\"\n",
+        fake.url
+    );
+    let queries = [
+        ("web-a", "avg:nginx.requests{env:prod,app:web-a}"),
+        ("web-b", "avg:nginx.requests{env:prod,app:web-b}"),
+        ("top", "top(avg:nginx.requests{env:prod} by {app}, 1, 'mean', 'desc')"),
+    ];
+    for (i, (name, query)) in queries.iter().enumerate() {
+        fake.set(
+            query,
+            Behavior::Series(SeriesSpec { trailing_nulls: 0, ..SeriesSpec::constant(10.0 * (i + 1) as f64) }),
+        );
+        text.push_str(&format!(
+            "\n[[autoscaler]]\nname = \"{name}\"\ntarget = {{ kind = \"Deployment\", namespace = \"prod\", name = \"{name}\" }}\n\
+             max_replicas = 10\n[[autoscaler.metric]]\nname = \"rps\"\nbackend = \"dd\"\nquery = \"{query}\"\nhigh_watermark = 100\n"
+        ));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("rules.toml");
+    std::fs::write(&config, text).unwrap();
+    let keys = [("WM_TEST_DD_API_KEY", fake_datadog::API_KEY), ("WM_TEST_DD_APP_KEY", fake_datadog::APP_KEY)];
+    let (code, out) = watermarkd_query_env(&config, None, &keys);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("backend dd: 1 request(s) for 3 queries (2 folded into 1 grouped queries, 1 sent as they are)"),
+        "{out}"
+    );
+    assert!(
+        out.contains(
+            "    grouped: avg:nginx.requests{env:prod AND app IN (web-a, web-b)} by {app}\n      for web-a (rps), web-b (rps)"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains("    as is: top(avg:nginx.requests{env:prod} by {app}, 1, 'mean', 'desc')\n      for top (rps)"),
+        "{out}"
+    );
+    // Each member has its own group's value.
+    assert!(out.contains("web-a\n  rps via dd: avg:nginx.requests{env:prod,app:web-a}\n    value 10 "), "{out}");
+    assert!(out.contains("web-b\n  rps via dd: avg:nginx.requests{env:prod,app:web-b}\n    value 20 "), "{out}");
+    assert_eq!(fake.requests(), 1, "one request for all three");
+}
+
 /// A metric's own `max_age` is the daemon's staleness rule, and `query` applies the same one:
 /// a point the daemon would refuse is not shown as usable.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

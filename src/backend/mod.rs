@@ -228,6 +228,14 @@ impl MetricBackend {
             MetricBackend::Prometheus(c) => c.timeout(),
         }
     }
+
+    /// What a cycle of `queries` at `now` would send (`plan`), without sending anything.
+    pub fn plan(&self, queries: &[MetricQuery], now: Timestamp) -> QueryPlan {
+        match self {
+            MetricBackend::Datadog(c) => c.plan(queries, now),
+            MetricBackend::Prometheus(c) => c.plan(queries),
+        }
+    }
 }
 
 impl MetricBackend {

@@ -171,6 +171,9 @@ struct Inner {
     /// Whether the last answer was a 403, so that it is logged once, not once per request.
     forbidden: AtomicBool,
     bad_queries: Mutex<HashMap<String, (QueryError, Instant)>>,
+    /// Values that cannot have changed yet, by `text_key`, with when they may: see
+    /// `still_current`.
+    current: Mutex<HashMap<u64, (Observation, Timestamp)>>,
     /// Shapes (`fold::FoldedQuery::shape`) whose grouped query Datadog rejected, and until when
     /// their members go unfolded.
     refused_shapes: Mutex<HashMap<u64, Instant>>,
@@ -285,6 +288,7 @@ impl DatadogClient {
                 forbidden: AtomicBool::new(false),
                 bad_queries: Mutex::new(HashMap::new()),
                 refused_shapes: Mutex::new(HashMap::new()),
+                current: Mutex::new(HashMap::new()),
                 served: Mutex::new(HashMap::new()),
                 namespace_budget_percent: config.namespace_budget_percent,
                 fold_queries: config.fold_queries,
@@ -348,6 +352,15 @@ impl DatadogClient {
         for (slot, query) in distinct.iter().enumerate() {
             if let Some(error) = inner.precheck(query, started) {
                 answers[slot] = Some(Observation::unavailable(error));
+            }
+        }
+        {
+            let mut current = lock(&inner.current);
+            current.retain(|_, (_, until)| *until > now);
+            for (d, text) in distinct.iter().enumerate() {
+                if answers[d].is_none() {
+                    answers[d] = current.get(&text_key(text)).map(|(observation, _)| observation.clone());
+                }
             }
         }
         let mut pending: Vec<usize> = (0..distinct.len()).filter(|&d| answers[d].is_none()).collect();
@@ -433,6 +446,7 @@ impl DatadogClient {
             }
         }
         inner.served_now(sent.iter().map(|&q| texts[q]), started);
+        inner.note_current(sent.iter().map(|&q| (texts[q], answers[pending[q]].as_ref())), now);
         inner.charge_namespaces(sent.iter().map(|&q| owners[pending[q]]));
         let out: Vec<Observation> = slots
             .iter()
@@ -660,6 +674,33 @@ impl Inner {
             served.insert(text_key(text), at);
         }
         served.retain(|_, when| at.saturating_duration_since(*when) < pacing::MAX_WINDOW * 2);
+    }
+
+    /// Keeps each value just read until it can change: the penultimate point of a series with
+    /// a rollup of I seconds, at time p, stays the penultimate point until a point exists for
+    /// the bucket after next, at p + 2I. Asking again before then costs a request for the
+    /// same value (with 15 s cycles and a 30 s rollup, every other request), so until then a
+    /// cycle answers from here: the decision still runs every cycle, with the value's own
+    /// time, so its age shows. Anything but a value is forgotten, and asked again next cycle.
+    fn note_current<'a>(&self, read: impl Iterator<Item = (&'a str, Option<&'a Observation>)>, now: Timestamp) {
+        let mut current = lock(&self.current);
+        for (text, observation) in read {
+            let key = text_key(text);
+            let until = observation.and_then(|o| match (&o.reading, o.detail.interval_seconds) {
+                (watermarkd_engine::Reading::Value { at, .. }, Some(interval)) if interval > 0 => {
+                    Some(at.plus(Duration::from_secs(interval.saturating_mul(2))))
+                }
+                _ => None,
+            });
+            match (until, observation) {
+                (Some(until), Some(observation)) if until > now => {
+                    current.insert(key, (observation.clone(), until));
+                }
+                _ => {
+                    current.remove(&key);
+                }
+            }
+        }
     }
 
     /// Holds each namespace to its share of the budget: of its queries in `pending` (oldest
