@@ -210,6 +210,8 @@ struct MetricRecord {
     /// The `metric_name` label's value, escaped.
     name: String,
     value: Option<f64>,
+    /// How old the value's data point was at the decision, in seconds.
+    age_seconds: Option<f64>,
     high_watermark: f64,
     low_watermark: f64,
     proposal: Option<u32>,
@@ -392,6 +394,9 @@ impl AutoscalerMetrics {
                         // A value the decision refused (stale, negative) is not the metric's
                         // current value: a dashboard must not plot it as one.
                         value: m.value.filter(|v| v.is_finite() && m.position != Position::Unavailable),
+                        age_seconds: m
+                            .age_seconds
+                            .filter(|a| a.is_finite() && m.value.is_some() && m.position != Position::Unavailable),
                         high_watermark: m.high_watermark,
                         low_watermark: m.low_watermark,
                         proposal: m.proposal,
@@ -507,6 +512,7 @@ struct Rendered {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Family {
     Value,
+    Age,
     HighWatermark,
     LowWatermark,
     Proposal,
@@ -529,8 +535,14 @@ enum Family {
 /// The families, in output order: what, name, type, help. The Datadog controller still
 /// exports the watermarks under their first, misspelled names (`..._watermak`) beside the
 /// correct ones; dashboards built on either keep working, so both are here.
-const FAMILIES: [(Family, &str, &str, &str); 20] = [
+const FAMILIES: [(Family, &str, &str, &str); 21] = [
     (Family::Value, "wpa_controller_value", "gauge", "The metric's value, as compared with the watermarks"),
+    (
+        Family::Age,
+        "watermarkd_metric_age_seconds",
+        "gauge",
+        "How old the data point behind wpa_controller_value was when the decision used it",
+    ),
     (Family::HighWatermark, "wpa_controller_high_watermark", "gauge", "The metric's high watermark"),
     (
         Family::HighWatermark,
@@ -668,6 +680,7 @@ fn write_samples(out: &mut String, family: Family, name: &str, rendered: &Render
     };
     match family {
         Family::Value => per_metric(out, &|m| m.value.map(number)),
+        Family::Age => per_metric(out, &|m| m.value.and(m.age_seconds).map(number)),
         Family::HighWatermark => per_metric(out, &|m| Some(number(m.high_watermark))),
         Family::LowWatermark => per_metric(out, &|m| Some(number(m.low_watermark))),
         Family::Proposal => per_metric(out, &|m| m.proposal.map(|p| p.to_string())),
@@ -762,11 +775,12 @@ mod tests {
         .expect("rule");
         let target = Target { spec_replicas: 2, status_replicas: Some(2), ready_replicas: Some(2) };
         let now = Timestamp::from_unix_millis(1_700_000_000_000);
-        let high = [Reading::Value { value: 30.0, at: now }];
+        let high = [Reading::Value { value: 30.0, at: Timestamp::from_unix_millis(1_699_999_985_000) }];
         let decision = decide(&rule, target, &high, &State::default(), now);
         metrics.observe(&labels("web"), &rule, &decision, true, [("AbleToScale", true), ("ScalingLimited", true)]);
         let text = exported(&metrics);
         assert!(text.contains(&format!("wpa_controller_value{{{WEB},metric_name=\"load\"}} 30\n")), "{text}");
+        assert!(text.contains(&format!("watermarkd_metric_age_seconds{{{WEB},metric_name=\"load\"}} 15\n")), "{text}");
         assert!(text.contains(&format!("wpa_controller_high_watermak{{{WEB},metric_name=\"load\"}} 10\n")), "{text}");
         assert!(text.contains(&format!("wpa_controller_low_watermak{{{WEB},metric_name=\"load\"}} 5\n")), "{text}");
         assert!(
@@ -784,6 +798,7 @@ mod tests {
         metrics.observe(&labels("web"), &rule, &decision, false, [("ScalingActive", false)]);
         let text = exported(&metrics);
         assert!(!text.contains("wpa_controller_value{"), "{text}");
+        assert!(!text.contains("watermarkd_metric_age_seconds{"), "{text}");
         assert!(text.contains("wpa_controller_high_watermark{"), "{text}");
         assert!(text.contains(&format!("wpa_controller_scaling_active{{{WEB}}} 0\n")), "{text}");
         // Conditions not set this time keep their status, as in a WPA status.
