@@ -225,6 +225,13 @@ struct Shape<'a> {
 }
 
 impl Shape<'_> {
+    /// A hash of the whole shape, to count queries sharing it without keeping it.
+    fn fingerprint(&self) -> u64 {
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        self.hash(&mut hasher);
+        hasher.finish()
+    }
+
     /// What a refusal is remembered by: the metric and its whole function chain, whatever the
     /// scope and the keys, so that a text Datadog cannot run is not tried again by other keys.
     fn id(&self) -> u64 {
@@ -277,36 +284,38 @@ fn shapes<'a>(parsed: &Parsed<'a>) -> Vec<(Shape<'a>, Vec<&'a str>)> {
 /// Units come in the order of their first member, so an order of priority in `queries` is kept.
 pub fn fold(queries: &[&str], max_encoded: usize, refused: &dyn Fn(u64) -> bool) -> Vec<Unit> {
     let parsed: Vec<Option<Parsed<'_>>> = queries.iter().map(|q| parse(q).ok()).collect();
-    // Every way each query could fold, and how many queries share each shape.
-    let mut options: Vec<Vec<(Shape<'_>, Vec<&str>)>> = Vec::with_capacity(queries.len());
-    let mut sharing: HashMap<Shape<'_>, usize> = HashMap::new();
-    for p in &parsed {
-        let mine: Vec<(Shape<'_>, Vec<&str>)> = match p {
-            Some(p) => shapes(p).into_iter().filter(|(shape, _)| !refused(shape.id())).collect(),
-            None => Vec::new(),
-        };
-        for (shape, _) in &mine {
-            *sharing.entry(shape.clone()).or_default() += 1;
+    // How many queries share each shape, counted by the shape's hash first: most ways a query
+    // could fold are its own alone (by a key whose other conjuncts nobody else has), and
+    // 10,000 queries should not keep tens of thousands of shapes for that.
+    let mut sharing: HashMap<u64, usize> = HashMap::new();
+    for p in parsed.iter().flatten() {
+        for (shape, _) in shapes(p) {
+            *sharing.entry(shape.fingerprint()).or_default() += 1;
         }
-        options.push(mine);
+    }
+    // The shared ones, with their members.
+    let mut by_shape: HashMap<Shape<'_>, Vec<Member<'_>>> = HashMap::new();
+    for (q, p) in parsed.iter().enumerate() {
+        let Some(p) = p else { continue };
+        for (shape, values) in shapes(p) {
+            if sharing.get(&shape.fingerprint()).is_some_and(|n| *n >= 2) && !refused(shape.id()) {
+                by_shape.entry(shape).or_default().push((q, values));
+            }
+        }
     }
     // Greedy: each query takes the shape shared by the most queries (fewer keys, then the
     // shape's order, on a tie), so the largest groups form first.
+    let mut ranked: Vec<(Shape<'_>, Vec<Member<'_>>)> = by_shape.into_iter().filter(|(_, m)| m.len() >= 2).collect();
+    ranked.sort_by(|a, b| {
+        b.1.len().cmp(&a.1.len()).then(a.0.keys.len().cmp(&b.0.keys.len())).then_with(|| a.0.cmp(&b.0))
+    });
     let mut chosen: Vec<Option<usize>> = vec![None; queries.len()];
     let mut groups: Vec<(Shape<'_>, Vec<Member<'_>>)> = Vec::new();
-    let mut group_of: HashMap<Shape<'_>, usize> = HashMap::new();
-    let mut ranked: Vec<(&Shape<'_>, usize)> = sharing.iter().map(|(s, n)| (s, *n)).filter(|(_, n)| *n >= 2).collect();
-    ranked.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.keys.len().cmp(&b.0.keys.len())).then(a.0.cmp(b.0)));
-    for (shape, _) in ranked {
-        let members: Vec<(usize, Vec<&str>)> = options
-            .iter()
-            .enumerate()
-            .filter(|(q, _)| chosen[*q].is_none())
-            .filter_map(|(q, mine)| mine.iter().find(|(s, _)| s == shape).map(|(_, values)| (q, values.clone())))
-            .collect();
+    for (shape, members) in ranked {
         // Two members with the same values would be the same query; keep distinct ones.
         let mut seen: HashSet<Vec<&str>> = HashSet::new();
-        let members: Vec<(usize, Vec<&str>)> = members.into_iter().filter(|(_, v)| seen.insert(v.clone())).collect();
+        let members: Vec<Member<'_>> =
+            members.into_iter().filter(|(q, v)| chosen[*q].is_none() && seen.insert(v.clone())).collect();
         if members.len() < 2 {
             continue;
         }
@@ -314,8 +323,7 @@ pub fn fold(queries: &[&str], max_encoded: usize, refused: &dyn Fn(u64) -> bool)
         for (q, _) in &members {
             chosen[*q] = Some(group);
         }
-        group_of.insert(shape.clone(), group);
-        groups.push((shape.clone(), members));
+        groups.push((shape, members));
     }
     let mut folded: Vec<Vec<FoldedQuery>> =
         groups.iter().map(|(shape, members)| split(shape, members, max_encoded)).collect();
@@ -351,34 +359,44 @@ fn grouped_text(shape: &Shape<'_>, values: &[BTreeSet<&str>]) -> String {
 }
 
 /// Splits `members` of `shape` into grouped queries whose encoded text stays under
-/// `max_encoded`, adding members in order while the text fits.
-fn split(shape: &Shape<'_>, members: &[(usize, Vec<&str>)], max_encoded: usize) -> Vec<FoldedQuery> {
+/// `max_encoded`, adding members in order while the text fits. The length is kept as members
+/// are added (each new value adds its own encoded length and a separator), not re-measured.
+fn split(shape: &Shape<'_>, members: &[Member<'_>], max_encoded: usize) -> Vec<FoldedQuery> {
+    /// `, ` between two values of an `IN` list, encoded.
+    const SEPARATOR: usize = 4;
     let id = shape.id();
-    let finish = |chunk: &[(usize, Vec<&str>)], values: &[BTreeSet<&str>]| FoldedQuery {
+    let finish = |chunk: &[Member<'_>], values: &[BTreeSet<&str>]| FoldedQuery {
         text: grouped_text(shape, values),
         keys: shape.keys.iter().map(|k| k.to_string()).collect(),
         members: chunk.iter().map(|(q, v)| (*q, v.iter().map(|s| s.to_string()).collect())).collect(),
         shape: id,
     };
     let empty = || vec![BTreeSet::new(); shape.keys.len()];
+    let base = encoded_len(&grouped_text(shape, &empty()));
     let mut out = Vec::new();
-    let mut chunk: Vec<(usize, Vec<&str>)> = Vec::new();
+    let mut chunk: Vec<Member<'_>> = Vec::new();
     let mut values = empty();
+    let mut length = base;
     for member in members {
-        let mut next = values.clone();
-        for (set, value) in next.iter_mut().zip(&member.1) {
-            set.insert(*value);
-        }
-        if !chunk.is_empty() && encoded_len(&grouped_text(shape, &next)) >= max_encoded {
+        let added = |values: &[BTreeSet<&str>]| -> usize {
+            values
+                .iter()
+                .zip(&member.1)
+                .filter(|(set, value)| !set.contains(*value))
+                .map(|(set, value)| encoded_len(value) + if set.is_empty() { 0 } else { SEPARATOR })
+                .sum()
+        };
+        if !chunk.is_empty() && length + added(&values) >= max_encoded {
             out.push(finish(&chunk, &values));
             chunk.clear();
-            next = empty();
-            for (set, value) in next.iter_mut().zip(&member.1) {
-                set.insert(*value);
-            }
+            values = empty();
+            length = base;
+        }
+        length += added(&values);
+        for (set, value) in values.iter_mut().zip(&member.1) {
+            set.insert(*value);
         }
         chunk.push(member.clone());
-        values = next;
     }
     if !chunk.is_empty() {
         out.push(finish(&chunk, &values));
@@ -511,6 +529,23 @@ mod tests {
             for (q, values) in &g.members {
                 assert!(g.text.contains(&values[0]), "{} lacks member {q}", g.text);
             }
+        }
+    }
+
+    #[test]
+    fn the_kept_length_is_the_encoded_length_of_the_text() {
+        let queries: Vec<String> = (0..300).map(|i| format!("avg:m{{env:prod,app:web-{i},ns:n{}}}", i % 7)).collect();
+        let refs: Vec<&str> = queries.iter().map(String::as_str).collect();
+        for bound in [400, 1_000, 3_000] {
+            let units = fold(&refs, bound, &never);
+            let f = folded(&units);
+            assert!(f.len() > 1, "{bound}");
+            for g in &f {
+                assert!(encoded_len(&g.text) < bound, "{bound}: {}", g.text);
+            }
+            // Filled up to the bound: one more member would not have fitted.
+            let lengths: Vec<usize> = f.iter().map(|g| encoded_len(&g.text)).collect();
+            assert!(lengths.iter().take(lengths.len() - 1).all(|l| *l + 30 >= bound), "{bound}: {lengths:?}");
         }
     }
 
