@@ -10,6 +10,7 @@
 //!     cargo bench --bench scale -- 1000 fold    # 1,000 over 10 query shapes, folded, on the
 //!                                               # default 1,600 requests/hour
 //!     cargo bench --bench scale -- 10000 fold   # 10,000 over 100 shapes, large budget
+//!     cargo bench --bench scale -- 1000 prometheus  # 1,000 over 10 shapes on a real Prometheus
 //!
 //! Without `fold`, every autoscaler's query is a shape of its own (a metric of its own), which
 //! no folding can join: the worst case, as every query was sent before folding.
@@ -30,6 +31,8 @@
 mod fake_datadog;
 #[path = "../tests/support/kube_cluster.rs"]
 mod kube_cluster;
+#[path = "../tests/support/prometheus_server.rs"]
+mod prometheus_server;
 
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -476,6 +479,92 @@ async fn folding_report(cluster: &KubeCluster, namespace: &str, n: usize, listen
     }
 }
 
+/// Autoscaler `i`'s PromQL query: one of `shapes` metrics, per deployment (they fold).
+fn promql(i: usize, shapes: usize) -> String {
+    format!("sum(bench_load_s{}{{app=\"web-{i}\"}})", i % shapes)
+}
+
+/// The exporter's text: each autoscaler's series, 5,000 for the ones crossing from the start,
+/// none at all for those without data, 100 for the rest.
+fn exposition(n: usize, shapes: usize) -> String {
+    let mut text = String::new();
+    for i in (0..n).filter(|&i| !without_data(i)) {
+        let value = if crossing_from_start(i) { 5000 } else { 100 };
+        text.push_str(&format!("bench_load_s{}{{app=\"web-{i}\"}} {value}\n", i % shapes));
+    }
+    text
+}
+
+/// Requests Prometheus has answered on its instant-query endpoint, from its own /metrics.
+async fn prometheus_queries(prometheus: &prometheus_server::PrometheusServer) -> f64 {
+    let text = reqwest::get(format!("{}/metrics", prometheus.root_url()))
+        .await
+        .expect("prometheus metrics")
+        .text()
+        .await
+        .expect("body");
+    text.lines()
+        .filter(|l| l.starts_with("prometheus_http_requests_total{") && l.contains("handler=\"/api/v1/query\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// The folding case on a real Prometheus: `n` autoscalers over `shapes` metrics. Prometheus
+/// has no shared budget, so each autoscaler keeps its own phase in the interval and only the
+/// queries due in the same second fold together.
+async fn prometheus_scenario(n: usize, shapes: usize) {
+    println!("\n== {n} autoscalers, interval 15s, a real Prometheus, {shapes} query shapes, folded ==");
+    let cluster = KubeCluster::start().await;
+    let namespace = cluster.unique_namespace("bench").await;
+    create_deployments(&cluster, &namespace, n).await;
+    let exporter = prometheus_server::Exporter::start(&exposition(n, shapes)).await;
+    let prometheus = prometheus_server::PrometheusServer::start(&exporter.target()).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("rules.toml");
+    let mut rules = format!("[backend.prom]\ntype = \"prometheus\"\nurl = \"{}\"\n", prometheus.url());
+    for i in 0..n {
+        rules.push_str(&format!(
+            "\n[[autoscaler]]\nname = \"web-{i}\"\ntarget = {{ kind = \"Deployment\", namespace = \"{namespace}\", name = \"web-{i}\" }}\n\
+             min_replicas = 1\nmax_replicas = 20\nalgorithm = \"absolute\"\n\
+             [[autoscaler.metric]]\nbackend = \"prom\"\nquery = '{}'\nhigh_watermark = 1000\nlow_watermark = 10\n",
+            promql(i, shapes)
+        ));
+    }
+    std::fs::write(&config, rules).expect("rules");
+    let kubeconfig = dir.path().join("kubeconfig");
+    cluster.write_kubeconfig(&kubeconfig, ADMIN_TOKEN);
+    let listen =
+        format!("127.0.0.1:{}", std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port());
+    let log = std::fs::File::create(dir.path().join("daemon.log")).expect("log");
+    let child = Command::new(env!("CARGO_BIN_EXE_watermarkd"))
+        .args(["run", "--config", config.to_str().unwrap(), "--kubeconfig", kubeconfig.to_str().unwrap()])
+        .args(["--listen", &listen, "--settings", "/dev/null", "--no-leader-election", "--log-level", "warn"])
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("log"))
+        .stderr(log)
+        .spawn()
+        .expect("start watermarkd");
+    let pid = child.id();
+    let _daemon = Daemon(child);
+    ready(&listen).await;
+    tokio::time::sleep(INTERVAL * 2).await;
+    let cpu_before = cpu_seconds(pid);
+    let queries_before = prometheus_queries(&prometheus).await;
+    let measured = Instant::now();
+    tokio::time::sleep(INTERVAL * MEASURED_CYCLES).await;
+    let cycles = measured.elapsed().as_secs_f64() / INTERVAL.as_secs_f64();
+    let cpu = cpu_seconds(pid) - cpu_before;
+    let queries = prometheus_queries(&prometheus).await - queries_before;
+    let (rss, hwm) = memory_mib(pid);
+    println!("resident memory: {rss:.1} MiB now, {hwm:.1} MiB peak");
+    println!("CPU: {:.3} core-seconds per 15s cycle", cpu / cycles);
+    println!(
+        "Prometheus: {:.1} instant queries per 15 s ({n} autoscaler queries; one request each without folding)",
+        queries / cycles
+    );
+    folding_report(&cluster, &namespace, n, &listen).await;
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
@@ -488,6 +577,7 @@ fn main() {
                     Some("budget") => Case { n, budget: Some(Budget::default()), shapes: None },
                     Some("spread") => Case { n, budget: Some(SPREAD_BUDGET), shapes: None },
                     Some("fold") => fold_case(n),
+                    Some("prometheus") => return prometheus_scenario(n, (n / 100).max(1)).await,
                     _ => Case { n, budget: None, shapes: None },
                 };
                 scenario(case).await;
@@ -499,6 +589,7 @@ fn main() {
                 scenario(Case { n: 1_000, budget: Some(SPREAD_BUDGET), shapes: None }).await;
                 scenario(fold_case(1_000)).await;
                 scenario(fold_case(10_000)).await;
+                prometheus_scenario(1_000, 10).await;
             }
         }
     });
