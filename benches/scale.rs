@@ -341,6 +341,8 @@ async fn scenario(case: Case) {
     let child = command
         .args(["run", "--config", config.to_str().unwrap(), "--kubeconfig", kubeconfig.to_str().unwrap()])
         .args(["--listen", &listen, "--settings", "/dev/null", "--no-leader-election", "--log-level", "warn"])
+        // The state ConfigMaps go to the daemon's namespace: the benchmark's own.
+        .args(["--lease-namespace", &namespace])
         .env("DD_API_KEY", fake_datadog::API_KEY)
         .env("DD_APP_KEY", fake_datadog::APP_KEY)
         .stdin(Stdio::null())
@@ -539,6 +541,8 @@ async fn prometheus_scenario(n: usize, shapes: usize) {
     let child = Command::new(env!("CARGO_BIN_EXE_watermarkd"))
         .args(["run", "--config", config.to_str().unwrap(), "--kubeconfig", kubeconfig.to_str().unwrap()])
         .args(["--listen", &listen, "--settings", "/dev/null", "--no-leader-election", "--log-level", "warn"])
+        // The state ConfigMaps go to the daemon's namespace: the benchmark's own.
+        .args(["--lease-namespace", &namespace])
         .stdin(Stdio::null())
         .stdout(log.try_clone().expect("log"))
         .stderr(log)
