@@ -189,6 +189,48 @@ impl Drop for Daemon {
     }
 }
 
+/// The Datadog keys the fake accepts, as the daemon's environment.
+fn dd_keys() -> [(&'static str, &'static str); 2] {
+    [("DD_API_KEY", fake_datadog::API_KEY), ("DD_APP_KEY", fake_datadog::APP_KEY)]
+}
+
+/// Starts the release daemon on `config`, logging to `dir/daemon.log`, its state ConfigMaps in
+/// `namespace`. `WATERMARKD_BENCH_WRAPPER="valgrind --tool=massif ..."` runs it under a
+/// profiler. Returns its pid and the guard that stops it.
+fn start_daemon(
+    dir: &std::path::Path,
+    config: &std::path::Path,
+    kubeconfig: &std::path::Path,
+    namespace: &str,
+    listen: &str,
+    env: &[(&str, &str)],
+) -> (u32, Daemon) {
+    let log = std::fs::File::create(dir.join("daemon.log")).expect("log");
+    let wrapper: Vec<String> = std::env::var("WATERMARKD_BENCH_WRAPPER")
+        .map(|w| w.split_whitespace().map(String::from).collect())
+        .unwrap_or_default();
+    let mut command = match wrapper.split_first() {
+        Some((program, args)) => {
+            let mut command = Command::new(program);
+            command.args(args).arg(env!("CARGO_BIN_EXE_watermarkd"));
+            command
+        }
+        None => Command::new(env!("CARGO_BIN_EXE_watermarkd")),
+    };
+    let child = command
+        .args(["run", "--config", config.to_str().unwrap(), "--kubeconfig", kubeconfig.to_str().unwrap()])
+        .args(["--listen", listen, "--settings", "/dev/null", "--no-leader-election", "--log-level", "warn"])
+        // The state ConfigMaps go to the daemon's namespace: the benchmark's own.
+        .args(["--lease-namespace", namespace])
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("log"))
+        .stderr(log)
+        .spawn()
+        .expect("start watermarkd");
+    (child.id(), Daemon(child))
+}
+
 async fn ready(listen: &str) {
     let deadline = Instant::now() + Duration::from_secs(600);
     loop {
@@ -325,33 +367,7 @@ async fn scenario(case: Case) {
     cluster.write_kubeconfig(&kubeconfig, ADMIN_TOKEN);
     let listen =
         format!("127.0.0.1:{}", std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port());
-    let log = std::fs::File::create(dir.path().join("daemon.log")).expect("log");
-    // WATERMARKD_BENCH_WRAPPER="valgrind --tool=massif ..." runs the daemon under a profiler.
-    let wrapper: Vec<String> = std::env::var("WATERMARKD_BENCH_WRAPPER")
-        .map(|w| w.split_whitespace().map(String::from).collect())
-        .unwrap_or_default();
-    let mut command = match wrapper.split_first() {
-        Some((program, args)) => {
-            let mut command = Command::new(program);
-            command.args(args).arg(env!("CARGO_BIN_EXE_watermarkd"));
-            command
-        }
-        None => Command::new(env!("CARGO_BIN_EXE_watermarkd")),
-    };
-    let child = command
-        .args(["run", "--config", config.to_str().unwrap(), "--kubeconfig", kubeconfig.to_str().unwrap()])
-        .args(["--listen", &listen, "--settings", "/dev/null", "--no-leader-election", "--log-level", "warn"])
-        // The state ConfigMaps go to the daemon's namespace: the benchmark's own.
-        .args(["--lease-namespace", &namespace])
-        .env("DD_API_KEY", fake_datadog::API_KEY)
-        .env("DD_APP_KEY", fake_datadog::APP_KEY)
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().expect("log"))
-        .stderr(log)
-        .spawn()
-        .expect("start watermarkd");
-    let pid = child.id();
-    let _daemon = Daemon(child);
+    let (pid, _daemon) = start_daemon(dir.path(), &config, &kubeconfig, &namespace, &listen, &dd_keys());
     let start = Instant::now();
     ready(&listen).await;
     let (rss, _) = memory_mib(pid);
@@ -537,19 +553,7 @@ async fn prometheus_scenario(n: usize, shapes: usize) {
     cluster.write_kubeconfig(&kubeconfig, ADMIN_TOKEN);
     let listen =
         format!("127.0.0.1:{}", std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port());
-    let log = std::fs::File::create(dir.path().join("daemon.log")).expect("log");
-    let child = Command::new(env!("CARGO_BIN_EXE_watermarkd"))
-        .args(["run", "--config", config.to_str().unwrap(), "--kubeconfig", kubeconfig.to_str().unwrap()])
-        .args(["--listen", &listen, "--settings", "/dev/null", "--no-leader-election", "--log-level", "warn"])
-        // The state ConfigMaps go to the daemon's namespace: the benchmark's own.
-        .args(["--lease-namespace", &namespace])
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().expect("log"))
-        .stderr(log)
-        .spawn()
-        .expect("start watermarkd");
-    let pid = child.id();
-    let _daemon = Daemon(child);
+    let (pid, _daemon) = start_daemon(dir.path(), &config, &kubeconfig, &namespace, &listen, &[]);
     ready(&listen).await;
     tokio::time::sleep(INTERVAL * 2).await;
     let cpu_before = cpu_seconds(pid);
