@@ -325,27 +325,15 @@ impl DatadogClient {
     ) -> Vec<Observation> {
         let inner = &self.inner;
         let started = Instant::now();
-        let mut distinct: Vec<&str> = Vec::new();
+        let Distinct { texts: distinct, slots, askers } = Distinct::of(queries);
         // The namespace a distinct query is charged to: the first that asked it, unless an
         // autoscaler of the rules file (never capped) asks it too.
-        let mut owners: Vec<Option<&str>> = Vec::new();
-        let mut index_of: HashMap<&str, usize> = HashMap::new();
-        let slots: Vec<usize> = queries
+        let namespace_of = |i: usize| namespaces.get(i).copied().flatten();
+        let owners: Vec<Option<&str>> = askers
             .iter()
-            .enumerate()
-            .map(|(i, q)| {
-                let namespace = namespaces.get(i).copied().flatten();
-                let slot = *index_of.entry(q.query.as_str()).or_insert_with(|| {
-                    distinct.push(q.query.as_str());
-                    owners.push(namespace);
-                    distinct.len() - 1
-                });
-                if namespace.is_none() {
-                    if let Some(owner) = owners.get_mut(slot) {
-                        *owner = None;
-                    }
-                }
-                slot
+            .map(|asking| {
+                let rules_file = asking.iter().any(|&i| namespace_of(i).is_none());
+                asking.first().and_then(|&i| namespace_of(i)).filter(|_| !rules_file)
             })
             .collect();
         let mut answers: Vec<Option<Observation>> = vec![None; distinct.len()];
@@ -377,13 +365,9 @@ impl DatadogClient {
         let compiled = inner.compile(&texts, from, to, started);
         let Compiled { units, mut planned, too_long } = compiled;
         let unit_texts: Vec<&str> = units.iter().map(|u| u.text(&texts)).collect();
-        inner.metrics.observe_plan(
-            &inner.name,
-            &plan_of(&planned, &units, &unit_texts, |q| {
-                let d = pending[q];
-                (0..slots.len()).filter(|&i| slots[i] == d).collect()
-            }),
-        );
+        inner
+            .metrics
+            .observe_plan(&inner.name, &plan_of(&planned, &units, &unit_texts, |q| askers[pending[q]].clone()));
         for t in too_long {
             for q in units[t.query].members() {
                 answers[pending[q]] = Some(Observation::unavailable(QueryError::BadQuery(format!(
@@ -493,17 +477,7 @@ impl DatadogClient {
     /// query` shows it). Pacing is left out: it decides when, not what.
     pub fn plan(&self, queries: &[MetricQuery], now: Timestamp) -> QueryPlan {
         let inner = &self.inner;
-        let mut distinct: Vec<&str> = Vec::new();
-        let mut inputs: Vec<Vec<usize>> = Vec::new();
-        let mut index_of: HashMap<&str, usize> = HashMap::new();
-        for (i, q) in queries.iter().enumerate() {
-            let d = *index_of.entry(q.query.as_str()).or_insert_with(|| {
-                distinct.push(q.query.as_str());
-                inputs.push(Vec::new());
-                distinct.len() - 1
-            });
-            inputs[d].push(i);
-        }
+        let Distinct { texts: distinct, askers, .. } = Distinct::of(queries);
         let started = Instant::now();
         let pending: Vec<usize> =
             (0..distinct.len()).filter(|&d| inner.precheck(distinct[d], started).is_none()).collect();
@@ -511,7 +485,38 @@ impl DatadogClient {
         let (from, to) = inner.range(now);
         let Compiled { units, planned, .. } = inner.compile(&texts, from, to, started);
         let unit_texts: Vec<&str> = units.iter().map(|u| u.text(&texts)).collect();
-        plan_of(&planned, &units, &unit_texts, |q| inputs[pending[q]].clone())
+        plan_of(&planned, &units, &unit_texts, |q| askers[pending[q]].clone())
+    }
+}
+
+/// A cycle's queries by text: each distinct text once, in the order first asked.
+struct Distinct<'a> {
+    texts: Vec<&'a str>,
+    /// For each query, the index of its text.
+    slots: Vec<usize>,
+    /// For each text, the queries that ask it.
+    askers: Vec<Vec<usize>>,
+}
+
+impl<'a> Distinct<'a> {
+    fn of(queries: &'a [MetricQuery]) -> Self {
+        let mut texts: Vec<&str> = Vec::new();
+        let mut askers: Vec<Vec<usize>> = Vec::new();
+        let mut index_of: HashMap<&str, usize> = HashMap::new();
+        let slots = queries
+            .iter()
+            .enumerate()
+            .map(|(i, q)| {
+                let d = *index_of.entry(q.query.as_str()).or_insert_with(|| {
+                    texts.push(q.query.as_str());
+                    askers.push(Vec::new());
+                    texts.len() - 1
+                });
+                askers[d].push(i);
+                d
+            })
+            .collect();
+        Distinct { texts, slots, askers }
     }
 }
 
