@@ -106,7 +106,7 @@ struct Parsed<'a> {
 
 /// Why a query cannot fold (for tests and the plan's explanation).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum NotFoldable {
+enum NotFoldable {
     /// Not exactly one `{...}` scope: arithmetic between metrics, or already grouped.
     Scopes,
     /// Quotes, or a character the recogniser does not know, outside the scope.
@@ -205,7 +205,8 @@ fn conjuncts(body: &str) -> Result<Vec<(&str, &str)>, NotFoldable> {
 }
 
 /// Whether `query` could fold with others of its shape (none of them refused).
-pub fn foldable(query: &str) -> Result<(), NotFoldable> {
+#[cfg(test)]
+fn foldable(query: &str) -> Result<(), NotFoldable> {
     parse(query).map(|_| ())
 }
 

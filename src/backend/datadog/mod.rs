@@ -121,7 +121,6 @@ use crate::rules::DatadogBackend;
 use crate::telemetry::BackendMetrics;
 
 pub use batch::{is_balanced, split_top_level, top_level_commas, MAX_QUERIES_PER_REQUEST, MAX_URL_CHARS};
-pub use fold::{foldable, NotFoldable};
 pub use pacing::{RateLimitHeaders, RateLimitSnapshot, DEFAULT_LIMIT, DEFAULT_PERIOD, RESERVE_PERCENT};
 pub use parse::{
     default_max_age, error_text, penultimate, rate_limit_wait, read_v1_answer, Outcome, SubQuery, V1Answer, V1Context,
