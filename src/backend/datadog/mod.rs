@@ -116,7 +116,7 @@ use tokio::time::Instant;
 use watermarkd_engine::Timestamp;
 
 use super::secret::RotatingSecret;
-use super::{BackendError, MetricQuery, Observation, PlanPart, PlannedFetch, QueryError, QueryPlan, Secret};
+use super::{BackendError, MetricQuery, Observation, ObservationDetail, PlanPart, PlannedFetch, QueryError, QueryPlan, Secret};
 use crate::rules::DatadogBackend;
 use crate::telemetry::BackendMetrics;
 
@@ -170,9 +170,11 @@ struct Inner {
     /// Whether the last answer was a 403, so that it is logged once, not once per request.
     forbidden: AtomicBool,
     bad_queries: Mutex<HashMap<String, (QueryError, Instant)>>,
-    /// Values that cannot have changed yet, by `text_key`, with when they may: see
-    /// `still_current`.
-    current: Mutex<HashMap<u64, (Observation, Timestamp)>>,
+    /// The keys of `text_key`, random per process: a value is reused by its text's hash, so
+    /// nobody writing a query may compute a text whose hash is another query's.
+    text_keys: std::hash::RandomState,
+    /// Values that cannot have changed yet, by `text_key`: see `note_current`.
+    current: Mutex<HashMap<u64, StillCurrent>>,
     /// Shapes (`fold::FoldedQuery::shape`) whose grouped query Datadog rejected, and until when
     /// their members go unfolded.
     refused_shapes: Mutex<HashMap<u64, Instant>>,
@@ -216,14 +218,57 @@ fn key_headers(api_key: &Secret, app_key: &Secret) -> Result<HeaderMap, &'static
     Ok(headers)
 }
 
-/// A query text's key in `Inner::served`: a hash, not the text, so that 10,000 autoscalers'
-/// queries cost a few hundred kilobytes there rather than a copy of every text. Two texts
-/// with the same hash only share their place in the queue.
-fn text_key(text: &str) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut hasher = std::hash::DefaultHasher::new();
-    text.hash(&mut hasher);
-    hasher.finish()
+/// A value `Inner::current` keeps while it cannot have changed: what the answer gave, without
+/// the parts only a failed or partial answer has (those are never kept), so that 10,000 of them
+/// cost 64 bytes each rather than a whole `Observation`.
+#[derive(Clone, Copy, Debug)]
+struct StillCurrent {
+    value: f64,
+    at: Timestamp,
+    until: Timestamp,
+    series: Option<u32>,
+    points: Option<u32>,
+    chosen_point: Option<u32>,
+    interval_seconds: Option<u32>,
+}
+
+impl StillCurrent {
+    /// What to keep of `observation`, current until `until`: `None` for anything but a plain
+    /// value (an error, a warning, a lower bound) or a count too large to keep exactly.
+    fn of(observation: &Observation, until: Timestamp) -> Option<StillCurrent> {
+        let watermarkd_engine::Reading::Value { value, at } = observation.reading else { return None };
+        let detail = &observation.detail;
+        if detail.error.is_some() || detail.partial.is_some() || !detail.warnings.is_empty() {
+            return None;
+        }
+        fn narrow<T: TryInto<u32>>(n: Option<T>) -> Option<Option<u32>> {
+            n.map_or(Some(None), |n| n.try_into().ok().map(Some))
+        }
+        Some(StillCurrent {
+            value,
+            at,
+            until,
+            series: narrow(detail.series)?,
+            points: narrow(detail.points)?,
+            chosen_point: narrow(detail.chosen_point)?,
+            interval_seconds: narrow(detail.interval_seconds)?,
+        })
+    }
+
+    fn observation(&self) -> Observation {
+        let widen = |n: Option<u32>| n.map(|n| n as usize);
+        Observation::value(
+            self.value,
+            self.at,
+            ObservationDetail {
+                series: widen(self.series),
+                points: widen(self.points),
+                chosen_point: widen(self.chosen_point),
+                interval_seconds: self.interval_seconds.map(u64::from),
+                ..ObservationDetail::default()
+            },
+        )
+    }
 }
 
 fn ceil_secs(d: Duration) -> u64 {
@@ -286,6 +331,7 @@ impl DatadogClient {
                 pacer: Mutex::new(Pacer::new(Instant::now())),
                 forbidden: AtomicBool::new(false),
                 bad_queries: Mutex::new(HashMap::new()),
+                text_keys: std::hash::RandomState::new(),
                 refused_shapes: Mutex::new(HashMap::new()),
                 current: Mutex::new(HashMap::new()),
                 served: Mutex::new(HashMap::new()),
@@ -343,10 +389,10 @@ impl DatadogClient {
         }
         {
             let mut current = lock(&inner.current);
-            current.retain(|_, (_, until)| *until > now);
+            current.retain(|_, kept| kept.until > now);
             for (d, text) in distinct.iter().enumerate() {
                 if answers[d].is_none() {
-                    answers[d] = current.get(&text_key(text)).map(|(observation, _)| observation.clone());
+                    answers[d] = current.get(&inner.text_key(text)).map(StillCurrent::observation);
                 }
             }
         }
@@ -354,7 +400,7 @@ impl DatadogClient {
         // Oldest data first: what cannot all go now goes in the order it was last sent.
         {
             let served = lock(&inner.served);
-            pending.sort_by_key(|&d| served.get(&text_key(distinct[d])).copied());
+            pending.sort_by_key(|&d| served.get(&inner.text_key(distinct[d])).copied());
         }
         for (d, error) in inner.namespace_shares(&mut pending, &owners, started) {
             answers[d] = Some(Observation::unavailable(error));
@@ -675,7 +721,7 @@ impl Inner {
     fn served_now<'a>(&self, sent: impl Iterator<Item = &'a str>, at: Instant) {
         let mut served = lock(&self.served);
         for text in sent {
-            served.insert(text_key(text), at);
+            served.insert(self.text_key(text), at);
         }
         served.retain(|_, when| at.saturating_duration_since(*when) < pacing::MAX_WINDOW * 2);
     }
@@ -689,22 +735,32 @@ impl Inner {
     fn note_current<'a>(&self, read: impl Iterator<Item = (&'a str, Option<&'a Observation>)>, now: Timestamp) {
         let mut current = lock(&self.current);
         for (text, observation) in read {
-            let key = text_key(text);
+            let key = self.text_key(text);
             let until = observation.and_then(|o| match (&o.reading, o.detail.interval_seconds) {
                 (watermarkd_engine::Reading::Value { at, .. }, Some(interval)) if interval > 0 => {
                     Some(at.plus(Duration::from_secs(interval.saturating_mul(2))))
                 }
                 _ => None,
             });
-            match (until, observation) {
-                (Some(until), Some(observation)) if until > now => {
-                    current.insert(key, (observation.clone(), until));
+            let kept = until.filter(|until| *until > now).zip(observation).and_then(|(until, o)| StillCurrent::of(o, until));
+            match kept {
+                Some(kept) => {
+                    current.insert(key, kept);
                 }
-                _ => {
+                None => {
                     current.remove(&key);
                 }
             }
         }
+    }
+
+    /// A query text's key in `served` and `current`: a hash, not the text, so that 10,000
+    /// autoscalers' queries cost a few hundred kilobytes there rather than a copy of every
+    /// text. The hash is keyed per process (`text_keys`), so a collision is chance alone
+    /// (about one in 10^11 at 10,000 texts), never something a query's author can arrange.
+    fn text_key(&self, text: &str) -> u64 {
+        use std::hash::BuildHasher;
+        self.text_keys.hash_one(text)
     }
 
     /// Holds each namespace to its share of the budget: of its queries in `pending` (oldest
