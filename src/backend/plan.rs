@@ -47,6 +47,18 @@ impl QueryPlan {
         self.parts().filter(|p| !p.folded).map(|p| p.members.len()).sum()
     }
 
+    /// What the daemon exports of it (`watermarkd_query_plan_*`).
+    pub fn counts(&self) -> crate::telemetry::PlanCounts {
+        let mut counts = crate::telemetry::PlanCounts::default();
+        for request in &self.requests {
+            for part in &request.parts {
+                counts.add(part.members.len(), part.folded);
+            }
+            counts.members_per_request.push(request.member_count());
+        }
+        counts
+    }
+
     fn parts(&self) -> impl Iterator<Item = &PlanPart> {
         self.requests.iter().flat_map(|r| r.parts.iter())
     }
@@ -77,5 +89,7 @@ mod tests {
         assert_eq!(plan.unfolded_members(), 3);
         assert_eq!(plan.requests[0].member_count(), 4);
         assert_eq!(QueryPlan::default().folded_members(), 0);
+        let counts = plan.counts();
+        assert_eq!((counts.members_per_request, counts.folded, counts.unfolded), (vec![4, 2], 3, 3));
     }
 }

@@ -118,7 +118,7 @@ use watermarkd_engine::Timestamp;
 use super::secret::RotatingSecret;
 use super::{BackendError, MetricQuery, Observation, ObservationDetail, PlanPart, PlannedFetch, QueryError, QueryPlan, Secret};
 use crate::rules::DatadogBackend;
-use crate::telemetry::BackendMetrics;
+use crate::telemetry::{BackendMetrics, PlanCounts};
 
 pub use batch::{is_balanced, split_top_level, top_level_commas, MAX_QUERIES_PER_REQUEST, MAX_URL_CHARS};
 pub use pacing::{RateLimitHeaders, RateLimitSnapshot, DEFAULT_LIMIT, DEFAULT_PERIOD, RESERVE_PERCENT};
@@ -409,10 +409,7 @@ impl DatadogClient {
         let (from, to) = inner.range(now);
         let compiled = inner.compile(&texts, from, to, started);
         let Compiled { units, mut planned, too_long } = compiled;
-        let unit_texts: Vec<&str> = units.iter().map(|u| u.text(&texts)).collect();
-        inner
-            .metrics
-            .observe_plan(&inner.name, &plan_of(&planned, &units, &unit_texts, |q| askers[pending[q]].clone()));
+        inner.metrics.observe_plan(&inner.name, &plan_counts(&planned, &units, |q| askers[pending[q]].len()));
         for t in too_long {
             for q in units[t.query].members() {
                 answers[pending[q]] = Some(Observation::unavailable(QueryError::BadQuery(format!(
@@ -587,6 +584,25 @@ fn plan_of(
         })
         .collect();
     QueryPlan { requests }
+}
+
+/// The same plan counted: what the daemon exports every cycle, without copying every text.
+fn plan_counts(
+    planned: &[batch::PlannedRequest],
+    units: &[fold::Unit],
+    inputs_of: impl Fn(usize) -> usize,
+) -> PlanCounts {
+    let mut counts = PlanCounts::default();
+    for request in planned {
+        let mut in_request = 0;
+        for &u in &request.queries {
+            let members: usize = units[u].members().map(&inputs_of).sum();
+            counts.add(members, matches!(units[u], fold::Unit::Folded(_)));
+            in_request += members;
+        }
+        counts.members_per_request.push(in_request);
+    }
+    counts
 }
 
 /// What a cycle compiled its texts into.
@@ -1340,6 +1356,28 @@ mod tests {
             namespace_budget_percent: 100,
             fold_queries: true,
         }
+    }
+
+    #[test]
+    fn the_counted_plan_is_the_plan_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let client = DatadogClient::new("dd", &config(dir.path(), None), Arc::new(BackendMetrics::detached())).unwrap();
+        let texts = [
+            "avg:x{team:a,app:web-1}",
+            "avg:x{team:a,app:web-2}",
+            "avg:x{team:a,app:web-1}",
+            "avg:y{team:a,app:web-1}",
+            "sum:z{*}",
+        ];
+        let queries: Vec<MetricQuery> = texts.iter().map(|t| MetricQuery { query: t.to_string(), reducer: None }).collect();
+        let now = Timestamp::from_unix_millis(1_700_000_000_000);
+        let plan = client.plan(&queries, now);
+        let Distinct { texts: distinct, askers, .. } = Distinct::of(&queries);
+        let (from, to) = client.inner.range(now);
+        let Compiled { units, planned, .. } = client.inner.compile(&distinct, from, to, Instant::now());
+        let counted = plan_counts(&planned, &units, |q| askers[q].len());
+        assert_eq!(counted, plan.counts());
+        assert_eq!((counted.folded, counted.unfolded), (3, 2));
     }
 
     #[test]

@@ -44,7 +44,7 @@ use super::{
     BackendError, HistoryError, HistorySpan, MetricQuery, Observation, PlanPart, PlannedFetch, QueryError, QueryPlan,
 };
 use crate::rules::PrometheusBackend;
-use crate::telemetry::BackendMetrics;
+use crate::telemetry::{BackendMetrics, PlanCounts};
 
 /// Steps per range request: Prometheus refuses more than 11,000 points per series.
 pub const MAX_RANGE_POINTS: usize = 10_000;
@@ -145,7 +145,7 @@ impl PrometheusClient {
     pub async fn evaluate(&self, queries: &[MetricQuery], now: Timestamp, deadline: Instant) -> Vec<Observation> {
         let (texts, slots) = distinct(queries);
         let fetches = self.inner.fold_plan(&texts);
-        self.inner.metrics.observe_plan(&self.inner.name, &query_plan(&fetches, &texts, &slots));
+        self.inner.metrics.observe_plan(&self.inner.name, &plan_counts(&fetches, texts.len(), &slots));
 
         let mut tasks = JoinSet::new();
         for fetch in fetches {
@@ -213,6 +213,28 @@ fn distinct(queries: &[MetricQuery]) -> (Vec<&str>, Vec<usize>) {
         })
         .collect();
     (texts, slots)
+}
+
+/// The plan of `query_plan`, counted: what the daemon exports every cycle, without copying
+/// every text.
+fn plan_counts(fetches: &[Fetch], text_count: usize, slots: &[usize]) -> PlanCounts {
+    let mut asking = vec![0usize; text_count];
+    for slot in slots {
+        if let Some(count) = asking.get_mut(*slot) {
+            *count += 1;
+        }
+    }
+    let asking = |text: usize| asking.get(text).copied().unwrap_or(0);
+    let mut counts = PlanCounts::default();
+    for fetch in fetches {
+        let (members, folded) = match fetch {
+            Fetch::Alone(i) => (asking(*i), false),
+            Fetch::Folded(folded) => (folded.members.iter().map(|(_, i)| asking(*i)).sum(), true),
+        };
+        counts.add(members, folded);
+        counts.members_per_request.push(members);
+    }
+    counts
 }
 
 /// The shared shape of a plan: one request per fetch, its text as sent, and the queries (by
@@ -675,6 +697,8 @@ mod tests {
         assert_eq!(alone[0].members, [3]);
         assert_eq!(alone[0].text, sample_time::dated("up").unwrap());
         assert_eq!((plan.folded_members(), plan.unfolded_members()), (4, 1));
+        let (texts, slots) = distinct(&queries);
+        assert_eq!(plan_counts(&client.inner.fold_plan(&texts), texts.len(), &slots), plan.counts());
         assert_eq!(client.plan(&[]), QueryPlan::default());
     }
 
