@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::decision::{Action, Decision, Guard, Limit, MetricOutcome, Position, Stabilization, Timing};
 use crate::history;
 use crate::input::{Reading, Recommendation, ScaleEvent, State, Target};
-use crate::number::Decimal;
+use crate::number::{human, Decimal};
 use crate::rule::{
     Algorithm, Behavior, ConvergeTowards, MetricRule, PolicyKind, Rule, ScalingRules, SelectPolicy, Velocity,
     WatermarkVelocity,
@@ -29,24 +29,6 @@ struct Normalized {
     stabilization: Option<Stabilization>,
     upscale_limit: u32,
     downscale_limit: u32,
-}
-
-/// Decides the replica count for one evaluation. Pure: the same inputs give the same output.
-///
-/// `readings[i]` is the reading for `rule.metrics()[i]`; a missing entry counts as unavailable.
-pub fn decide(rule: &Rule, target: Target, readings: &[Reading], state: &State, now: Timestamp) -> Decision {
-    match rule.scale_to_zero() {
-        Some(zero) => crate::zero::decide(rule, zero, target, readings, state, now),
-        None => {
-            let mut decision = decide_running(rule, target, readings, state, now);
-            if target.spec_replicas > 0 {
-                // Running under a rule that does not scale to zero: nothing of it is left.
-                decision.state.zero = None;
-                decision.state_if_not_written.zero = None;
-            }
-            decision
-        }
-    }
 }
 
 /// §1 to §5: the decision of a rule that does not scale to zero, and of one that does while
@@ -103,7 +85,7 @@ pub(crate) fn decide_running(
     // §5: a person paused the workload; nothing here is ours to change, not even the state. A
     // workload this rule's earlier version scaled to zero is not paused: a rule that no longer
     // scales to zero brings it back to its minimum (the guard below).
-    if spec == 0 && !crate::zero::scaled_here(state) {
+    if spec == 0 && !state.scaled_to_zero_here() {
         decision.metrics = evaluated.into_iter().map(|e| e.outcome).collect();
         decision.guard = Some(Guard::Paused);
         decision.limit = Limit::Paused;
@@ -693,24 +675,6 @@ fn action_for(spec: u32, replicas: u32) -> Action {
 fn metric_list(evaluated: &[Evaluated], keep: impl Fn(&Evaluated) -> bool) -> String {
     let names: Vec<&str> = evaluated.iter().filter(|e| keep(e)).map(|e| e.outcome.name.as_str()).collect();
     names.join(", ")
-}
-
-/// A number as a person would write it: about four significant digits, no trailing zeros.
-pub(crate) fn human(v: f64) -> String {
-    if !v.is_finite() {
-        return v.to_string();
-    }
-    if v == 0.0 {
-        return "0".into();
-    }
-    let magnitude = v.abs().log10().floor() as i32;
-    let decimals = usize::try_from((3 - magnitude).clamp(0, 9)).unwrap_or(0);
-    let text = format!("{v:.decimals$}");
-    if text.contains('.') {
-        text.trim_end_matches('0').trim_end_matches('.').to_string()
-    } else {
-        text
-    }
 }
 
 fn percent(tolerance: &Decimal) -> String {

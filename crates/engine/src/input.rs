@@ -131,6 +131,14 @@ pub struct State {
     pub zero: Option<Box<ZeroState>>,
 }
 
+impl State {
+    /// Whether a rule scaled the workload to zero (and nothing has moved it since): a workload
+    /// at 0 without this was paused by a person.
+    pub(crate) fn scaled_to_zero_here(&self) -> bool {
+        self.zero.as_ref().is_some_and(|z| z.scaled_to_zero_at.is_some())
+    }
+}
+
 /// What scale to zero remembers (docs/engine.md §5b).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]

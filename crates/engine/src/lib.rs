@@ -17,7 +17,6 @@ mod serde_secs;
 mod time;
 mod zero;
 
-pub use decide::decide;
 pub use decision::{Action, Decision, Guard, Limit, MetricOutcome, Position, Stabilization, Timing};
 pub use history::{BUCKETS_PER_WINDOW, MAX_SCALE_EVENTS};
 pub use input::{Reading, Recommendation, ScaleEvent, State, Target, ZeroState};
@@ -28,3 +27,21 @@ pub use rule::{
     DEFAULT_SCALE_TO_ZERO_DELAY,
 };
 pub use time::Timestamp;
+
+/// Decides the replica count for one evaluation. Pure: the same inputs give the same output.
+///
+/// `readings[i]` is the reading for `rule.metrics()[i]`; a missing entry counts as unavailable.
+pub fn decide(rule: &Rule, target: Target, readings: &[Reading], state: &State, now: Timestamp) -> Decision {
+    match rule.scale_to_zero() {
+        Some(zero) => zero::decide(rule, zero, target, readings, state, now),
+        None => {
+            let mut decision = decide::decide_running(rule, target, readings, state, now);
+            if target.spec_replicas > 0 {
+                // Running under a rule that does not scale to zero: nothing of it is left.
+                decision.state.zero = None;
+                decision.state_if_not_written.zero = None;
+            }
+            decision
+        }
+    }
+}

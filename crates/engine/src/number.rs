@@ -345,6 +345,24 @@ impl serde::Serialize for Decimal {
     }
 }
 
+/// A number as a person would write it: about four significant digits, no trailing zeros.
+pub(crate) fn human(v: f64) -> String {
+    if !v.is_finite() {
+        return v.to_string();
+    }
+    if v == 0.0 {
+        return "0".into();
+    }
+    let magnitude = v.abs().log10().floor() as i32;
+    let decimals = usize::try_from((3 - magnitude).clamp(0, 9)).unwrap_or(0);
+    let text = format!("{v:.decimals$}");
+    if text.contains('.') {
+        text.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        text
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

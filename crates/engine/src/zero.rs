@@ -11,9 +11,10 @@
 //! The activation compares the metric's value as read (a queue depth, a request rate at the
 //! load balancer), never divided by replicas: at zero there are none to divide by.
 
-use crate::decide::{decide_running, human};
+use crate::decide::decide_running;
 use crate::decision::{Action, Decision, Guard, Limit};
 use crate::input::{Reading, ScaleEvent, State, Target, ZeroState};
+use crate::number::human;
 use crate::rule::{Rule, ScaleToZero};
 use crate::time::Timestamp;
 
@@ -25,11 +26,6 @@ enum Activity {
     Idle(String),
     /// Not known: no usable reading.
     Unknown(String),
-}
-
-/// Whether this rule scaled the workload to zero (and nothing has moved it since).
-pub(crate) fn scaled_here(state: &State) -> bool {
-    state.zero.as_ref().is_some_and(|z| z.scaled_to_zero_at.is_some())
 }
 
 pub(crate) fn decide(
