@@ -11,6 +11,7 @@ use serde::Deserialize;
 
 use crate::crd::{check_tls_dir, AllowedUrl, RecommenderPolicy, ALLOWED_URLS_SETTING, TLS_DIR_SETTING};
 use crate::lease::{self, LeaseSettings};
+use crate::telemetry::logging::LogFormat;
 use crate::telemetry::{LabelsAsTags, ListenerLimits};
 
 /// Where the settings file is looked for when `--settings` is not given.
@@ -24,13 +25,6 @@ pub enum SettingsError {
     File { path: String, message: String },
     #[error("settings: {0}")]
     Invalid(String),
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum LogFormat {
-    Text,
-    Json,
 }
 
 /// Everything `watermarkd run` needs besides the rules.

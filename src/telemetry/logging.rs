@@ -1,9 +1,18 @@
 //! `tracing` output for the daemon: text for people, JSON for log pipelines, on stderr (the
 //! journal or the container log collects it).
 
+use serde::Deserialize;
 use tracing_subscriber::EnvFilter;
 
-use crate::settings::LogFormat;
+/// How log lines are written (`log_format`, `--log-format`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// `tracing`'s text lines, for people.
+    Text,
+    /// One JSON object per line, the event's fields flattened, for log pipelines.
+    Json,
+}
 
 /// Installs the global subscriber. Fails on a filter that does not parse.
 pub fn init(format: LogFormat, filter: &str) -> Result<(), String> {
