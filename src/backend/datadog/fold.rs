@@ -92,7 +92,9 @@ pub struct FoldedQuery {
 pub enum Unit {
     /// A query sent as written (index into the queries given).
     Alone(usize),
-    Folded(FoldedQuery),
+    /// Boxed: at 10,000 queries most units are `Alone`, and inline every one would take the
+    /// 80 bytes of a folded query.
+    Folded(Box<FoldedQuery>),
 }
 
 /// A query taken apart for folding: the text before its scope's `{`, the text after its `}`,
@@ -339,7 +341,7 @@ pub fn fold(queries: &[&str], max_encoded: usize, refused: &dyn Fn(u64) -> bool)
                         if chunk.members.len() < 2 {
                             units.extend(chunk.members.iter().map(|(m, _)| Unit::Alone(*m)));
                         } else {
-                            units.push(Unit::Folded(chunk));
+                            units.push(Unit::Folded(Box::new(chunk)));
                         }
                     }
                 }
@@ -417,7 +419,7 @@ mod tests {
         units
             .iter()
             .filter_map(|u| match u {
-                Unit::Folded(f) => Some(f),
+                Unit::Folded(f) => Some(&**f),
                 Unit::Alone(_) => None,
             })
             .collect()

@@ -116,7 +116,9 @@ use tokio::time::Instant;
 use watermarkd_engine::Timestamp;
 
 use super::secret::RotatingSecret;
-use super::{BackendError, MetricQuery, Observation, ObservationDetail, PlanPart, PlannedFetch, QueryError, QueryPlan, Secret};
+use super::{
+    BackendError, MetricQuery, Observation, ObservationDetail, PlanPart, PlannedFetch, QueryError, QueryPlan, Secret,
+};
 use crate::rules::DatadogBackend;
 use crate::telemetry::{BackendMetrics, PlanCounts};
 
@@ -758,7 +760,8 @@ impl Inner {
                 }
                 _ => None,
             });
-            let kept = until.filter(|until| *until > now).zip(observation).and_then(|(until, o)| StillCurrent::of(o, until));
+            let kept =
+                until.filter(|until| *until > now).zip(observation).and_then(|(until, o)| StillCurrent::of(o, until));
             match kept {
                 Some(kept) => {
                     current.insert(key, kept);
@@ -1369,7 +1372,8 @@ mod tests {
             "avg:y{team:a,app:web-1}",
             "sum:z{*}",
         ];
-        let queries: Vec<MetricQuery> = texts.iter().map(|t| MetricQuery { query: t.to_string(), reducer: None }).collect();
+        let queries: Vec<MetricQuery> =
+            texts.iter().map(|t| MetricQuery { query: t.to_string(), reducer: None }).collect();
         let now = Timestamp::from_unix_millis(1_700_000_000_000);
         let plan = client.plan(&queries, now);
         let Distinct { texts: distinct, askers, .. } = Distinct::of(&queries);
