@@ -29,43 +29,47 @@
 //! small caches for custom kinds and right after a write. See `watch.rs` for the watches and
 //! what happens on errors.
 //!
+//! # Where the code is
+//! - `mod.rs` (here): [`connect`], the public types ([`Workloads`], [`ScaleReading`]) and
+//!   what the other files share (`Context`, `describe`, `retry_delay`).
+//! - `registry.rs`: which stores exist and who uses them: the workload and pod stores, their
+//!   tasks, the per-target bookkeeping, [`Workloads::watch`] and [`Workloads::unwatch`].
+//! - `discovery.rs`: resolving `apiVersion` + `kind` to a resource with a `/scale`.
+//! - `reads.rs`: [`Workloads::read`] from the stores: the `/scale` cache of custom kinds, our
+//!   last write until the store shows it, ready pods.
+//! - `writes.rs`: [`Workloads::scale`] and [`Workloads::current_version`].
+//! - `compact.rs`, `object.rs`: what a store keeps of an object, and how its fields are read;
+//!   `watch.rs`: the watches; `error.rs`: [`WorkloadError`].
+//!
 //! # RBAC the daemon needs, per target namespace
 //! `list` and `watch` on the target resource; `get` (custom kinds) and `patch` on its `/scale`;
 //! `list` and `watch` on pods only for targets without `status.readyReplicas`.
 
 mod compact;
+mod discovery;
 mod error;
 mod object;
+mod reads;
+mod registry;
 mod watch;
+mod writes;
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::core::discovery::Scope;
-use kube::core::GroupVersionKind;
-use kube::runtime::reflector::store::Writer;
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::watcher;
-use kube::{Client, Config, Resource};
-use serde_json::json;
-use tokio::sync::watch as channel;
-use tokio::time::Instant;
+use kube::{Client, Config};
 use watermarkd_engine::Timestamp;
 
 pub use error::WorkloadError;
 
 use crate::rules::TargetRef;
-use compact::{compact, stamp_spec_change, ReadyPod, StoredWorkload, WireWorkload};
-use error::Request;
+use discovery::{KindKey, Resolved};
 pub use object::Marks;
-use object::{kind_paths, pod_is_ready, split_api_version, KindPaths};
+use registry::Registry;
 pub use watch::{backoff as watch_backoff, next as next_event, Retrying as RetryingWatch, WatchHealth};
-use watch::{follow, publish, AbortOnDrop, StoreStatus, MAX_RETRY_DELAY};
 
 /// The field manager of scale writes; [`Marks::scaled_at`] reads its `managedFields` entry.
 pub(crate) const FIELD_MANAGER: &str = "watermarkd";
@@ -136,190 +140,6 @@ pub struct ScaleReading {
     pub spec_changed_at: Option<watermarkd_engine::Timestamp>,
 }
 
-fn now() -> Timestamp {
-    Timestamp::from_system_time(std::time::SystemTime::now())
-}
-
-/// A resolved kind: how to reach it and how to read it.
-#[derive(Debug)]
-struct Resolved {
-    resource: ApiResource,
-    namespaced: bool,
-    paths: KindPaths,
-}
-
-/// A workload store's identity: the kind as the targets name it, and the namespace.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-struct StoreKey {
-    api_version: Arc<str>,
-    kind: Arc<str>,
-    namespace: Arc<str>,
-}
-
-impl StoreKey {
-    fn of(target: &TargetRef) -> Self {
-        StoreKey {
-            api_version: target.api_version.clone(),
-            kind: target.kind.clone(),
-            namespace: target.namespace.clone(),
-        }
-    }
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-struct PodKey {
-    namespace: Arc<str>,
-    selector: String,
-}
-
-fn not_found(target: &TargetRef) -> WorkloadError {
-    WorkloadError::NotFound {
-        kind: target.kind.to_string(),
-        namespace: target.namespace.to_string(),
-        name: target.name.to_string(),
-    }
-}
-
-fn describe(target: &TargetRef) -> String {
-    format!("{} {}/{} ({})", target.kind, target.namespace, target.name, target.api_version)
-}
-
-/// A workload store as its readers see it.
-struct WorkloadStore {
-    reader: Store<StoredWorkload>,
-    status: channel::Receiver<StoreStatus>,
-    /// How to reach the kind, once discovery has answered.
-    resolved: Mutex<Option<Arc<Resolved>>>,
-}
-
-impl WorkloadStore {
-    fn resolved(&self) -> Option<Arc<Resolved>> {
-        self.resolved.lock().unwrap_or_else(PoisonError::into_inner).clone()
-    }
-
-    fn get(&self, name: &str) -> Option<Arc<StoredWorkload>> {
-        self.reader.get(&ObjectRef::new(name))
-    }
-}
-
-struct StoreEntry {
-    store: Arc<WorkloadStore>,
-    /// The watched targets of this kind and namespace, by name.
-    targets: HashMap<Arc<str>, Target>,
-    _task: AbortOnDrop,
-}
-
-/// What is kept per watched target. The caches exist only where they are used.
-#[derive(Default)]
-struct Target {
-    /// `watch` calls not yet undone.
-    refs: u32,
-    /// Set for a target that joined a running store: the store may not have seen its object's
-    /// creation yet, so the first time the object is missing the API server is asked (the
-    /// old per-name watch listed again for every new name; this asks only on a miss).
-    unconfirmed: bool,
-    /// Custom kinds: the last `/scale` reading.
-    scale: Option<Box<ScaleCache>>,
-    /// Our last scale write, until the store shows it.
-    overlay: Option<Box<Overlay>>,
-    /// The selector of the pod store this target counts ready pods with.
-    pods: Option<Box<str>>,
-}
-
-/// The last `/scale` read of a custom kind.
-struct ScaleCache {
-    /// The stored object's resourceVersion it was read for.
-    version: Box<str>,
-    outcome: Result<ScaleOf, Failure>,
-    /// The replica count of the last good reading and when it was first seen, kept across
-    /// versions and failures (see `ScaleReading::spec_changed_at`).
-    last_spec: Option<(u32, Option<Timestamp>)>,
-    /// Failed reads in a row.
-    attempt: u32,
-}
-
-#[derive(Clone)]
-struct ScaleOf {
-    spec_replicas: u32,
-    status_replicas: u32,
-    selector: Option<String>,
-    resource_version: String,
-    spec_changed_at: Option<Timestamp>,
-}
-
-struct Failure {
-    error: WorkloadError,
-    retry_at: Instant,
-}
-
-/// A scale write served to reads before its watch event arrives, but only while the store
-/// still holds the version the write was based on (never over something newer).
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Overlay {
-    based_on: Box<str>,
-    written: String,
-    replicas: u32,
-    at: Timestamp,
-}
-
-impl Overlay {
-    /// Applies the write to a reading of `object`; `false` when the object moved on, and the
-    /// overlay is done with.
-    fn apply(&self, object: &StoredWorkload, reading: &mut ScaleReading) -> bool {
-        if object.resource_version != self.based_on {
-            return false;
-        }
-        reading.spec_replicas = self.replicas;
-        reading.resource_version = self.written.clone();
-        reading.spec_changed_at = Some(self.at);
-        true
-    }
-}
-
-struct PodStore {
-    reader: Store<ReadyPod>,
-    status: channel::Receiver<StoreStatus>,
-}
-
-struct PodEntry {
-    store: Arc<PodStore>,
-    /// Watched targets counting with this selector.
-    users: usize,
-    _task: AbortOnDrop,
-}
-
-#[derive(Default)]
-struct Registry {
-    stores: HashMap<StoreKey, StoreEntry>,
-    pods: HashMap<PodKey, PodEntry>,
-}
-
-impl Registry {
-    fn target_mut(&mut self, target: &TargetRef) -> Option<&mut Target> {
-        self.stores.get_mut(&StoreKey::of(target))?.targets.get_mut(&*target.name)
-    }
-
-    fn release_pods(&mut self, namespace: &str, selector: &str) {
-        let key = PodKey { namespace: namespace.into(), selector: selector.to_string() };
-        if let Some(entry) = self.pods.get_mut(&key) {
-            entry.users -= 1;
-            if entry.users == 0 {
-                self.pods.remove(&key);
-            }
-        }
-    }
-
-    /// Stops `target` counting pods, if it did.
-    fn drop_pods_of(&mut self, target: &TargetRef) {
-        if let Some(selector) = self.target_mut(target).and_then(|t| t.pods.take()) {
-            self.release_pods(&target.namespace, &selector);
-        }
-    }
-}
-
-/// (apiVersion, kind), interned.
-type KindKey = (Arc<str>, Arc<str>);
-
 /// What the store tasks share. Holds no registry, so dropping `Workloads` stops them.
 struct Context {
     client: Client,
@@ -362,481 +182,22 @@ impl Workloads {
         });
         Workloads { inner: Arc::new(Inner { context, registry: Mutex::default(), sync_timeout }) }
     }
+}
 
-    fn registry(&self) -> std::sync::MutexGuard<'_, Registry> {
-        self.inner.registry.lock().unwrap_or_else(PoisonError::into_inner)
-    }
+fn now() -> Timestamp {
+    Timestamp::from_system_time(std::time::SystemTime::now())
+}
 
-    /// Starts following `target`: the first target of its kind and namespace starts that
-    /// store (resolving the kind, then watching). Idempotent and counted: each `watch` needs
-    /// one `unwatch`. Never fails: problems (unknown kind, no `/scale`, forbidden, missing)
-    /// are what `read` returns, and are retried in the background, so a target that gets fixed
-    /// recovers by itself. Must be called inside a Tokio runtime.
-    pub fn watch(&self, target: &TargetRef) {
-        let mut registry = self.registry();
-        let key = StoreKey::of(target);
-        let (entry, joined) = match registry.stores.entry(key) {
-            std::collections::hash_map::Entry::Occupied(entry) => (entry.into_mut(), true),
-            std::collections::hash_map::Entry::Vacant(vacant) => {
-                let entry = start_workload_store(&self.inner.context, vacant.key().clone());
-                (vacant.insert(entry), false)
-            }
-        };
-        let target = entry
-            .targets
-            .entry(Arc::clone(&target.name))
-            .or_insert_with(|| Target { unconfirmed: joined, ..Target::default() });
-        target.refs += 1;
-    }
-
-    /// Undoes one `watch`; the last one forgets the target, and the last target of a store
-    /// (or of a pod selector) stops it.
-    pub fn unwatch(&self, target: &TargetRef) {
-        let mut registry = self.registry();
-        let key = StoreKey::of(target);
-        let Some(entry) = registry.stores.get_mut(&key) else { return };
-        let Some(watched) = entry.targets.get_mut(&*target.name) else { return };
-        watched.refs -= 1;
-        if watched.refs > 0 {
-            return;
-        }
-        let removed = entry.targets.remove(&*target.name);
-        if entry.targets.is_empty() {
-            registry.stores.remove(&key);
-        }
-        if let Some(selector) = removed.and_then(|t| t.pods) {
-            registry.release_pods(&target.namespace, &selector);
-        }
-    }
-
-    /// Number of watched targets.
-    pub fn len(&self) -> usize {
-        self.registry().stores.values().map(|entry| entry.targets.len()).sum()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.registry().stores.is_empty()
-    }
-
-    /// Number of running workload stores (watches): one per (kind, namespace) in use.
-    pub fn workload_watches(&self) -> usize {
-        self.registry().stores.len()
-    }
-
-    /// The health of every watch of the process: the stores' own, and any other that reports
-    /// into it (the WPA watches).
-    pub fn watch_health(&self) -> Arc<WatchHealth> {
-        Arc::clone(&self.inner.context.health)
-    }
-
-    /// Whether every store has had its first answer (listed or failed).
-    pub fn settled(&self) -> bool {
-        let registry = self.registry();
-        registry.stores.values().all(|entry| !matches!(*entry.store.status.borrow(), StoreStatus::Starting))
-    }
-
-    fn store_of(&self, target: &TargetRef) -> Result<Arc<WorkloadStore>, WorkloadError> {
-        let registry = self.registry();
-        registry
-            .stores
-            .get(&StoreKey::of(target))
-            .filter(|entry| entry.targets.contains_key(&*target.name))
-            .map(|entry| Arc::clone(&entry.store))
-            .ok_or_else(|| WorkloadError::NotWatched(describe(target)))
-    }
-
-    fn no_answer(&self, target: &TargetRef) -> WorkloadError {
-        WorkloadError::Connection(format!(
-            "no answer from the API server about {} within {:?}",
-            describe(target),
-            self.inner.sync_timeout
-        ))
-    }
-
-    /// The target's scale from the stores. Waits (up to the sync timeout) only while its
-    /// store has not listed yet; afterwards it makes no request for built-in kinds, and for
-    /// custom kinds only a `/scale` GET when the object changed since the last one.
-    pub async fn read(&self, target: &TargetRef) -> Result<ScaleReading, WorkloadError> {
-        let deadline = Instant::now() + self.inner.sync_timeout;
-        let store = self.store_of(target)?;
-        match wait_listed(&store.status, deadline).await {
-            Waited::Listed => {}
-            Waited::Failed(err) => return Err(err),
-            Waited::TimedOut => return Err(self.no_answer(target)),
-            Waited::Stopped => return Err(WorkloadError::NotWatched(describe(target))),
-        }
-        let resolved = store.resolved().ok_or_else(|| self.no_answer(target))?;
-        let object = self.lookup(&store, &resolved, target, deadline).await?;
-        let mut reading = match resolved.paths {
-            KindPaths::Builtin(_) => ScaleReading {
-                spec_replicas: object.spec_replicas,
-                status_replicas: object.status_replicas,
-                ready_replicas: object.ready_replicas,
-                selector: object.selector.as_deref().map(str::to_string),
-                resource_version: object.resource_version.to_string(),
-                marks: object.marks.clone(),
-                spec_changed_at: object.seen,
-            },
-            KindPaths::Custom => self.read_custom(&resolved, target, &object).await?,
-        };
-        let pods = {
-            let mut registry = self.registry();
-            let watched = registry.target_mut(target).ok_or_else(|| WorkloadError::NotWatched(describe(target)))?;
-            watched.unconfirmed = false;
-            if let Some(overlay) = &watched.overlay {
-                if !overlay.apply(&object, &mut reading) {
-                    watched.overlay = None;
-                }
-            }
-            match (&reading.ready_replicas, &reading.selector) {
-                (None, Some(selector)) => Some(pod_store(&mut registry, &self.inner.context, target, selector)),
-                _ => {
-                    registry.drop_pods_of(target);
-                    None
-                }
-            }
-        };
-        if let Some(pods) = pods {
-            match wait_listed(&pods.status, deadline).await {
-                Waited::Listed => {}
-                Waited::Failed(err) => return Err(err),
-                Waited::TimedOut => return Err(self.no_answer(target)),
-                // Its last user went away meanwhile (unwatched, or a new selector).
-                Waited::Stopped => {
-                    return Err(WorkloadError::Connection(format!(
-                        "the pod selector of {} changed while reading; read again",
-                        describe(target)
-                    )))
-                }
-            }
-            let ready = pods.reader.state().iter().filter(|pod| pod.ready).count();
-            reading.ready_replicas = Some(u32::try_from(ready).unwrap_or(u32::MAX));
-        }
-        Ok(reading)
-    }
-
-    /// The target's object from its listed store. A miss is `NotFound`, except the first one
-    /// of a target that joined a running store, which asks the API server whether the object
-    /// exists and, if it does, waits (until `deadline`) for the store to show it.
-    async fn lookup(
-        &self,
-        store: &WorkloadStore,
-        resolved: &Resolved,
-        target: &TargetRef,
-        deadline: Instant,
-    ) -> Result<Arc<StoredWorkload>, WorkloadError> {
-        if let Some(object) = store.get(&target.name) {
-            return Ok(object);
-        }
-        let unconfirmed = {
-            let mut registry = self.registry();
-            let watched = registry.target_mut(target).ok_or_else(|| WorkloadError::NotWatched(describe(target)))?;
-            watched.overlay = None;
-            let unconfirmed = watched.unconfirmed;
-            if !unconfirmed {
-                registry.drop_pods_of(target);
-            }
-            unconfirmed
-        };
-        if !unconfirmed {
-            return Err(not_found(target));
-        }
-        if Box::pin(self.list_version(resolved, target)).await?.is_none() {
-            let mut registry = self.registry();
-            if let Some(watched) = registry.target_mut(target) {
-                watched.unconfirmed = false;
-            }
-            registry.drop_pods_of(target);
-            return Err(not_found(target));
-        }
-        loop {
-            if let Some(object) = store.get(&target.name) {
-                return Ok(object);
-            }
-            if Instant::now() >= deadline {
-                return Err(self.no_answer(target));
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    /// A custom kind's reading: `/scale` as last read for this version of the object, or read
-    /// now (once per version; after a failure, again when the backoff has passed).
-    async fn read_custom(
-        &self,
-        resolved: &Resolved,
-        target: &TargetRef,
-        object: &StoredWorkload,
-    ) -> Result<ScaleReading, WorkloadError> {
-        let reading = |scale: ScaleOf| ScaleReading {
-            spec_replicas: scale.spec_replicas,
-            status_replicas: scale.status_replicas,
-            ready_replicas: object.ready_replicas,
-            selector: scale.selector,
-            resource_version: scale.resource_version,
-            marks: object.marks.clone(),
-            spec_changed_at: scale.spec_changed_at,
-        };
-        let (last_spec, attempt) = {
-            let mut registry = self.registry();
-            let watched = registry.target_mut(target).ok_or_else(|| WorkloadError::NotWatched(describe(target)))?;
-            match watched.scale.as_deref() {
-                Some(cache) if cache.version == object.resource_version => match &cache.outcome {
-                    Ok(scale) => return Ok(reading(scale.clone())),
-                    Err(failure) if Instant::now() < failure.retry_at => return Err(failure.error.clone()),
-                    Err(_) => (cache.last_spec, cache.attempt),
-                },
-                Some(cache) => (cache.last_spec, cache.attempt),
-                None => (None, 0),
-            }
-        };
-        // Boxed: a kube request's future is large.
-        let fetched = Box::pin(get_scale(&self.inner.context.client, resolved, target)).await;
-        let outcome = fetched.map(|mut scale| {
-            // The arrival of the version whose /scale showed the change: the closest to when
-            // the change became visible that a read-time fetch can tell.
-            let at = object.seen.unwrap_or_else(now);
-            scale.spec_changed_at = stamp_spec_change(scale.spec_replicas, last_spec, at);
-            scale
-        });
-        let mut registry = self.registry();
-        let watched = registry.target_mut(target).ok_or_else(|| WorkloadError::NotWatched(describe(target)))?;
-        let version = object.resource_version.clone();
-        match outcome {
-            Ok(scale) => {
-                let last_spec = Some((scale.spec_replicas, scale.spec_changed_at));
-                watched.scale =
-                    Some(Box::new(ScaleCache { version, outcome: Ok(scale.clone()), last_spec, attempt: 0 }));
-                Ok(reading(scale))
-            }
-            Err(error) => {
-                tracing::warn!(workload = %describe(target), error = %error, "cannot read /scale; retrying");
-                let failure = Failure { error: error.clone(), retry_at: Instant::now() + retry_delay(attempt) };
-                watched.scale =
-                    Some(Box::new(ScaleCache { version, outcome: Err(failure), last_spec, attempt: attempt + 1 }));
-                Err(error)
-            }
-        }
-    }
-
-    /// Sets the target's replicas to `replicas` with one merge patch of `/scale` carrying
-    /// `from.resource_version`: if the object changed since `from` was read, the API server
-    /// answers 409 and this returns [`WorkloadError::Conflict`] without writing anything. The
-    /// caller then reads again and decides again. Any change counts, a status update by the
-    /// workload's controller included (`/scale` shares the object's resourceVersion), so a
-    /// caller should expect the odd conflict during rollouts and simply retry with a fresh
-    /// reading. No request when `replicas` equals `from.spec_replicas`.
-    pub async fn scale(&self, target: &TargetRef, from: &ScaleReading, replicas: u32) -> Result<(), WorkloadError> {
-        let store = self.store_of(target)?;
-        if replicas == from.spec_replicas {
-            return Ok(());
-        }
-        if from.resource_version.is_empty() {
-            // Without a version the patch would overwrite whatever is there.
-            return Err(WorkloadError::Api {
-                code: 0,
-                message: "refusing to scale from a reading without a resourceVersion".to_string(),
-            });
-        }
-        let resolved = resolved_kind(&store, target)?;
-        let api: Api<DynamicObject> = api_for(&self.inner.context.client, &resolved, &target.namespace);
-        let resource = format!("{}/scale", resolved.resource.plural);
-        let request = Request::for_target("patch", &resource, target);
-        let patch = json!({
-            "metadata": { "resourceVersion": from.resource_version },
-            "spec": { "replicas": replicas },
-        });
-        let params = PatchParams { field_manager: Some(FIELD_MANAGER.to_string()), ..PatchParams::default() };
-        match api.patch_scale(&target.name, &params, &Patch::Merge(&patch)).await {
-            Ok(scale) => {
-                let written = scale.metadata.resource_version.unwrap_or_default();
-                let based_on_current =
-                    store.get(&target.name).is_some_and(|object| *object.resource_version == *from.resource_version);
-                if based_on_current && !written.is_empty() {
-                    if let Some(watched) = self.registry().target_mut(target) {
-                        watched.overlay = Some(Box::new(Overlay {
-                            based_on: from.resource_version.clone().into_boxed_str(),
-                            written,
-                            replicas,
-                            at: now(),
-                        }));
-                    }
-                }
-                tracing::info!(workload = %describe(target), from = from.spec_replicas, to = replicas, "scaled");
-                Ok(())
-            }
-            Err(err) => Err(match request.error(&err) {
-                WorkloadError::Conflict { kind, namespace, name, .. } => {
-                    WorkloadError::Conflict { kind, namespace, name, resource_version: from.resource_version.clone() }
-                }
-                other => other,
-            }),
-        }
-    }
-
-    /// The object's resourceVersion as the API server has it now (a quorum read, not the
-    /// store): after a write whose outcome is unknown, it tells whether anything changed.
-    /// A list of the one name, so that it needs no verb beyond the watch's.
-    pub async fn current_version(&self, target: &TargetRef) -> Result<String, WorkloadError> {
-        let resolved = resolved_kind(&*self.store_of(target)?, target)?;
-        self.list_version(&resolved, target).await?.ok_or_else(|| not_found(target))
-    }
-
-    async fn list_version(&self, resolved: &Resolved, target: &TargetRef) -> Result<Option<String>, WorkloadError> {
-        let api: Api<DynamicObject> = api_for(&self.inner.context.client, resolved, &target.namespace);
-        let request = Request::for_target("list", &resolved.resource.plural, target);
-        let params = ListParams::default().fields(&format!("metadata.name={}", target.name));
-        let list = api.list_metadata(&params).await.map_err(|err| request.error(&err))?;
-        Ok(list.items.into_iter().next().map(|object| object.metadata.resource_version.unwrap_or_default()))
+fn not_found(target: &TargetRef) -> WorkloadError {
+    WorkloadError::NotFound {
+        kind: target.kind.to_string(),
+        namespace: target.namespace.to_string(),
+        name: target.name.to_string(),
     }
 }
 
-/// How a wait for a store's first list ended.
-enum Waited {
-    Listed,
-    Failed(WorkloadError),
-    TimedOut,
-    /// The store was stopped meanwhile.
-    Stopped,
-}
-
-async fn wait_listed(status: &channel::Receiver<StoreStatus>, deadline: Instant) -> Waited {
-    let mut status = status.clone();
-    let answered = tokio::time::timeout_at(deadline, status.wait_for(|s| !matches!(s, StoreStatus::Starting)))
-        .await
-        .map(|answer| answer.map(|current| current.clone()));
-    match answered {
-        Ok(Ok(StoreStatus::Synced)) => Waited::Listed,
-        Ok(Ok(StoreStatus::Failed(err))) => Waited::Failed(err),
-        Ok(Ok(StoreStatus::Starting)) | Err(_) => Waited::TimedOut,
-        Ok(Err(_)) => Waited::Stopped,
-    }
-}
-
-/// How to reach a target's kind, or why it cannot be written.
-fn resolved_kind(store: &WorkloadStore, target: &TargetRef) -> Result<Arc<Resolved>, WorkloadError> {
-    let not_read = || WorkloadError::Connection(format!("{} has not been read yet", describe(target)));
-    match &*store.status.borrow() {
-        StoreStatus::Synced => store.resolved().ok_or_else(not_read),
-        StoreStatus::Failed(err) => Err(err.clone()),
-        StoreStatus::Starting => Err(not_read()),
-    }
-}
-
-fn api_for<K>(client: &Client, resolved: &Resolved, namespace: &str) -> Api<K>
-where
-    K: Resource<DynamicType = ApiResource, Scope = kube::core::DynamicResourceScope>,
-{
-    if resolved.namespaced {
-        Api::namespaced_with(client.clone(), namespace, &resolved.resource)
-    } else {
-        Api::all_with(client.clone(), &resolved.resource)
-    }
-}
-
-/// Reads `/scale` of a custom kind.
-async fn get_scale(client: &Client, resolved: &Resolved, target: &TargetRef) -> Result<ScaleOf, WorkloadError> {
-    let api: Api<DynamicObject> = api_for(client, resolved, &target.namespace);
-    let resource = format!("{}/scale", resolved.resource.plural);
-    let request = Request::for_target("get", &resource, target);
-    let scale = api.get_scale(&target.name).await.map_err(|e| request.error(&e))?;
-    let count = |n: Option<i32>| n.and_then(|n| u32::try_from(n).ok()).unwrap_or(0);
-    let status = scale.status.unwrap_or_default();
-    Ok(ScaleOf {
-        spec_replicas: count(scale.spec.and_then(|s| s.replicas)),
-        status_replicas: count(Some(status.replicas)),
-        selector: status.selector.filter(|s| !s.is_empty()),
-        resource_version: scale.metadata.resource_version.unwrap_or_default(),
-        spec_changed_at: None,
-    })
-}
-
-/// The pod store `target` counts with for `selector`, started if it is the first user;
-/// moves the target off the store of its previous selector.
-fn pod_store(registry: &mut Registry, context: &Arc<Context>, target: &TargetRef, selector: &str) -> Arc<PodStore> {
-    let key = PodKey { namespace: target.namespace.clone(), selector: selector.to_string() };
-    let previous = registry.target_mut(target).and_then(|watched| {
-        if watched.pods.as_deref() == Some(selector) {
-            None
-        } else {
-            Some(watched.pods.replace(selector.into()))
-        }
-    });
-    match previous {
-        // Already counting with this selector.
-        None => {
-            if let Some(entry) = registry.pods.get(&key) {
-                return Arc::clone(&entry.store);
-            }
-        }
-        Some(old) => {
-            if let Some(old) = old {
-                registry.release_pods(&target.namespace, &old);
-            }
-        }
-    }
-    let entry = registry.pods.entry(key).or_insert_with_key(|key| start_pod_store(context, key.clone()));
-    entry.users += 1;
-    Arc::clone(&entry.store)
-}
-
-impl Context {
-    /// Resolves a kind through discovery (cached once it resolved with a `/scale`).
-    async fn resolve(&self, key: &StoreKey) -> Result<Arc<Resolved>, WorkloadError> {
-        let kind_key = (key.api_version.clone(), key.kind.clone());
-        let cached = || self.kinds.lock().unwrap_or_else(PoisonError::into_inner).get(&kind_key).cloned();
-        if let Some(resolved) = cached() {
-            return Ok(resolved);
-        }
-        let _resolving = self.resolving.lock().await;
-        if let Some(resolved) = cached() {
-            return Ok(resolved);
-        }
-        let (group, version) = split_api_version(&key.api_version);
-        let gvk = GroupVersionKind::gvk(group, version, &key.kind);
-        let unknown = |reason: String| WorkloadError::UnknownKind {
-            api_version: key.api_version.to_string(),
-            kind: key.kind.to_string(),
-            reason,
-        };
-        let (resource, capabilities) = match kube::discovery::pinned_kind(&self.client, &gvk).await {
-            Ok(found) => found,
-            Err(kube::Error::Discovery(e)) => return Err(unknown(e.to_string())),
-            Err(kube::Error::Api(status)) if status.code == 404 => {
-                return Err(unknown(format!("apiVersion {} is not served", key.api_version)))
-            }
-            Err(err) => {
-                let request = Request {
-                    verb: "get",
-                    resource: "discovery",
-                    api_version: &key.api_version,
-                    namespace: &key.namespace,
-                    kind: &key.kind,
-                    name: "",
-                    collection: true,
-                };
-                return Err(request.error(&err));
-            }
-        };
-        if !capabilities.subresources.iter().any(|(sub, _)| sub.plural == "scale") {
-            return Err(WorkloadError::NoScaleSubresource {
-                api_version: key.api_version.to_string(),
-                kind: key.kind.to_string(),
-            });
-        }
-        let resolved = Arc::new(Resolved {
-            paths: kind_paths(group, &key.kind),
-            namespaced: capabilities.scope == Scope::Namespaced,
-            resource,
-        });
-        self.kinds.lock().unwrap_or_else(PoisonError::into_inner).insert(kind_key, Arc::clone(&resolved));
-        Ok(resolved)
-    }
-
-    fn forget(&self, key: &StoreKey) {
-        let kind_key = (key.api_version.clone(), key.kind.clone());
-        self.kinds.lock().unwrap_or_else(PoisonError::into_inner).remove(&kind_key);
-    }
+fn describe(target: &TargetRef) -> String {
+    format!("{} {}/{} ({})", target.kind, target.namespace, target.name, target.api_version)
 }
 
 /// Retry delays after a request of a store or target failed (discovery, `/scale` of a custom
@@ -845,166 +206,23 @@ fn retry_delay(attempt: u32) -> Duration {
     Duration::from_secs(1u64 << attempt.min(6)).min(Duration::from_secs(60))
 }
 
-fn start_workload_store(context: &Arc<Context>, key: StoreKey) -> StoreEntry {
-    let (reader, writer) = reflector::store();
-    let (sender, status) = channel::channel(StoreStatus::Starting);
-    let store = Arc::new(WorkloadStore { reader, status, resolved: Mutex::default() });
-    let task = tokio::spawn(run_workload_store(Arc::clone(context), key, Arc::clone(&store), writer, sender));
-    StoreEntry { store, targets: HashMap::new(), _task: AbortOnDrop(task) }
-}
-
-/// Keeps one workload store: resolves the kind, then watches every object of it in the
-/// namespace; resolves again if the kind stops being served.
-async fn run_workload_store(
-    context: Arc<Context>,
-    key: StoreKey,
-    store: Arc<WorkloadStore>,
-    mut writer: Writer<StoredWorkload>,
-    status: channel::Sender<StoreStatus>,
-) {
-    let mut attempt = 0;
-    loop {
-        // Boxed: a kube request's future is large.
-        let resolved = match Box::pin(context.resolve(&key)).await {
-            Ok(resolved) => resolved,
-            Err(err) => {
-                tracing::warn!(
-                    kind = %key.kind,
-                    api_version = %key.api_version,
-                    namespace = %key.namespace,
-                    error = %err,
-                    "cannot resolve the kind; retrying"
-                );
-                publish(&status, StoreStatus::Failed(err));
-                tokio::time::sleep(retry_delay(attempt)).await;
-                attempt += 1;
-                continue;
-            }
-        };
-        *store.resolved.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::clone(&resolved));
-        let api: Api<WireWorkload> = api_for(&context.client, &resolved, &key.namespace);
-        let request = Request {
-            verb: "list",
-            resource: &resolved.resource.plural,
-            api_version: &resolved.resource.api_version,
-            namespace: &key.namespace,
-            kind: &resolved.resource.kind,
-            name: "",
-            collection: true,
-        };
-        let paths = resolved.paths;
-        let stream = Box::pin(watcher::watcher(api, watcher::Config::default()));
-        let stamp = |object: WireWorkload, reader: &Store<StoredWorkload>| {
-            let previous = object.meta().name.as_deref().and_then(|name| reader.get(&ObjectRef::new(name)));
-            compact(paths, object, previous.as_deref(), now())
-        };
-        let stopped = follow(stream, &mut writer, stamp, &status, &context.health, request).await;
-        if stopped.listed {
-            attempt = 0;
-        }
-        // The resource type went away (a CRD deleted?): resolve it afresh.
-        tracing::warn!(kind = %key.kind, namespace = %key.namespace, error = %stopped.error, "resolving the kind again");
-        context.forget(&key);
-        tokio::time::sleep(retry_delay(attempt)).await;
-        attempt += 1;
-    }
-}
-
-fn start_pod_store(context: &Arc<Context>, key: PodKey) -> PodEntry {
-    let (reader, writer) = reflector::store();
-    let (sender, status) = channel::channel(StoreStatus::Starting);
-    let store = Arc::new(PodStore { reader, status });
-    let task = tokio::spawn(run_pod_store(Arc::clone(context), key, writer, sender));
-    PodEntry { store, users: 0, _task: AbortOnDrop(task) }
-}
-
-/// Keeps one pod store: the pods of one selector in one namespace, as name and ready flag.
-async fn run_pod_store(
-    context: Arc<Context>,
-    key: PodKey,
-    mut writer: Writer<ReadyPod>,
-    status: channel::Sender<StoreStatus>,
-) {
-    let api: Api<Pod> = Api::namespaced(context.client.clone(), &key.namespace);
-    let request = Request {
-        verb: "list",
-        resource: "pods",
-        api_version: "v1",
-        namespace: &key.namespace,
-        kind: "Pod",
-        name: "",
-        collection: true,
-    };
-    let reduce = |pod: Pod, _: &Store<ReadyPod>| {
-        let ready = pod_is_ready(&pod);
-        Some(ReadyPod { name: pod.metadata.name?.into_boxed_str(), ready })
-    };
-    loop {
-        let config = watcher::Config::default().labels(&key.selector);
-        let stream = Box::pin(watcher::watcher(api.clone(), config));
-        // Returns only if pods were not served, which an API server always does.
-        follow(stream, &mut writer, reduce, &status, &context.health, request).await;
-        tokio::time::sleep(MAX_RETRY_DELAY).await;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
+    use kube::api::{Api, ApiResource, DynamicObject};
+    use kube::runtime::reflector::{self, ObjectRef};
+    use kube::runtime::watcher;
+    use kube::Resource;
+    use serde_json::json;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+    use super::compact::{compact, StoredWorkload, WireWorkload};
+    use super::object::KindPaths;
     use super::*;
 
     fn t(ms: i64) -> Timestamp {
         Timestamp::from_unix_millis(ms)
-    }
-
-    fn stored(version: &str, spec: u32, seen: Option<Timestamp>) -> StoredWorkload {
-        StoredWorkload {
-            name: "web".into(),
-            resource_version: version.into(),
-            spec_replicas: spec,
-            status_replicas: spec,
-            ready_replicas: Some(spec),
-            selector: Some("app=web".into()),
-            marks: Marks::default(),
-            seen,
-        }
-    }
-
-    fn reading_of(object: &StoredWorkload) -> ScaleReading {
-        ScaleReading {
-            spec_replicas: object.spec_replicas,
-            status_replicas: object.status_replicas,
-            ready_replicas: object.ready_replicas,
-            selector: object.selector.as_deref().map(str::to_string),
-            resource_version: object.resource_version.to_string(),
-            marks: object.marks.clone(),
-            spec_changed_at: object.seen,
-        }
-    }
-
-    #[test]
-    fn our_write_is_served_only_while_the_store_holds_the_version_it_was_based_on() {
-        let overlay = Overlay { based_on: "10".into(), written: "11".into(), replicas: 6, at: t(500) };
-        let before = stored("10", 4, Some(t(100)));
-        let mut reading = reading_of(&before);
-        assert!(overlay.apply(&before, &mut reading));
-        assert_eq!(
-            (reading.spec_replicas, reading.resource_version.as_str(), reading.spec_changed_at),
-            (6, "11", Some(t(500)))
-        );
-        assert_eq!(reading.status_replicas, 4, "only what the write changed");
-        // The watch event of the write, or anything newer: the store's version wins.
-        let after = stored("11", 6, Some(t(510)));
-        let mut reading = reading_of(&after);
-        assert!(!overlay.apply(&after, &mut reading));
-        assert_eq!(reading, reading_of(&after));
-        let other = stored("12", 9, Some(t(520)));
-        let mut reading = reading_of(&other);
-        assert!(!overlay.apply(&other, &mut reading));
-        assert_eq!(reading.spec_replicas, 9);
     }
 
     #[test]
