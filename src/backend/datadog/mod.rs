@@ -177,6 +177,9 @@ struct Inner {
     text_keys: std::hash::RandomState,
     /// Values that cannot have changed yet, by `text_key`: see `note_current`.
     current: Mutex<HashMap<u64, StillCurrent>>,
+    /// The time of the last cycle (`evaluate_for`): a value that can change before the next
+    /// cycle, expected as long after as the last came, is not kept for it.
+    last_cycle: Mutex<Option<Timestamp>>,
     /// Shapes (`fold::FoldedQuery::shape`) whose grouped query Datadog rejected, and until when
     /// their members go unfolded.
     refused_shapes: Mutex<HashMap<u64, Instant>>,
@@ -336,6 +339,7 @@ impl DatadogClient {
                 text_keys: std::hash::RandomState::new(),
                 refused_shapes: Mutex::new(HashMap::new()),
                 current: Mutex::new(HashMap::new()),
+                last_cycle: Mutex::new(None),
                 served: Mutex::new(HashMap::new()),
                 namespace_budget_percent: config.namespace_budget_percent,
                 fold_queries: config.fold_queries,
@@ -372,6 +376,7 @@ impl DatadogClient {
     ) -> Vec<Observation> {
         let inner = &self.inner;
         let started = Instant::now();
+        let gap = inner.cycle_gap(now);
         let Distinct { texts: distinct, slots, askers } = Distinct::of(queries);
         // The namespace a distinct query is charged to: the first that asked it, unless an
         // autoscaler of the rules file (never capped) asks it too.
@@ -474,7 +479,8 @@ impl DatadogClient {
             }
         }
         inner.served_now(sent.iter().map(|&q| texts[q]), started);
-        inner.note_current(sent.iter().map(|&q| (texts[q], answers[pending[q]].as_ref())), now);
+        let next_cycle = now.plus(gap.unwrap_or_default());
+        inner.note_current(sent.iter().map(|&q| (texts[q], answers[pending[q]].as_ref())), next_cycle);
         inner.charge_namespaces(sent.iter().map(|&q| owners[pending[q]]));
         let out: Vec<Observation> = slots
             .iter()
@@ -744,13 +750,25 @@ impl Inner {
         served.retain(|_, when| at.saturating_duration_since(*when) < pacing::MAX_WINDOW * 2);
     }
 
+    /// Notes a cycle at `now`, and returns how long after the previous one it came: the gap
+    /// the next cycle is expected after (none for the first, or when the clock went back).
+    fn cycle_gap(&self, now: Timestamp) -> Option<Duration> {
+        let mut last = lock(&self.last_cycle);
+        let gap = last.filter(|last| now > *last).map(|last| now.since(last));
+        *last = Some(now);
+        gap
+    }
+
     /// Keeps each value just read until it can change: the penultimate point of a series with
     /// a rollup of I seconds, at time p, stays the penultimate point until a point exists for
     /// the bucket after next, at p + 2I. Asking again before then costs a request for the
     /// same value (with 15 s cycles and a 30 s rollup, every other request), so until then a
     /// cycle answers from here: the decision still runs every cycle, with the value's own
-    /// time, so its age shows. Anything but a value is forgotten, and asked again next cycle.
-    fn note_current<'a>(&self, read: impl Iterator<Item = (&'a str, Option<&'a Observation>)>, now: Timestamp) {
+    /// time, so its age shows. Anything but a value is forgotten, and asked again next cycle,
+    /// and so is a value that can change before `next_cycle` (when the next cycle is expected,
+    /// by the last gap between cycles): keeping it would cost memory (64 bytes per query) and
+    /// save no request.
+    fn note_current<'a>(&self, read: impl Iterator<Item = (&'a str, Option<&'a Observation>)>, next_cycle: Timestamp) {
         let mut current = lock(&self.current);
         for (text, observation) in read {
             let key = self.text_key(text);
@@ -760,8 +778,10 @@ impl Inner {
                 }
                 _ => None,
             });
-            let kept =
-                until.filter(|until| *until > now).zip(observation).and_then(|(until, o)| StillCurrent::of(o, until));
+            let kept = until
+                .filter(|until| *until > next_cycle)
+                .zip(observation)
+                .and_then(|(until, o)| StillCurrent::of(o, until));
             match kept {
                 Some(kept) => {
                     current.insert(key, kept);
@@ -1359,6 +1379,29 @@ mod tests {
             namespace_budget_percent: 100,
             fold_queries: true,
         }
+    }
+
+    #[test]
+    fn a_value_is_kept_only_if_the_next_cycle_can_use_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let client = DatadogClient::new("dd", &config(dir.path(), None), Arc::new(BackendMetrics::detached())).unwrap();
+        let inner = &client.inner;
+        let t = |s: i64| Timestamp::from_unix_millis(1_700_000_000_000 + s * 1000);
+        // A point at t(-30) with a 30 s rollup cannot change before t(30).
+        let detail = ObservationDetail { interval_seconds: Some(30), ..ObservationDetail::default() };
+        let read = Observation::value(1.0, t(-30), detail);
+        assert_eq!(inner.cycle_gap(t(0)), None, "no cycle before the first");
+        inner.note_current(std::iter::once(("q", Some(&read))), t(0));
+        assert_eq!(lock(&inner.current).len(), 1, "the first cycle keeps what it may use");
+        // Cycles 40 s apart: the next one comes after t(30), so nothing is worth keeping.
+        assert_eq!(inner.cycle_gap(t(40)), Some(Duration::from_secs(40)));
+        inner.note_current(std::iter::once(("q", Some(&read))), t(80));
+        assert!(lock(&inner.current).is_empty());
+        // 15 s apart: kept for the next.
+        assert_eq!(inner.cycle_gap(t(55)), Some(Duration::from_secs(15)));
+        inner.note_current(std::iter::once(("q", Some(&read))), t(20));
+        assert_eq!(lock(&inner.current).len(), 1);
+        assert_eq!(inner.cycle_gap(t(50)), None, "the clock went back");
     }
 
     #[test]
