@@ -135,6 +135,25 @@ pub fn next_status(
     now: Timestamp,
 ) -> WatermarkPodAutoscalerStatus {
     let base = previous.cloned().unwrap_or_default();
+    let updates = updates(decision, write);
+    let mut status = apply(base, &updates, now);
+    let scaled = decision.action != Action::Hold && (decision.dry_run || *write == ScaleWrite::Succeeded);
+    status.current_replicas = i64::from(decision.spec_replicas);
+    status.desired_replicas = match write {
+        // As the Datadog controller: a failed scale leaves the previous desired count.
+        ScaleWrite::Failed(_) => previous.map_or(i64::from(decision.spec_replicas), |p| p.desired_replicas),
+        _ => i64::from(decision.replicas),
+    };
+    if scaled {
+        status.last_scale_time = Some(now);
+        status.scaling_events_count = Some(status.scaling_events_count.unwrap_or(0).saturating_add(1));
+    }
+    status.current_metrics = current_metrics(previous, spec, decision);
+    status
+}
+
+/// The conditions one evaluation sets, in the order the Datadog controller sets them.
+fn updates(decision: &Decision, write: &ScaleWrite) -> Vec<Update> {
     // The Datadog controller stops before normalizing when it cannot read a metric or count
     // ready pods; so do these guards.
     let stopped = matches!(decision.guard, Some(Guard::NoData | Guard::MinAvailable | Guard::NoReadyReplicas));
@@ -171,21 +190,21 @@ pub fn next_status(
         updates.extend(backoff(decision));
         updates.extend(scale_result(decision, write));
     }
+    updates
+}
 
-    let mut status = apply(base, &updates, now);
-    let scaled = decision.action != Action::Hold && (decision.dry_run || *write == ScaleWrite::Succeeded);
-    status.current_replicas = i64::from(decision.spec_replicas);
-    status.desired_replicas = match write {
-        // As the Datadog controller: a failed scale leaves the previous desired count.
-        ScaleWrite::Failed(_) => previous.map_or(i64::from(decision.spec_replicas), |p| p.desired_replicas),
-        _ => i64::from(decision.replicas),
-    };
-    if scaled {
-        status.last_scale_time = Some(now);
-        status.scaling_events_count = Some(status.scaling_events_count.unwrap_or(0).saturating_add(1));
+/// The conditions one evaluation leaves, whatever the autoscaler's source: each type once, with
+/// its last setting (AbleToScale is set up to three times), in the order first set. A WPA's
+/// status shows them (`next_status`); the daemon's metrics show them for every autoscaler.
+pub fn conditions(decision: &Decision, write: &ScaleWrite) -> Vec<(&'static str, bool)> {
+    let mut conditions: Vec<(&'static str, bool)> = Vec::new();
+    for update in updates(decision, write) {
+        match conditions.iter_mut().find(|(type_, _)| *type_ == update.type_) {
+            Some(condition) => condition.1 = update.status,
+            None => conditions.push((update.type_, update.status)),
+        }
     }
-    status.current_metrics = current_metrics(previous, spec, decision);
-    status
+    conditions
 }
 
 fn scaling_active(decision: &Decision) -> Update {

@@ -14,7 +14,9 @@
 pub mod allocator;
 mod cycle;
 mod evaluate;
+mod evaluation;
 mod health;
+mod memory;
 mod report;
 mod rules_file;
 mod schedule;

@@ -8,15 +8,13 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, Patch, PatchParams};
 use watermarkd_engine::{Action, Decision, Guard};
 
-use super::source::{Desired, Persisted, Source};
+use super::memory::Persisted;
+use super::source::Desired;
 use super::wpa_index::{ObjectKey, Rejection};
 use super::Shared;
 use crate::crd::{self, MapError, ScaleWrite, WatermarkPodAutoscaler, WatermarkPodAutoscalerStatus};
 use crate::events::{EventType, Repeats};
 use crate::workload::WorkloadError;
-
-/// A status whose only change is `currentMetrics` is written at most this often.
-const METRICS_STATUS_PERIOD: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Merge-patches a WPA's status; true when it was written.
 pub async fn write_status(
@@ -41,35 +39,6 @@ pub async fn write_status(
     shared.daemon.write("status", "error");
     tracing::warn!(wpa = %format!("{namespace}/{name}"), error, "could not write the WPA status");
     false
-}
-
-/// Writes the status a WPA's decision leads to, when it changed (a change of the metrics
-/// alone at most every `METRICS_STATUS_PERIOD`).
-pub async fn decision_status(
-    shared: &Shared,
-    wpa: &WatermarkPodAutoscaler,
-    persisted: &mut Persisted,
-    decision: &Decision,
-    write: &ScaleWrite,
-) {
-    let Persisted::Status { status, written_at } = persisted else { return };
-    let previous = status.as_deref().cloned().or_else(|| wpa.status.clone());
-    let next = crd::next_status(previous.as_ref(), &wpa.spec, decision, write, shared.clock.now());
-    if !crd::status_changed(previous.as_ref(), &next) {
-        return;
-    }
-    let only_metrics = previous.as_ref().is_some_and(|p| {
-        let mut same = p.clone();
-        same.current_metrics = next.current_metrics.clone();
-        same == next
-    });
-    if only_metrics && written_at.is_some_and(|at| at.elapsed() < METRICS_STATUS_PERIOD) {
-        return;
-    }
-    if write_status(shared, wpa, &next).await {
-        *status = Some(Box::new(next));
-        *written_at = Some(tokio::time::Instant::now());
-    }
 }
 
 /// Records an event; failures are counted and logged at debug, never fatal.
@@ -144,8 +113,8 @@ pub async fn target_unreadable(shared: &Shared, desired: &Desired, persisted: &m
         WorkloadError::NoScaleSubresource { .. } | WorkloadError::UnknownKind { .. } => "InvalidTarget",
         _ => "FailedGetScale",
     };
-    match (&desired.source, persisted) {
-        (Source::Wpa(wpa), Persisted::Status { status, .. }) => {
+    match persisted {
+        Persisted::Status { wpa, status, .. } => {
             let note = format!("cannot read the target: {message}");
             publish(shared, &wpa_reference(wpa), EventType::Warning, reason, &note, "GetScale", Repeats::Suppress)
                 .await;
@@ -163,8 +132,8 @@ pub async fn target_unreadable(shared: &Shared, desired: &Desired, persisted: &m
                 *status = Some(Box::new(next));
             }
         }
-        _ if matches!(err, WorkloadError::NotFound { .. }) => {}
-        _ => {
+        Persisted::ConfigMap { .. } if matches!(err, WorkloadError::NotFound { .. }) => {}
+        Persisted::ConfigMap { .. } => {
             let note = format!("cannot scale: {message}");
             let object = target_reference(desired);
             publish(shared, &object, EventType::Warning, reason, &note, "GetScale", Repeats::Suppress).await;

@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::sync::{Mutex, OwnedMutexGuard};
 use tokio::time::Instant;
 
-use super::evaluate::Memory;
+use super::memory::Memory;
 use super::schedule;
 use super::source::{AutoscalerKey, Desired, Source, SourceKind};
 use crate::backend::MetricBackend;
@@ -159,7 +159,7 @@ impl Scheduler {
                     let interval = next.autoscaler.interval(self.default_interval);
                     entry.due = first_due(self.epoch, now, key, interval, uses_datadog(&self.backends, &next));
                     entry.interval = interval;
-                    entry.memory = Arc::new(Mutex::new(Memory::for_source(key.source())));
+                    entry.memory = Arc::new(Mutex::new(Memory::for_source(&next.source)));
                     entry.desired = Arc::new(next);
                 }
             }
@@ -177,7 +177,7 @@ impl Scheduler {
             self.autoscaler_metrics.admit(&next.labels);
             let interval = next.autoscaler.interval(self.default_interval);
             let due = first_due(self.epoch, now, &key, interval, uses_datadog(&self.backends, &next));
-            let memory = Arc::new(Mutex::new(Memory::for_source(key.source())));
+            let memory = Arc::new(Mutex::new(Memory::for_source(&next.source)));
             self.entries.insert(key, Entry { desired: Arc::new(next), interval, due, memory });
         }
         let count = self.entries.keys().filter(|k| k.source() == source).count();

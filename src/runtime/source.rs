@@ -10,7 +10,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::crd::{WatermarkPodAutoscaler, WatermarkPodAutoscalerStatus};
+use crate::crd::WatermarkPodAutoscaler;
 use crate::rules::{intern, Autoscaler};
 use crate::sparse::Sparse;
 use crate::telemetry::SeriesLabels;
@@ -216,27 +216,6 @@ impl Desired {
             autoscaler,
             source: Source::Wpa(wpa),
             shadows: Sparse::default(),
-        }
-    }
-}
-
-/// What an autoscaler remembers of what it persisted, by source.
-#[derive(Debug)]
-pub enum Persisted {
-    /// The state last written to the target's state ConfigMap, or read from it (`None`: still
-    /// to be written there).
-    ConfigMap { written: Option<crate::state::Written> },
-    /// The WPA status last written, or read from the object.
-    /// Boxed: most autoscalers at scale come from a rules file, and inline the status would
-    /// make every one's memory 70 bytes larger.
-    Status { status: Option<Box<WatermarkPodAutoscalerStatus>>, written_at: Option<tokio::time::Instant> },
-}
-
-impl Persisted {
-    pub fn for_source(source: SourceKind) -> Persisted {
-        match source {
-            SourceKind::RulesFile => Persisted::ConfigMap { written: None },
-            SourceKind::Wpa => Persisted::Status { status: None, written_at: None },
         }
     }
 }

@@ -82,7 +82,7 @@ pub fn object_for(target: &TargetRef, namespace: &str, state: &str) -> ConfigMap
 }
 
 /// What a state ConfigMap, as read, holds for `target`.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Stored {
     /// The state text (still to be decoded).
     State(String),

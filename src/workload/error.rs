@@ -28,9 +28,18 @@ pub enum WorkloadError {
     /// Any other answer from the API server.
     #[error("Kubernetes API error {code}: {message}")]
     Api { code: u16, message: String },
-    /// The API server could not be reached or did not answer (including: no answer yet).
+    /// The API server could not be reached, or failed before answering.
     #[error("cannot reach the Kubernetes API: {0}")]
     Connection(String),
+    /// No answer within the time the request was given (`what` says which bound that was). A
+    /// write may or may not have landed.
+    #[error("cannot reach the Kubernetes API: no answer within {:.1}s ({what})", *.millis as f64 / 1000.0)]
+    Timeout { millis: u64, what: &'static str },
+    /// A scale write whose outcome was unknown is not settled yet: the API server cannot say
+    /// what the object holds, or the watch does not show it yet. Deciding now could decide on
+    /// an object the write has changed.
+    #[error("the last scale write may or may not have landed: {0}")]
+    Unsettled(String),
     /// No usable client configuration (kubeconfig missing or invalid, unknown context).
     #[error("Kubernetes client configuration: {0}")]
     Config(String),
@@ -44,10 +53,17 @@ impl WorkloadError {
     /// failed or never answered, so the request may have reached etcd (or may yet).
     pub fn outcome_unknown(&self) -> bool {
         match self {
-            WorkloadError::Connection(_) => true,
+            WorkloadError::Connection(_) | WorkloadError::Timeout { .. } => true,
             WorkloadError::Api { code, .. } => *code >= 500,
             _ => false,
         }
+    }
+}
+
+impl WorkloadError {
+    /// No answer within `bound`.
+    pub fn timeout(bound: std::time::Duration, what: &'static str) -> Self {
+        WorkloadError::Timeout { millis: u64::try_from(bound.as_millis()).unwrap_or(u64::MAX), what }
     }
 }
 

@@ -353,3 +353,26 @@ spec:
     let next = next_status(Some(&status), &wpa.spec, &held, &ScaleWrite::NotAttempted, t(9));
     assert_eq!(next.current_metrics, status.current_metrics);
 }
+
+#[test]
+fn the_conditions_are_those_a_fresh_status_shows() {
+    let wpa = wpa("");
+    let rule = rule(&wpa);
+    let up = decide(&rule, target(4), &[value(0.6, t(0))], &State::default(), t(0));
+    let windows = decide(&rule, target(6), &[value(0.6, t(30))], &up.state, t(30));
+    let no_data = decide(&rule, target(4), &[Reading::Unavailable { reason: "down".into() }], &State::default(), t(0));
+    let failed = ScaleWrite::Failed("forbidden".into());
+    for (decision, write) in
+        [(&up, &ScaleWrite::Succeeded), (&up, &failed), (&windows, &ScaleWrite::NotAttempted), (&no_data, &failed)]
+    {
+        let shown = next_status(None, &wpa.spec, decision, write, t(0));
+        let mut expected: Vec<(&str, bool)> =
+            shown.conditions.iter().map(|c| (c.type_.as_str(), c.status == "True")).collect();
+        let mut set = super::conditions(decision, write);
+        expected.sort_unstable();
+        set.sort_unstable();
+        assert_eq!(set, expected, "{}", decision.reason);
+    }
+    // AbleToScale is set three times on a failed write; the last setting is the one left.
+    assert!(super::conditions(&up, &failed).contains(&(ABLE_TO_SCALE, false)));
+}

@@ -1,0 +1,301 @@
+//! The evaluation's paths driven through a fake cluster: each need answered from a script,
+//! the needs recorded, the memory checked between evaluations.
+
+use std::collections::VecDeque;
+
+use watermarkd_engine::Timestamp;
+
+use super::*;
+use crate::backend::ObservationDetail;
+use crate::runtime::source::Source;
+use crate::state::configmap::Stored;
+use crate::workload::Marks;
+
+/// What the fake cluster answers.
+struct FakeCluster {
+    /// The cache's resourceVersion of the target, one per read (the last one repeats).
+    cache: VecDeque<&'static str>,
+    spec_replicas: u32,
+    /// The API server's resourceVersion of the target.
+    api_version: Result<&'static str, WorkloadError>,
+    /// Whether the cache reaches the version a wait asks for.
+    cache_catches_up: bool,
+    stored: Result<Stored, StateObjectError>,
+    /// The results of the scale writes, in order (then `Ok`).
+    writes: VecDeque<Result<(), WorkloadError>>,
+    /// Whether this daemon may write.
+    leading: bool,
+    now: Timestamp,
+}
+
+impl FakeCluster {
+    fn new() -> Self {
+        FakeCluster {
+            cache: VecDeque::from(["1"]),
+            spec_replicas: 2,
+            api_version: Ok("1"),
+            cache_catches_up: true,
+            stored: Ok(Stored::Absent),
+            writes: VecDeque::new(),
+            leading: true,
+            now: Timestamp::from_unix_millis(1_700_000_000_000),
+        }
+    }
+
+    fn reading(&mut self) -> ScaleReading {
+        let version = if self.cache.len() > 1 { self.cache.pop_front() } else { self.cache.front().copied() };
+        ScaleReading {
+            spec_replicas: self.spec_replicas,
+            status_replicas: self.spec_replicas,
+            ready_replicas: Some(self.spec_replicas),
+            selector: None,
+            resource_version: version.unwrap_or("1").to_string(),
+            marks: Marks::default(),
+            spec_changed_at: None,
+        }
+    }
+
+    fn answer(&mut self, need: &Need) -> Answer {
+        match need {
+            Need::Target => Answer::Target(Ok(self.reading()), self.now),
+            Need::ApiVersion if !self.leading => Answer::NoWriteBudget,
+            Need::ApiVersion => Answer::ApiVersion(self.api_version.clone().map(str::to_string)),
+            Need::CacheAt(_) => Answer::CacheReached(self.cache_catches_up),
+            Need::PersistedState => Answer::PersistedState(match &self.stored {
+                Ok(stored) => Ok(stored.clone()),
+                Err(StateObjectError::Forbidden { namespace, name, verb }) => {
+                    Err(StateObjectError::Forbidden { namespace: namespace.clone(), name: name.clone(), verb })
+                }
+                Err(_) => unreachable!("the tests script only Forbidden"),
+            }),
+            Need::Scale(..) if !self.leading => Answer::NoWriteBudget,
+            Need::Scale(..) => Answer::Scaled(self.writes.pop_front().unwrap_or(Ok(())), self.now),
+            Need::CacheAfter(_) => Answer::CacheMoved,
+            Need::TargetFailed(_) | Need::StateUnreadable(_) | Need::Done(_) | Need::End(_) => {
+                unreachable!("an ending is not asked")
+            }
+        }
+    }
+
+    /// Runs one evaluation of `desired` on `value` to its end: the needs in order, and the end.
+    fn evaluate(&mut self, desired: &Desired, memory: &mut Memory, value: f64) -> (Vec<String>, Need) {
+        let observations = vec![Observation::value(value, self.now, ObservationDetail::default())];
+        let mut evaluation = Evaluation::new(desired, observations, 1, false);
+        let mut needs = Vec::new();
+        let mut answer = Answer::Start;
+        loop {
+            let need = evaluation.resume(memory, answer);
+            if matches!(need, Need::TargetFailed(_) | Need::StateUnreadable(_) | Need::Done(_) | Need::End(_)) {
+                return (needs, need);
+            }
+            needs.push(name(&need));
+            answer = self.answer(&need);
+        }
+    }
+}
+
+fn name(need: &Need) -> String {
+    match need {
+        Need::Target => "target".into(),
+        Need::ApiVersion => "api-version".into(),
+        Need::CacheAt(v) => format!("cache-at {v}"),
+        Need::PersistedState => "persisted-state".into(),
+        Need::Scale(replicas, from) => format!("scale {replicas} on {}", from.resource_version),
+        Need::CacheAfter(v) => format!("cache-after {v}"),
+        other => format!("{other:?}"),
+    }
+}
+
+fn desired(extra: &str) -> Desired {
+    let text = format!(
+        "[backend.p]\ntype = \"prometheus\"\nurl = \"http://prometheus:9090\"\n\n[[autoscaler]]\nname = \"web\"\n\
+         target = {{ kind = \"Deployment\", namespace = \"shop\", name = \"web\" }}\nmin_replicas = 1\n\
+         max_replicas = 10\n{extra}\n[[autoscaler.metric]]\nbackend = \"p\"\nquery = \"q\"\n\
+         high_watermark = 10\nlow_watermark = 5\n"
+    );
+    let rules = crate::rules::parse_rules(&text, "rules.toml").expect("rules");
+    let autoscaler = rules.autoscalers.into_iter().next().expect("one autoscaler");
+    Desired::from_rules_file(autoscaler, false)
+}
+
+fn done(end: Need) -> Done {
+    match end {
+        Need::Done(done) => *done,
+        other => panic!("not done: {other:?}"),
+    }
+}
+
+fn conflict() -> WorkloadError {
+    WorkloadError::Conflict {
+        kind: "Deployment".into(),
+        namespace: "shop".into(),
+        name: "web".into(),
+        resource_version: "1".into(),
+    }
+}
+
+#[test]
+fn a_first_decision_restores_the_state_then_writes_the_scale() {
+    let desired = desired("");
+    let mut memory = Memory::for_source(&Source::RulesFile);
+    let mut cluster = FakeCluster::new();
+    let (needs, end) = cluster.evaluate(&desired, &mut memory, 30.0);
+    assert_eq!(needs, ["target", "persisted-state", "scale 3 on 1"]);
+    let done = done(end);
+    assert_eq!((done.write, done.outcome, done.scaled), (ScaleWrite::Succeeded, Outcome::Scaled, true));
+    assert_eq!(memory.state.as_ref().and_then(|s| s.last_scale_time), Some(cluster.now));
+    assert_eq!(memory.suspicion.written, Some(3), "6 asked, at most half again per scale by default");
+    // Restored once per leadership: the next evaluation reads the target only.
+    let (needs, end) = cluster.evaluate(&desired, &mut memory, 7.0);
+    assert_eq!(needs, ["target"]);
+    assert_eq!(done_outcome(end), Outcome::Held);
+}
+
+fn done_outcome(end: Need) -> Outcome {
+    done(end).outcome
+}
+
+#[test]
+fn a_conflict_reads_the_target_again_and_decides_again_three_times_at_most() {
+    let desired = desired("");
+    let mut memory = Memory::for_source(&Source::RulesFile);
+    let mut cluster = FakeCluster::new();
+    cluster.cache = VecDeque::from(["1", "2", "3"]);
+    cluster.writes = VecDeque::from([Err(conflict()), Err(conflict())]);
+    let (needs, end) = cluster.evaluate(&desired, &mut memory, 30.0);
+    assert_eq!(
+        needs,
+        [
+            "target",
+            "persisted-state",
+            "scale 3 on 1",
+            "cache-after 1",
+            "target",
+            "scale 3 on 2",
+            "cache-after 2",
+            "target",
+            "scale 3 on 3"
+        ]
+    );
+    assert_eq!(done(end).write, ScaleWrite::Succeeded);
+
+    let mut memory = Memory::for_source(&Source::RulesFile);
+    cluster.cache = VecDeque::from(["1", "2", "3"]);
+    cluster.writes = VecDeque::from([Err(conflict()), Err(conflict()), Err(conflict())]);
+    let (needs, end) = cluster.evaluate(&desired, &mut memory, 30.0);
+    assert_eq!(needs.iter().filter(|n| n.starts_with("scale")).count(), CONFLICT_ATTEMPTS);
+    let done = done(end);
+    assert!(matches!(done.write, ScaleWrite::Failed(_)), "{:?}", done.write);
+    assert_eq!(done.outcome, Outcome::Failed);
+    // A conflict leaves nothing unknown: the write did not land.
+    assert_eq!(memory.unconfirmed_write, None);
+    assert_eq!(memory.state.as_ref().and_then(|s| s.last_scale_time), None, "no window from a failed write");
+}
+
+#[test]
+fn a_write_of_unknown_outcome_is_settled_before_the_next_decision() {
+    let desired = desired("");
+    let mut memory = Memory::for_source(&Source::RulesFile);
+    let mut cluster = FakeCluster::new();
+    cluster.writes = VecDeque::from([Err(WorkloadError::timeout(std::time::Duration::from_secs(4), "the test"))]);
+    let (_, end) = cluster.evaluate(&desired, &mut memory, 30.0);
+    assert_eq!(done(end).outcome, Outcome::Failed);
+    assert_eq!(memory.unconfirmed_write.as_deref(), Some("1"));
+    assert_eq!(memory.suspicion.unconfirmed_since, Some(cluster.now));
+
+    // The API server has version 2 (the write landed); the cache still shows 1.
+    cluster.api_version = Ok("2");
+    cluster.cache_catches_up = false;
+    let (needs, end) = cluster.evaluate(&desired, &mut memory, 30.0);
+    assert_eq!(needs, ["api-version", "target", "cache-at 2"]);
+    assert!(
+        matches!(&end, Need::TargetFailed(WorkloadError::Unsettled(why)) if why.contains("resourceVersion 2")),
+        "{end:?}"
+    );
+    assert!(memory.unconfirmed_write.is_some(), "still unsettled");
+
+    // The API server cannot answer: still no decision.
+    cluster.api_version = Err(WorkloadError::Connection("refused".into()));
+    let (_, end) = cluster.evaluate(&desired, &mut memory, 30.0);
+    assert!(matches!(&end, Need::TargetFailed(WorkloadError::Unsettled(why)) if why.contains("refused")), "{end:?}");
+
+    // The cache shows version 2, the write's: settled, and decided on what landed.
+    cluster.api_version = Ok("2");
+    cluster.cache = VecDeque::from(["2"]);
+    cluster.spec_replicas = 6;
+    let (needs, end) = cluster.evaluate(&desired, &mut memory, 7.0);
+    assert_eq!(needs, ["api-version", "target", "target"]);
+    assert_eq!(done(end).outcome, Outcome::Held);
+    assert_eq!((memory.unconfirmed_write.as_deref(), memory.suspicion.unconfirmed_since), (None, None));
+}
+
+#[test]
+fn without_a_write_budget_the_evaluation_holds() {
+    let desired = desired("");
+    let mut memory = Memory::for_source(&Source::RulesFile);
+    let mut cluster = FakeCluster::new();
+    cluster.leading = false;
+    let (needs, end) = cluster.evaluate(&desired, &mut memory, 30.0);
+    assert_eq!(needs, ["target", "persisted-state", "scale 3 on 1"]);
+    assert!(matches!(end, Need::End(Outcome::Held)), "{end:?}");
+    memory.unconfirmed_write = Some("1".into());
+    let (needs, end) = cluster.evaluate(&desired, &mut memory, 30.0);
+    assert_eq!(needs, ["api-version"]);
+    assert!(matches!(end, Need::End(Outcome::Held)), "{end:?}");
+}
+
+#[test]
+fn an_unreadable_state_stops_the_evaluation_before_any_decision() {
+    let desired = desired("");
+    let mut memory = Memory::for_source(&Source::RulesFile);
+    let mut cluster = FakeCluster::new();
+    cluster.stored = Err(StateObjectError::Forbidden {
+        namespace: "watermarkd".into(),
+        name: "watermarkd-state-x".into(),
+        verb: "get",
+    });
+    let (needs, end) = cluster.evaluate(&desired, &mut memory, 30.0);
+    assert_eq!(needs, ["target", "persisted-state"]);
+    assert!(matches!(end, Need::StateUnreadable(StateObjectError::Forbidden { .. })), "{end:?}");
+    assert_eq!(memory.state, None);
+    // The next evaluation asks again.
+    cluster.stored = Ok(Stored::Absent);
+    let (needs, _) = cluster.evaluate(&desired, &mut memory, 30.0);
+    assert_eq!(&needs[..2], ["target", "persisted-state"]);
+}
+
+#[test]
+fn the_persisted_state_holds_the_windows_after_a_restart() {
+    let desired = desired("upscale_forbidden_window = \"5m\"\n");
+    let mut cluster = FakeCluster::new();
+    let mut first = Memory::for_source(&Source::RulesFile);
+    let (_, end) = cluster.evaluate(&desired, &mut first, 30.0);
+    let mut done = done(end);
+    let Some(Persist::ConfigMap { text, .. }) =
+        to_persist(&desired, &mut first.persisted, &done, cluster.now, tokio::time::Instant::now())
+    else {
+        panic!("a scale leaves its state to persist")
+    };
+    // A restarted daemon finds it, at 6 replicas, a minute later: the window holds.
+    let mut restarted = Memory::for_source(&Source::RulesFile);
+    cluster.stored = Ok(Stored::State(text));
+    cluster.spec_replicas = 6;
+    cluster.now = cluster.now.plus(std::time::Duration::from_secs(60));
+    let (_, end) = cluster.evaluate(&desired, &mut restarted, 30.0);
+    let held = done_outcome(end);
+    assert_eq!(held, Outcome::Held);
+    // Without it, it would scale again at once.
+    let mut forgetful = Memory::for_source(&Source::RulesFile);
+    cluster.stored = Ok(Stored::Absent);
+    let (_, end) = cluster.evaluate(&desired, &mut forgetful, 30.0);
+    assert_eq!(done_outcome(end), Outcome::Scaled);
+
+    // Written once: the same state again is not written again; a dry run never is.
+    let at = tokio::time::Instant::now();
+    let what = to_persist(&desired, &mut first.persisted, &done, cluster.now, at).expect("to persist");
+    what.stored(&done.next_state, at);
+    assert!(to_persist(&desired, &mut first.persisted, &done, cluster.now, at).is_none());
+    let mut dry = Memory::for_source(&Source::RulesFile);
+    done.decision.dry_run = true;
+    assert!(to_persist(&desired, &mut dry.persisted, &done, cluster.now, at).is_none());
+}
