@@ -23,7 +23,9 @@ use std::time::Duration;
 use serde_json::Value;
 use tempfile::TempDir;
 use tokio::time::Instant;
-use watermarkd::backend::datadog::{read_v1_answer, DatadogClient, Outcome, RateLimitHeaders, V1Answer, V1Context};
+use watermarkd::backend::datadog::{
+    read_v1_answer, DatadogClient, RateLimitHeaders, RequestOutcome, V1Answer, V1Context,
+};
 use watermarkd::backend::{MetricQuery, Observation, ObservationDetail, QueryError};
 use watermarkd::rules::{DatadogBackend, SecretSource};
 use watermarkd::telemetry::BackendMetrics;
@@ -282,7 +284,7 @@ fn every_recorded_answer_parses_to_the_expected_reading_or_error() {
     let V1Answer::Failed { error: QueryError::Configuration(message), outcome, retryable } = answer else {
         panic!("403 must be a configuration error")
     };
-    assert_eq!((outcome, retryable), (Outcome::Forbidden, false));
+    assert_eq!((outcome, retryable), (RequestOutcome::Forbidden, false));
     for needle in ["Forbidden", "API key", "application key", "timeseries_query", "datadoghq.com"] {
         assert!(message.contains(needle), "{needle:?} missing from {message:?}");
     }

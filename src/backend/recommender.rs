@@ -57,7 +57,7 @@ pub struct WorkloadState {
 /// The HTTP clients of the recommenders in use, one per TLS configuration, and their series.
 /// Both are dropped with the last autoscaler that uses them ([`RecommenderClients::retain`]).
 pub struct RecommenderClients {
-    clients: Mutex<Vec<Slot>>,
+    clients: Mutex<Vec<LazyClient>>,
     /// The daemon's cluster name (`cluster_name` setting, else `K8S_CLUSTER_NAME`), for
     /// recommenders that do not name one.
     cluster_name: Option<String>,
@@ -70,7 +70,7 @@ pub struct RecommenderClients {
 
 /// One client, built on first use. Requests with the same key wait for one build (which reads
 /// files and the system's certificates) instead of each building their own.
-struct Slot {
+struct LazyClient {
     key: ClientKey,
     client: Arc<tokio::sync::Mutex<Option<Built>>>,
 }
@@ -264,7 +264,7 @@ impl RecommenderClients {
                 None => {
                     let client = Arc::new(tokio::sync::Mutex::new(None));
                     if keep {
-                        clients.push(Slot { key: key.clone(), client: Arc::clone(&client) });
+                        clients.push(LazyClient { key: key.clone(), client: Arc::clone(&client) });
                     }
                     client
                 }

@@ -12,7 +12,7 @@ use watermarkd_engine::{
 };
 
 use super::backend::{checked_url, positive_duration_at_most, read_tls, string_map, DEFAULT_TIMEOUT, MAX_TIMEOUT};
-use super::problem::{Scope, Sink};
+use super::problem::{Sink, TableScope};
 use super::reader::Table;
 use super::selector::{parse_selector, selector_text};
 use super::tree::{Kind, Node};
@@ -142,7 +142,7 @@ pub(crate) struct Parsed {
 
 /// One metric as read, before we know whether the whole entry is valid.
 struct MetricEntry {
-    scope: Scope,
+    scope: TableScope,
     source: MetricSource,
     /// The engine's view of the same metric.
     spec: MetricSpec,
@@ -183,7 +183,7 @@ pub(crate) fn read_autoscaler(node: &Node, form: Form<'_>, sink: &mut Sink) -> P
     parsed.name = if complete { table.require(&mut own, "name", name) } else { name };
     if let Some(name) = &parsed.name {
         // From here on every problem names the autoscaler instead of its position.
-        table.scope = Scope { autoscaler: Some(name.clone()), ..Scope::default() };
+        table.scope = TableScope { autoscaler: Some(name.clone()), ..TableScope::default() };
     }
 
     let target = read_target(&mut table, &mut own);
@@ -252,10 +252,12 @@ pub(crate) fn read_autoscaler(node: &Node, form: Form<'_>, sink: &mut Sink) -> P
 }
 
 /// How fields of an autoscaler without a (valid) name are named.
-fn unnamed_scope(form: Form<'_>) -> Scope {
+fn unnamed_scope(form: Form<'_>) -> TableScope {
     match form {
-        Form::File { index, .. } => Scope { label: format!("autoscaler[{index}]"), separator: ".", ..Scope::default() },
-        Form::Json | Form::Crd { .. } => Scope::default(),
+        Form::File { index, .. } => {
+            TableScope { label: format!("autoscaler[{index}]"), separator: ".", ..TableScope::default() }
+        }
+        Form::Json | Form::Crd { .. } => TableScope::default(),
     }
 }
 
@@ -410,7 +412,7 @@ fn read_metrics(table: &mut Table<'_>, form: Form<'_>, sink: &mut Sink) -> Vec<M
     entries
 }
 
-fn read_metric(node: &Node, index: usize, parent: &Scope, form: Form<'_>, sink: &mut Sink) -> MetricEntry {
+fn read_metric(node: &Node, index: usize, parent: &TableScope, form: Form<'_>, sink: &mut Sink) -> MetricEntry {
     let positional = parent.element("metric", index);
     let mut entry = MetricEntry {
         scope: positional.clone(),
@@ -569,8 +571,8 @@ fn read_selector(metric: &mut Table<'_>, sink: &mut Sink) -> Option<String> {
 }
 
 /// Problems about a named metric name it (`metric "latency": low_watermark`), not its position.
-fn named_metric_scope(parent: &Scope, positional: &Scope, name: &str) -> Scope {
-    Scope { label: parent.field(&format!("metric {name:?}")), separator: ": ", ..positional.clone() }
+fn named_metric_scope(parent: &TableScope, positional: &TableScope, name: &str) -> TableScope {
+    TableScope { label: parent.field(&format!("metric {name:?}")), separator: ": ", ..positional.clone() }
 }
 
 fn parse_reducer(name: &str) -> Option<Reducer> {
@@ -674,7 +676,13 @@ fn read_policies(rules: &mut Table<'_>, sink: &mut Sink) -> Option<Vec<Policy>> 
 /// Turns each engine problem into one about the document: `metric[0].low_watermark` becomes
 /// `metric "latency": low_watermark` on the line of that key. Problems about values we already
 /// reported (because we could not read them) are dropped.
-fn report_engine_errors(errors: &[RuleError], node: &Node, scope: &Scope, metrics: &[MetricEntry], sink: &mut Sink) {
+fn report_engine_errors(
+    errors: &[RuleError],
+    node: &Node,
+    scope: &TableScope,
+    metrics: &[MetricEntry],
+    sink: &mut Sink,
+) {
     for error in errors {
         if sink.covers(&error.field) || echoes_lone_watermark(node, &error.field) {
             continue;

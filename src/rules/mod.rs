@@ -25,7 +25,7 @@ use watermarkd_engine::Rule;
 use autoscaler::{read_autoscaler, Form};
 pub use check::{run_check, warnings};
 pub(crate) use problem::{Problem, RulesError};
-use problem::{Scope, Sink};
+use problem::{Sink, TableScope};
 pub(crate) use quantity::parse_quantity;
 use reader::Table;
 
@@ -400,7 +400,7 @@ pub fn parse_rules(text: &str, origin: &str) -> Result<RulesFile, RulesError> {
         }])
     })?;
     let mut sink = Sink::default();
-    let Some(mut table) = Table::new(&root, Scope::default(), &mut sink) else {
+    let Some(mut table) = Table::new(&root, TableScope::default(), &mut sink) else {
         return Err(fail(sink.into_sorted()));
     };
     let declared = backend::read_backends(&mut table, &mut sink);

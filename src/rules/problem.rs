@@ -89,7 +89,7 @@ impl fmt::Display for RulesError {
 /// Where a reader is in the document: which autoscaler, how to name a field for a person, and
 /// how the engine names the same field (to match `RuleError.field` back to what we reported).
 #[derive(Clone, Debug, Default)]
-pub(crate) struct Scope {
+pub(crate) struct TableScope {
     pub autoscaler: Option<String>,
     /// How a person names this table: `target`, `metric "latency"`, `autoscaler[2]`; empty at the top.
     pub label: String,
@@ -99,7 +99,7 @@ pub(crate) struct Scope {
     pub path: String,
 }
 
-impl Scope {
+impl TableScope {
     pub fn field(&self, key: &str) -> String {
         if self.label.is_empty() {
             key.to_string()
@@ -113,8 +113,8 @@ impl Scope {
     }
 
     /// The scope of a table under `key`.
-    pub fn child(&self, key: &str) -> Scope {
-        Scope {
+    pub fn child(&self, key: &str) -> TableScope {
+        TableScope {
             autoscaler: self.autoscaler.clone(),
             label: self.field(key),
             separator: ".",
@@ -123,7 +123,7 @@ impl Scope {
     }
 
     /// The scope of element `index` of the list under `key`.
-    pub fn element(&self, key: &str, index: usize) -> Scope {
+    pub fn element(&self, key: &str, index: usize) -> TableScope {
         self.child(&format!("{key}[{index}]"))
     }
 }
@@ -140,7 +140,7 @@ pub(crate) struct Sink {
 }
 
 impl Sink {
-    pub fn report(&mut self, scope: &Scope, key: &str, line: Option<usize>, message: impl Into<String>) {
+    pub fn report(&mut self, scope: &TableScope, key: &str, line: Option<usize>, message: impl Into<String>) {
         let path = scope.path(key);
         self.paths.push((self.problems.len(), path.clone()));
         self.reported.insert(path);
@@ -153,7 +153,7 @@ impl Sink {
     }
 
     /// A problem about a whole table (`metric[1] needs a name or a query`).
-    pub fn report_table(&mut self, scope: &Scope, line: Option<usize>, message: impl Into<String>) {
+    pub fn report_table(&mut self, scope: &TableScope, line: Option<usize>, message: impl Into<String>) {
         let path = scope.path.trim_end_matches('.').to_string();
         self.paths.push((self.problems.len(), path.clone()));
         self.reported.insert(path);
@@ -246,7 +246,7 @@ mod tests {
 
     #[test]
     fn a_reported_table_covers_its_fields() {
-        let scope = Scope::default().element("metric", 1);
+        let scope = TableScope::default().element("metric", 1);
         let mut sink = Sink::default();
         sink.report_table(&scope, None, "must be a table");
         assert!(sink.covers("metric[1]"));

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use watermarkd_engine::Decimal;
 
-use super::problem::{Scope, Sink};
+use super::problem::{Sink, TableScope};
 use super::quantity::parse_quantity;
 use super::tree::{Entry, Kind, Node};
 
@@ -14,12 +14,12 @@ pub(crate) struct Table<'a> {
     entries: &'a [Entry],
     used: Vec<bool>,
     pub line: Option<usize>,
-    pub scope: Scope,
+    pub scope: TableScope,
 }
 
 impl<'a> Table<'a> {
     /// Reads `node` as a table, or reports that it is not one.
-    pub fn new(node: &'a Node, scope: Scope, sink: &mut Sink) -> Option<Self> {
+    pub fn new(node: &'a Node, scope: TableScope, sink: &mut Sink) -> Option<Self> {
         match node.entries() {
             Some(entries) => Some(Table { entries, used: vec![false; entries.len()], line: node.line, scope }),
             None => {
@@ -303,7 +303,7 @@ mod tests {
     fn read<T>(text: &str, f: impl FnOnce(&mut Table<'_>, &mut Sink) -> T) -> (T, Vec<String>) {
         let root = from_toml(text).unwrap();
         let mut sink = Sink::default();
-        let mut table = Table::new(&root, Scope::default(), &mut sink).unwrap();
+        let mut table = Table::new(&root, TableScope::default(), &mut sink).unwrap();
         let value = f(&mut table, &mut sink);
         table.finish(&mut sink, &["a"]);
         (value, sink.into_sorted().iter().map(ToString::to_string).collect())

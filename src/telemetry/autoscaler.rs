@@ -276,7 +276,7 @@ fn conditions<'a>(
 
 /// One label set's place in [`AutoscalerMetrics`].
 #[derive(Default)]
-struct Slot {
+struct SeriesEntry {
     /// How many running autoscalers have this label set (normally one; a rules-file
     /// autoscaler and a WPA may share one).
     holders: usize,
@@ -292,7 +292,7 @@ struct Slot {
 #[derive(Default)]
 pub struct AutoscalerMetrics {
     /// Keyed by the running autoscaler's own label set (shared, not copied).
-    slots: Mutex<HashMap<Arc<SeriesLabels>, Slot>>,
+    slots: Mutex<HashMap<Arc<SeriesLabels>, SeriesEntry>>,
     labels_as_tags: LabelsAsTags,
 }
 

@@ -23,7 +23,7 @@ const MAX_ERROR_TEXT: usize = 300;
 
 /// How one HTTP request ended, as the `outcome` label of `metrics.requests`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Outcome {
+pub enum RequestOutcome {
     Ok,
     BadQuery,
     Forbidden,
@@ -35,18 +35,18 @@ pub enum Outcome {
     Protocol,
 }
 
-impl Outcome {
+impl RequestOutcome {
     pub fn label(self) -> &'static str {
         match self {
-            Outcome::Ok => "ok",
-            Outcome::BadQuery => "bad_query",
-            Outcome::Forbidden => "forbidden",
-            Outcome::NoData => "no_data",
-            Outcome::RateLimited => "rate_limited",
-            Outcome::ServerError => "server_error",
-            Outcome::Timeout => "timeout",
-            Outcome::Transport => "transport",
-            Outcome::Protocol => "protocol",
+            RequestOutcome::Ok => "ok",
+            RequestOutcome::BadQuery => "bad_query",
+            RequestOutcome::Forbidden => "forbidden",
+            RequestOutcome::NoData => "no_data",
+            RequestOutcome::RateLimited => "rate_limited",
+            RequestOutcome::ServerError => "server_error",
+            RequestOutcome::Timeout => "timeout",
+            RequestOutcome::Transport => "transport",
+            RequestOutcome::Protocol => "protocol",
         }
     }
 }
@@ -60,7 +60,7 @@ pub enum V1Answer {
     /// The whole request failed the same way for every sub-query.
     Failed {
         error: QueryError,
-        outcome: Outcome,
+        outcome: RequestOutcome,
         /// Worth another attempt in this cycle (5xx); never for 4xx.
         retryable: bool,
     },
@@ -98,27 +98,27 @@ pub fn read_v1_answer(status: u16, rate: &RateLimitHeaders, body: &[u8], cx: &V1
     let failed = |error, outcome, retryable| V1Answer::Failed { error, outcome, retryable };
     match status {
         200..=299 => read_v1_ok(body, cx),
-        400 => failed(QueryError::BadQuery(error_text(status, body)), Outcome::BadQuery, false),
+        400 => failed(QueryError::BadQuery(error_text(status, body)), RequestOutcome::BadQuery, false),
         401 | 403 => {
-            failed(QueryError::Configuration(forbidden_advice(status, body, cx.site)), Outcome::Forbidden, false)
+            failed(QueryError::Configuration(forbidden_advice(status, body, cx.site)), RequestOutcome::Forbidden, false)
         }
-        422 => failed(QueryError::NoData(error_text(status, body)), Outcome::NoData, false),
+        422 => failed(QueryError::NoData(error_text(status, body)), RequestOutcome::NoData, false),
         429 => {
             let wait = rate_limit_wait(rate);
-            failed(QueryError::RateLimited { reset_in_seconds: wait.as_secs() }, Outcome::RateLimited, false)
+            failed(QueryError::RateLimited { reset_in_seconds: wait.as_secs() }, RequestOutcome::RateLimited, false)
         }
         // 408: the server gave up waiting for us; like a 5xx, another attempt may work.
-        408 | 500..=599 => failed(QueryError::Server(error_text(status, body)), Outcome::ServerError, true),
+        408 | 500..=599 => failed(QueryError::Server(error_text(status, body)), RequestOutcome::ServerError, true),
         404 => failed(
             QueryError::Configuration(format!(
                 "{} from {}: is the site or url right? The query API lives at /api/v1/query",
                 error_text(status, body),
                 cx.site
             )),
-            Outcome::Protocol,
+            RequestOutcome::Protocol,
             false,
         ),
-        _ => failed(QueryError::Protocol(error_text(status, body)), Outcome::Protocol, false),
+        _ => failed(QueryError::Protocol(error_text(status, body)), RequestOutcome::Protocol, false),
     }
 }
 
@@ -249,7 +249,7 @@ fn is_non_number(token: &[u8]) -> bool {
 fn read_v1_ok(body: &[u8], cx: &V1Context<'_>) -> V1Answer {
     let protocol = |message: String| V1Answer::Failed {
         error: QueryError::Protocol(message),
-        outcome: Outcome::Protocol,
+        outcome: RequestOutcome::Protocol,
         retryable: false,
     };
     let marked = mark_non_numbers(body);
@@ -268,7 +268,7 @@ fn read_v1_ok(body: &[u8], cx: &V1Context<'_>) -> V1Answer {
         let text = parsed.error.filter(|e| !e.trim().is_empty()).unwrap_or_else(|| "status \"error\"".to_string());
         return V1Answer::Failed {
             error: QueryError::Server(truncate(&format!("HTTP 200 with status \"error\": {text}"))),
-            outcome: Outcome::ServerError,
+            outcome: RequestOutcome::ServerError,
             retryable: false,
         };
     }
@@ -354,7 +354,7 @@ pub fn read_v1_history(
     rate: &RateLimitHeaders,
     body: &[u8],
     site: &str,
-) -> Result<Vec<HistorySeries>, (QueryError, Outcome, bool)> {
+) -> Result<Vec<HistorySeries>, (QueryError, RequestOutcome, bool)> {
     if !(200..=299).contains(&status) {
         let cx = V1Context { queries: 1, layout: &[], now: Timestamp::from_unix_millis(0), max_age: None, site };
         return match read_v1_answer(status, rate, body, &cx) {
@@ -362,7 +362,7 @@ pub fn read_v1_history(
             V1Answer::Answered(_) => Ok(Vec::new()),
         };
     }
-    let protocol = |message: String| (QueryError::Protocol(message), Outcome::Protocol, false);
+    let protocol = |message: String| (QueryError::Protocol(message), RequestOutcome::Protocol, false);
     let marked = mark_non_numbers(body);
     let parsed: V1Body = serde_json::from_slice(marked.as_deref().unwrap_or(body)).map_err(|err| {
         protocol(format!("HTTP 200 with a body that is not a v1 query answer ({err}){}", snippet(body)))
@@ -371,7 +371,7 @@ pub fn read_v1_history(
         let text = parsed.error.filter(|e| !e.trim().is_empty()).unwrap_or_else(|| "status \"error\"".to_string());
         return Err((
             QueryError::Server(truncate(&format!("HTTP 200 with status \"error\": {text}"))),
-            Outcome::ServerError,
+            RequestOutcome::ServerError,
             false,
         ));
     }
@@ -637,7 +637,10 @@ mod tests {
         assert_eq!(obs[1].detail.series, Some(0));
         assert_eq!(obs[2].detail.error, Some(QueryError::SeveralSeries { count: 2 }));
         let out_of_range = r#"{"status":"ok","series":[{"query_index":5,"pointlist":[]}]}"#;
-        assert!(matches!(read(200, out_of_range, &cx(3, 0)), V1Answer::Failed { outcome: Outcome::Protocol, .. }));
+        assert!(matches!(
+            read(200, out_of_range, &cx(3, 0)),
+            V1Answer::Failed { outcome: RequestOutcome::Protocol, .. }
+        ));
     }
 
     #[test]
@@ -647,12 +650,12 @@ mod tests {
             V1Answer::Failed { error, outcome, retryable } => (error, outcome, retryable),
             V1Answer::Answered(_) => panic!("answered"),
         };
-        assert!(matches!(failed(200, "<html>oops</html>"), (QueryError::Protocol(_), Outcome::Protocol, false)));
+        assert!(matches!(failed(200, "<html>oops</html>"), (QueryError::Protocol(_), RequestOutcome::Protocol, false)));
         assert_eq!(
             failed(200, r#"{"status":"error","error":"Internal error while running the query"}"#),
             (
                 QueryError::Server("HTTP 200 with status \"error\": Internal error while running the query".into()),
-                Outcome::ServerError,
+                RequestOutcome::ServerError,
                 false
             ),
             "a 200 with status error is the server failing, not the query being bad"
@@ -661,9 +664,9 @@ mod tests {
             failed(400, r#"{"errors":["Error parsing query: x"]}"#).0,
             QueryError::BadQuery("HTTP 400: Error parsing query: x".into())
         );
-        assert!(matches!(failed(422, "nope"), (QueryError::NoData(_), Outcome::NoData, false)));
+        assert!(matches!(failed(422, "nope"), (QueryError::NoData(_), RequestOutcome::NoData, false)));
         assert!(
-            matches!(failed(502, "<html>bad gateway</html>"), (QueryError::Server(m), Outcome::ServerError, true) if m == "HTTP 502")
+            matches!(failed(502, "<html>bad gateway</html>"), (QueryError::Server(m), RequestOutcome::ServerError, true) if m == "HTTP 502")
         );
         let rate = RateLimitHeaders { reset: Some(42), ..RateLimitHeaders::default() };
         assert!(matches!(
