@@ -8,9 +8,10 @@ use tokio::time::Instant;
 use watermarkd_engine::Timestamp;
 
 use super::batch::form_encode;
+use super::http::Failure;
 use super::pacing::Admission;
 use super::parse::{default_max_age, read_v1_history, HistorySeries};
-use super::{lock, DatadogClient, Failure, Inner};
+use super::{lock, DatadogClient, Inner};
 use crate::backend::{HistoryError, HistorySpan, MetricQuery, Observation, ObservationDetail, QueryError};
 
 /// The time one request covers. Datadog rolls points up coarser as the window grows; an hour

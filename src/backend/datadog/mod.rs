@@ -98,10 +98,13 @@
 //! without a restart.
 
 mod batch;
+mod compile;
 mod fold;
 mod history;
+mod http;
 mod pacing;
 mod parse;
+mod recent;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -129,7 +132,10 @@ pub use parse::{
     V1Context,
 };
 
+use compile::{plan_counts, plan_of, Compiled, Distinct, Part};
+use http::key_headers;
 use pacing::{Admission, Pacer};
+use recent::StillCurrent;
 
 /// The largest answer read, as for Prometheus: a batch of 35 queries over the default five
 /// minutes is a few hundred kilobytes; beyond this a query selects a whole fleet's series, and
@@ -197,84 +203,10 @@ struct Inner {
     metrics: Arc<BackendMetrics>,
 }
 
-/// Why a request failed, for every query it carried.
-#[derive(Clone, Debug)]
-struct Failure {
-    error: QueryError,
-    outcome: RequestOutcome,
-    retryable: bool,
-    status: Option<u16>,
-}
-
 /// Locks a mutex; a panic while holding one of ours cannot leave its data half-updated in a way
 /// that matters more than stopping to answer.
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// Both keys as request headers, marked sensitive (out of reqwest's and hyper's debug output);
-/// which key cannot be a header value otherwise.
-fn key_headers(api_key: &Secret, app_key: &Secret) -> Result<HeaderMap, &'static str> {
-    let mut headers = HeaderMap::new();
-    for (header, key, what) in [(API_KEY_HEADER, api_key, "API key"), (APP_KEY_HEADER, app_key, "application key")] {
-        let mut value = HeaderValue::from_str(key.expose()).map_err(|_| what)?;
-        value.set_sensitive(true);
-        headers.insert(HeaderName::from_static(header), value);
-    }
-    Ok(headers)
-}
-
-/// A value `Inner::current` keeps while it cannot have changed: what the answer gave, without
-/// the parts only a failed or partial answer has (those are never kept), so that 10,000 of them
-/// cost 64 bytes each rather than a whole `Observation`.
-#[derive(Clone, Copy, Debug)]
-struct StillCurrent {
-    value: f64,
-    at: Timestamp,
-    until: Timestamp,
-    series: Option<u32>,
-    points: Option<u32>,
-    chosen_point: Option<u32>,
-    interval_seconds: Option<u32>,
-}
-
-impl StillCurrent {
-    /// What to keep of `observation`, current until `until`: `None` for anything but a plain
-    /// value (an error, a warning, a lower bound) or a count too large to keep exactly.
-    fn of(observation: &Observation, until: Timestamp) -> Option<StillCurrent> {
-        let watermarkd_engine::Reading::Value { value, at } = observation.reading else { return None };
-        let detail = &observation.detail;
-        if detail.error.is_some() || detail.partial.is_some() || !detail.warnings.is_empty() {
-            return None;
-        }
-        fn narrow<T: TryInto<u32>>(n: Option<T>) -> Option<Option<u32>> {
-            n.map_or(Some(None), |n| n.try_into().ok().map(Some))
-        }
-        Some(StillCurrent {
-            value,
-            at,
-            until,
-            series: narrow(detail.series)?,
-            points: narrow(detail.points)?,
-            chosen_point: narrow(detail.chosen_point)?,
-            interval_seconds: narrow(detail.interval_seconds)?,
-        })
-    }
-
-    fn observation(&self) -> Observation {
-        let widen = |n: Option<u32>| n.map(|n| n as usize);
-        Observation::value(
-            self.value,
-            self.at,
-            ObservationDetail {
-                series: widen(self.series),
-                points: widen(self.points),
-                chosen_point: widen(self.chosen_point),
-                interval_seconds: self.interval_seconds.map(u64::from),
-                ..ObservationDetail::default()
-            },
-        )
-    }
 }
 
 fn ceil_secs(d: Duration) -> u64 {
@@ -379,31 +311,8 @@ impl DatadogClient {
         let started = Instant::now();
         let gap = inner.cycle_gap(now);
         let Distinct { texts: distinct, slots, askers } = Distinct::of(queries);
-        // The namespace a distinct query is charged to: the first that asked it, unless an
-        // autoscaler of the rules file (never capped) asks it too.
-        let namespace_of = |i: usize| namespaces.get(i).copied().flatten();
-        let owners: Vec<Option<&str>> = askers
-            .iter()
-            .map(|asking| {
-                let rules_file = asking.iter().any(|&i| namespace_of(i).is_none());
-                asking.first().and_then(|&i| namespace_of(i)).filter(|_| !rules_file)
-            })
-            .collect();
-        let mut answers: Vec<Option<Observation>> = vec![None; distinct.len()];
-        for (slot, query) in distinct.iter().enumerate() {
-            if let Some(error) = inner.precheck(query, started) {
-                answers[slot] = Some(Observation::unavailable(error));
-            }
-        }
-        {
-            let mut current = lock(&inner.current);
-            current.retain(|_, kept| kept.until > now);
-            for (d, text) in distinct.iter().enumerate() {
-                if answers[d].is_none() {
-                    answers[d] = current.get(&inner.text_key(text)).map(StillCurrent::observation);
-                }
-            }
-        }
+        let owners = owners(&askers, namespaces);
+        let mut answers = inner.known_answers(&distinct, started, now);
         let mut pending: Vec<usize> = (0..distinct.len()).filter(|&d| answers[d].is_none()).collect();
         // Oldest data first: what cannot all go now goes in the order it was last sent.
         {
@@ -438,30 +347,7 @@ impl DatadogClient {
         let cx = CycleContext { from, to, now, started, deadline };
         let mut sent: Vec<usize> = Vec::new();
         while !planned.is_empty() {
-            let admission = lock(&inner.pacer).admit(Instant::now(), planned.len() as u64);
-            inner.report_stretch();
-            let (send, refused) = match admission {
-                Admission::Go => (planned.len(), None),
-                // One request, whose answer says what the budget is; the rest is asked for again.
-                Admission::Learn => (1, None),
-                Admission::Part { requests, stretched_interval_seconds } => (
-                    usize::try_from(requests).unwrap_or(usize::MAX),
-                    Some(QueryError::Deferred { stretched_interval_seconds }),
-                ),
-                // One request only: its answer corrects the budget; the rest wait their turn.
-                Admission::Probe { stretched_interval_seconds } => {
-                    tracing::info!(
-                        backend = %inner.name,
-                        "Datadog rate budget: nothing was sent for a while, so one request goes out to read the \
-                         budget afresh"
-                    );
-                    (1, Some(QueryError::Deferred { stretched_interval_seconds }))
-                }
-                Admission::Deferred { stretched_interval_seconds } => {
-                    (0, Some(QueryError::Deferred { stretched_interval_seconds }))
-                }
-                Admission::RateLimited { reset_in_seconds } => (0, Some(QueryError::RateLimited { reset_in_seconds })),
-            };
+            let (send, refused) = inner.admit(planned.len());
             let rest = planned.split_off(send.min(planned.len()));
             let going = std::mem::replace(&mut planned, rest);
             if let Some(error) = refused {
@@ -483,19 +369,7 @@ impl DatadogClient {
         let next_cycle = now.plus(gap.unwrap_or_default());
         inner.note_current(sent.iter().map(|&q| (texts[q], answers[pending[q]].as_ref())), next_cycle);
         inner.charge_namespaces(sent.iter().map(|&q| owners[pending[q]]));
-        let out: Vec<Observation> = slots
-            .iter()
-            .map(|&slot| match &answers[slot] {
-                Some(observation) => inner.scrub(observation.clone()),
-                // Only a panicked request task leaves a gap.
-                None => Observation::unavailable(QueryError::Protocol("the request task failed".into())),
-            })
-            .collect();
-        let deferred = out.iter().filter(|o| matches!(o.detail.error, Some(QueryError::Deferred { .. }))).count();
-        if deferred > 0 {
-            inner.metrics.deferred_queries.with_label_values(&[inner.name.as_str()]).inc_by(deferred as u64);
-        }
-        out
+        inner.observations(&slots, &answers)
     }
 
     /// Sends the planned requests concurrently; returns (index into `texts`, observation) for
@@ -540,188 +414,17 @@ impl DatadogClient {
     }
 }
 
-/// A cycle's queries by text: each distinct text once, in the order first asked.
-struct Distinct<'a> {
-    texts: Vec<&'a str>,
-    /// For each query, the index of its text.
-    slots: Vec<usize>,
-    /// For each text, the queries that ask it.
-    askers: Askers,
-}
-
-impl<'a> Distinct<'a> {
-    fn of(queries: &'a [MetricQuery]) -> Self {
-        let mut texts: Vec<&str> = Vec::new();
-        let mut index_of: HashMap<&str, usize> = HashMap::new();
-        let slots: Vec<usize> = queries
-            .iter()
-            .map(|q| {
-                *index_of.entry(q.query.as_str()).or_insert_with(|| {
-                    texts.push(q.query.as_str());
-                    texts.len() - 1
-                })
-            })
-            .collect();
-        let askers = Askers::of(&slots, texts.len());
-        Distinct { texts, slots, askers }
-    }
-}
-
-/// For each text, the queries that ask it, in one vector (queries grouped by text) and their
-/// starts: two allocations a cycle rather than one per text, which at 10,000 texts left the
-/// heap fragmented after every cycle.
-struct Askers {
-    queries: Vec<usize>,
-    /// `starts[d]..starts[d + 1]` in `queries` ask text `d`.
-    starts: Vec<usize>,
-}
-
-impl Askers {
-    /// From each query's text index (`slots`), for `texts` texts.
-    fn of(slots: &[usize], texts: usize) -> Askers {
-        let mut starts = vec![0usize; texts + 1];
-        for &d in slots {
-            if let Some(count) = starts.get_mut(d + 1) {
-                *count += 1;
-            }
-        }
-        for d in 0..texts {
-            starts[d + 1] += starts[d];
-        }
-        let mut next = starts.clone();
-        let mut queries = vec![0usize; slots.len()];
-        for (q, &d) in slots.iter().enumerate() {
-            if let Some(at) = next.get_mut(d) {
-                if let Some(slot) = queries.get_mut(*at) {
-                    *slot = q;
-                }
-                *at += 1;
-            }
-        }
-        Askers { queries, starts }
-    }
-
-    /// The queries asking text `d`, in order.
-    fn of_text(&self, d: usize) -> &[usize] {
-        match (self.starts.get(d), self.starts.get(d + 1)) {
-            (Some(&start), Some(&end)) => self.queries.get(start..end).unwrap_or_default(),
-            _ => &[],
-        }
-    }
-
-    fn iter(&self) -> impl Iterator<Item = &[usize]> {
-        (0..self.starts.len().saturating_sub(1)).map(|d| self.of_text(d))
-    }
-}
-
-/// The plan as the shared type: `inputs_of(q)` are the cycle's queries behind text `q`.
-fn plan_of(
-    planned: &[batch::PlannedRequest],
-    units: &[fold::Unit],
-    unit_texts: &[&str],
-    inputs_of: impl Fn(usize) -> Vec<usize>,
-) -> QueryPlan {
-    let requests = planned
+/// The namespace each distinct query is charged to: the first that asked it, unless an
+/// autoscaler of the rules file (never capped) asks it too. `namespaces[i]` is query `i`'s.
+fn owners<'a>(askers: &compile::Askers, namespaces: &[Option<&'a str>]) -> Vec<Option<&'a str>> {
+    let namespace_of = |i: usize| namespaces.get(i).copied().flatten();
+    askers
         .iter()
-        .map(|request| PlannedFetch {
-            parts: request
-                .queries
-                .iter()
-                .map(|&u| PlanPart {
-                    text: unit_texts[u].to_string(),
-                    members: units[u].members().flat_map(&inputs_of).collect(),
-                    folded: matches!(units[u], fold::Unit::Folded(_)),
-                })
-                .collect(),
+        .map(|asking| {
+            let rules_file = asking.iter().any(|&i| namespace_of(i).is_none());
+            asking.first().and_then(|&i| namespace_of(i)).filter(|_| !rules_file)
         })
-        .collect();
-    QueryPlan { requests }
-}
-
-/// The same plan counted: what the daemon exports every cycle, without copying every text.
-fn plan_counts(
-    planned: &[batch::PlannedRequest],
-    units: &[fold::Unit],
-    inputs_of: impl Fn(usize) -> usize,
-) -> PlanCounts {
-    let mut counts = PlanCounts::default();
-    for request in planned {
-        let mut in_request = 0;
-        for &u in &request.queries {
-            let members: usize = units[u].members().map(&inputs_of).sum();
-            counts.add(members, matches!(units[u], fold::Unit::Folded(_)));
-            in_request += members;
-        }
-        counts.members_per_request.push(in_request);
-    }
-    counts
-}
-
-/// What a cycle compiled its texts into.
-struct Compiled {
-    /// Each a text to send: a query alone or a grouped one.
-    units: Vec<fold::Unit>,
-    /// The units batched into requests (`queries` index `units`).
-    planned: Vec<batch::PlannedRequest>,
-    /// Units that cannot be sent at all.
-    too_long: Vec<batch::TooLong>,
-}
-
-impl fold::Unit {
-    fn text<'a>(&'a self, texts: &[&'a str]) -> &'a str {
-        match self {
-            fold::Unit::Alone(q) => texts[*q],
-            fold::Unit::Folded(f) => &f.text,
-        }
-    }
-
-    /// The texts (indexes into the texts folded) this unit answers.
-    fn members(&self) -> Box<dyn Iterator<Item = usize> + '_> {
-        match self {
-            fold::Unit::Alone(q) => Box::new(std::iter::once(*q)),
-            fold::Unit::Folded(f) => Box::new(f.members.iter().map(|(q, _)| *q)),
-        }
-    }
-}
-
-/// One sub-query of a request, with what it stands for.
-#[derive(Clone, Debug)]
-enum Part {
-    /// A query as written: (index into the cycle's texts, the text).
-    Alone(usize, String),
-    /// A grouped query: its text, keys and shape, and each member's index, text and values.
-    Folded { text: String, keys: Vec<String>, shape: u64, members: Vec<(usize, String, Vec<String>)> },
-}
-
-impl Part {
-    fn of(unit: &fold::Unit, texts: &[&str]) -> Part {
-        match unit {
-            fold::Unit::Alone(q) => Part::Alone(*q, texts[*q].to_string()),
-            fold::Unit::Folded(f) => Part::Folded {
-                text: f.text.clone(),
-                keys: f.keys.clone(),
-                shape: f.shape,
-                members: f.members.iter().map(|(q, values)| (*q, texts[*q].to_string(), values.clone())).collect(),
-            },
-        }
-    }
-
-    fn layout(&self) -> SubQuery {
-        match self {
-            Part::Alone(..) => SubQuery::One,
-            Part::Folded { keys, members, .. } => {
-                SubQuery::Groups { keys: keys.clone(), members: members.iter().map(|(_, _, v)| v.clone()).collect() }
-            }
-        }
-    }
-
-    /// Every member as (index, text): the part itself when alone.
-    fn singles(&self) -> Vec<(usize, String)> {
-        match self {
-            Part::Alone(q, text) => vec![(*q, text.clone())],
-            Part::Folded { members, .. } => members.iter().map(|(q, text, _)| (*q, text.clone())).collect(),
-        }
-    }
+        .collect()
 }
 
 impl super::QueryBackend for DatadogClient {
@@ -752,23 +455,6 @@ impl Inner {
         (to - i64::try_from(self.window.as_secs()).unwrap_or(i64::MAX / 2), to)
     }
 
-    /// Folds `texts` (distinct, in order of priority) into units and batches them into
-    /// requests. A grouped query is kept short enough to go in a request of its own.
-    fn compile(&self, texts: &[&str], from: i64, to: i64, now: Instant) -> Compiled {
-        let endpoint = self.v1_endpoint();
-        let prefix = batch::url_prefix_len(&endpoint, from, to);
-        let units = if self.fold_queries {
-            let mut refused = lock(&self.refused_shapes);
-            refused.retain(|_, until| *until > now);
-            fold::fold(texts, MAX_URL_CHARS.saturating_sub(prefix), &|shape| refused.contains_key(&shape))
-        } else {
-            (0..texts.len()).map(fold::Unit::Alone).collect()
-        };
-        let unit_texts: Vec<&str> = units.iter().map(|u| u.text(texts)).collect();
-        let (planned, too_long) = batch::plan(&endpoint, from, to, &unit_texts);
-        Compiled { units, planned, too_long }
-    }
-
     /// Keeps the members of a grouped query Datadog rejected unfolded for `bad_query_retry`.
     fn refuse_shape(&self, shape: u64, text: &str, error: &QueryError) {
         let until = crate::instant::saturating_add(Instant::now(), self.bad_query_retry);
@@ -783,67 +469,65 @@ impl Inner {
         }
     }
 
-    /// Notes that these queries were sent at `at`. Queries not sent for two of the longest
-    /// windows are forgotten (a removed autoscaler's, or one so starved that it is the oldest
-    /// anyway), so the record cannot grow without bound.
-    fn served_now<'a>(&self, sent: impl Iterator<Item = &'a str>, at: Instant) {
-        let mut served = lock(&self.served);
-        for text in sent {
-            served.insert(self.text_key(text), at);
-        }
-        served.retain(|_, when| at.saturating_duration_since(*when) < pacing::MAX_WINDOW * 2);
-    }
-
-    /// Notes a cycle at `now`, and returns how long after the previous one it came: the gap
-    /// the next cycle is expected after (none for the first, or when the clock went back).
-    fn cycle_gap(&self, now: Timestamp) -> Option<Duration> {
-        let mut last = lock(&self.last_cycle);
-        let gap = last.filter(|last| now > *last).map(|last| now.since(last));
-        *last = Some(now);
-        gap
-    }
-
-    /// Keeps each value just read until it can change: the penultimate point of a series with
-    /// a rollup of I seconds, at time p, stays the penultimate point until a point exists for
-    /// the bucket after next, at p + 2I. Asking again before then costs a request for the
-    /// same value (with 15 s cycles and a 30 s rollup, every other request), so until then a
-    /// cycle answers from here: the decision still runs every cycle, with the value's own
-    /// time, so its age shows. Anything but a value is forgotten, and asked again next cycle,
-    /// and so is a value that can change before `next_cycle` (when the next cycle is expected,
-    /// by the last gap between cycles): keeping it would cost memory (64 bytes per query) and
-    /// save no request.
-    fn note_current<'a>(&self, read: impl Iterator<Item = (&'a str, Option<&'a Observation>)>, next_cycle: Timestamp) {
+    /// What a cycle knows without asking: queries refused before any request (`precheck`),
+    /// and values that cannot have changed yet (`note_current`). `None` for the rest.
+    fn known_answers(&self, distinct: &[&str], started: Instant, now: Timestamp) -> Vec<Option<Observation>> {
+        let mut answers: Vec<Option<Observation>> =
+            distinct.iter().map(|query| self.precheck(query, started).map(Observation::unavailable)).collect();
         let mut current = lock(&self.current);
-        for (text, observation) in read {
-            let key = self.text_key(text);
-            let until = observation.and_then(|o| match (&o.reading, o.detail.interval_seconds) {
-                (watermarkd_engine::Reading::Value { at, .. }, Some(interval)) if interval > 0 => {
-                    Some(at.plus(Duration::from_secs(interval.saturating_mul(2))))
-                }
-                _ => None,
-            });
-            let kept = until
-                .filter(|until| *until > next_cycle)
-                .zip(observation)
-                .and_then(|(until, o)| StillCurrent::of(o, until));
-            match kept {
-                Some(kept) => {
-                    current.insert(key, kept);
-                }
-                None => {
-                    current.remove(&key);
-                }
+        current.retain(|_, kept| kept.until > now);
+        for (answer, text) in answers.iter_mut().zip(distinct) {
+            if answer.is_none() {
+                *answer = current.get(&self.text_key(text)).map(StillCurrent::observation);
             }
         }
+        answers
     }
 
-    /// A query text's key in `served` and `current`: a hash, not the text, so that 10,000
-    /// autoscalers' queries cost a few hundred kilobytes there rather than a copy of every
-    /// text. The hash is keyed per process (`text_keys`), so a collision is chance alone
-    /// (about one in 10^11 at 10,000 texts), never something a query's author can arrange.
-    fn text_key(&self, text: &str) -> u64 {
-        use std::hash::BuildHasher;
-        self.text_keys.hash_one(text)
+    /// How many of `planned` requests the pacer lets go now, and what the others are told.
+    fn admit(&self, planned: usize) -> (usize, Option<QueryError>) {
+        let admission = lock(&self.pacer).admit(Instant::now(), planned as u64);
+        self.report_stretch();
+        match admission {
+            Admission::Go => (planned, None),
+            // One request, whose answer says what the budget is; the rest is asked for again.
+            Admission::Learn => (1, None),
+            Admission::Part { requests, stretched_interval_seconds } => (
+                usize::try_from(requests).unwrap_or(usize::MAX),
+                Some(QueryError::Deferred { stretched_interval_seconds }),
+            ),
+            // One request only: its answer corrects the budget; the rest wait their turn.
+            Admission::Probe { stretched_interval_seconds } => {
+                tracing::info!(
+                    backend = %self.name,
+                    "Datadog rate budget: nothing was sent for a while, so one request goes out to read the \
+                     budget afresh"
+                );
+                (1, Some(QueryError::Deferred { stretched_interval_seconds }))
+            }
+            Admission::Deferred { stretched_interval_seconds } => {
+                (0, Some(QueryError::Deferred { stretched_interval_seconds }))
+            }
+            Admission::RateLimited { reset_in_seconds } => (0, Some(QueryError::RateLimited { reset_in_seconds })),
+        }
+    }
+
+    /// Each query's observation (`slots[i]`: the distinct text of query `i`), scrubbed of the
+    /// keys, with the deferred ones counted.
+    fn observations(&self, slots: &[usize], answers: &[Option<Observation>]) -> Vec<Observation> {
+        let out: Vec<Observation> = slots
+            .iter()
+            .map(|&slot| match answers.get(slot) {
+                Some(Some(observation)) => self.scrub(observation.clone()),
+                // Only a panicked request task leaves a gap.
+                _ => Observation::unavailable(QueryError::Protocol("the request task failed".into())),
+            })
+            .collect();
+        let deferred = out.iter().filter(|o| matches!(o.detail.error, Some(QueryError::Deferred { .. }))).count();
+        if deferred > 0 {
+            self.metrics.deferred_queries.with_label_values(&[self.name.as_str()]).inc_by(deferred as u64);
+        }
+        out
     }
 
     /// Holds each namespace to its share of the budget: of its queries in `pending` (oldest
@@ -1115,294 +799,11 @@ impl Inner {
         }
         self.set_suppressed(bad.len());
     }
-
-    /// One request of `layout.len()` sub-queries; one observation per sub-query, or per member
-    /// of a grouped one (`parse::SubQuery`).
-    async fn send_v1(&self, url: &str, layout: &[SubQuery], cx: CycleContext) -> Result<Vec<Observation>, Failure> {
-        let queries = layout.len();
-        let context = V1Context { queries, layout, now: cx.now, max_age: self.max_age, site: &self.place };
-        let read =
-            |status: u16, rate: &RateLimitHeaders, body: &[u8]| match read_v1_answer(status, rate, body, &context) {
-                V1Answer::Answered(observations) => Ok(observations),
-                V1Answer::Failed { error, outcome, retryable } => {
-                    Err(Failure { error, outcome, retryable, status: Some(status) })
-                }
-            };
-        tracing::debug!(backend = %self.name, queries, url_chars = url.len(), "Datadog query");
-        self.exchange(self.keyed_get(url).await, cx.started, cx.deadline, read).await
-    }
-
-    /// A GET of `url` with both keys as they are now, for `exchange` to build once per attempt.
-    async fn keyed_get<'a>(&'a self, url: &'a str) -> impl Fn() -> reqwest::RequestBuilder + 'a {
-        let (api_key, app_key) = (self.api_key.current().await, self.app_key.current().await);
-        // A rotated key that cannot be a header value is sent as none: Datadog's 403 then says
-        // to check the keys, which is the advice needed.
-        let keys = key_headers(&api_key, &app_key).unwrap_or_default();
-        move || self.http.get(url).headers(keys.clone())
-    }
-
-    /// Sends one request, retrying what is worth retrying until the deadline (however many
-    /// attempts that is). Every answer's headers feed the pacer, and a 429 blocks everything.
-    /// `started`: when the cycle began, for the timeout's text.
-    async fn exchange<T>(
-        &self,
-        request: impl Fn() -> reqwest::RequestBuilder,
-        started: Instant,
-        deadline: Instant,
-        read: impl Fn(u16, &RateLimitHeaders, &[u8]) -> Result<T, Failure>,
-    ) -> Result<T, Failure> {
-        let timed_out = |after: Duration| Failure {
-            error: QueryError::Timeout(ceil_secs(after)),
-            outcome: RequestOutcome::Timeout,
-            retryable: false,
-            status: None,
-        };
-        // Waiting for a slot counts against the cycle: a request that cannot start before the
-        // deadline is not sent at all.
-        // Held until the request is done, through its backoff sleeps: a failing server gets no
-        // more concurrent load from retries.
-        let _permit = match tokio::time::timeout_at(deadline, self.permits.acquire()).await {
-            Ok(Ok(permit)) => permit,
-            // The semaphore is never closed; were it, there would be nothing left to wait for.
-            Ok(Err(_)) => {
-                return Err(Failure {
-                    error: QueryError::Transport("the client is shutting down".into()),
-                    outcome: RequestOutcome::Transport,
-                    retryable: false,
-                    status: None,
-                })
-            }
-            Err(_) => return Err(timed_out(deadline.saturating_duration_since(started))),
-        };
-        let mut backoff = BACKOFF.build();
-        let mut last: Option<Failure> = None;
-        loop {
-            if let Some(reset_in_seconds) = lock(&self.pacer).blocked(Instant::now()) {
-                return Err(Failure {
-                    error: QueryError::RateLimited { reset_in_seconds },
-                    outcome: RequestOutcome::RateLimited,
-                    retryable: false,
-                    status: None,
-                });
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left < MIN_ATTEMPT {
-                return Err(last.unwrap_or_else(|| timed_out(deadline.saturating_duration_since(started))));
-            }
-            let result = self.attempt(&request, self.timeout.min(left), &read).await;
-            let failure = match result {
-                Ok(value) => return Ok(value),
-                Err(failure) if failure.retryable => failure,
-                Err(failure) => return Err(failure),
-            };
-            let Some(delay) = backoff.next() else { return Err(failure) };
-            if Instant::now() + delay + MIN_ATTEMPT >= deadline {
-                return Err(failure);
-            }
-            // A retry is a request the cycle was not admitted for: it comes out of the reserve.
-            if !lock(&self.pacer).take_extra(Instant::now(), 1) {
-                return Err(failure);
-            }
-            tracing::debug!(backend = %self.name, error = %self.scrub_error(failure.error.clone()), ?delay, "retrying");
-            last = Some(failure);
-            tokio::time::sleep(delay).await;
-        }
-    }
-
-    /// One HTTP request: sends, reads the whole body, records headers, latency and outcome.
-    async fn attempt<T>(
-        &self,
-        request: &impl Fn() -> reqwest::RequestBuilder,
-        timeout: Duration,
-        read: &impl Fn(u16, &RateLimitHeaders, &[u8]) -> Result<T, Failure>,
-    ) -> Result<T, Failure> {
-        let started = Instant::now();
-        let result = match request().timeout(timeout).send().await {
-            Ok(mut response) => {
-                let status = response.status().as_u16();
-                let rate = RateLimitHeaders::from_header_map(response.headers());
-                self.note_rate(&rate, status != 429);
-                if status == 429 {
-                    let wait = rate_limit_wait(&rate);
-                    lock(&self.pacer).rate_limited(Instant::now(), wait);
-                    tracing::warn!(
-                        backend = %self.name,
-                        wait_seconds = wait.as_secs(),
-                        "Datadog answered 429 (rate limited): no query requests until the budget resets"
-                    );
-                }
-                match self.read_body(&mut response, timeout).await {
-                    Ok(body) => read(status, &rate, &body),
-                    Err(failure) => Err(failure),
-                }
-            }
-            Err(err) => Err(self.http_failure(err, timeout)),
-        };
-        let outcome = match &result {
-            Ok(_) => RequestOutcome::Ok,
-            Err(failure) => failure.outcome,
-        };
-        let name = self.name.as_str();
-        self.metrics.request_seconds.with_label_values(&[name]).observe(started.elapsed().as_secs_f64());
-        self.metrics.requests.with_label_values(&[name, outcome.label()]).inc();
-        let forbidden = outcome == RequestOutcome::Forbidden;
-        if self.forbidden.swap(forbidden, Ordering::Relaxed) != forbidden {
-            if forbidden {
-                tracing::warn!(
-                    backend = %self.name,
-                    "Datadog refused the keys (HTTP 403): check the API key, the application key's \
-                     `timeseries_query` scope and the site"
-                );
-            } else {
-                tracing::info!(backend = %self.name, "Datadog no longer refuses the keys");
-            }
-        }
-        result
-    }
-
-    /// The whole body, read in chunks so that an answer beyond `MAX_BODY_BYTES` is refused once
-    /// the cap is passed instead of filling memory. Not retried: the same query would bring the
-    /// same answer, and its budget with it.
-    async fn read_body(&self, response: &mut reqwest::Response, timeout: Duration) -> Result<Vec<u8>, Failure> {
-        let mut body = Vec::new();
-        while let Some(chunk) = response.chunk().await.map_err(|err| self.http_failure(err, timeout))? {
-            if body.len() + chunk.len() > MAX_BODY_BYTES {
-                return Err(Failure {
-                    error: QueryError::Protocol(format!(
-                        "Datadog's answer is larger than {} MiB, so it was not read: the request's queries return \
-                         far more series or points than an autoscaler needs (group or filter them, or shorten \
-                         `window`)",
-                        MAX_BODY_BYTES / (1024 * 1024)
-                    )),
-                    outcome: RequestOutcome::Protocol,
-                    retryable: false,
-                    // Whatever the status said: an oversized 400 is not a reason to split the batch.
-                    status: None,
-                });
-            }
-            body.extend_from_slice(&chunk);
-        }
-        Ok(body)
-    }
-
-    fn http_failure(&self, err: reqwest::Error, timeout: Duration) -> Failure {
-        if err.is_timeout() {
-            return Failure {
-                error: QueryError::Timeout(ceil_secs(timeout)),
-                outcome: RequestOutcome::Timeout,
-                retryable: true,
-                status: None,
-            };
-        }
-        // The chain without the URL (long, and useless next to the backend's name): "error
-        // sending request: client error (Connect): tcp connect error: Connection refused".
-        let refused_redirect = super::trust::is_refused_redirect(&err);
-        let err = err.without_url();
-        let mut text = String::new();
-        let mut source: Option<&dyn std::error::Error> = Some(&err);
-        while let Some(e) = source {
-            let part = e.to_string();
-            if !text.contains(&part) {
-                if !text.is_empty() {
-                    text.push_str(": ");
-                }
-                text.push_str(&part);
-            }
-            source = e.source();
-        }
-        // A redirect elsewhere is the URL's problem: asking again gets the same answer.
-        if refused_redirect {
-            return Failure {
-                error: QueryError::Configuration(self.scrub_text(&text)),
-                outcome: RequestOutcome::Transport,
-                retryable: false,
-                status: None,
-            };
-        }
-        Failure {
-            error: QueryError::Transport(self.scrub_text(&text)),
-            outcome: RequestOutcome::Transport,
-            retryable: true,
-            status: None,
-        }
-    }
-
-    fn note_rate(&self, rate: &RateLimitHeaders, counted: bool) {
-        if rate.is_empty() {
-            return;
-        }
-        lock(&self.pacer).observe(Instant::now(), rate, counted);
-        let gauge = |field: &str, value: Option<u64>| {
-            if let Some(value) = value {
-                self.metrics
-                    .rate_limit
-                    .with_label_values(&[self.name.as_str(), field])
-                    .set(i64::try_from(value).unwrap_or(i64::MAX));
-            }
-        };
-        gauge("limit", rate.limit);
-        gauge("remaining", rate.remaining);
-        gauge("reset_seconds", rate.reset);
-    }
-
-    /// Sets the stretched-interval gauge after an admission decision, logging real changes.
-    fn report_stretch(&self) {
-        let (value, changed) = lock(&self.pacer).stretch_to_log();
-        self.metrics
-            .stretched_interval_seconds
-            .with_label_values(&[self.name.as_str()])
-            .set(i64::try_from(value).unwrap_or(i64::MAX));
-        match changed {
-            Some(0) => tracing::warn!(
-                backend = %self.name,
-                "Datadog rate budget: the configured intervals fit again, no cycle is deferred"
-            ),
-            Some(seconds) => tracing::warn!(
-                backend = %self.name,
-                stretched_interval_seconds = seconds,
-                "Datadog rate budget: cycles are stretched to one every {seconds}s; queries asked for sooner are \
-                 deferred (fewer or longer-interval autoscalers, or a larger budget, would avoid it)"
-            ),
-            None => {}
-        }
-    }
-
-    fn scrub_text(&self, text: &str) -> String {
-        let mut text = text.to_string();
-        for key in [self.api_key.cached(), self.app_key.cached()] {
-            let value = key.expose();
-            if !value.is_empty() && text.contains(value) {
-                text = text.replace(value, "[redacted]");
-            }
-        }
-        text
-    }
-
-    fn scrub_error(&self, error: QueryError) -> QueryError {
-        let s = |text: String| self.scrub_text(&text);
-        match error {
-            QueryError::Configuration(t) => QueryError::Configuration(s(t)),
-            QueryError::BadQuery(t) => QueryError::BadQuery(s(t)),
-            QueryError::NoData(t) => QueryError::NoData(s(t)),
-            QueryError::NotANumber(t) => QueryError::NotANumber(s(t)),
-            QueryError::Server(t) => QueryError::Server(s(t)),
-            QueryError::Transport(t) => QueryError::Transport(s(t)),
-            QueryError::Protocol(t) => QueryError::Protocol(s(t)),
-            other => other,
-        }
-    }
-
-    /// Removes the keys from an observation's texts, should a server or proxy ever echo them.
-    fn scrub(&self, mut observation: Observation) -> Observation {
-        match observation.detail.error.take() {
-            Some(error) => Observation::unavailable_with(self.scrub_error(error), observation.detail),
-            None => observation,
-        }
-    }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::compile::Askers;
     use super::*;
     use crate::rules::SecretSource;
 
