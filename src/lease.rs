@@ -27,6 +27,7 @@ use kube::api::{Api, PostParams};
 use kube::Client;
 use tokio::sync::watch;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 /// Who scales, as this process knows it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -395,8 +396,8 @@ impl LeaderElector {
         }
     }
 
-    /// Renews or retries every retry period until `shutdown` turns true, then releases.
-    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
+    /// Renews or retries every retry period until `stop` is cancelled, then releases.
+    pub async fn run(mut self, stop: CancellationToken) {
         loop {
             if let Err(err) = self.step().await {
                 tracing::warn!(error = %err, "leader election attempt failed");
@@ -409,11 +410,7 @@ impl LeaderElector {
             }
             tokio::select! {
                 _ = tokio::time::sleep_until(next) => {}
-                changed = shutdown.changed() => {
-                    if changed.is_err() || *shutdown.borrow() {
-                        break;
-                    }
-                }
+                () = stop.cancelled() => break,
             }
         }
         if let Err(err) = self.release().await {

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::watch;
+use tokio_util::sync::{CancellationToken, DropGuard};
 use watermarkd::telemetry::{serve, AutoscalerMetrics, ListenerLimits, Readiness};
 
 /// Longer than any limit used here: what "never" means in these tests.
@@ -30,11 +30,11 @@ const NEVER: Duration = Duration::from_secs(20);
 
 struct Listener {
     address: SocketAddr,
-    _shutdown: watch::Sender<bool>,
+    _stop: DropGuard,
 }
 
 async fn listen(limits: ListenerLimits) -> Listener {
-    let (shutdown, watching) = watch::channel(false);
+    let stop = CancellationToken::new();
     let readiness = Arc::new(Readiness::default());
     readiness.rules_loaded.store(true, Ordering::Relaxed);
     let (address, _task) = serve(
@@ -43,11 +43,11 @@ async fn listen(limits: ListenerLimits) -> Listener {
         prometheus::Registry::new(),
         Arc::new(AutoscalerMetrics::new()),
         readiness,
-        watching,
+        stop.clone(),
     )
     .await
     .expect("bind");
-    Listener { address, _shutdown: shutdown }
+    Listener { address, _stop: stop.drop_guard() }
 }
 
 /// Reads until the server closes the connection (or resets it); `None` if it stays open for

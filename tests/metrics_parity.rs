@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use prometheus::Registry;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 use watermarkd::crd::{self, ScaleWrite, WatermarkPodAutoscalerSpec};
 use watermarkd::telemetry::{
     serve, AutoscalerMetrics, HttpClientMetrics, LabelsAsTags, ListenerLimits, Readiness, SeriesLabels,
@@ -190,7 +190,8 @@ async fn every_datadog_controller_series_and_label_is_served() {
         metrics.observe(&labels, &rule, &decision, true, conditions);
     }
 
-    let (_stop, shutdown) = watch::channel(false);
+    let stop = CancellationToken::new();
+    let _stop = stop.clone().drop_guard();
     let address: SocketAddr = "127.0.0.1:0".parse().expect("address");
     // The recommender client's series, on the daemon's registry as `run` registers them, after
     // one answered request, one that got no answer, and one still waiting.
@@ -199,16 +200,10 @@ async fn every_datadog_controller_series_and_label_is_served() {
     http.response("https://recommender.test/recommend", "POST", 200, 0.05);
     http.error("https://recommender.test/recommend");
     let _waiting = http.in_flight("https://recommender.test/recommend");
-    let (bound, _server) = serve(
-        address,
-        ListenerLimits::default(),
-        registry,
-        Arc::clone(&metrics),
-        Arc::new(Readiness::default()),
-        shutdown,
-    )
-    .await
-    .expect("serve");
+    let (bound, _server) =
+        serve(address, ListenerLimits::default(), registry, Arc::clone(&metrics), Arc::new(Readiness::default()), stop)
+            .await
+            .expect("serve");
     let text = get_metrics(bound).await;
 
     let mut types: BTreeMap<String, String> = BTreeMap::new();

@@ -5,6 +5,13 @@
 //! memory in per-thread arenas and returns it to the kernel only from the top of the heap, so
 //! resident memory would stay at the peak. Two arenas, and a trim after each such burst, keep
 //! it near what is live. Elsewhere (musl) these do nothing.
+//!
+//! Whatever leaves such a burst behind asks for a trim through a [`Trim`] handle; one health
+//! loop (`health::trim_allocator`) does it, then and every so often.
+
+use std::sync::Arc;
+
+use tokio::sync::Notify;
 
 /// At most two malloc arenas (one per core of the usual pod), set before threads start using
 /// the allocator heavily.
@@ -30,5 +37,22 @@ pub fn release_free() {
         unsafe {
             libc::malloc_trim(0);
         }
+    }
+}
+
+/// A request to give freed memory back now, which the one trimming loop acts on. Requests made
+/// before it gets to them count as one.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Trim(Arc<Notify>);
+
+impl Trim {
+    /// Asks for a trim, after a burst of garbage (a large cycle, a reload, the initial listings).
+    pub(crate) fn request(&self) {
+        self.0.notify_one();
+    }
+
+    /// Returns once a trim was asked for.
+    pub(crate) async fn requested(&self) {
+        self.0.notified().await;
     }
 }

@@ -19,7 +19,8 @@ use crate::backend::{MetricQuery, Observation, QueryError};
 use crate::resource::ResourceQuery;
 use crate::rules::{Autoscaler, MetricSource};
 
-/// Cycles of at least this many autoscalers hand their memory back when they end.
+/// Cycles of at least this many autoscalers ask for their memory to be handed back when they
+/// end.
 const LARGE_CYCLE: usize = 500;
 
 /// Where a metric is read: a `[backend.NAME]`, or the API server's metrics API (a resource
@@ -145,6 +146,9 @@ impl Answers {
     }
 }
 
+/// A source's answers, in the order of the slots it was asked for.
+type Answered = (Vec<Slot>, Vec<Observation>);
+
 /// When a cycle's queries must be answered: before the next cycle of its most frequent
 /// autoscaler, less a tenth of that interval (at most a second) for the decisions and writes.
 fn deadline(started: Instant, intervals: impl Iterator<Item = Duration>) -> Instant {
@@ -156,10 +160,10 @@ fn deadline(started: Instant, intervals: impl Iterator<Item = Duration>) -> Inst
 pub async fn run(shared: Arc<Shared>, permits: Arc<Semaphore>, due: Due) {
     let Due { jobs, backends } = due;
     let now = shared.clock.now();
-    let (plan, mut answers) = Plan::new(jobs.iter().map(|j| &*j.desired));
+    let (plan, answers) = Plan::new(jobs.iter().map(|j| &*j.desired));
     let deadline =
         deadline(Instant::now(), jobs.iter().map(|j| j.desired.autoscaler.interval(shared.default_interval)));
-    let mut queries: JoinSet<(Vec<Slot>, Vec<Observation>)> = JoinSet::new();
+    let mut queries: JoinSet<Answered> = JoinSet::new();
     let metric_of = |slot: &Slot| jobs.get(slot.job.0).and_then(|j| j.desired.metric_source(slot.metric));
     for (via, slots) in plan.by_via {
         let shared = Arc::clone(&shared);
@@ -230,6 +234,18 @@ pub async fn run(shared: Arc<Shared>, permits: Arc<Semaphore>, due: Due) {
             (vec![asked.slot], vec![observation])
         });
     }
+    decide_as_answered(shared, permits, jobs, answers, queries).await;
+}
+
+/// Decides each job as soon as every source of its has answered, then waits for every
+/// decision.
+async fn decide_as_answered(
+    shared: Arc<Shared>,
+    permits: Arc<Semaphore>,
+    jobs: Vec<Job>,
+    mut answers: Answers,
+    mut queries: JoinSet<Answered>,
+) {
     let count = jobs.len();
     let mut jobs: Vec<Option<Job>> = jobs.into_iter().map(Some).collect();
     let mut decisions = JoinSet::new();
@@ -262,7 +278,7 @@ pub async fn run(shared: Arc<Shared>, permits: Arc<Semaphore>, due: Due) {
     while decisions.join_next().await.is_some() {}
     if count >= LARGE_CYCLE {
         // A large cycle's answers and decisions were garbage the moment it ended.
-        super::allocator::release_free();
+        shared.trim.request();
     }
 }
 

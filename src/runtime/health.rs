@@ -5,9 +5,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::time::{Instant, MissedTickBehavior};
+use tokio_util::sync::CancellationToken;
 
-use super::allocator;
+use super::allocator::{self, Trim};
 use super::systemd::Notifier;
 use crate::telemetry::Readiness;
 
@@ -19,44 +20,57 @@ const TRIM_PERIOD: Duration = Duration::from_secs(60);
 
 /// Keeps `readiness.caches_synced` up to date with `caches_synced()` (every cache listed, and
 /// no watch failing: a failing watch's cache may be stale), and tells systemd once, the first
-/// time the daemon is ready. Runs until `shutdown`.
+/// time the daemon is ready. Runs until `stopping` is cancelled.
 pub async fn follow_readiness(
     readiness: Arc<Readiness>,
     caches_synced: impl Fn() -> bool,
     notifier: Notifier,
-    mut shutdown: watch::Receiver<bool>,
+    trim: Trim,
+    stopping: CancellationToken,
 ) {
     let mut announced = false;
-    let mut trimmed = tokio::time::Instant::now();
     loop {
-        if trimmed.elapsed() >= TRIM_PERIOD {
-            allocator::release_free();
-            trimmed = tokio::time::Instant::now();
-        }
         readiness.caches_synced.store(caches_synced(), Ordering::Release);
         if !announced && readiness.is_ready() {
             notifier.ready();
             announced = true;
             tracing::info!("ready");
             // The initial listings are done with: give their pages back.
-            allocator::release_free();
+            trim.request();
         }
         tokio::select! {
-            _ = tokio::time::sleep(READINESS_PERIOD) => {}
-            _ = shutdown.changed() => return,
+            () = tokio::time::sleep(READINESS_PERIOD) => {}
+            () = stopping.cancelled() => return,
         }
     }
 }
 
-/// Pings systemd's watchdog every `period` until `shutdown`. It runs on the same runtime as
-/// the evaluations, so a wedged runtime stops the pings and systemd restarts the daemon.
-pub async fn ping_watchdog(notifier: Notifier, period: Duration, mut shutdown: watch::Receiver<bool>) {
+/// Pings systemd's watchdog every `period` until `stopping` is cancelled. It runs on the same
+/// runtime as the evaluations, so a wedged runtime stops the pings and systemd restarts the
+/// daemon.
+pub async fn ping_watchdog(notifier: Notifier, period: Duration, stopping: CancellationToken) {
     loop {
         notifier.watchdog();
         tokio::select! {
-            _ = tokio::time::sleep(period) => {}
-            _ = shutdown.changed() => return,
+            () = tokio::time::sleep(period) => {}
+            () = stopping.cancelled() => return,
         }
+    }
+}
+
+/// Gives freed heap pages back to the kernel when `trim` asks (after a burst of garbage) and
+/// every `TRIM_PERIOD` besides, until `stopping` is cancelled: the one caller of
+/// `allocator::release_free`.
+pub async fn trim_allocator(trim: Trim, stopping: CancellationToken) {
+    let mut period = tokio::time::interval_at(Instant::now() + TRIM_PERIOD, TRIM_PERIOD);
+    period.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = trim.requested() => {}
+            _ = period.tick() => {}
+            () = stopping.cancelled() => return,
+        }
+        allocator::release_free();
     }
 }
 
@@ -92,13 +106,14 @@ mod tests {
         readiness.rules_loaded.store(true, Ordering::Release);
         readiness.leader_known.store(true, Ordering::Release);
         let synced = Arc::new(AtomicBool::new(false));
-        let (stop, shutdown) = watch::channel(false);
+        let stop = CancellationToken::new();
         let flag = Arc::clone(&synced);
         let task = tokio::spawn(follow_readiness(
             Arc::clone(&readiness),
             move || flag.load(Ordering::Acquire),
             notifier,
-            shutdown,
+            Trim::default(),
+            stop.clone(),
         ));
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert!(!readiness.is_ready());
@@ -116,18 +131,18 @@ mod tests {
         assert!(readiness.is_ready());
         assert_eq!(received(&listener), ["READY=1\nSTATUS=running"]);
 
-        stop.send(true).expect("stop");
+        stop.cancel();
         task.await.expect("the loop ends at shutdown");
     }
 
     #[tokio::test(start_paused = true)]
     async fn the_watchdog_is_pinged_every_period_until_shutdown() {
         let (_dir, listener, notifier) = socket();
-        let (stop, shutdown) = watch::channel(false);
-        let task = tokio::spawn(ping_watchdog(notifier, Duration::from_secs(10), shutdown));
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(ping_watchdog(notifier, Duration::from_secs(10), stop.clone()));
         tokio::time::sleep(Duration::from_secs(35)).await;
         assert_eq!(received(&listener), ["WATCHDOG=1"; 4], "at 0, 10, 20 and 30 s");
-        stop.send(true).expect("stop");
+        stop.cancel();
         task.await.expect("ends");
         tokio::time::sleep(Duration::from_secs(30)).await;
         assert!(received(&listener).is_empty(), "no ping after shutdown");

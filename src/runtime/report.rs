@@ -3,9 +3,12 @@
 //! this daemon can still prove its lease.
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, Patch, PatchParams};
+use tokio::sync::Mutex;
 use watermarkd_engine::{Action, Decision, Guard};
 
 use super::memory::Persisted;
@@ -141,16 +144,54 @@ pub async fn target_unreadable(shared: &Shared, desired: &Desired, persisted: &m
     }
 }
 
+/// Reports the WPAs that do not run, as the loop receives their complete sets: each report is
+/// spawned, so the loop never waits on the API. The reports run one at a time, in the order
+/// they were made; one that finds a newer set reported already is dropped, the newer says it.
+#[derive(Default)]
+pub struct RejectionReports {
+    /// How many reports were made; each is numbered by it.
+    made: u64,
+    reported: Arc<Mutex<Reported>>,
+}
+
+#[derive(Default)]
+struct Reported {
+    /// The number of the newest report run.
+    newest: u64,
+    statuses: RejectedStatuses,
+}
+
+impl RejectionReports {
+    /// The report of `rejected`, the complete set of the WPAs that do not run now, to spawn.
+    pub fn report(
+        &mut self,
+        shared: Arc<Shared>,
+        rejected: Vec<Rejection>,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        self.made += 1;
+        let number = self.made;
+        let reported = Arc::clone(&self.reported);
+        async move {
+            let mut reported = reported.lock().await;
+            if reported.newest > number {
+                return;
+            }
+            reported.newest = number;
+            reported.statuses.report(&shared, &rejected).await;
+        }
+    }
+}
+
 /// The statuses written to WPAs that do not run, so that each is written once per change.
 #[derive(Default)]
-pub struct RejectedStatuses {
+struct RejectedStatuses {
     written: HashMap<ObjectKey, WatermarkPodAutoscalerStatus>,
 }
 
 impl RejectedStatuses {
     /// Reports each WPA that does not run (its status when it changed, and a Warning event),
     /// and forgets the ones that run again or are gone. Only the leader writes.
-    pub async fn report(&mut self, shared: &Shared, rejected: &[Rejection]) {
+    async fn report(&mut self, shared: &Shared, rejected: &[Rejection]) {
         let still: std::collections::HashSet<ObjectKey> =
             rejected.iter().map(|r| ObjectKey::of(&r.wpa.metadata)).collect();
         self.written.retain(|key, _| still.contains(key));

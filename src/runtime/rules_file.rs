@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
 
 use super::scheduler::Command;
 use super::source::{Desired, SourceKind};
@@ -40,7 +41,7 @@ pub struct RulesWatch {
     pub reload: mpsc::Receiver<()>,
     pub shared: Arc<Shared>,
     pub notifier: super::systemd::Notifier,
-    pub shutdown: watch::Receiver<bool>,
+    pub stopping: CancellationToken,
 }
 
 /// What identifies the file's content without reading it: the resolved file (symlinks
@@ -56,7 +57,8 @@ fn content_hash(text: &str) -> u64 {
 }
 
 /// Checks the file every `poll` (by its resolved identity, size and mtime, so editors' renames
-/// and ConfigMap symlink swaps are seen) and reloads on a change of content or on SIGHUP.
+/// and ConfigMap symlink swaps are seen) and reloads on a change of content or on SIGHUP, until
+/// `stopping` is cancelled.
 pub async fn watch_rules_file(mut watch: RulesWatch) {
     let mut seen = fingerprint(&watch.path);
     let mut applied_hash = std::fs::read_to_string(&watch.path).ok().map(|t| content_hash(&t));
@@ -66,7 +68,7 @@ pub async fn watch_rules_file(mut watch: RulesWatch) {
         let forced = tokio::select! {
             _ = tokio::time::sleep(watch.poll) => false,
             Some(()) = watch.reload.recv() => true,
-            _ = watch.shutdown.changed() => return,
+            () = watch.stopping.cancelled() => return,
         };
         let now_seen = fingerprint(&watch.path);
         if !forced && now_seen == seen {
@@ -112,19 +114,9 @@ pub async fn watch_rules_file(mut watch: RulesWatch) {
             Ok(next) => {
                 failed_hash = None;
                 applied_hash = Some(hash);
-                watch.shared.daemon.reloads.with_label_values(&["success"]).inc();
-                watch.shared.daemon.last_reload_successful.set(1);
-                tracing::info!(file = %watch.path.display(), autoscalers = next.autoscalers.len(), "rules reloaded");
-                let (backends, desired) = split(next, watch.shared.dry_run);
-                if watch.commands.send(Command::Backends(Arc::clone(&backends))).await.is_err() {
+                if !apply(&watch, next).await {
                     return;
                 }
-                if watch.commands.send(Command::Replace { source: SourceKind::RulesFile, desired }).await.is_err() {
-                    return;
-                }
-                watch.rules.send_replace(backends);
-                // The parse's garbage: give it back.
-                super::allocator::release_free();
             }
             Err(err) => {
                 failed_hash = Some(hash);
@@ -141,6 +133,24 @@ pub async fn watch_rules_file(mut watch: RulesWatch) {
             watch.notifier.ready();
         }
     }
+}
+
+/// Sends the scheduler the reloaded rules; false when the loop is gone.
+async fn apply(watch: &RulesWatch, next: RulesFile) -> bool {
+    watch.shared.daemon.reloads.with_label_values(&["success"]).inc();
+    watch.shared.daemon.last_reload_successful.set(1);
+    tracing::info!(file = %watch.path.display(), autoscalers = next.autoscalers.len(), "rules reloaded");
+    let (backends, desired) = split(next, watch.shared.dry_run);
+    if watch.commands.send(Command::Backends(Arc::clone(&backends))).await.is_err() {
+        return false;
+    }
+    if watch.commands.send(Command::Replace { source: SourceKind::RulesFile, desired }).await.is_err() {
+        return false;
+    }
+    watch.rules.send_replace(backends);
+    // The parse's garbage: give it back.
+    watch.shared.trim.request();
+    true
 }
 
 fn reload_failed(shared: &Shared, message: &str) {

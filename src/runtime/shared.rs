@@ -5,8 +5,10 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 use watermarkd_engine::Timestamp;
 
+use super::allocator::Trim;
 use crate::backend::recommender::RecommenderClients;
 use crate::events::EventPublisher;
 use crate::lease::Authority;
@@ -53,7 +55,11 @@ pub struct Shared {
     pub leader: AtomicBool,
     /// Whether and how long a write may take now (see `crate::lease`).
     pub authority: Authority,
-    pub stopping: AtomicBool,
+    /// Cancelled when the daemon starts stopping: no new decisions, and the server, the sources
+    /// and the health loops end. A child of the daemon's lifetime, which ends the Lease later.
+    pub stopping: CancellationToken,
+    /// Asks the health loop that trims the allocator to do it now.
+    pub trim: Trim,
 }
 
 impl Shared {
@@ -71,6 +77,6 @@ impl Shared {
     }
 
     pub fn is_stopping(&self) -> bool {
-        self.stopping.load(Ordering::Acquire)
+        self.stopping.is_cancelled()
     }
 }

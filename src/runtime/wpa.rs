@@ -1,6 +1,6 @@
 //! Feeds the cluster's WatermarkPodAutoscaler and DatadogMetric objects into the WPA index,
-//! and acts on what the index says: the scheduler's commands, and the statuses and events of
-//! WPAs that cannot run.
+//! and passes on what the index says: the scheduler's commands, and the WPAs that cannot run
+//! (which the loop reports, with their statuses and events).
 //!
 //! Each scope (a listed namespace, or all of them) has one kube reflector store per kind. The
 //! stores hold the objects; the index is handed the same `Arc`s, so each object is kept once.
@@ -15,11 +15,11 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
 
-use super::report::RejectedStatuses;
 use super::scheduler::Command;
 use super::source::SourceKind;
-use super::wpa_index::{ObjectKey, Scope, Update, WpaIndex};
+use super::wpa_index::{ObjectKey, Rejection, Scope, Update, WpaIndex};
 use super::Shared;
 use crate::crd::{DatadogMetric, WatermarkPodAutoscaler};
 use crate::rules::RulesFile;
@@ -35,10 +35,12 @@ pub struct WpaWatch {
     /// The rules file's backends, which WPA metrics are sent to.
     pub rules: watch::Receiver<Arc<RulesFile>>,
     pub commands: mpsc::Sender<Command>,
+    /// Every complete set of the WPAs that cannot run, for the loop to report.
+    pub rejected: mpsc::Sender<Vec<Rejection>>,
     pub shared: Arc<Shared>,
     /// Set once every scope has been listed.
     pub synced: Arc<AtomicBool>,
-    pub shutdown: watch::Receiver<bool>,
+    pub stopping: CancellationToken,
 }
 
 /// What a store's watch tells the index.
@@ -58,7 +60,7 @@ enum Stored<K> {
     Listed(Scope, Vec<Arc<K>>),
 }
 
-/// Runs until shutdown.
+/// Runs until `stopping` is cancelled.
 pub async fn run(mut watch: WpaWatch) {
     let (sender, mut changes) = mpsc::channel::<Change>(256);
     let mut tasks = tokio::task::JoinSet::new();
@@ -68,7 +70,6 @@ pub async fn run(mut watch: WpaWatch) {
     }
     drop(sender);
     let health = watch.shared.targets.watch_health();
-    let mut rejected = RejectedStatuses::default();
     loop {
         tokio::select! {
             change = changes.recv() => {
@@ -89,7 +90,7 @@ pub async fn run(mut watch: WpaWatch) {
                 let rules = Arc::clone(&watch.rules.borrow_and_update());
                 watch.index.set_backends(&rules);
             }
-            _ = watch.shutdown.changed() => return,
+            () = watch.stopping.cancelled() => return,
         }
         if watch.index.is_synced() {
             watch.synced.store(true, Ordering::Release);
@@ -104,10 +105,10 @@ pub async fn run(mut watch: WpaWatch) {
                 }
                 continue;
             }
-            Update::Replace { desired, rejected: not_run } => {
-                rejected.report(&watch.shared, &not_run).await;
-                let invalid = i64::try_from(not_run.len()).unwrap_or(i64::MAX);
-                watch.shared.daemon.autoscalers.with_label_values(&["crd", "invalid"]).set(invalid);
+            Update::Replace { desired, rejected } => {
+                if watch.rejected.send(rejected).await.is_err() {
+                    return;
+                }
                 Command::Replace { source: SourceKind::Wpa, desired }
             }
         };

@@ -36,7 +36,8 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus::{Encoder, Registry, TextEncoder};
 use tokio::net::TcpListener;
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::sync::{mpsc, Semaphore};
+use tokio_util::sync::CancellationToken;
 
 use super::AutoscalerMetrics;
 
@@ -126,14 +127,15 @@ pub fn accept_backoff(previous: Option<Duration>) -> Duration {
     }
 }
 
-/// Binds `address` (so a taken port fails the start, not later) and serves until `shutdown`.
+/// Binds `address` (so a taken port fails the start, not later) and serves until `stop` is
+/// cancelled.
 pub async fn serve(
     address: SocketAddr,
     limits: ListenerLimits,
     registry: Registry,
     autoscalers: Arc<AutoscalerMetrics>,
     readiness: Arc<Readiness>,
-    mut shutdown: watch::Receiver<bool>,
+    stop: CancellationToken,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let listener = TcpListener::bind(address).await?;
     let bound = listener.local_addr()?;
@@ -153,11 +155,11 @@ pub async fn serve(
                         tracing::warn!(error = %err, retry_in = ?delay, "metrics listener accept failed");
                         tokio::select! {
                             _ = tokio::time::sleep(delay) => continue,
-                            _ = shutdown.changed() => return,
+                            () = stop.cancelled() => return,
                         }
                     }
                 },
-                _ = shutdown.changed() => return,
+                () = stop.cancelled() => return,
             };
             backoff = None;
             let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
