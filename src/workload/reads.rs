@@ -98,15 +98,7 @@ impl Workloads {
         let resolved = store.resolved().ok_or_else(|| self.no_answer(target))?;
         let object = self.lookup(&store, &resolved, target, deadline).await?;
         let mut reading = match resolved.paths {
-            KindPaths::Builtin(_) => ScaleReading {
-                spec_replicas: object.spec_replicas,
-                status_replicas: object.status_replicas,
-                ready_replicas: object.ready_replicas,
-                selector: object.selector.as_deref().map(str::to_string),
-                resource_version: object.resource_version.to_string(),
-                marks: object.marks.clone(),
-                spec_changed_at: object.seen,
-            },
+            KindPaths::Builtin(_) => builtin_reading(&object),
             KindPaths::Custom => self.read_custom(&resolved, target, &object).await?,
         };
         let pods = {
@@ -289,6 +281,19 @@ async fn get_scale(client: &Client, resolved: &Resolved, target: &TargetRef) -> 
     })
 }
 
+/// The reading of a built-in workload: its `/scale` maps to fixed fields of the stored object.
+fn builtin_reading(object: &StoredWorkload) -> ScaleReading {
+    ScaleReading {
+        spec_replicas: object.spec_replicas,
+        status_replicas: object.status_replicas,
+        ready_replicas: object.ready_replicas,
+        selector: object.selector.as_deref().map(str::to_string),
+        resource_version: object.resource_version.to_string(),
+        marks: object.marks.clone(),
+        spec_changed_at: object.seen,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -311,23 +316,11 @@ mod tests {
         }
     }
 
-    fn reading_of(object: &StoredWorkload) -> ScaleReading {
-        ScaleReading {
-            spec_replicas: object.spec_replicas,
-            status_replicas: object.status_replicas,
-            ready_replicas: object.ready_replicas,
-            selector: object.selector.as_deref().map(str::to_string),
-            resource_version: object.resource_version.to_string(),
-            marks: object.marks.clone(),
-            spec_changed_at: object.seen,
-        }
-    }
-
     #[test]
     fn our_write_is_served_only_while_the_store_holds_the_version_it_was_based_on() {
         let overlay = Overlay { based_on: "10".into(), written: "11".into(), replicas: 6, at: t(500) };
         let before = stored("10", 4, Some(t(100)));
-        let mut reading = reading_of(&before);
+        let mut reading = builtin_reading(&before);
         assert!(overlay.apply(&before, &mut reading));
         assert_eq!(
             (reading.spec_replicas, reading.resource_version.as_str(), reading.spec_changed_at),
@@ -336,11 +329,11 @@ mod tests {
         assert_eq!(reading.status_replicas, 4, "only what the write changed");
         // The watch event of the write, or anything newer: the store's version wins.
         let after = stored("11", 6, Some(t(510)));
-        let mut reading = reading_of(&after);
+        let mut reading = builtin_reading(&after);
         assert!(!overlay.apply(&after, &mut reading));
-        assert_eq!(reading, reading_of(&after));
+        assert_eq!(reading, builtin_reading(&after));
         let other = stored("12", 9, Some(t(520)));
-        let mut reading = reading_of(&other);
+        let mut reading = builtin_reading(&other);
         assert!(!overlay.apply(&other, &mut reading));
         assert_eq!(reading.spec_replicas, 9);
     }
