@@ -195,15 +195,34 @@ impl Inner {
     pub(super) fn compile(&self, texts: &[&str], from: i64, to: i64, now: Instant) -> Compiled {
         let endpoint = self.v1_endpoint();
         let prefix = batch::url_prefix_len(&endpoint, from, to);
+        let alone = || (0..texts.len()).map(fold::Unit::Alone).collect();
         let units = if self.fold_queries {
             let mut refused = lock(&self.refused_shapes);
             refused.retain(|_, until| *until > now);
-            fold::fold(texts, MAX_URL_CHARS.saturating_sub(prefix), &|shape| refused.contains_key(&shape))
+            let key = self.texts_key(texts, refused.keys());
+            let mut unfoldable = lock(&self.unfoldable);
+            if *unfoldable == Some(key) {
+                alone()
+            } else {
+                let units =
+                    fold::fold(texts, MAX_URL_CHARS.saturating_sub(prefix), &|shape| refused.contains_key(&shape));
+                *unfoldable = units.iter().all(|u| matches!(u, fold::Unit::Alone(_))).then_some(key);
+                units
+            }
         } else {
-            (0..texts.len()).map(fold::Unit::Alone).collect()
+            alone()
         };
         let unit_texts: Vec<&str> = units.iter().map(|u| u.text(texts)).collect();
         let (planned, too_long) = batch::plan(&endpoint, from, to, &unit_texts);
         Compiled { units, planned, too_long }
+    }
+
+    /// The same for the same texts in any order and the same refused shapes: a sum of the
+    /// texts' keyed hashes. Two sets with one key only cost a cycle without folding.
+    fn texts_key<'a>(&self, texts: &[&str], refused: impl Iterator<Item = &'a u64>) -> u64 {
+        use std::hash::BuildHasher;
+        let texts_sum = texts.iter().fold(0u64, |sum, text| sum.wrapping_add(self.text_key(text)));
+        let refused_sum = refused.fold(0u64, |sum, shape| sum.wrapping_add(*shape));
+        self.text_keys.hash_one((texts.len(), texts_sum, refused_sum))
     }
 }
