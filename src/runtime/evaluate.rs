@@ -7,7 +7,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::evaluation::{self, describe, Answer, Done, Evaluation, Need, Persist};
+use super::evaluation::{self, describe, Answer, Done, Evaluation, Need, Outcome, Persist};
 use super::memory::Memory;
 use super::report;
 use super::source::Desired;
@@ -19,26 +19,6 @@ use crate::workload::WorkloadError;
 
 /// How long to wait for the cache to show the object that caused a conflict.
 const CONFLICT_REFRESH: Duration = Duration::from_secs(2);
-
-/// What an evaluation ended in, for the evaluations counter.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Outcome {
-    Scaled,
-    Held,
-    DryRun,
-    Failed,
-}
-
-impl Outcome {
-    pub fn label(self) -> &'static str {
-        match self {
-            Outcome::Scaled => "scaled",
-            Outcome::Held => "held",
-            Outcome::DryRun => "dry_run",
-            Outcome::Failed => "failed",
-        }
-    }
-}
 
 /// Evaluates `desired` on `observations`, with its memory.
 pub async fn evaluate(

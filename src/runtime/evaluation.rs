@@ -14,7 +14,6 @@ use std::sync::Arc;
 
 use watermarkd_engine::{decide, Action, Decision, Guard, Position, Reading, Rule, State, Target, Timestamp};
 
-use super::evaluate::Outcome;
 use super::memory::{Memory, Persisted, ShadowMemory};
 use super::source::Desired;
 use crate::backend::{Observation, QueryError};
@@ -28,6 +27,26 @@ use crate::workload::{ScaleReading, WorkloadError};
 
 /// Attempts at a scale write that keeps meeting a newer object.
 pub const CONFLICT_ATTEMPTS: usize = 3;
+
+/// What an evaluation ended in, for the evaluations counter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Scaled,
+    Held,
+    DryRun,
+    Failed,
+}
+
+impl Outcome {
+    pub fn label(self) -> &'static str {
+        match self {
+            Outcome::Scaled => "scaled",
+            Outcome::Held => "held",
+            Outcome::DryRun => "dry_run",
+            Outcome::Failed => "failed",
+        }
+    }
+}
 
 /// What the evaluation needs next.
 #[derive(Debug)]
