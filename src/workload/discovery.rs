@@ -15,10 +15,26 @@ use kube::{Client, Resource};
 
 use super::error::Request;
 use super::object::{kind_paths, split_api_version, KindPaths};
-use super::registry::{StoreKey, WorkloadStore};
-use super::watch::StoreStatus;
-use super::{describe, Context, WorkloadError};
+use super::{Context, WorkloadError};
 use crate::rules::TargetRef;
+
+/// A workload store's identity: the kind as the targets name it, and the namespace.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(super) struct StoreKey {
+    pub(super) api_version: Arc<str>,
+    pub(super) kind: Arc<str>,
+    pub(super) namespace: Arc<str>,
+}
+
+impl StoreKey {
+    pub(super) fn of(target: &TargetRef) -> Self {
+        StoreKey {
+            api_version: target.api_version.clone(),
+            kind: target.kind.clone(),
+            namespace: target.namespace.clone(),
+        }
+    }
+}
 
 /// A resolved kind: how to reach it and how to read it.
 #[derive(Debug)]
@@ -30,16 +46,6 @@ pub(super) struct Resolved {
 
 /// (apiVersion, kind), interned.
 pub(super) type KindKey = (Arc<str>, Arc<str>);
-
-/// How to reach a target's kind, or why it cannot be written.
-pub(super) fn resolved_kind(store: &WorkloadStore, target: &TargetRef) -> Result<Arc<Resolved>, WorkloadError> {
-    let not_read = || WorkloadError::Connection(format!("{} has not been read yet", describe(target)));
-    match &*store.status.borrow() {
-        StoreStatus::Synced => store.resolved().ok_or_else(not_read),
-        StoreStatus::Failed(err) => Err(err.clone()),
-        StoreStatus::Starting => Err(not_read()),
-    }
-}
 
 pub(super) fn api_for<K>(client: &Client, resolved: &Resolved, namespace: &str) -> Api<K>
 where

@@ -45,6 +45,7 @@
 //! `list` and `watch` on the target resource; `get` (custom kinds) and `patch` on its `/scale`;
 //! `list` and `watch` on pods only for targets without `status.readyReplicas`.
 
+mod cache;
 mod compact;
 mod discovery;
 mod error;

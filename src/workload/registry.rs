@@ -18,32 +18,14 @@ use kube::runtime::watcher;
 use kube::Resource;
 use tokio::sync::watch as channel;
 
+use super::cache::{Overlay, ScaleCache};
 use super::compact::{compact, ReadyPod, StoredWorkload, WireWorkload};
-use super::discovery::{api_for, Resolved};
+use super::discovery::{api_for, Resolved, StoreKey};
 use super::error::Request;
 use super::object::pod_is_ready;
-use super::reads::{Overlay, ScaleCache};
 use super::watch::{follow, publish, AbortOnDrop, StoreStatus, MAX_RETRY_DELAY};
 use super::{describe, now, retry_delay, Context, WatchHealth, WorkloadError, Workloads};
 use crate::rules::TargetRef;
-
-/// A workload store's identity: the kind as the targets name it, and the namespace.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub(super) struct StoreKey {
-    pub(super) api_version: Arc<str>,
-    pub(super) kind: Arc<str>,
-    pub(super) namespace: Arc<str>,
-}
-
-impl StoreKey {
-    pub(super) fn of(target: &TargetRef) -> Self {
-        StoreKey {
-            api_version: target.api_version.clone(),
-            kind: target.kind.clone(),
-            namespace: target.namespace.clone(),
-        }
-    }
-}
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct PodKey {
@@ -103,6 +85,16 @@ struct PodEntry {
     /// Watched targets counting with this selector.
     users: usize,
     _task: AbortOnDrop,
+}
+
+/// How to reach a target's kind, or why it cannot be written.
+pub(super) fn resolved_kind(store: &WorkloadStore, target: &TargetRef) -> Result<Arc<Resolved>, WorkloadError> {
+    let not_read = || WorkloadError::Connection(format!("{} has not been read yet", describe(target)));
+    match &*store.status.borrow() {
+        StoreStatus::Synced => store.resolved().ok_or_else(not_read),
+        StoreStatus::Failed(err) => Err(err.clone()),
+        StoreStatus::Starting => Err(not_read()),
+    }
 }
 
 #[derive(Default)]

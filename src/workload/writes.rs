@@ -7,9 +7,10 @@
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use serde_json::json;
 
-use super::discovery::{api_for, resolved_kind, Resolved};
+use super::cache::Overlay;
+use super::discovery::{api_for, Resolved};
 use super::error::Request;
-use super::reads::Overlay;
+use super::registry::resolved_kind;
 use super::{describe, not_found, now, ScaleReading, WorkloadError, Workloads, FIELD_MANAGER};
 use crate::rules::TargetRef;
 
