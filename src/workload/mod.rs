@@ -34,9 +34,11 @@
 //!   what the other files share (`Context`, `describe`, `retry_delay`).
 //! - `registry.rs`: which stores exist and who uses them: the workload and pod stores, their
 //!   tasks, the per-target bookkeeping, [`Workloads::watch`] and [`Workloads::unwatch`].
-//! - `discovery.rs`: resolving `apiVersion` + `kind` to a resource with a `/scale`.
-//! - `reads.rs`: [`Workloads::read`] from the stores: the `/scale` cache of custom kinds, our
-//!   last write until the store shows it, ready pods.
+//! - `discovery.rs`: resolving `apiVersion` + `kind` to a resource with a `/scale` (a store's
+//!   key names the kind it resolves).
+//! - `reads.rs`: [`Workloads::read`] from the stores, filling and using the read caches of
+//!   `cache.rs` (the `/scale` of custom kinds per version, our last write until the store shows
+//!   it), and ready pods.
 //! - `writes.rs`: [`Workloads::scale`] and [`Workloads::current_version`].
 //! - `compact.rs`, `object.rs`: what a store keeps of an object, and how its fields are read;
 //!   `watch.rs`: the watches; `error.rs`: [`WorkloadError`].
