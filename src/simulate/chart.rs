@@ -530,16 +530,7 @@ fn replicas_panel(
     let (min, max) = (f64::from(rule.min_replicas()), f64::from(rule.max_replicas()));
     let peak_proposal = replay.ticks.iter().filter_map(|t| t.decision.proposal).max().unwrap_or(0);
     let actual_known = against.is_some_and(|a| a.actual.iter().any(|(_, r)| r.is_some()));
-    let peak_others = against.map_or(0, |a| {
-        let peak_actual = a.actual.iter().filter_map(|(_, r)| *r).max().unwrap_or(0);
-        a.summary.peak_replicas.max(peak_actual)
-    });
-    let peak_spec =
-        replay.changes.iter().map(|c| c.to).chain([replay.initial_replicas, peak_others]).max().unwrap_or(0);
-    // A proposal far beyond max_replicas would flatten the lines that matter: cut it off at
-    // 1.6x max_replicas and say so.
-    let shown_max = (f64::from(peak_proposal).min(max * 1.6)).max(f64::from(peak_spec)).max(max * 1.1);
-    let value_ticks = nice_ticks(shown_max);
+    let value_ticks = nice_ticks(replicas_shown_max(max, peak_proposal, replay, against));
     panel.max = value_ticks.last().copied().unwrap_or(1.0);
 
     let _ = writeln!(
@@ -610,6 +601,30 @@ fn replicas_panel(
         &format!(r#"{class}stroke="{EFFECTIVE_COLOR}" stroke-width="2.2" stroke-linejoin="round""#),
     );
 
+    replicas_notes(svg, replay, panel, time, peak_proposal);
+    frame(svg, panel, time);
+    legend(
+        svg,
+        right,
+        title_top + PANEL_TITLE_HEIGHT - 9.0 - STRIP_HEIGHT + 4.0,
+        &replicas_legend(replay, against, actual_known),
+    );
+}
+
+/// The top of the replicas axis: every replica count drawn fits, and a proposal far beyond
+/// `max_replicas` (which would flatten the lines that matter) is cut off at 1.6x it.
+fn replicas_shown_max(max: f64, peak_proposal: u32, replay: &Replay, against: Option<&Against<'_>>) -> f64 {
+    let peak_others = against.map_or(0, |a| {
+        let peak_actual = a.actual.iter().filter_map(|(_, r)| *r).max().unwrap_or(0);
+        a.summary.peak_replicas.max(peak_actual)
+    });
+    let peak_spec =
+        replay.changes.iter().map(|c| c.to).chain([replay.initial_replicas, peak_others]).max().unwrap_or(0);
+    (f64::from(peak_proposal).min(max * 1.6)).max(f64::from(peak_spec)).max(max * 1.1)
+}
+
+/// The replicas panel's notes: where a person set the count, and that proposals were cut off.
+fn replicas_notes(svg: &mut String, replay: &Replay, panel: ValueAxis, time: TimeAxis, peak_proposal: u32) {
     for change in replay.changes.iter().filter(|c| c.cause == Cause::Manual) {
         let x = time.x(change.at);
         let _ = writeln!(
@@ -631,8 +646,11 @@ fn replicas_panel(
             panel.top + 13.0
         );
     }
-    frame(svg, panel, time);
+}
 
+/// The replicas panel's legend: this rule's line (and, in a comparison, the other rule's and
+/// what actually ran), the proposals, readiness when it lags, the bounds.
+fn replicas_legend(replay: &Replay, against: Option<&Against<'_>>, actual_known: bool) -> Vec<(Mark, String)> {
     let mut entries = match against {
         None => vec![(Mark::Line { color: EFFECTIVE_COLOR, width: 2.2, dash: "" }, "effective (spec)".to_string())],
         Some(a) => {
@@ -651,7 +669,7 @@ fn replicas_panel(
         entries.push((Mark::Line { color: READY_COLOR, width: 1.2, dash: "4 2" }, "ready".to_string()));
     }
     entries.push((Mark::Line { color: BOUND_COLOR, width: 1.2, dash: "3 3" }, "min/max replicas".to_string()));
-    legend(svg, right, title_top + PANEL_TITLE_HEIGHT - 9.0 - STRIP_HEIGHT + 4.0, &entries);
+    entries
 }
 
 /// What a legend entry shows before its label.
