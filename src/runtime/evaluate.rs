@@ -16,6 +16,7 @@ use crate::backend::Observation;
 use crate::rules::TargetRef;
 use crate::state;
 use crate::workload::WorkloadError;
+use watermarkd_engine::Rule;
 
 /// How long to wait for the cache to show the object that caused a conflict.
 const CONFLICT_REFRESH: Duration = Duration::from_secs(2);
@@ -79,16 +80,16 @@ pub async fn evaluate(
                 return Outcome::Failed;
             }
             Need::End(outcome) => return outcome,
-            Need::Done(done) => return report_done(shared, desired, memory, *done).await,
+            Need::Done(done) => return report_done(shared, desired, memory, evaluation.rule(), *done).await,
         };
     }
 }
 
 /// Reports a decision (the autoscaler's series, its shadows', events) and persists what a
 /// later decision depends on.
-async fn report_done(shared: &Shared, desired: &Desired, memory: &mut Memory, done: Done) -> Outcome {
+async fn report_done(shared: &Shared, desired: &Desired, memory: &mut Memory, rule: &Rule, done: Done) -> Outcome {
     let metrics = &shared.autoscaler_metrics;
-    metrics.observe(&desired.labels, &done.rule, &done.decision, done.scaled, done.conditions.iter().copied());
+    metrics.observe(&desired.labels, rule, &done.decision, done.scaled, done.conditions.iter().copied());
     if let Some(shadows) = &done.shadows {
         metrics.observe_shadows(&desired.labels, shadows);
     }

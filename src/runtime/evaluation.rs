@@ -9,6 +9,7 @@
 //! only ever scaling up), write the scale (reading the target again and deciding again on a
 //! conflict, up to [`CONFLICT_ATTEMPTS`] times), then the state and the shadow rules.
 
+use std::borrow::Cow;
 use std::mem;
 use std::sync::Arc;
 
@@ -97,7 +98,6 @@ pub enum Answer {
 /// What an evaluation decided, for the executor to report and persist.
 #[derive(Debug)]
 pub struct Done {
-    pub rule: Rule,
     pub decision: Decision,
     pub write: ScaleWrite,
     /// The state after this evaluation, as persisted.
@@ -145,7 +145,8 @@ struct Pending {
 /// One evaluation: its inputs, and how far it has got.
 pub struct Evaluation<'a> {
     desired: &'a Desired,
-    rule: Rule,
+    /// The autoscaler's rule, or a dry-run copy of it under `--dry-run`.
+    rule: Cow<'a, Rule>,
     readings: Vec<Reading>,
     /// Partial readings (lower bounds), by index, with why.
     partial: Vec<(usize, String)>,
@@ -166,7 +167,11 @@ impl<'a> Evaluation<'a> {
         // Skipped by the Datadog pacing: the engine holds, but nothing failed.
         let deferred = observations.iter().any(|o| matches!(o.detail.error, Some(QueryError::Deferred { .. })));
         let (readings, partial) = readings_of(observations);
-        let rule = if dry_run { autoscaler.rule.clone().with_dry_run(true) } else { autoscaler.rule.clone() };
+        let rule = if dry_run {
+            Cow::Owned(autoscaler.rule.clone().with_dry_run(true))
+        } else {
+            Cow::Borrowed(&autoscaler.rule)
+        };
         Evaluation {
             desired,
             rule,
@@ -178,6 +183,11 @@ impl<'a> Evaluation<'a> {
             attempt: 0,
             phase: Phase::Read,
         }
+    }
+
+    /// The rule this evaluation decides by (a dry-run copy under `--dry-run`).
+    pub fn rule(&self) -> &Rule {
+        &self.rule
     }
 
     /// The next need, given the answer to the last one. After `TargetFailed`,
@@ -375,9 +385,7 @@ impl<'a> Evaluation<'a> {
             _ if decision.dry_run => Outcome::DryRun,
             _ => Outcome::Scaled,
         };
-        let rule = self.rule.clone();
         Need::Done(Box::new(Done {
-            rule,
             decision,
             write,
             next_state,
