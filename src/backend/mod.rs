@@ -300,3 +300,20 @@ pub fn ensure_crypto_provider() {
     // Err only means one is installed already, which is what we want.
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
+
+/// The distinct query texts, in order of first use, and for each query the index of its text:
+/// the same text is sent once, however many metrics (with whatever reducers) use it.
+pub(crate) fn distinct_texts(queries: &[MetricQuery]) -> (Vec<&str>, Vec<usize>) {
+    let mut texts: Vec<&str> = Vec::new();
+    let mut index_of: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    let slots = queries
+        .iter()
+        .map(|q| {
+            *index_of.entry(q.query.as_str()).or_insert_with(|| {
+                texts.push(q.query.as_str());
+                texts.len() - 1
+            })
+        })
+        .collect();
+    (texts, slots)
+}

@@ -16,17 +16,7 @@ pub(super) struct Distinct<'a> {
 
 impl<'a> Distinct<'a> {
     pub(super) fn of(queries: &'a [MetricQuery]) -> Self {
-        let mut texts: Vec<&str> = Vec::new();
-        let mut index_of: HashMap<&str, usize> = HashMap::new();
-        let slots: Vec<usize> = queries
-            .iter()
-            .map(|q| {
-                *index_of.entry(q.query.as_str()).or_insert_with(|| {
-                    texts.push(q.query.as_str());
-                    texts.len() - 1
-                })
-            })
-            .collect();
+        let (texts, slots) = crate::backend::distinct_texts(queries);
         let askers = Askers::of(&slots, texts.len());
         Distinct { texts, slots, askers }
     }

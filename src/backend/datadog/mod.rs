@@ -322,7 +322,7 @@ impl DatadogClient {
         // Oldest data first: what cannot all go now goes in the order it was last sent.
         {
             let served = lock(&inner.served);
-            pending.sort_by_key(|&d| served.get(&inner.text_key(distinct[d])).copied());
+            pending.sort_by_cached_key(|&d| served.get(&inner.text_key(distinct[d])).copied());
         }
         for (d, error) in inner.namespace_shares(&mut pending, &owners, started) {
             answers[d] = Some(Observation::unavailable(error));

@@ -143,7 +143,7 @@ impl PrometheusClient {
 
     /// Evaluates every query as of `now`: one observation per query, in order, by `deadline`.
     pub async fn evaluate(&self, queries: &[MetricQuery], now: Timestamp, deadline: Instant) -> Vec<Observation> {
-        let (texts, slots) = distinct(queries);
+        let (texts, slots) = super::distinct_texts(queries);
         let fetches = self.inner.fold_plan(&texts);
         self.inner.metrics.observe_plan(&self.inner.name, &plan_counts(&fetches, texts.len(), &slots));
 
@@ -193,26 +193,9 @@ impl PrometheusClient {
     /// which queries each answers. Pure, but for the shapes the server recently refused to take
     /// folded.
     pub fn plan(&self, queries: &[MetricQuery]) -> QueryPlan {
-        let (texts, slots) = distinct(queries);
+        let (texts, slots) = super::distinct_texts(queries);
         query_plan(&self.inner.fold_plan(&texts), &texts, &slots)
     }
-}
-
-/// The distinct query texts, in order of first use, and for each query the index of its text:
-/// the same text is sent once, however many metrics (with whatever reducers) use it.
-fn distinct(queries: &[MetricQuery]) -> (Vec<&str>, Vec<usize>) {
-    let mut texts: Vec<&str> = Vec::new();
-    let mut index_of: HashMap<&str, usize> = HashMap::new();
-    let slots = queries
-        .iter()
-        .map(|q| {
-            *index_of.entry(q.query.as_str()).or_insert_with(|| {
-                texts.push(q.query.as_str());
-                texts.len() - 1
-            })
-        })
-        .collect();
-    (texts, slots)
 }
 
 /// The plan of `query_plan`, counted: what the daemon exports every cycle, without copying
@@ -697,7 +680,7 @@ mod tests {
         assert_eq!(alone[0].members, [3]);
         assert_eq!(alone[0].text, sample_time::dated("up").unwrap());
         assert_eq!((plan.folded_members(), plan.unfolded_members()), (4, 1));
-        let (texts, slots) = distinct(&queries);
+        let (texts, slots) = crate::backend::distinct_texts(&queries);
         assert_eq!(plan_counts(&client.inner.fold_plan(&texts), texts.len(), &slots), plan.counts());
         assert_eq!(client.plan(&[]), QueryPlan::default());
     }
