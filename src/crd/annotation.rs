@@ -13,21 +13,24 @@
 //!
 //! Each entry names its metric by `metric` (the index in `spec.metrics`) or `metricName` (the
 //! External metric with that `metricName`), and gives `query` and optionally `backend`
-//! (default: the daemon's Datadog backend), `reducer` and `maxAge`. Only which metric an entry
-//! targets is checked here; `query`, `backend`, `reducer` and `maxAge` are handed to the rules
-//! reader, which checks them exactly as it checks a rules file's metric.
+//! (default: the daemon's Datadog backend), `reducer` and `maxAge`. An entry's values are read
+//! with the rules file's own reader (the annotation is a small JSON document), so that a query,
+//! backend, reducer or age means here what it means in a rules file.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use serde_json::{Map, Value};
 
 use super::types::MetricSpec;
+use crate::rules::draft::Field;
+use crate::rules::reader::Table;
+use crate::rules::{parse_reducer, tree, Reducer, Sink, TableScope, REDUCERS};
 
 pub const QUERIES_ANNOTATION: &str = "watermarkd.io/queries";
 
-/// Annotation keys and the rules-file keys they become.
-const PASSED_KEYS: [(&str, &str); 4] =
-    [("query", "query"), ("backend", "backend"), ("reducer", "reducer"), ("maxAge", "max_age")];
+/// The keys an entry gives besides the metric it targets.
+const PASSED_KEYS: [&str; 4] = ["query", "backend", "reducer", "maxAge"];
 const KNOWN_KEYS: &str = "metric, metricName, query, backend, reducer, maxAge";
 
 /// One entry of the annotation, resolved to the metric whose query it replaces.
@@ -35,10 +38,10 @@ const KNOWN_KEYS: &str = "metric, metricName, query, backend, reducer, maxAge";
 pub(crate) struct QueryOverride {
     /// The entry's position in the annotation's list (to name its fields in problems).
     pub entry: usize,
-    /// The rules-file keys it gives (`query`, `backend`, `reducer`, `max_age`), not yet read.
-    pub fields: Map<String, Value>,
-    /// For each rules-file key, the annotation key it came from.
-    pub origin: BTreeMap<String, String>,
+    pub query: Field<String>,
+    pub backend: Field<String>,
+    pub reducer: Field<Reducer>,
+    pub max_age: Field<Duration>,
 }
 
 /// What the annotation says, and what is wrong with it.
@@ -87,7 +90,7 @@ pub(crate) fn read_overrides(annotations: Option<&BTreeMap<String, String>>, met
             continue;
         };
         for key in object.keys() {
-            let known = key == "metric" || key == "metricName" || PASSED_KEYS.iter().any(|(k, _)| k == key);
+            let known = key == "metric" || key == "metricName" || PASSED_KEYS.contains(&key.as_str());
             if !known {
                 problem(at(&format!(".{key}")), format!("is not a known key (known keys: {KNOWN_KEYS})"));
             }
@@ -98,17 +101,35 @@ pub(crate) fn read_overrides(annotations: Option<&BTreeMap<String, String>>, met
             continue;
         }
         first_entry_for.insert(index, entry);
-        let mut fields = Map::new();
-        let mut origin = BTreeMap::new();
-        for (annotation_key, rules_key) in PASSED_KEYS {
-            if let Some(value) = object.get(annotation_key) {
-                fields.insert(rules_key.to_string(), value.clone());
-                origin.insert(rules_key.to_string(), annotation_key.to_string());
-            }
+        let (query_override, said) = read_entry(entry, value);
+        for said in said {
+            problem(said.field, said.message);
         }
-        overrides.by_metric.insert(index, QueryOverride { entry, fields, origin });
+        if let Some(query_override) = query_override {
+            overrides.by_metric.insert(index, query_override);
+        }
     }
     overrides
+}
+
+/// The values of entry `entry` (an object), and what is wrong with them.
+fn read_entry(entry: usize, value: &Value) -> (Option<QueryOverride>, Vec<crate::rules::Problem>) {
+    let node = tree::from_json(value);
+    let scope = TableScope { autoscaler: None, label: annotation_path(&format!("[{entry}]")), separator: "." };
+    let mut sink = Sink::default();
+    let Some(mut table) = Table::new(&node, scope, &mut sink) else { return (None, sink.problems) };
+    let query = table.text(&mut sink, "query");
+    let backend = table.text(&mut sink, "backend");
+    let reducer = table.choice(&mut sink, "reducer", parse_reducer, REDUCERS);
+    let max_age = table.duration(&mut sink, "maxAge");
+    let read = QueryOverride {
+        entry,
+        query: table.field("query", query),
+        backend: table.field("backend", backend),
+        reducer: table.field("reducer", reducer),
+        max_age: table.field("maxAge", max_age),
+    };
+    (Some(read), sink.problems)
 }
 
 /// The index in `spec.metrics` an entry targets, or the problem that it targets none.
@@ -244,13 +265,13 @@ mod tests {
         assert!(overrides.problems.is_empty(), "{:?}", overrides.problems);
         let latency = &overrides.by_metric[&1];
         assert_eq!(latency.entry, 0);
-        assert_eq!(latency.fields["backend"], "prom");
-        assert_eq!(latency.fields["max_age"], "2m");
-        assert_eq!(latency.origin["max_age"], "maxAge");
+        assert_eq!(latency.backend.value().map(String::as_str), Some("prom"));
+        assert_eq!(latency.max_age.value(), Some(&Duration::from_secs(120)));
+        assert_eq!(latency.max_age.origin.field, "metadata.annotations[\"watermarkd.io/queries\"][0].maxAge");
         let requests = &overrides.by_metric[&0];
         assert_eq!(requests.entry, 1);
-        assert_eq!(requests.fields["query"], "sum(rate(r[1m]))");
-        assert_eq!(requests.fields["reducer"], "sum");
+        assert_eq!(requests.query.value().map(String::as_str), Some("sum(rate(r[1m]))"));
+        assert_eq!(requests.reducer.value(), Some(&Reducer::Sum));
     }
 
     #[test]

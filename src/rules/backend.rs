@@ -233,10 +233,13 @@ pub(super) fn read_tls(table: &mut Table<'_>, sink: &mut Sink) -> TlsSettings {
     };
     if tls.client_cert_file.is_some() != tls.client_key_file.is_some() {
         let missing = if tls.client_cert_file.is_some() { "client_key_file" } else { "client_cert_file" };
-        table.report(sink, missing, "is required when the other half of the client certificate is set");
+        table.report(sink, missing, HALF_MISSING);
     }
     tls
 }
+
+/// What is said of the missing half of a client certificate.
+pub(super) const HALF_MISSING: &str = "is required when the other half of the client certificate is set";
 
 /// A duration longer than zero and at most a day ([`super::reader::MAX_DURATION`]).
 pub(super) fn positive_duration(table: &mut Table<'_>, sink: &mut Sink, key: &str) -> Option<Duration> {
@@ -286,12 +289,19 @@ pub(super) fn string_map(table: &mut Table<'_>, sink: &mut Sink, key: &str) -> O
 }
 
 pub(super) fn checked_url(table: &Table<'_>, sink: &mut Sink, url: String) -> Option<String> {
-    if url.starts_with("http://") || url.starts_with("https://") {
-        Some(url)
-    } else {
-        table.report(sink, "url", format!("({url:?}) must start with http:// or https://"));
-        None
+    match url_scheme_problem(&url) {
+        None => Some(url),
+        Some(problem) => {
+            table.report(sink, "url", problem);
+            None
+        }
     }
+}
+
+/// Why `url` is no URL watermarkd can send a request to, if it is not.
+pub(super) fn url_scheme_problem(url: &str) -> Option<String> {
+    let web = url.starts_with("http://") || url.starts_with("https://");
+    (!web).then(|| format!("({url:?}) must start with http:// or https://"))
 }
 
 /// `NAME_env` or `NAME_file`, exactly one. A secret written inline is refused: rules files end up

@@ -1,31 +1,38 @@
 //! The TOML rules file: backends and autoscalers, each compiled into an engine `Rule`.
 //!
-//! Reading happens in two steps. The text becomes a small document tree whose nodes know their
-//! line (`tree`); typed reads over that tree (`reader`) extract each field and report a problem
-//! for anything wrong, then `Rule::new` checks the engine's invariants. JSON rules for `decide`
-//! go through the same tree and the same extraction, so the two cannot drift apart. Every
-//! problem is collected, so one `watermarkd check` lists all of them.
+//! Reading happens in steps. The text becomes a small document tree whose nodes know their
+//! line (`tree`). Typed reads over that tree (`reader`) turn each `[[autoscaler]]` into a
+//! draft (`document` -> `draft`), reporting what the document's shape gets wrong; `compile`
+//! then checks the draft (what is required, what cannot go together, the engine's own
+//! `Rule::new`) and names each problem where its field was written. A WPA (`crate::crd`) and a
+//! JSON rule for `decide` become the same draft and go through the same `compile`, so the
+//! sources cannot drift apart. Every problem is collected, so one `watermarkd check` lists all
+//! of them.
 
-mod autoscaler;
 mod backend;
 mod check;
+mod compile;
+mod document;
+pub(crate) mod draft;
 mod problem;
 pub mod quantity;
-mod reader;
+pub(crate) mod reader;
 pub mod selector;
-mod tree;
+pub(crate) mod tree;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+
 use std::time::Duration;
 
 use watermarkd_engine::Rule;
 
-use autoscaler::{read_autoscaler, Form};
 pub use check::{run_check, warnings};
-pub(crate) use problem::{Problem, RulesError};
-use problem::{Sink, TableScope};
+pub(crate) use compile::{compile, Require};
+pub(crate) use document::{parse_reducer, ALGORITHMS, POD_AGGREGATIONS, REDUCERS, RESOURCES};
+use document::{read_autoscaler, Source};
+pub(crate) use problem::{Problem, RulesError, Sink, TableScope};
 pub(crate) use quantity::parse_quantity;
 use reader::Table;
 
@@ -51,7 +58,7 @@ impl Autoscaler {
 }
 
 /// The interval of an autoscaler that sets none, unless the daemon settings say otherwise.
-pub const DEFAULT_INTERVAL: Duration = autoscaler::DEFAULT_INTERVAL;
+pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(15);
 
 impl RulesFile {
     pub fn autoscaler(&self, name: &str) -> Option<&Autoscaler> {
@@ -427,33 +434,34 @@ fn read_autoscalers(
     // every conflict too.
     let mut claims = Vec::new();
     for (index, node) in nodes.iter().enumerate() {
-        let parsed = read_autoscaler(node, Form::File { index, backends }, sink);
-        let Some(name) = parsed.name else { continue };
+        // Within one autoscaler, its problems are kept apart to know whether it has any.
+        let mut own = Sink::default();
+        let Some(draft) = read_autoscaler(node, Source::File { index }, &mut own) else {
+            sink.problems.append(&mut own.problems);
+            continue;
+        };
+        let compiled = compile(&draft, Require::Everything { backends: Some(backends) }, &mut own);
+        sink.problems.append(&mut own.problems);
+        let Some(name) = compiled.name.clone() else { continue };
+        let name_line = draft.name.origin.line;
         if let Some(first) = first_line_of.get(&name) {
             let on_line = first.map(|l| format!(" on line {l}")).unwrap_or_default();
             sink.problems.push(Problem {
-                line: parsed.name_line,
+                line: name_line,
                 autoscaler: Some(name),
                 field: "name".into(),
                 message: format!("is already used by the autoscaler{on_line}; autoscaler names must be unique"),
             });
             continue;
         }
-        first_line_of.insert(name.clone(), parsed.name_line);
-        if let Some(target) = parsed.target.as_ref().filter(|_| !parsed.shadow) {
-            claims.push(Claim { name: name.clone(), target: target.clone(), line: parsed.target_line });
+        first_line_of.insert(name.clone(), name_line);
+        let shadow = draft.shadow.value().copied().unwrap_or(false);
+        if let Some(target) = compiled.target.as_ref().filter(|_| !shadow) {
+            claims.push(Claim { name: name.clone(), target: target.clone(), line: draft.target.origin.line });
         }
-        if let (Some(target), Some(rule)) = (parsed.target, parsed.rule) {
-            autoscalers.push(Autoscaler {
-                name: name.into(),
-                target,
-                interval_set: parsed.interval,
-                rule,
-                metrics: parsed.metrics,
-                recommender: parsed.recommender.map(Box::new),
-                shadow: parsed.shadow,
-            });
-            shadow_lines.push(parsed.shadow_line);
+        if let Some(autoscaler) = compiled.into_autoscaler(&draft) {
+            autoscalers.push(autoscaler);
+            shadow_lines.push(draft.shadow.origin.line);
         }
     }
     check_target_conflicts(&claims, sink);
@@ -568,50 +576,17 @@ pub fn load_rules(path: &Path) -> Result<RulesFile, RulesError> {
 pub fn rule_from_json(value: &serde_json::Value) -> Result<Rule, Vec<Problem>> {
     let node = tree::from_json(value);
     let mut sink = Sink::default();
-    let parsed = read_autoscaler(&node, Form::Json, &mut sink);
-    match parsed.rule {
+    let compiled =
+        read_autoscaler(&node, Source::Json, &mut sink).map(|draft| compile(&draft, Require::Rule, &mut sink));
+    match compiled.and_then(|compiled| compiled.rule) {
         Some(rule) if !sink.has_problems() => Ok(rule),
         _ if sink.has_problems() => Err(sink.into_sorted()),
-        // Not reachable today (no rule means a problem was reported), but never return Err(empty).
+        // Not reachable (no rule means a problem was reported), but never return Err(empty).
         _ => Err(vec![Problem {
             line: None,
-            autoscaler: parsed.name,
+            autoscaler: None,
             field: String::new(),
             message: "the rule is invalid".into(),
-        }]),
-    }
-}
-
-/// For CRD mode (`crate::crd`): one autoscaler written as JSON with the rules-file keys (name,
-/// target, the rule's knobs, and metrics with backend and query), read by the same extraction
-/// and `Rule::new` as an `[[autoscaler]]` entry, so that the two modes cannot drift apart.
-/// `field` renames each problem's field (given as the engine path, `metric[0].low_watermark`)
-/// the way the source object spells it; `backends`, when known, are checked as in a rules file.
-pub(crate) fn autoscaler_from_document(
-    value: &serde_json::Value,
-    backends: Option<&BTreeMap<String, Option<Backend>>>,
-    field: &dyn Fn(&str) -> Option<String>,
-) -> Result<Autoscaler, Vec<Problem>> {
-    let node = tree::from_json(value);
-    let mut sink = Sink::default();
-    let parsed = read_autoscaler(&node, Form::Crd { backends, field }, &mut sink);
-    match (parsed.name, parsed.target, parsed.rule) {
-        (Some(name), Some(target), Some(rule)) if !sink.has_problems() => Ok(Autoscaler {
-            name: name.into(),
-            target,
-            interval_set: parsed.interval,
-            rule,
-            metrics: parsed.metrics,
-            recommender: parsed.recommender.map(Box::new),
-            shadow: parsed.shadow,
-        }),
-        _ if sink.has_problems() => Err(sink.into_sorted()),
-        // Not reachable (a missing part is always reported), but never return Err(empty).
-        (name, _, _) => Err(vec![Problem {
-            line: None,
-            autoscaler: name,
-            field: String::new(),
-            message: "the autoscaler is invalid".into(),
         }]),
     }
 }

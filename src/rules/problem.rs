@@ -1,7 +1,6 @@
 //! Problems found in rules: each names the line, the autoscaler and the field, so that a person
 //! can fix every one of them after a single `watermarkd check`.
 
-use std::collections::BTreeSet;
 use std::fmt;
 
 /// One problem in a rules file or a JSON rule.
@@ -86,8 +85,7 @@ impl fmt::Display for RulesError {
     }
 }
 
-/// Where a reader is in the document: which autoscaler, how to name a field for a person, and
-/// how the engine names the same field (to match `RuleError.field` back to what we reported).
+/// Where a reader is in the document: which autoscaler, and how to name a field for a person.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct TableScope {
     pub autoscaler: Option<String>,
@@ -95,8 +93,6 @@ pub(crate) struct TableScope {
     pub label: String,
     /// Between the label and a key: `.` in general, `: ` after a quoted metric name.
     pub separator: &'static str,
-    /// The engine's prefix for keys in this table: `metric[0].`, `behavior.scale_up.`.
-    pub path: String,
 }
 
 impl TableScope {
@@ -108,18 +104,9 @@ impl TableScope {
         }
     }
 
-    pub fn path(&self, key: &str) -> String {
-        format!("{}{key}", self.path)
-    }
-
     /// The scope of a table under `key`.
     pub fn child(&self, key: &str) -> TableScope {
-        TableScope {
-            autoscaler: self.autoscaler.clone(),
-            label: self.field(key),
-            separator: ".",
-            path: format!("{}{key}.", self.path),
-        }
+        TableScope { autoscaler: self.autoscaler.clone(), label: self.field(key), separator: "." }
     }
 
     /// The scope of element `index` of the list under `key`.
@@ -128,22 +115,14 @@ impl TableScope {
     }
 }
 
-/// Collects problems, remembering which engine paths already have one so that the engine does
-/// not report a second, confusing problem about a value we could not even read.
+/// Collects problems.
 #[derive(Debug, Default)]
 pub(crate) struct Sink {
     pub problems: Vec<Problem>,
-    reported: BTreeSet<String>,
-    /// The engine path of each problem reported through `report`/`report_table`, by index in
-    /// `problems`: what lets CRD mode name the same field in the WPA's own vocabulary.
-    paths: Vec<(usize, String)>,
 }
 
 impl Sink {
     pub fn report(&mut self, scope: &TableScope, key: &str, line: Option<usize>, message: impl Into<String>) {
-        let path = scope.path(key);
-        self.paths.push((self.problems.len(), path.clone()));
-        self.reported.insert(path);
         self.problems.push(Problem {
             line,
             autoscaler: scope.autoscaler.clone(),
@@ -152,37 +131,14 @@ impl Sink {
         });
     }
 
-    /// A problem about a whole table (`metric[1] needs a name or a query`).
+    /// A problem about a whole table (`metric[1] must be a table`).
     pub fn report_table(&mut self, scope: &TableScope, line: Option<usize>, message: impl Into<String>) {
-        let path = scope.path.trim_end_matches('.').to_string();
-        self.paths.push((self.problems.len(), path.clone()));
-        self.reported.insert(path);
         self.problems.push(Problem {
             line,
             autoscaler: scope.autoscaler.clone(),
             field: scope.label.clone(),
             message: message.into(),
         });
-    }
-
-    /// Whether `path` or a table containing it already has a problem.
-    pub fn covers(&self, path: &str) -> bool {
-        self.reported.iter().any(|reported| {
-            path == reported
-                || path
-                    .strip_prefix(reported.as_str())
-                    .is_some_and(|rest| rest.starts_with('.') || rest.starts_with('['))
-        })
-    }
-
-    /// Renames the field of every problem whose engine path `rename` knows (`min_replicas` ->
-    /// `spec.minReplicas`); the others keep the name the rules file gives them.
-    pub fn rename_fields(&mut self, rename: &dyn Fn(&str) -> Option<String>) {
-        for (index, path) in &self.paths {
-            if let (Some(problem), Some(field)) = (self.problems.get_mut(*index), rename(path)) {
-                problem.field = field;
-            }
-        }
     }
 
     pub fn has_problems(&self) -> bool {
@@ -242,16 +198,5 @@ mod tests {
             problems: vec![problem(Some(1), None, "a", "is required"), problem(Some(2), None, "b", "is required")],
         };
         assert_eq!(err.to_string(), "r.toml:1: a is required\nr.toml:2: b is required");
-    }
-
-    #[test]
-    fn a_reported_table_covers_its_fields() {
-        let scope = TableScope::default().element("metric", 1);
-        let mut sink = Sink::default();
-        sink.report_table(&scope, None, "must be a table");
-        assert!(sink.covers("metric[1]"));
-        assert!(sink.covers("metric[1].low_watermark"));
-        assert!(!sink.covers("metric[10].low_watermark"));
-        assert!(!sink.covers("metric[0].low_watermark"));
     }
 }

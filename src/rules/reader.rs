@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use watermarkd_engine::Decimal;
 
+use super::draft::{Field, Given, Origin};
 use super::problem::{Sink, TableScope};
 use super::quantity::parse_quantity;
 use super::tree::{Entry, Kind, Node};
@@ -57,6 +58,22 @@ impl<'a> Table<'a> {
         self.position(key).and_then(|i| entries.get(i))
     }
 
+    /// Where `key` is written, or would be: its line, else the table's.
+    pub fn origin(&self, key: &str) -> Origin {
+        Origin::new(self.scope.field(key), self.line_of(key))
+    }
+
+    /// What a read of `key` returned, as a draft's field: unreadable when the key is written
+    /// but the read failed (and reported why).
+    pub fn field<T>(&self, key: &str, value: Option<T>) -> Field<T> {
+        let given = match value {
+            Some(value) => Given::Value(value),
+            None if self.has(key) => Given::Unreadable,
+            None => Given::Absent,
+        };
+        Field { given, origin: self.origin(key) }
+    }
+
     pub fn report(&self, sink: &mut Sink, key: &str, message: impl Into<String>) {
         sink.report(&self.scope, key, self.line_of(key), message);
     }
@@ -88,11 +105,7 @@ impl<'a> Table<'a> {
     /// A string that must contain something other than spaces.
     pub fn text(&mut self, sink: &mut Sink, key: &str) -> Option<String> {
         let value = self.string(sink, key)?;
-        if value.trim().is_empty() {
-            self.report(sink, key, "must not be empty");
-            return None;
-        }
-        Some(value)
+        nonempty(value).map_err(|message| self.report(sink, key, message)).ok()
     }
 
     pub fn flag(&mut self, sink: &mut Sink, key: &str) -> Option<bool> {
@@ -108,31 +121,19 @@ impl<'a> Table<'a> {
 
     /// A whole number from 0 to 4294967295 (percentages, request limits).
     pub fn count(&mut self, sink: &mut Sink, key: &str) -> Option<u32> {
-        self.count_at_most(sink, key, u32::MAX, "")
+        self.whole_number(sink, key, |value| whole_number_at_most(value, u32::MAX, ""))
     }
 
-    /// A replica count (or a number of pods): from 0 to 2147483647, since `/scale` and the HPA
-    /// take an int32 and a larger count could never be written.
+    /// A replica count: see [`replica_count`].
     pub fn replicas(&mut self, sink: &mut Sink, key: &str) -> Option<u32> {
-        self.count_at_most(sink, key, MAX_REPLICAS, " (the largest replica count Kubernetes takes)")
+        self.whole_number(sink, key, replica_count)
     }
 
-    /// A whole number from 0 to `max`; `why` follows the bound in the problem.
-    fn count_at_most(&mut self, sink: &mut Sink, key: &str, max: u32, why: &str) -> Option<u32> {
+    /// An integer, checked by `check`.
+    fn whole_number(&mut self, sink: &mut Sink, key: &str, check: fn(i128) -> Result<u32, String>) -> Option<u32> {
         let entry = self.take(key)?;
         match entry.value.kind {
-            Kind::Integer(i) => match u32::try_from(i) {
-                Ok(count) if count <= max => Some(count),
-                _ => {
-                    sink.report(
-                        &self.scope,
-                        key,
-                        entry.line,
-                        format!("({i}) must be a whole number from 0 to {max}{why}"),
-                    );
-                    None
-                }
-            },
+            Kind::Integer(i) => check(i).map_err(|message| sink.report(&self.scope, key, entry.line, message)).ok(),
             _ => {
                 self.type_error(sink, entry, "a whole number");
                 None
@@ -167,12 +168,7 @@ impl<'a> Table<'a> {
         let entry = self.take(key)?;
         let (result, written) = match &entry.value.kind {
             Kind::String(s) => (parse_duration(s), format!("{s:?}")),
-            Kind::Integer(i) => (
-                u64::try_from(*i)
-                    .map(Duration::from_secs)
-                    .map_err(|_| format!("({i}) must be a duration such as \"30s\" or a positive number of seconds")),
-                i.to_string(),
-            ),
+            Kind::Integer(i) => (whole_seconds(*i), i.to_string()),
             _ => (
                 Err(format!(
                     "must be a duration such as \"30s\", \"5m\", \"1m30s\" or a whole number of seconds, not {}",
@@ -181,24 +177,14 @@ impl<'a> Table<'a> {
                 String::new(),
             ),
         };
-        let result = result.and_then(|value| {
-            if value <= max {
-                Ok(value)
-            } else {
-                Err(format!("({written}) must be at most {}", describe_bound(max)))
-            }
-        });
+        let result = result.and_then(|value| at_most(value, &written, max));
         result.map_err(|message| sink.report(&self.scope, key, entry.line, message)).ok()
     }
 
     /// One of a fixed set of words, read with the engine's own parser for that set.
     pub fn choice<T>(&mut self, sink: &mut Sink, key: &str, parse: fn(&str) -> Option<T>, allowed: &str) -> Option<T> {
         let value = self.string(sink, key)?;
-        let parsed = parse(&value);
-        if parsed.is_none() {
-            self.report(sink, key, format!("({value:?}) must be {allowed}"));
-        }
-        parsed
+        choose(&value, parse, allowed).map_err(|message| self.report(sink, key, message)).ok()
     }
 
     /// The table under `key`, read in a child scope.
@@ -254,6 +240,60 @@ pub(crate) const MAX_DURATION: Duration = Duration::from_secs(86_400);
 
 /// The largest replica count: `/scale` and the HPA take an int32.
 pub(crate) const MAX_REPLICAS: u32 = i32::MAX.unsigned_abs();
+
+// The values both readers take: a rules file's (through `Table`) and a WPA's (its typed
+// fields, in `crate::crd`), so that a value means the same and is refused with the same words
+// whichever source gives it.
+
+/// A text that must contain something other than spaces.
+pub(crate) fn nonempty(value: String) -> Result<String, &'static str> {
+    if value.trim().is_empty() {
+        Err("must not be empty")
+    } else {
+        Ok(value)
+    }
+}
+
+/// A whole number from 0 to `max`; `why` follows the bound in the problem.
+pub(crate) fn whole_number_at_most(value: i128, max: u32, why: &str) -> Result<u32, String> {
+    match u32::try_from(value) {
+        Ok(count) if count <= max => Ok(count),
+        _ => Err(format!("({value}) must be a whole number from 0 to {max}{why}")),
+    }
+}
+
+/// A replica count (or a number of pods): from 0 to 2147483647, since `/scale` and the HPA
+/// take an int32 and a larger count could never be written.
+pub(crate) fn replica_count(value: i128) -> Result<u32, String> {
+    whole_number_at_most(value, MAX_REPLICAS, " (the largest replica count Kubernetes takes)")
+}
+
+/// A duration written as a whole number of seconds.
+fn whole_seconds(value: i128) -> Result<Duration, String> {
+    u64::try_from(value)
+        .map(Duration::from_secs)
+        .map_err(|_| format!("({value}) must be a duration such as \"30s\" or a positive number of seconds"))
+}
+
+/// A duration of whole seconds, at most `max`.
+pub(crate) fn seconds_at_most(value: i128, max: Duration) -> Result<Duration, String> {
+    whole_seconds(value).and_then(|duration| at_most(duration, &value.to_string(), max))
+}
+
+/// `value`, written as `written`, when it is at most `max`.
+fn at_most(value: Duration, written: &str, max: Duration) -> Result<Duration, String> {
+    if value <= max {
+        Ok(value)
+    } else {
+        Err(format!("({written}) must be at most {}", describe_bound(max)))
+    }
+}
+
+/// One of a fixed set of words, read with the engine's own parser for that set; `allowed`
+/// names the set in the problem.
+pub(crate) fn choose<T>(value: &str, parse: fn(&str) -> Option<T>, allowed: &str) -> Result<T, String> {
+    parse(value).ok_or_else(|| format!("({value:?}) must be {allowed}"))
+}
 
 /// `1h (3600s)`: a bound as a person reads it, with the seconds a WPA field would give.
 pub(crate) fn describe_bound(max: Duration) -> String {

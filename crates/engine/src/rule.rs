@@ -238,15 +238,42 @@ pub struct Rule {
 #[error("{field}: {message}")]
 pub struct RuleError {
     pub field: String,
+    /// Says what is wrong in the rules file's words, other fields included.
     pub message: String,
+    /// When the problem is between this field and another: the same problem as data, so that
+    /// a caller whose source names fields otherwise (a WPA's `maxReplicas`) can say it in
+    /// that source's words.
+    pub relation: Option<Relation>,
+}
+
+/// How a problem ties its field to another field of the rule, named by its engine path.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Relation {
+    /// The field's `value` exceeds `other`'s value `bound`, which it must not.
+    Exceeds { value: String, other: String, bound: String },
+    /// Neither the field nor `other` is given, and one of them must be.
+    OneOfRequired { other: String },
 }
 
 impl RuleError {
     fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
-        RuleError { field: field.into(), message: message.into() }
+        RuleError { field: field.into(), message: message.into(), relation: None }
+    }
+
+    /// `field`'s `value` must not exceed `other`'s `bound`.
+    fn exceeds(field: impl Into<String>, value: impl fmt::Display, other: &str, bound: impl fmt::Display) -> Self {
+        let (value, bound) = (value.to_string(), bound.to_string());
+        let other_key = other.rsplit('.').next().unwrap_or(other);
+        RuleError {
+            field: field.into(),
+            message: format!("({value}) must not exceed {other_key} ({bound})"),
+            relation: Some(Relation::Exceeds { value, other: other.to_string(), bound }),
+        }
     }
 }
 
+/// A rule that says nothing keeps one replica running, as the HPA does.
+pub const DEFAULT_MIN_REPLICAS: u32 = 1;
 pub const DEFAULT_TOLERANCE_PERCENT: i128 = 10;
 pub const DEFAULT_SCALE_UP_LIMIT_FACTOR: i64 = 50;
 pub const DEFAULT_SCALE_DOWN_LIMIT_FACTOR: i64 = 20;
@@ -315,7 +342,7 @@ impl Rule {
     /// Applies the defaults and checks every invariant, returning all problems at once.
     pub fn new(spec: RuleSpec) -> Result<Rule, Vec<RuleError>> {
         let mut errors = Vec::new();
-        let min_replicas = spec.min_replicas.unwrap_or(1);
+        let min_replicas = spec.min_replicas.unwrap_or(DEFAULT_MIN_REPLICAS);
         let scale_to_zero = check_scale_to_zero(&spec, min_replicas, &mut errors);
         let max_replicas = match spec.max_replicas {
             Some(max) => max,
@@ -325,10 +352,7 @@ impl Rule {
             }
         };
         if spec.max_replicas.is_some() && min_replicas > max_replicas {
-            errors.push(RuleError::new(
-                "min_replicas",
-                format!("({min_replicas}) must not exceed max_replicas ({max_replicas})"),
-            ));
+            errors.push(RuleError::exceeds("min_replicas", min_replicas, "max_replicas", max_replicas));
         }
         let tolerance = spec.tolerance.clone().unwrap_or(Decimal::from_parts(DEFAULT_TOLERANCE_PERCENT, -2));
         check_tolerance("tolerance", &tolerance, &mut errors);
@@ -569,10 +593,11 @@ fn check_metric(index: usize, m: &MetricSpec, errors: &mut Vec<RuleError>) -> Op
     }
     let (low, high) = match (&m.low_watermark, &m.high_watermark) {
         (None, None) => {
-            errors.push(RuleError::new(
-                field("high_watermark"),
-                "at least one of low_watermark and high_watermark is required",
-            ));
+            errors.push(RuleError {
+                field: field("high_watermark"),
+                message: "at least one of low_watermark and high_watermark is required".into(),
+                relation: Some(Relation::OneOfRequired { other: field("low_watermark") }),
+            });
             return None;
         }
         (Some(low), None) => (low.clone(), low.clone()),
@@ -585,7 +610,7 @@ fn check_metric(index: usize, m: &MetricSpec, errors: &mut Vec<RuleError>) -> Op
         }
     }
     if low > high {
-        errors.push(RuleError::new(field("low_watermark"), format!("({low}) must not exceed high_watermark ({high})")));
+        errors.push(RuleError::exceeds(field("low_watermark"), &low, &field("high_watermark"), &high));
     }
     if m.max_age == Some(Duration::ZERO) {
         errors.push(RuleError::new(field("max_age"), "must be longer than 0s"));

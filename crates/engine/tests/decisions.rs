@@ -547,6 +547,34 @@ fn behavior_and_the_wpa_knobs_are_exclusive() {
 }
 
 #[test]
+fn a_problem_between_two_fields_says_which_as_data_too() {
+    use watermarkd_engine::Relation;
+    let err = watermarkd_engine::Rule::new(watermarkd_engine::RuleSpec {
+        min_replicas: Some(5),
+        max_replicas: Some(4),
+        metrics: vec![metric("m", "3", "2")],
+        ..Default::default()
+    })
+    .unwrap_err();
+    let shown: Vec<String> = err.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        shown,
+        [
+            "min_replicas: (5) must not exceed max_replicas (4)",
+            "metric[0].low_watermark: (3) must not exceed high_watermark (2)"
+        ]
+    );
+    assert_eq!(
+        err[0].relation,
+        Some(Relation::Exceeds { value: "5".into(), other: "max_replicas".into(), bound: "4".into() })
+    );
+    assert_eq!(
+        err[1].relation,
+        Some(Relation::Exceeds { value: "3".into(), other: "metric[0].high_watermark".into(), bound: "2".into() })
+    );
+}
+
+#[test]
 fn default_down_stabilization_keeps_the_highest_recent_recommendation() {
     let r = behavior(None, None);
     let state = State {

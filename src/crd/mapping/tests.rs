@@ -840,17 +840,6 @@ fn map_errors_display_one_line_each() {
 }
 
 #[test]
-fn rename_covers_every_metric_path() {
-    let paths = BTreeMap::from([("metric[0].name".to_string(), "spec.metrics[0].external.metricName".to_string())]);
-    assert_eq!(rename_path(&paths, "metric[0].name").as_deref(), Some("spec.metrics[0].external.metricName"));
-    assert_eq!(rename_path(&paths, "metric[3].max_age").as_deref(), Some("spec.metrics[3]"));
-    assert_eq!(rename_path(&paths, "interval"), None);
-    assert!(is_within("spec.metrics[1].external", "spec.metrics[1]"));
-    assert!(is_within("spec.metrics[1]", "spec.metrics[1]"));
-    assert!(!is_within("spec.metrics[10]", "spec.metrics[1]"));
-}
-
-#[test]
 fn durations_and_replica_counts_are_bounded_under_their_wpa_names() {
     let huge = "9223372036854775807";
     for (key, value, expected) in [
