@@ -15,7 +15,9 @@
 //! Datadog's keys grant reading every metric of the organisation, so a Datadog `url` in plain
 //! `http://` is refused unless the backend sets `allow_insecure_http` (a proxy on a network the
 //! operator trusts). Loopback needs no opt-in: a request to `127.0.0.1`, `::1` or `localhost`
-//! never leaves the machine (or the pod), which is where a local forwarding proxy runs.
+//! never leaves the machine (or the pod), which is where a local forwarding proxy runs. The
+//! rules reader refuses such a url (`rules::plain_http_host`), and the client is never built
+//! with one.
 
 use reqwest::redirect::{Action, Attempt, Policy};
 use reqwest::Url;
@@ -73,22 +75,6 @@ pub fn is_refused_redirect(error: &reqwest::Error) -> bool {
     error.is_redirect()
 }
 
-/// The host of `url` when it is plain `http://` to somewhere other than loopback: where
-/// credentials would cross a network unencrypted. `None` for https, loopback and what does not
-/// parse (refused elsewhere).
-pub fn plain_http_host(url: &str) -> Option<String> {
-    let parsed = Url::parse(url.trim()).ok()?;
-    if parsed.scheme() != "http" {
-        return None;
-    }
-    let host = parsed.host_str()?;
-    // An IPv6 host comes bracketed: `[::1]`.
-    let bare = host.trim_start_matches('[').trim_end_matches(']');
-    let loopback =
-        bare.eq_ignore_ascii_case("localhost") || bare.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
-    (!loopback).then(|| host.to_string())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -112,21 +98,6 @@ mod tests {
             assert_eq!(refused, RedirectRefused::OtherOrigin { status: 307, to: origin.to_string() });
             let text = refused.to_string();
             assert!(text.contains("HTTP 307") && text.contains(origin) && !text.contains("pass"), "{text}");
-        }
-    }
-
-    #[test]
-    fn plain_http_is_named_unless_it_stays_on_the_machine() {
-        assert_eq!(plain_http_host("http://dd-proxy.internal:8080/dd"), Some("dd-proxy.internal".into()));
-        assert_eq!(plain_http_host("http://10.0.0.7"), Some("10.0.0.7".into()));
-        for url in [
-            "https://api.datadoghq.com",
-            "http://127.0.0.1:9",
-            "http://127.1.2.3/",
-            "http://[::1]:80",
-            "http://LOCALHOST:8126",
-        ] {
-            assert_eq!(plain_http_host(url), None, "{url}");
         }
     }
 

@@ -4,6 +4,8 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use reqwest::Url;
+
 use super::problem::Sink;
 use super::reader::Table;
 use super::{Backend, BasicAuth, DatadogBackend, PrometheusBackend, SecretSource, TlsSettings};
@@ -144,7 +146,7 @@ fn read_datadog(table: &mut Table<'_>, sink: &mut Sink) -> Option<DatadogBackend
 /// A Datadog `url` in plain http to another machine is refused unless allowed (see
 /// `backend::trust`).
 fn secure_enough(table: &Table<'_>, sink: &mut Sink, url: &str) -> bool {
-    let Some(host) = crate::backend::trust::plain_http_host(url) else { return true };
+    let Some(host) = plain_http_host(url) else { return true };
     table.report(
         sink,
         "url",
@@ -154,6 +156,22 @@ fn secure_enough(table: &Table<'_>, sink: &mut Sink, url: &str) -> bool {
         ),
     );
     false
+}
+
+/// The host of `url` when it is plain `http://` to somewhere other than loopback: where
+/// credentials would cross a network unencrypted. `None` for https, loopback and what does not
+/// parse (refused elsewhere).
+pub(crate) fn plain_http_host(url: &str) -> Option<String> {
+    let parsed = Url::parse(url.trim()).ok()?;
+    if parsed.scheme() != "http" {
+        return None;
+    }
+    let host = parsed.host_str()?;
+    // An IPv6 host comes bracketed: `[::1]`.
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    let loopback =
+        bare.eq_ignore_ascii_case("localhost") || bare.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
+    (!loopback).then(|| host.to_string())
 }
 
 /// `namespace_budget_percent`: 1 to 100 (the default, no bound).
@@ -335,6 +353,26 @@ fn read_secret(table: &mut Table<'_>, sink: &mut Sink, name: &str) -> Option<Sec
                 table.report(sink, name, format!("is required: set {env_key} or {file_key}"));
             }
             None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_http_is_named_unless_it_stays_on_the_machine() {
+        assert_eq!(plain_http_host("http://dd-proxy.internal:8080/dd"), Some("dd-proxy.internal".into()));
+        assert_eq!(plain_http_host("http://10.0.0.7"), Some("10.0.0.7".into()));
+        for url in [
+            "https://api.datadoghq.com",
+            "http://127.0.0.1:9",
+            "http://127.1.2.3/",
+            "http://[::1]:80",
+            "http://LOCALHOST:8126",
+        ] {
+            assert_eq!(plain_http_host(url), None, "{url}");
         }
     }
 }

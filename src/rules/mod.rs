@@ -22,6 +22,7 @@ pub(crate) mod reader;
 pub mod selector;
 pub(crate) mod tree;
 
+pub(crate) use backend::plain_http_host;
 pub use check::{run_check, warnings};
 pub(crate) use compile::{compile, Require};
 pub(crate) use document::{parse_reducer, ALGORITHMS, POD_AGGREGATIONS, REDUCERS, RESOURCES};

@@ -238,7 +238,7 @@ impl DatadogClient {
             Ok(url) if matches!(url.scheme(), "http" | "https") && url.query().is_none() => {}
             _ => return Err(invalid(format!("{base:?} is not an http(s) base URL"))),
         }
-        if let Some(host) = super::trust::plain_http_host(&base).filter(|_| !config.allow_insecure_http) {
+        if let Some(host) = crate::rules::plain_http_host(&base).filter(|_| !config.allow_insecure_http) {
             return Err(invalid(format!(
                 "{base:?} is plain http to {host}: set allow_insecure_http to send the keys unencrypted"
             )));
