@@ -220,27 +220,8 @@ pub fn map_wpa(
     let spec = &wpa.spec;
     // With a recommender the metrics are not read at all, as in the Datadog controller.
     let wpa_metrics = if spec.recommender.is_some() { &[][..] } else { &spec.metrics[..] };
-    let has_resource_metric = wpa_metrics.iter().any(|m| m.type_ == "Resource");
-    if let Some(delay) = spec.readiness_delay_seconds.filter(|_| !has_resource_metric) {
-        // For External metrics the Datadog controller lists the target's pods and counts a
-        // Pending pod as ready for this long after its readiness last changed. watermarkd takes
-        // the ready count from the workload's status (its scale subresource), so there the field
-        // has no effect; Resource metrics use it (which cpu samples count).
-        notes.push(format!(
-            "spec.readinessDelaySeconds ({delay}) has no effect without a Resource metric: watermarkd counts the \
-             ready replicas the workload reports instead of listing its pods"
-        ));
-    }
     let annotations = wpa.metadata.annotations.as_ref();
-    let pod_aggregation = annotations.and_then(|a| a.get(POD_AGGREGATION_ANNOTATION)).cloned();
-    if pod_aggregation.is_some() && !has_resource_metric {
-        let why = if spec.recommender.is_some() {
-            "applies to Resource metrics, and with spec.recommender this WPA's metrics are not read"
-        } else {
-            "applies to Resource metrics, and this WPA has none"
-        };
-        mapper.problem(&annotation_key_path(POD_AGGREGATION_ANNOTATION), why);
-    }
+    let pod_aggregation = mapper.resource_settings(spec, wpa_metrics, annotations, &mut notes);
     let shadow = mapper.shadow(annotations);
     let recommender = match &spec.recommender {
         Some(recommender) => {
@@ -293,6 +274,41 @@ pub fn map_wpa(
             }],
             unsupported,
         }),
+    }
+}
+
+impl Mapper {
+    /// What the Resource metrics take from the rest of the object: the pod aggregation of the
+    /// annotation, which only they use, as `spec.readinessDelaySeconds` (a note says so when no
+    /// metric can use it).
+    fn resource_settings(
+        &mut self,
+        spec: &WatermarkPodAutoscalerSpec,
+        metrics: &[super::types::MetricSpec],
+        annotations: Option<&BTreeMap<String, String>>,
+        notes: &mut Vec<String>,
+    ) -> Option<String> {
+        let has_resource_metric = metrics.iter().any(|m| m.type_ == "Resource");
+        if let Some(delay) = spec.readiness_delay_seconds.filter(|_| !has_resource_metric) {
+            // For External metrics the Datadog controller lists the target's pods and counts a
+            // Pending pod as ready for this long after its readiness last changed. watermarkd
+            // takes the ready count from the workload's status (its scale subresource), so there
+            // the field has no effect; Resource metrics use it (which cpu samples count).
+            notes.push(format!(
+                "spec.readinessDelaySeconds ({delay}) has no effect without a Resource metric: watermarkd counts the \
+                 ready replicas the workload reports instead of listing its pods"
+            ));
+        }
+        let pod_aggregation = annotations.and_then(|a| a.get(POD_AGGREGATION_ANNOTATION)).cloned();
+        if pod_aggregation.is_some() && !has_resource_metric {
+            let why = if spec.recommender.is_some() {
+                "applies to Resource metrics, and with spec.recommender this WPA's metrics are not read"
+            } else {
+                "applies to Resource metrics, and this WPA has none"
+            };
+            self.problem(&annotation_key_path(POD_AGGREGATION_ANNOTATION), why);
+        }
+        pod_aggregation
     }
 }
 
