@@ -119,11 +119,6 @@ pub(crate) fn read_autoscaler(node: &Node, source: Source, sink: &mut Sink) -> O
     let mut table = Table::new(node, unnamed, sink)?;
     let origin = Origin::new(table.scope.label.clone(), node.line);
     let name = read(&mut table, sink, "name", Table::text);
-    // The entry's name is where it is named, also when it names nothing.
-    let name = Field {
-        origin: Origin::new(table.scope.field("name"), node.entry("name").and_then(|e| e.line).or(node.line)),
-        ..name
-    };
     let label = name.value().cloned();
     if let Some(label) = &label {
         // From here on every problem names the autoscaler instead of its position.

@@ -42,10 +42,6 @@ impl Node {
             _ => None,
         }
     }
-
-    pub fn entry(&self, key: &str) -> Option<&Entry> {
-        self.entries()?.iter().find(|e| e.key == key)
-    }
 }
 
 impl Kind {
@@ -236,17 +232,21 @@ pub(crate) fn from_json(value: &serde_json::Value) -> Node {
 mod tests {
     use super::*;
 
+    fn entry<'a>(node: &'a Node, key: &str) -> Option<&'a Entry> {
+        node.entries()?.iter().find(|e| e.key == key)
+    }
+
     #[test]
     fn toml_nodes_know_their_lines() {
         let text = "a = 1\n\n[[autoscaler]]\nname = \"x\"\n[[autoscaler.metric]]\nq = 1.5\n";
         let root = from_toml(text).unwrap();
-        assert_eq!(root.entry("a").unwrap().line, Some(1));
-        let Kind::Array(autoscalers) = &root.entry("autoscaler").unwrap().value.kind else { panic!() };
+        assert_eq!(entry(&root, "a").unwrap().line, Some(1));
+        let Kind::Array(autoscalers) = &entry(&root, "autoscaler").unwrap().value.kind else { panic!() };
         assert_eq!(autoscalers[0].line, Some(3));
-        assert_eq!(autoscalers[0].entry("name").unwrap().line, Some(4));
-        let Kind::Array(metrics) = &autoscalers[0].entry("metric").unwrap().value.kind else { panic!() };
+        assert_eq!(entry(&autoscalers[0], "name").unwrap().line, Some(4));
+        let Kind::Array(metrics) = &entry(&autoscalers[0], "metric").unwrap().value.kind else { panic!() };
         assert_eq!(metrics[0].line, Some(5));
-        assert!(matches!(metrics[0].entry("q").unwrap().value.kind, Kind::Float(f) if f == 1.5));
+        assert!(matches!(entry(&metrics[0], "q").unwrap().value.kind, Kind::Float(f) if f == 1.5));
     }
 
     /// A tree as text, lines included, to compare two parses.
@@ -313,9 +313,9 @@ mod tests {
     #[test]
     fn json_numbers_keep_integers_apart_from_floats() {
         let node = from_json(&serde_json::json!({"a": 4, "b": 0.5, "c": null}));
-        assert!(matches!(node.entry("a").unwrap().value.kind, Kind::Integer(4)));
-        assert!(matches!(node.entry("b").unwrap().value.kind, Kind::Float(f) if f == 0.5));
-        assert!(matches!(node.entry("c").unwrap().value.kind, Kind::Null));
+        assert!(matches!(entry(&node, "a").unwrap().value.kind, Kind::Integer(4)));
+        assert!(matches!(entry(&node, "b").unwrap().value.kind, Kind::Float(f) if f == 0.5));
+        assert!(matches!(entry(&node, "c").unwrap().value.kind, Kind::Null));
         assert_eq!(node.line, None);
     }
 }
