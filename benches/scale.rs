@@ -22,6 +22,7 @@
     clippy::unwrap_used,
     clippy::expect_used,
     clippy::panic,
+    clippy::indexing_slicing,
     clippy::print_stdout,
     clippy::print_stderr,
     reason = "a benchmark: it prints its measurements and stops at the first failure"

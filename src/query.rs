@@ -138,14 +138,11 @@ pub async fn query_all<'a>(
     for (name, users) in per_backend {
         let Some(config) = rules.backends.get(name) else { continue };
         let backend = MetricBackend::new(name, config, metrics.clone())?;
-        let queries: Vec<MetricQuery> = users
-            .iter()
-            .map(|(a, i)| {
-                let source = &a.metrics[*i];
-                MetricQuery { query: source.query.clone(), reducer: source.reducer }
-            })
-            .collect();
-        let labels = users.iter().map(|(a, i)| format!("{} ({})", a.name, a.metrics[*i].name)).collect();
+        // `i` was taken from `a.metrics` above.
+        let sources = || users.iter().filter_map(|(a, i)| Some((a, a.metrics.get(*i)?)));
+        let queries: Vec<MetricQuery> =
+            sources().map(|(_, source)| MetricQuery { query: source.query.clone(), reducer: source.reducer }).collect();
+        let labels = sources().map(|(a, source)| format!("{} ({})", a.name, source.name)).collect();
         plans.push(BackendPlan { backend: name.to_string(), plan: backend.plan(&queries, now), labels });
         // No cycle to fit in: as long as a cycle of the daemon with retries used to take.
         let deadline = tokio::time::Instant::now() + backend.timeout().saturating_mul(2);
@@ -159,7 +156,8 @@ pub async fn query_all<'a>(
             // The daemon's own judgement (the metric's `max_age`, not-a-number), so that a value
             // shown here as usable is one a decision would use.
             if let Reading::Value { value, at } = observation.reading {
-                if let Err(reason) = autoscaler.rule.metrics()[metric_index].judge(value, at, now) {
+                if let Some(Err(reason)) = autoscaler.rule.metrics().get(metric_index).map(|m| m.judge(value, at, now))
+                {
                     let age = now.since(at).as_secs();
                     observation.reading =
                         Reading::Unavailable { reason: format!("{reason} (value {value} at {at}, {age}s old)") };
@@ -216,8 +214,12 @@ fn write_plan(out: &mut impl Write, backend_plan: &BackendPlan) -> std::io::Resu
 }
 
 fn write_answer(out: &mut impl Write, answer: &MetricAnswer<'_>, now: Timestamp) -> std::io::Result<()> {
-    let source = &answer.autoscaler.metrics[answer.metric_index];
-    let rule_metric = &answer.autoscaler.rule.metrics()[answer.metric_index];
+    // `query_all` answers metrics of the autoscaler, which its rule has in the same order.
+    let (Some(source), Some(rule_metric)) =
+        (answer.autoscaler.metrics.get(answer.metric_index), answer.autoscaler.rule.metrics().get(answer.metric_index))
+    else {
+        return Ok(());
+    };
     writeln!(out, "  {} via {}: {}", source.name, source.backend, source.query)?;
     let detail = &answer.observation.detail;
     match &answer.observation.reading {

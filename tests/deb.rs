@@ -13,9 +13,10 @@
     clippy::unwrap_used,
     clippy::expect_used,
     clippy::panic,
+    clippy::indexing_slicing,
     clippy::print_stdout,
     clippy::print_stderr,
-    reason = "test code: clippy.toml lets #[test] functions unwrap and print, and the helpers beside them do the same"
+    reason = "test code: clippy.toml lets #[test] functions unwrap, index and print, and the helpers beside them do the same"
 )]
 
 #[path = "support/dist_build.rs"]

@@ -8,7 +8,8 @@
     clippy::unwrap_used,
     clippy::expect_used,
     clippy::panic,
-    reason = "test code: clippy.toml lets #[test] functions unwrap and panic, and the helpers beside them do the same"
+    clippy::indexing_slicing,
+    reason = "test code: clippy.toml lets #[test] functions unwrap, index and panic, and the helpers beside them do the same"
 )]
 
 #[path = "support/kube_cluster.rs"]

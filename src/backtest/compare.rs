@@ -61,7 +61,8 @@ impl Comparison {
             .map(|(i, (measure, value))| Row {
                 measure,
                 rule: value,
-                against: against.as_ref().map(|a| a[i].1),
+                // The same measures in the same order, so row `i` of both.
+                against: against.as_ref().and_then(|a| a.get(i)).map(|&(_, value)| value),
                 actual: actual.as_ref().and_then(|a| a.get(measure)),
             })
             .collect();
@@ -105,8 +106,7 @@ impl Actual {
 fn actual_measures(known: &[(f64, u32)], step_seconds: f64) -> Option<Actual> {
     let first = known.first()?;
     let mut actual = Actual { events: 0.0, ups: 0.0, downs: 0.0, replica_hours: 0.0, peak: f64::from(first.1) };
-    for pair in known.windows(2) {
-        let ((t0, r0), (t1, r1)) = (pair[0], pair[1]);
+    for (&(t0, r0), &(t1, r1)) in known.iter().zip(known.iter().skip(1)) {
         // A gap in the history counts for one step, not for its whole length.
         actual.replica_hours += f64::from(r0) * (t1 - t0).min(step_seconds) / 3600.0;
         if r1 != r0 {
@@ -174,13 +174,22 @@ pub fn write_comparison(out: &mut impl Write, comparison: &Comparison) -> io::Re
         }
         lines.push(line);
     }
-    let columns = lines[0].len();
-    let widths: Vec<usize> =
-        (0..columns).map(|c| lines.iter().map(|l| l[c].chars().count()).max().unwrap_or(0)).collect();
+    // Every line has the header's columns; each column as wide as its widest cell.
+    let mut widths: Vec<usize> = Vec::new();
     for line in &lines {
-        let mut text = format!("{:<width$}", line[0], width = widths[0]);
-        for (c, value) in line.iter().enumerate().skip(1) {
-            text.push_str(&format!("  {value:>width$}", width = widths[c]));
+        for (c, value) in line.iter().enumerate() {
+            let chars = value.chars().count();
+            match widths.get_mut(c) {
+                Some(width) => *width = (*width).max(chars),
+                None => widths.push(chars),
+            }
+        }
+    }
+    for line in &lines {
+        let mut cells = line.iter().zip(&widths);
+        let mut text = cells.next().map(|(first, &width)| format!("{first:<width$}")).unwrap_or_default();
+        for (value, &width) in cells {
+            text.push_str(&format!("  {value:>width$}"));
         }
         writeln!(out, "{}", text.trim_end())?;
     }

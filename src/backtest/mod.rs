@@ -283,7 +283,9 @@ async fn read_replicas(
     let replicas = match &args.replicas {
         Some(path) => replicas_from_file(path, span)?,
         None => {
-            let client = backend(rules, &args.rules, autoscaler, &autoscaler.metrics[0].backend, metrics)?;
+            // A rule has at least one metric; without one the replicas would be asked of no backend.
+            let first_backend = autoscaler.metrics.first().map_or("", |m| m.backend.as_str());
+            let client = backend(rules, &args.rules, autoscaler, first_backend, metrics)?;
             let query = args.replicas_query.clone().unwrap_or_else(|| default_replicas_query(&client, autoscaler));
             let label = format!("{} / actual replicas", autoscaler.name);
             let steps = span.steps().len();

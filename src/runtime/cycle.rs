@@ -205,7 +205,7 @@ pub async fn run(shared: Arc<Shared>, permits: Arc<Semaphore>, due: Due) {
                 let (slots, batch): (Vec<Slot>, Vec<ResourceQuery>) = slots
                     .into_iter()
                     .filter_map(|slot| {
-                        let autoscaler = &jobs[slot.job.0].desired.autoscaler;
+                        let autoscaler = &jobs.get(slot.job.0)?.desired.autoscaler;
                         let source = metric_of(&slot)?.resource.clone()?;
                         Some((slot, ResourceQuery { namespace: autoscaler.target.namespace.clone(), source }))
                     })
@@ -224,7 +224,9 @@ pub async fn run(shared: Arc<Shared>, permits: Arc<Semaphore>, due: Due) {
         }
     }
     for asked in plan.recommended {
-        let desired = Arc::clone(&jobs[asked.slot.job.0].desired);
+        // Asked for a job of this cycle, as every slot is.
+        let Some(job) = jobs.get(asked.slot.job.0) else { continue };
+        let desired = Arc::clone(&job.desired);
         let shared = Arc::clone(&shared);
         queries.spawn(async move {
             let observation = match desired.rules().nth(asked.rule) {

@@ -148,16 +148,20 @@ pub fn attach_shadows(desired: Vec<Desired>) -> (Vec<Desired>, Vec<(Desired, Str
         let target = &shadow.autoscaler.target;
         let described = format!("{} {}/{}", target.kind, target.namespace, target.name);
         match on_target.get(target).map_or(&[][..], Vec::as_slice) {
+            // `on_target` holds indexes of `active`.
             [one] => {
                 let name = Arc::clone(&shadow.labels.wpa_name);
-                active[*one].shadows.push(Shadow { name, autoscaler: shadow.autoscaler });
+                if let Some(one) = active.get_mut(*one) {
+                    one.shadows.push(Shadow { name, autoscaler: shadow.autoscaler });
+                }
             }
             [] => lone.push((
                 shadow,
                 format!("no active autoscaler targets {described}: a shadow rule runs beside the active one"),
             )),
             several => {
-                let names: Vec<&str> = several.iter().map(|i| &*active[*i].labels.wpa_name).collect();
+                let names: Vec<&str> =
+                    several.iter().filter_map(|i| active.get(*i)).map(|d| &*d.labels.wpa_name).collect();
                 let why = format!(
                     "several active autoscalers target {described} ({}): a shadow rule is compared with the one \
                      active rule on its target",

@@ -416,7 +416,7 @@ fn metric_panel(
     spans: &[Span],
     against: Option<&Against<'_>>,
 ) {
-    let metric = &rule.metrics()[index];
+    let Some(metric) = rule.metrics().get(index) else { return };
     let outcomes = || replay.ticks.iter().filter_map(|t| t.decision.metrics.get(index).map(|m| (t.at(), m)));
     let Some((_, first)) = outcomes().next() else { return };
     let (low, high, band_low, band_high) = (first.low_watermark, first.high_watermark, first.band_low, first.band_high);
@@ -713,13 +713,18 @@ fn legend(svg: &mut String, right: f64, y: f64, entries: &[(Mark, String)]) {
 fn side_labels(svg: &mut String, right: f64, labels: &mut [(f64, String, &str)]) {
     const LINE_HEIGHT: f64 = 13.0;
     labels.sort_by(|a, b| a.0.total_cmp(&b.0));
-    for i in 1..labels.len() {
-        let gap = labels[i].0 - labels[i - 1].0;
-        if gap < LINE_HEIGHT {
-            let push = (LINE_HEIGHT - gap) / 2.0;
-            labels[i - 1].0 -= push;
-            labels[i].0 += push;
+    // Each label with the next, in order: a label pushed down by the one before can push the next.
+    let mut rest = &mut *labels;
+    while let [before, after @ ..] = std::mem::take(&mut rest) {
+        if let Some(next) = after.first_mut() {
+            let gap = next.0 - before.0;
+            if gap < LINE_HEIGHT {
+                let push = (LINE_HEIGHT - gap) / 2.0;
+                before.0 -= push;
+                next.0 += push;
+            }
         }
+        rest = after;
     }
     for (y, text, color) in labels.iter() {
         let _ = writeln!(
@@ -873,7 +878,7 @@ fn day(at: Timestamp) -> String {
     const WEEKDAYS: [&str; 7] = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"];
     // 1970-01-01 was a Thursday.
     let days = at.unix_millis().div_euclid(86_400_000);
-    let weekday = WEEKDAYS[usize::try_from(days.rem_euclid(7)).unwrap_or(0)];
+    let weekday = usize::try_from(days.rem_euclid(7)).ok().and_then(|d| WEEKDAYS.get(d)).copied().unwrap_or_default();
     format!("{weekday} {}", at.to_string().get(5..10).unwrap_or_default())
 }
 

@@ -187,22 +187,20 @@ fn parse_row(line: usize, text: &str, columns: &[Column], metric_names: &[String
         match *column {
             Column::Timestamp => row.at = parse_timestamp(cell).map_err(|message| TraceError::at(line, message))?,
             Column::Metric(index) => {
+                // The header names a metric per column, and the row has a value per metric.
+                let (Some(name), Some(slot)) = (metric_names.get(index), row.values.get_mut(index)) else { continue };
                 if cell.is_empty() {
                     continue;
                 }
-                let value: f64 = cell
-                    .parse()
-                    .map_err(|_| TraceError::at(line, format!("{}: {cell:?} is not a number", metric_names[index])))?;
+                let value: f64 =
+                    cell.parse().map_err(|_| TraceError::at(line, format!("{name}: {cell:?} is not a number")))?;
                 if !value.is_finite() {
                     return Err(TraceError::at(
                         line,
-                        format!(
-                            "{}: {cell:?} is not a finite number (leave the cell empty for no data)",
-                            metric_names[index]
-                        ),
+                        format!("{name}: {cell:?} is not a finite number (leave the cell empty for no data)"),
                     ));
                 }
-                row.values[index] = Some(value);
+                *slot = Some(value);
             }
             Column::Replicas => {
                 if cell.is_empty() {
@@ -244,7 +242,7 @@ fn split_utc_offset(text: &str) -> Option<(&str, i64)> {
     let bytes = text.as_bytes();
     // An offset only follows the time part: `T12:00:00+02:00` is 6 characters of offset after
     // at least a date and a time.
-    if bytes.len() > 6 && matches!(bytes[bytes.len() - 6], b'+' | b'-') && bytes[bytes.len() - 3] == b':' {
+    if bytes.len() > 6 && matches!(bytes, [.., b'+' | b'-', _, _, b':', _, _]) {
         let (local, offset) = text.split_at(text.len() - 6);
         let sign = if offset.starts_with('-') { -1 } else { 1 };
         let hours: i64 = offset[1..3].parse().ok()?;
@@ -283,9 +281,14 @@ impl<'a> ReadingCursor<'a> {
             self.next_row += 1;
         }
         (0..self.trace.metric_names.len())
-            .map(|metric| match self.current.and_then(|row| row.values[metric].map(|value| (value, row.at))) {
-                Some((value, at)) => Reading::Value { value, at },
-                None => Reading::Unavailable { reason: NO_DATA_REASON.into() },
+            .map(|metric| {
+                match self
+                    .current
+                    .and_then(|row| row.values.get(metric).copied().flatten().map(|value| (value, row.at)))
+                {
+                    Some((value, at)) => Reading::Value { value, at },
+                    None => Reading::Unavailable { reason: NO_DATA_REASON.into() },
+                }
             })
             .collect()
     }

@@ -267,8 +267,8 @@ fn conditions<'a>(
 ) -> [Option<bool>; CONDITIONS.len()] {
     let mut out = previous.map_or([None; CONDITIONS.len()], |p| p.conditions);
     for (type_, status) in set {
-        if let Some(i) = CONDITIONS.iter().position(|(t, _)| *t == type_) {
-            out[i] = Some(status);
+        if let Some((_, slot)) = CONDITIONS.iter().zip(&mut out).find(|((t, _), _)| *t == type_) {
+            *slot = Some(status);
         }
     }
     out
@@ -648,8 +648,7 @@ impl Snapshot {
         if slice == 0 {
             let _ = write!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n");
         }
-        let end = ((slice + 1) * per_chunk).min(self.records.len());
-        for rendered in &self.records[slice * per_chunk..end] {
+        for rendered in self.records.chunks(per_chunk).nth(slice).unwrap_or_default() {
             write_samples(&mut out, family, name, rendered);
         }
         out

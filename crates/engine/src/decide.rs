@@ -98,19 +98,13 @@ pub(crate) fn decide_running(
     let mut next = carried_state(rule, state, &evaluated, usable, all_usable, now);
 
     // §1 and §2: the combined proposal.
-    let proposals: Vec<(usize, u32)> =
-        evaluated.iter().enumerate().filter_map(|(i, e)| e.outcome.proposal.map(|p| (i, p))).collect();
     let mut notes: Vec<String> = Vec::new();
-    let combined = proposals.iter().map(|&(_, p)| p).max().map(|max| {
-        // The winner names the reason; among equals prefer a metric that crossed a watermark.
-        let winner = proposals
-            .iter()
-            .filter(|&&(_, p)| p == max)
-            .map(|&(i, _)| i)
-            .max_by_key(|&i| evaluated[i].outcome.position == Position::Above)
-            .unwrap_or(0);
-        (winner, max)
-    });
+    // The largest proposal wins and names the reason; among equals prefer a metric that crossed
+    // a watermark (and, as `max_by_key` does, the last of those).
+    let combined = evaluated
+        .iter()
+        .filter_map(|e| e.outcome.proposal.map(|p| (e, p)))
+        .max_by_key(|&(e, p)| (p, e.outcome.position == Position::Above));
     decision.converging = evaluated.iter().any(|e| e.converging)
         && !evaluated.iter().any(|e| matches!(e.outcome.position, Position::Above | Position::Below));
     decision.timing = timing(rule, state, &next, now, decision.converging);
@@ -130,7 +124,7 @@ pub(crate) fn decide_running(
             proposal = round_up_to_modulo(proposal, rule.replica_modulo(), spec);
         }
         decision.proposal = Some(proposal);
-        decision.proposal_metric = Some(evaluated[winner].outcome.name.clone());
+        decision.proposal_metric = Some(winner.outcome.name.clone());
     }
     let metric_summary = describe_metrics(rule, &evaluated);
     decision.metrics = evaluated.into_iter().map(|e| e.outcome).collect();

@@ -159,11 +159,11 @@ pub fn plan(endpoint: &str, from: i64, to: i64, queries: &[&str]) -> (Vec<Planne
 fn build(prefix: &str, queries: &[&str], members: Vec<usize>) -> PlannedRequest {
     let mut url = String::with_capacity(MAX_URL_CHARS);
     url.push_str(prefix);
-    for (position, &index) in members.iter().enumerate() {
+    for (position, query) in members.iter().filter_map(|&index| queries.get(index)).enumerate() {
         if position > 0 {
             url.push_str(ENCODED_COMMA);
         }
-        form_encode(queries[index], &mut url);
+        form_encode(query, &mut url);
     }
     PlannedRequest { queries: members, url }
 }

@@ -40,8 +40,11 @@ impl Askers {
                 *count += 1;
             }
         }
-        for d in 0..texts {
-            starts[d + 1] += starts[d];
+        // Counts to starts: each the sum of the counts before it.
+        let mut sum = 0;
+        for start in &mut starts {
+            sum += *start;
+            *start = sum;
         }
         let mut next = starts.clone();
         let mut queries = vec![0usize; slots.len()];
@@ -82,10 +85,11 @@ pub(super) fn plan_of(
             parts: request
                 .queries
                 .iter()
-                .map(|&u| PlanPart {
-                    text: unit_texts[u].to_string(),
-                    members: units[u].members().flat_map(&inputs_of).collect(),
-                    folded: matches!(units[u], fold::Unit::Folded(_)),
+                .filter_map(|&u| units.get(u).zip(unit_texts.get(u)))
+                .map(|(unit, text)| PlanPart {
+                    text: text.to_string(),
+                    members: unit.members().flat_map(&inputs_of).collect(),
+                    folded: matches!(unit, fold::Unit::Folded(_)),
                 })
                 .collect(),
         })
@@ -102,9 +106,9 @@ pub(super) fn plan_counts(
     let mut counts = PlanCounts::default();
     for request in planned {
         let mut in_request = 0;
-        for &u in &request.queries {
-            let members: usize = units[u].members().map(&inputs_of).sum();
-            counts.add(members, matches!(units[u], fold::Unit::Folded(_)));
+        for unit in request.queries.iter().filter_map(|&u| units.get(u)) {
+            let members: usize = unit.members().map(&inputs_of).sum();
+            counts.add(members, matches!(unit, fold::Unit::Folded(_)));
             in_request += members;
         }
         counts.members_per_request.push(in_request);
@@ -125,7 +129,8 @@ pub(super) struct Compiled {
 impl fold::Unit {
     pub(super) fn text<'a>(&'a self, texts: &[&'a str]) -> &'a str {
         match self {
-            fold::Unit::Alone(q) => texts[*q],
+            // A unit names only texts it was folded from.
+            fold::Unit::Alone(q) => texts.get(*q).copied().unwrap_or_default(),
             fold::Unit::Folded(f) => &f.text,
         }
     }
@@ -151,12 +156,16 @@ pub(super) enum Part {
 impl Part {
     pub(super) fn of(unit: &fold::Unit, texts: &[&str]) -> Part {
         match unit {
-            fold::Unit::Alone(q) => Part::Alone(*q, texts[*q].to_string()),
+            fold::Unit::Alone(q) => Part::Alone(*q, unit.text(texts).to_string()),
             fold::Unit::Folded(f) => Part::Folded {
                 text: f.text.clone(),
                 keys: f.keys.clone(),
                 shape: f.shape,
-                members: f.members.iter().map(|(q, values)| (*q, texts[*q].to_string(), values.clone())).collect(),
+                members: f
+                    .members
+                    .iter()
+                    .map(|(q, values)| (*q, texts.get(*q).copied().unwrap_or_default().to_string(), values.clone()))
+                    .collect(),
             },
         }
     }

@@ -152,11 +152,10 @@ fn parse(query: &str) -> Result<Parsed<'_>, NotFoldable> {
 fn check_outside(text: &str) -> Result<(), NotFoldable> {
     let bytes = text.as_bytes();
     let mut i = 0;
-    while i < bytes.len() {
-        let b = bytes[i];
+    while let Some(&b) = bytes.get(i) {
         if b.is_ascii_alphabetic() || b == b'_' {
             let start = i;
-            while i < bytes.len() && (bytes[i].is_ascii_alphanumeric() || bytes[i] == b'_') {
+            while bytes.get(i).is_some_and(|&c| c.is_ascii_alphanumeric() || c == b'_') {
                 i += 1;
             }
             let word = &text[start..i];
@@ -261,10 +260,10 @@ fn shapes<'a>(parsed: &Parsed<'a>) -> Vec<(Shape<'a>, Vec<&'a str>)> {
         .collect();
     let candidates: Vec<&str> = candidates.into_iter().collect();
     let mut choices: Vec<Vec<&str>> = candidates.iter().map(|k| vec![*k]).collect();
-    for (i, a) in candidates.iter().enumerate() {
-        for b in &candidates[i + 1..] {
-            choices.push(vec![*a, *b]);
-        }
+    let mut rest = candidates.as_slice();
+    while let Some((a, after)) = rest.split_first() {
+        choices.extend(after.iter().map(|b| vec![*a, *b]));
+        rest = after;
     }
     choices
         .into_iter()
@@ -318,13 +317,15 @@ pub fn fold(queries: &[&str], max_encoded: usize, refused: &dyn Fn(u64) -> bool)
         // Two members with the same values would be the same query; keep distinct ones.
         let mut seen: HashSet<Vec<&str>> = HashSet::new();
         let members: Vec<Member<'_>> =
-            members.into_iter().filter(|(q, v)| chosen[*q].is_none() && seen.insert(v.clone())).collect();
+            members.into_iter().filter(|(q, v)| chosen.get(*q) == Some(&None) && seen.insert(v.clone())).collect();
         if members.len() < 2 {
             continue;
         }
         let group = groups.len();
         for (q, _) in &members {
-            chosen[*q] = Some(group);
+            if let Some(slot) = chosen.get_mut(*q) {
+                *slot = Some(group);
+            }
         }
         groups.push((shape, members));
     }

@@ -318,34 +318,41 @@ impl DatadogClient {
         let Distinct { texts: distinct, slots, askers } = Distinct::of(queries);
         let owners = owners(&askers, namespaces);
         let mut answers = inner.known_answers(&distinct, started, now);
-        let mut pending: Vec<usize> = (0..distinct.len()).filter(|&d| answers[d].is_none()).collect();
+        // `known_answers` gives one answer per distinct text.
+        let mut pending: Vec<usize> =
+            answers.iter().enumerate().filter(|(_, answer)| answer.is_none()).map(|(d, _)| d).collect();
         // Oldest data first: what cannot all go now goes in the order it was last sent.
         {
             let served = lock(&inner.served);
-            pending.sort_by_cached_key(|&d| served.get(&inner.text_key(distinct[d])).copied());
+            pending
+                .sort_by_cached_key(|&d| distinct.get(d).and_then(|&text| served.get(&inner.text_key(text))).copied());
         }
         for (d, error) in inner.namespace_shares(&mut pending, &owners, started) {
-            answers[d] = Some(Observation::unavailable(error));
+            set_answer(&mut answers, Some(d), Observation::unavailable(error));
         }
-        let texts: Vec<&str> = pending.iter().map(|&d| distinct[d]).collect();
+        let texts: Vec<&str> = pending.iter().filter_map(|&d| distinct.get(d).copied()).collect();
+        // Compiled text `q` (an index into `texts`, as the planner gives them) is distinct text `pending[q]`.
+        let distinct_of = |q: usize| pending.get(q).copied();
         let (from, to) = inner.range(now);
         let compiled = inner.compile(&texts, from, to, started);
         let Compiled { units, mut planned, too_long } = compiled;
-        inner.metrics.observe_plan(&inner.name, &plan_counts(&planned, &units, |q| askers.of_text(pending[q]).len()));
+        let askers_of = |q: usize| distinct_of(q).map_or(&[][..], |d| askers.of_text(d));
+        inner.metrics.observe_plan(&inner.name, &plan_counts(&planned, &units, |q| askers_of(q).len()));
         for t in too_long {
-            for q in units[t.query].members() {
-                answers[pending[q]] = Some(Observation::unavailable(QueryError::BadQuery(format!(
+            for q in members_of(&units, t.query) {
+                let error = QueryError::BadQuery(format!(
                     "the query is too long: its request URL alone would have {} characters, the limit is \
                      {MAX_URL_CHARS}",
                     t.url_chars
-                ))));
+                ));
+                set_answer(&mut answers, distinct_of(q), Observation::unavailable(error));
             }
         }
         // A cycle that has no time left spends no budget.
         if !planned.is_empty() && deadline.saturating_duration_since(started) < MIN_ATTEMPT {
             for request in planned.drain(..) {
-                for q in request.queries.iter().flat_map(|&u| units[u].members()) {
-                    answers[pending[q]] = Some(Observation::unavailable(QueryError::Timeout(0)));
+                for q in request.queries.iter().flat_map(|&u| members_of(&units, u)) {
+                    set_answer(&mut answers, distinct_of(q), Observation::unavailable(QueryError::Timeout(0)));
                 }
             }
         }
@@ -357,23 +364,24 @@ impl DatadogClient {
             let going = std::mem::replace(&mut planned, rest);
             if let Some(error) = refused {
                 for request in planned.drain(..) {
-                    for q in request.queries.iter().flat_map(|&u| units[u].members()) {
-                        answers[pending[q]] = Some(Observation::unavailable(error.clone()));
+                    for q in request.queries.iter().flat_map(|&u| members_of(&units, u)) {
+                        set_answer(&mut answers, distinct_of(q), Observation::unavailable(error.clone()));
                     }
                 }
             }
             if going.is_empty() {
                 break;
             }
-            sent.extend(going.iter().flat_map(|r| r.queries.iter().flat_map(|&u| units[u].members())));
+            sent.extend(going.iter().flat_map(|r| r.queries.iter().flat_map(|&u| members_of(&units, u))));
             for (q, observation) in self.run(going, &units, &texts, cx).await {
-                answers[pending[q]] = Some(observation);
+                set_answer(&mut answers, distinct_of(q), observation);
             }
         }
-        inner.served_now(sent.iter().map(|&q| texts[q]), started);
+        inner.served_now(sent.iter().filter_map(|&q| texts.get(q).copied()), started);
         let next_cycle = now.plus(gap.unwrap_or_default());
-        inner.note_current(sent.iter().map(|&q| (texts[q], answers[pending[q]].as_ref())), next_cycle);
-        inner.charge_namespaces(sent.iter().map(|&q| owners[pending[q]]));
+        let answer_of = |q: usize| distinct_of(q).and_then(|d| answers.get(d)).and_then(Option::as_ref);
+        inner.note_current(sent.iter().filter_map(|&q| Some((*texts.get(q)?, answer_of(q)))), next_cycle);
+        inner.charge_namespaces(sent.iter().map(|&q| distinct_of(q).and_then(|d| owners.get(d).copied().flatten())));
         inner.observations(&slots, &answers)
     }
 
@@ -389,7 +397,8 @@ impl DatadogClient {
         let mut tasks = JoinSet::new();
         for request in planned {
             let inner = Arc::clone(&self.inner);
-            let parts: Vec<Part> = request.queries.iter().map(|&u| Part::of(&units[u], texts)).collect();
+            let parts: Vec<Part> =
+                request.queries.iter().filter_map(|&u| units.get(u)).map(|unit| Part::of(unit, texts)).collect();
             tasks.spawn(async move { inner.run_request(request.url, parts, cx).await });
         }
         let mut out = Vec::with_capacity(texts.len());
@@ -409,14 +418,31 @@ impl DatadogClient {
         let inner = &self.inner;
         let Distinct { texts: distinct, askers, .. } = Distinct::of(queries);
         let started = Instant::now();
-        let pending: Vec<usize> =
-            (0..distinct.len()).filter(|&d| inner.precheck(distinct[d], started).is_none()).collect();
-        let texts: Vec<&str> = pending.iter().map(|&d| distinct[d]).collect();
+        let (pending, texts): (Vec<usize>, Vec<&str>) = distinct
+            .iter()
+            .enumerate()
+            .filter(|(_, text)| inner.precheck(text, started).is_none())
+            .map(|(d, &text)| (d, text))
+            .unzip();
         let (from, to) = inner.range(now);
         let Compiled { units, planned, .. } = inner.compile(&texts, from, to, started);
         let unit_texts: Vec<&str> = units.iter().map(|u| u.text(&texts)).collect();
-        plan_of(&planned, &units, &unit_texts, |q| askers.of_text(pending[q]).to_vec())
+        plan_of(&planned, &units, &unit_texts, |q| {
+            pending.get(q).map(|&d| askers.of_text(d).to_vec()).unwrap_or_default()
+        })
     }
+}
+
+/// Answers distinct text `d` (`None`: a compiled text the plan does not have, which it never names).
+fn set_answer(answers: &mut [Option<Observation>], d: Option<usize>, observation: Observation) {
+    if let Some(slot) = d.and_then(|d| answers.get_mut(d)) {
+        *slot = Some(observation);
+    }
+}
+
+/// The compiled texts unit `u` answers (none for a unit the plan does not have).
+fn members_of(units: &[fold::Unit], u: usize) -> impl Iterator<Item = usize> + '_ {
+    units.get(u).into_iter().flat_map(fold::Unit::members)
 }
 
 /// The namespace each distinct query is charged to: the first that asked it, unless an
@@ -549,7 +575,7 @@ impl Inner {
         }
         let mut count: HashMap<&str, usize> = HashMap::new();
         for &d in pending.iter() {
-            if let Some(namespace) = owners[d] {
+            if let Some(namespace) = owners.get(d).copied().flatten() {
                 *count.entry(namespace).or_default() += 1;
             }
         }
@@ -568,7 +594,7 @@ impl Inner {
         let mut deferred = Vec::new();
         let mut capped: HashMap<&str, u64> = HashMap::new();
         pending.retain(|&d| {
-            let Some(namespace) = owners[d] else { return true };
+            let Some(namespace) = owners.get(d).copied().flatten() else { return true };
             let Some((may, stretched)) = allowed.get_mut(namespace) else { return true };
             if *may > 0 {
                 *may -= 1;
@@ -709,7 +735,8 @@ impl Inner {
                 let mut batches = JoinSet::new();
                 for request in planned {
                     let inner = Arc::clone(&self);
-                    let batch: Vec<(usize, String)> = request.queries.iter().map(|&i| members[i].clone()).collect();
+                    let batch: Vec<(usize, String)> =
+                        request.queries.iter().filter_map(|&i| members.get(i).cloned()).collect();
                     batches.spawn(async move { inner.run_plain_batch(request.url, batch, cx).await });
                 }
                 let mut out = Vec::with_capacity(members.len());

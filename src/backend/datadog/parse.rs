@@ -190,8 +190,7 @@ fn mark_non_numbers(body: &[u8]) -> Option<Vec<u8>> {
     let mut copied = 0;
     let mut i = 0;
     let mut in_string = false;
-    while i < body.len() {
-        let byte = body[i];
+    while let Some(&byte) = body.get(i) {
         if in_string {
             match byte {
                 b'\\' => i += 2,
@@ -213,15 +212,16 @@ fn mark_non_numbers(body: &[u8]) -> Option<Vec<u8>> {
             continue;
         }
         let start = i;
-        while i < body.len() && (body[i].is_ascii_alphanumeric() || matches!(body[i], b'+' | b'-' | b'.')) {
+        while body.get(i).is_some_and(|&b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.')) {
             i += 1;
         }
-        let token = &body[start..i];
+        // `copied <= start <= i <= body.len()`: `i` only passes the end in a string, which ends the loop.
+        let token = body.get(start..i).unwrap_or_default();
         if !is_non_number(token) {
             continue;
         }
         let out = out.get_or_insert_with(|| Vec::with_capacity(body.len() + 64));
-        out.extend_from_slice(&body[copied..start]);
+        out.extend_from_slice(body.get(copied..start).unwrap_or_default());
         out.push(b'"');
         out.extend_from_slice(MARK_JSON.as_bytes());
         // Only ASCII letters, digits, `+`, `-` and `.`: nothing to escape.
@@ -230,7 +230,7 @@ fn mark_non_numbers(body: &[u8]) -> Option<Vec<u8>> {
         copied = i;
     }
     let mut out = out?;
-    out.extend_from_slice(&body[copied..]);
+    out.extend_from_slice(body.get(copied..).unwrap_or_default());
     Some(out)
 }
 
@@ -505,7 +505,7 @@ fn choose(
     max_age: Duration,
 ) -> Observation {
     detail.points = Some(points.len());
-    let Some(chosen) = penultimate(points.len()) else {
+    let Some((chosen, &(ms, value))) = penultimate(points.len()).and_then(|c| Some((c, points.get(c)?))) else {
         return Observation::unavailable_with(QueryError::NoData("every point in the window is null".into()), detail);
     };
     if let [(ms, _)] = points {
@@ -521,7 +521,6 @@ fn choose(
         }
     }
     detail.chosen_point = Some(chosen);
-    let (ms, value) = points[chosen];
     if !value.is_finite() {
         return Observation::unavailable_with(QueryError::NotANumber(value.to_string()), detail);
     }
