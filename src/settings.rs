@@ -11,6 +11,7 @@ use serde::Deserialize;
 
 use crate::crd::{check_tls_dir, AllowedUrl, RecommenderPolicy, ALLOWED_URLS_SETTING, TLS_DIR_SETTING};
 use crate::lease::{self, LeaseSettings};
+use crate::rules::DEFAULT_INTERVAL;
 use crate::telemetry::logging::LogFormat;
 use crate::telemetry::{LabelsAsTags, ListenerLimits};
 
@@ -18,6 +19,19 @@ use crate::telemetry::{LabelsAsTags, ListenerLimits};
 pub const DEFAULT_SETTINGS_FILE: &str = "/etc/watermarkd/watermarkd.toml";
 /// Prefix of the environment variables; `__` separates nested keys (`WATERMARKD__LEASE__NAME`).
 pub const ENV_PREFIX: &str = "WATERMARKD";
+
+// The defaults of the settings no layer sets. `default_interval`'s is the rules file's
+// (`rules::DEFAULT_INTERVAL`), the Lease's are `lease`'s and the listener limits'
+// `ListenerLimits::DEFAULT`. The flags' help texts name them too (checked by a test below).
+const DEFAULT_LISTEN: &str = "0.0.0.0:8080";
+const DEFAULT_LOG_FORMAT: LogFormat = LogFormat::Text;
+const DEFAULT_LOG_LEVEL: &str = "info";
+const DEFAULT_MAX_CONCURRENCY: usize = 64;
+const DEFAULT_RELOAD_POLL: Duration = Duration::from_secs(1);
+/// The backend of WPA metrics without an annotation.
+const DEFAULT_BACKEND: &str = "datadog";
+/// The shortest `default_interval`.
+const MIN_DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
 
 #[derive(Debug, thiserror::Error)]
 pub enum SettingsError {
@@ -252,94 +266,40 @@ impl Settings {
         Self::merge(layer, args, env)
     }
 
+    /// Each setting from the highest layer that sets it (flags, then the environment and the
+    /// file, which `load` has already merged), else its default; checked in the order of the
+    /// fields, so that the first problem is the one reported.
     fn merge(layer: Layer, args: &RunArgs, env: &Environment) -> Result<Settings, SettingsError> {
         let listen_limits = listen_limits(&layer)?;
-        let lease = layer.lease.unwrap_or_default();
-        let listen_text = args.listen.clone().or(layer.listen).unwrap_or_else(|| "0.0.0.0:8080".into());
-        let listen = listen_text.parse().map_err(|_| {
-            SettingsError::Invalid(format!("listen: {listen_text:?} is not an address like 0.0.0.0:8080"))
-        })?;
-        let default_interval = duration(
-            "default_interval",
-            args.default_interval.clone().or(layer.default_interval),
-            Duration::from_secs(15),
-        )?;
-        if default_interval < Duration::from_secs(1) {
-            return Err(SettingsError::Invalid("default_interval: must be at least 1s".into()));
-        }
-        let max_concurrency = args.max_concurrency.or(layer.max_concurrency).unwrap_or(64);
+        let listen = listen(args.listen.clone().or(layer.listen))?;
+        let default_interval = default_interval(args.default_interval.clone().or(layer.default_interval))?;
+        let max_concurrency = args.max_concurrency.or(layer.max_concurrency).unwrap_or(DEFAULT_MAX_CONCURRENCY);
         if max_concurrency == 0 {
             return Err(SettingsError::Invalid("max_concurrency: must be at least 1".into()));
         }
-        let identity = args
-            .identity
-            .clone()
-            .or(lease.identity)
-            .or_else(|| env.pod_name.clone())
-            .or_else(|| env.hostname.clone())
-            .unwrap_or_else(|| format!("watermarkd-{}", std::process::id()));
-        let lease = LeaseSettings {
-            enabled: !args.no_leader_election && lease.enabled.unwrap_or(true),
-            name: args.lease_name.clone().or(lease.name).unwrap_or_else(|| lease::DEFAULT_NAME.into()),
-            namespace: args
-                .lease_namespace
-                .clone()
-                .or(lease.namespace)
-                .or_else(|| env.pod_namespace.clone())
-                .unwrap_or_else(|| lease::DEFAULT_NAMESPACE.into()),
-            identity,
-            lease_duration: duration(
-                "lease.duration",
-                args.lease_duration.clone().or(lease.duration),
-                lease::DEFAULT_LEASE_DURATION,
-            )?,
-            renew_deadline: duration("lease.renew_deadline", lease.renew_deadline, lease::DEFAULT_RENEW_DEADLINE)?,
-            retry_period: duration("lease.retry_period", lease.retry_period, lease::DEFAULT_RETRY_PERIOD)?,
-        };
-        lease.validate().map_err(SettingsError::Invalid)?;
-        let mut namespaces = if args.namespaces.is_empty() {
-            layer.namespaces.map(StringList::into_vec).unwrap_or_default()
-        } else {
-            args.namespaces.clone()
-        };
-        namespaces.sort();
-        namespaces.dedup();
-        let labels_as_tags = match layer.labels_as_tags {
-            Some(list) => list.into_vec(),
-            None => env
-                .dd_labels_as_tags
-                .as_deref()
-                .map(|text| text.split_whitespace().map(String::from).collect())
-                .unwrap_or_default(),
-        };
-        let labels_as_tags = LabelsAsTags::new(&labels_as_tags).map_err(SettingsError::Invalid)?;
+        let lease = layer.lease.unwrap_or_default().merge(args, env)?;
+        let namespaces = namespaces(&args.namespaces, layer.namespaces);
+        let labels_as_tags = labels_as_tags(layer.labels_as_tags, env)?;
         let recommender_policy =
             recommender_policy(layer.recommender_allowed_urls.map(StringList::into_vec), layer.recommender_tls_dir)?;
         let crd = args.crd || layer.crd.unwrap_or(false);
-        let reload_poll = duration("reload_poll", layer.reload_poll, Duration::from_secs(1))?;
-        let Some(rules) = args.rules.clone().or(layer.rules) else {
-            return Err(SettingsError::Invalid(if crd {
-                "--crd needs a rules file (--rules or `rules`) that declares the backends WPA metrics are sent to"
-                    .into()
-            } else {
-                "nothing to run: give a rules file (--rules or `rules`), and --crd to run WPA objects too".into()
-            }));
-        };
+        let reload_poll = duration("reload_poll", layer.reload_poll, DEFAULT_RELOAD_POLL)?;
+        let rules = rules(args.rules.clone().or(layer.rules), crd)?;
         Ok(Settings {
             rules,
             crd,
             namespaces,
             listen,
             listen_limits,
-            log_format: args.log_format.or(layer.log_format).unwrap_or(LogFormat::Text),
-            log_level: args.log_level.clone().or(layer.log_level).unwrap_or_else(|| "info".into()),
+            log_format: args.log_format.or(layer.log_format).unwrap_or(DEFAULT_LOG_FORMAT),
+            log_level: args.log_level.clone().or(layer.log_level).unwrap_or_else(|| DEFAULT_LOG_LEVEL.into()),
             kubeconfig: args.kubeconfig.clone().or(layer.kubeconfig),
             context: args.context.clone().or(layer.context),
             default_interval,
             dry_run: args.dry_run || layer.dry_run.unwrap_or(false),
             max_concurrency,
             reload_poll,
-            default_backend: layer.default_backend.unwrap_or_else(|| "datadog".into()),
+            default_backend: layer.default_backend.unwrap_or_else(|| DEFAULT_BACKEND.into()),
             cluster_name: layer.cluster_name.filter(|name| !name.is_empty()).or_else(|| env.cluster_name.clone()),
             lease,
             labels_as_tags,
@@ -348,8 +308,93 @@ impl Settings {
     }
 }
 
+impl LeaseLayer {
+    /// The Lease settings: the flags over this layer, then the pod's environment, then the
+    /// defaults of `lease`; checked as the elector needs them.
+    fn merge(self, args: &RunArgs, env: &Environment) -> Result<LeaseSettings, SettingsError> {
+        let identity = args
+            .identity
+            .clone()
+            .or(self.identity)
+            .or_else(|| env.pod_name.clone())
+            .or_else(|| env.hostname.clone())
+            .unwrap_or_else(|| format!("watermarkd-{}", std::process::id()));
+        let settings = LeaseSettings {
+            enabled: !args.no_leader_election && self.enabled.unwrap_or(true),
+            name: args.lease_name.clone().or(self.name).unwrap_or_else(|| lease::DEFAULT_NAME.into()),
+            namespace: args
+                .lease_namespace
+                .clone()
+                .or(self.namespace)
+                .or_else(|| env.pod_namespace.clone())
+                .unwrap_or_else(|| lease::DEFAULT_NAMESPACE.into()),
+            identity,
+            lease_duration: duration(
+                "lease.duration",
+                args.lease_duration.clone().or(self.duration),
+                lease::DEFAULT_LEASE_DURATION,
+            )?,
+            renew_deadline: duration("lease.renew_deadline", self.renew_deadline, lease::DEFAULT_RENEW_DEADLINE)?,
+            retry_period: duration("lease.retry_period", self.retry_period, lease::DEFAULT_RETRY_PERIOD)?,
+        };
+        settings.validate().map_err(SettingsError::Invalid)?;
+        Ok(settings)
+    }
+}
+
+fn listen(text: Option<String>) -> Result<SocketAddr, SettingsError> {
+    let text = text.unwrap_or_else(|| DEFAULT_LISTEN.into());
+    text.parse()
+        .map_err(|_| SettingsError::Invalid(format!("listen: {text:?} is not an address like {DEFAULT_LISTEN}")))
+}
+
+fn default_interval(text: Option<String>) -> Result<Duration, SettingsError> {
+    let interval = duration("default_interval", text, DEFAULT_INTERVAL)?;
+    if interval < MIN_DEFAULT_INTERVAL {
+        return Err(SettingsError::Invalid(format!(
+            "default_interval: must be at least {}",
+            humantime::format_duration(MIN_DEFAULT_INTERVAL)
+        )));
+    }
+    Ok(interval)
+}
+
+/// The flags' namespaces, else the layer's; sorted, each once.
+fn namespaces(flags: &[String], layer: Option<StringList>) -> Vec<String> {
+    let mut namespaces =
+        if flags.is_empty() { layer.map(StringList::into_vec).unwrap_or_default() } else { flags.to_vec() };
+    namespaces.sort();
+    namespaces.dedup();
+    namespaces
+}
+
+/// The setting, else the Datadog controller's `DD_LABELS_AS_TAGS` (space-separated).
+fn labels_as_tags(layer: Option<StringList>, env: &Environment) -> Result<LabelsAsTags, SettingsError> {
+    let labels = match layer {
+        Some(list) => list.into_vec(),
+        None => env
+            .dd_labels_as_tags
+            .as_deref()
+            .map(|text| text.split_whitespace().map(String::from).collect())
+            .unwrap_or_default(),
+    };
+    LabelsAsTags::new(&labels).map_err(SettingsError::Invalid)
+}
+
+/// The rules file, which every run needs (see [`Settings::rules`]).
+fn rules(rules: Option<PathBuf>, crd: bool) -> Result<PathBuf, SettingsError> {
+    rules.ok_or_else(|| {
+        SettingsError::Invalid(if crd {
+            "--crd needs a rules file (--rules or `rules`) that declares the backends WPA metrics are sent to".into()
+        } else {
+            "nothing to run: give a rules file (--rules or `rules`), and --crd to run WPA objects too".into()
+        })
+    })
+}
+
 /// The listener's limits, each at least 1 (or 1s) and the timeouts at most an hour.
 fn listen_limits(layer: &Layer) -> Result<ListenerLimits, SettingsError> {
+    const SHORTEST: Duration = Duration::from_millis(100);
     const LONGEST: Duration = Duration::from_secs(3600);
     let defaults = ListenerLimits::DEFAULT;
     let max_connections = layer.listen_max_connections.unwrap_or(defaults.max_connections);
@@ -362,10 +407,12 @@ fn listen_limits(layer: &Layer) -> Result<ListenerLimits, SettingsError> {
         duration("listen_connection_timeout", layer.listen_connection_timeout.clone(), defaults.connection_timeout)?;
     for (field, value) in [("listen_header_timeout", header_timeout), ("listen_connection_timeout", connection_timeout)]
     {
-        if value < Duration::from_millis(100) || value > LONGEST {
+        if value < SHORTEST || value > LONGEST {
             return Err(SettingsError::Invalid(format!(
-                "{field}: {} must be between 100ms and 1h",
-                humantime::format_duration(value)
+                "{field}: {} must be between {} and {}",
+                humantime::format_duration(value),
+                humantime::format_duration(SHORTEST),
+                humantime::format_duration(LONGEST)
             )));
         }
     }
@@ -612,6 +659,30 @@ mod tests {
             let (_dir, args) = args_with_file(&format!("rules = \"r.toml\"\n{text}\n"));
             let err = Settings::load(&args, &env(&[])).expect_err(text).to_string();
             assert!(err.contains(expected), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn the_flags_help_names_the_defaults() {
+        use clap::Args as _;
+        let command = RunArgs::augment_args(clap::Command::new("run"));
+        let help = |id: &str| {
+            command
+                .get_arguments()
+                .find(|arg| arg.get_id() == id)
+                .and_then(|arg| arg.get_help())
+                .map(ToString::to_string)
+                .unwrap_or_default()
+        };
+        let default = |value: String| format!("(default {value})");
+        for (id, expected) in [
+            ("listen", default(DEFAULT_LISTEN.to_string())),
+            ("default_interval", default(humantime::format_duration(DEFAULT_INTERVAL).to_string())),
+            ("max_concurrency", default(DEFAULT_MAX_CONCURRENCY.to_string())),
+            ("lease_name", default(lease::DEFAULT_NAME.to_string())),
+            ("lease_duration", default(humantime::format_duration(lease::DEFAULT_LEASE_DURATION).to_string())),
+        ] {
+            assert!(help(id).contains(&expected), "--{id}: {:?} does not say {expected}", help(id));
         }
     }
 
