@@ -9,9 +9,9 @@ use std::time::Duration;
 use serde::Deserialize;
 use watermarkd_engine::Timestamp;
 
-use super::pacing::RateLimitHeaders;
 #[cfg(test)]
-use super::pacing::FALLBACK_RATE_LIMIT_WAIT;
+use super::pacing::headers::FALLBACK_RATE_LIMIT_WAIT;
+use super::pacing::RateLimitHeaders;
 use crate::backend::{Observation, ObservationDetail, QueryError};
 
 /// The floor of the default staleness bound, as the Cluster Agent.

@@ -1,12 +1,18 @@
-//! The rate budget of the query endpoint: what the `X-RateLimit-*` headers say, and whether a
-//! cycle may spend part of it now. The design is described in the module comment of
-//! `backend::datadog`; this file is the arithmetic.
+//! The rate budget of the query endpoint: whether a cycle may spend part of it now, from what
+//! the `X-RateLimit-*` headers said (`headers.rs`); each namespace's share of it is
+//! `namespaces.rs`. The design is described in the module comment of `backend::datadog`; this
+//! is the arithmetic.
+
+pub(super) mod headers;
+mod namespaces;
 
 use std::collections::HashMap;
 use std::time::Duration;
 
-use reqwest::header::HeaderMap;
 use tokio::time::Instant;
+
+pub use headers::RateLimitHeaders;
+use namespaces::NamespaceCredit;
 
 /// Datadog's documented default for the query endpoint, assumed until the first answer says.
 pub const DEFAULT_LIMIT: u64 = 1_600;
@@ -31,86 +37,6 @@ pub const PROBE_AFTER: Duration = Duration::from_secs(60);
 /// gone: a spacing that hovers around the requested interval admits two asks in a row now and
 /// then, which is not "fits again".
 const CALM_ASKS: u32 = 4;
-/// Counts above this are not believed either (and could overflow the arithmetic).
-const MAX_COUNT: u64 = 1_000_000_000_000_000;
-
-/// The `X-RateLimit-*` headers of one answer (each may be missing).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct RateLimitHeaders {
-    pub limit: Option<u64>,
-    /// Seconds; windows are calendar aligned.
-    pub period: Option<u64>,
-    pub remaining: Option<u64>,
-    /// Seconds until the window ends.
-    pub reset: Option<u64>,
-    pub name: Option<String>,
-}
-
-impl RateLimitHeaders {
-    /// From header names and values; names are matched without regard to case.
-    pub fn from_pairs<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Self {
-        let mut headers = RateLimitHeaders::default();
-        for (name, value) in pairs {
-            let value = value.trim();
-            match name.to_ascii_lowercase().as_str() {
-                "x-ratelimit-limit" => headers.limit = number(value),
-                "x-ratelimit-period" => headers.period = number(value),
-                "x-ratelimit-remaining" => headers.remaining = number(value),
-                "x-ratelimit-reset" => headers.reset = number(value),
-                "x-ratelimit-name" if !value.is_empty() => headers.name = Some(value.to_string()),
-                _ => {}
-            }
-        }
-        headers
-    }
-
-    pub fn from_header_map(map: &HeaderMap) -> Self {
-        Self::from_pairs(map.iter().filter_map(|(name, value)| Some((name.as_str(), value.to_str().ok()?))))
-    }
-
-    pub fn is_empty(&self) -> bool {
-        *self == RateLimitHeaders::default()
-    }
-}
-
-/// Whole numbers, also when written as `3600.0`; anything else (negative, garbage, beyond
-/// `MAX_COUNT`) is absent.
-fn number(text: &str) -> Option<u64> {
-    let parsed = text.parse::<u64>().ok().or_else(|| {
-        let f: f64 = text.parse().ok()?;
-        (0.0..1.0e15).contains(&f).then(|| f.round() as u64)
-    });
-    parsed.filter(|n| *n <= MAX_COUNT)
-}
-
-/// Used for the 429 wait when the answer gives no believable reset.
-pub const FALLBACK_RATE_LIMIT_WAIT: Duration = Duration::from_secs(60);
-
-impl RateLimitHeaders {
-    /// How long to send nothing after a 429 with these headers: its reset when believable and
-    /// not 0 (a 429 whose window "ends now" would be asked again at once, every cycle), else
-    /// its period if shorter than `FALLBACK_RATE_LIMIT_WAIT`, else that fallback. Never more
-    /// than `MAX_WINDOW`, so that one broken header cannot stop the client for good.
-    pub fn wait_after_429(&self) -> Duration {
-        self.sane_reset()
-            .filter(|r| !r.is_zero())
-            .unwrap_or_else(|| self.sane_period().map_or(FALLBACK_RATE_LIMIT_WAIT, |p| p.min(FALLBACK_RATE_LIMIT_WAIT)))
-    }
-
-    /// The window length when it is believable: 1 s to `MAX_WINDOW`.
-    pub fn sane_period(&self) -> Option<Duration> {
-        self.period.filter(|p| (1..=MAX_WINDOW.as_secs()).contains(p)).map(Duration::from_secs)
-    }
-
-    /// Seconds until the window ends, when believable: never beyond the period (or
-    /// `MAX_WINDOW` when the period is unknown or absurd). A reset beyond that is a broken
-    /// header, not a long wait.
-    pub fn sane_reset(&self) -> Option<Duration> {
-        let bound = self.sane_period().unwrap_or(MAX_WINDOW);
-        self.reset.map(Duration::from_secs).filter(|r| *r <= bound)
-    }
-}
-
 /// The budget as the client sees it now (for `watermarkd query` and logs).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RateLimitSnapshot {
@@ -207,24 +133,6 @@ pub struct Pacer {
     last_ask: Option<Instant>,
     /// Each namespace's own credit, for its share of the budget (`namespace_share`).
     namespaces: HashMap<String, NamespaceCredit>,
-}
-
-/// A namespace's spending time not yet spent, at its share of the budget's rate.
-#[derive(Debug)]
-struct NamespaceCredit {
-    credit: Duration,
-    last_ask: Instant,
-    /// What one request cost it at its last ask.
-    request_cost: Duration,
-}
-
-/// What a namespace may send now.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct NamespaceShare {
-    /// Requests it may fill now (fractional: its queries share requests with others').
-    pub requests: f64,
-    /// How long one request takes of its share: the budget's request cost / its share.
-    pub request_cost: Duration,
 }
 
 pub fn reserve(limit: u64) -> u64 {
@@ -452,41 +360,6 @@ impl Pacer {
         Ok(())
     }
 
-    /// What `namespace` may send now when each namespace may use at most `percent` of the
-    /// budget: its credit accrues at that share of the rate the budget allows (one request per
-    /// `request_cost / share`), from a quarter of a window's worth at its first ask, and
-    /// carries over between asks up to that quarter window or one ask's worth, whichever is
-    /// more. `charge_namespace` takes off what it used.
-    pub fn namespace_share(&mut self, now: Instant, namespace: &str, percent: u32) -> NamespaceShare {
-        self.roll(now);
-        let (cost, _) = self.request_cost(now);
-        let request_cost = cost.mul_f64(100.0 / f64::from(percent.clamp(1, 100)));
-        let start = self.period / 4;
-        let entry = self.namespaces.entry(namespace.to_string()).or_insert(NamespaceCredit {
-            credit: start,
-            last_ask: now,
-            request_cost,
-        });
-        let elapsed = now.saturating_duration_since(entry.last_ask);
-        let cap = start.max(elapsed.saturating_add(request_cost)).min(self.period.max(request_cost));
-        entry.credit = entry.credit.saturating_add(elapsed).min(cap);
-        entry.last_ask = now;
-        entry.request_cost = request_cost;
-        NamespaceShare { requests: entry.credit.as_secs_f64() / request_cost.as_secs_f64().max(1e-9), request_cost }
-    }
-
-    /// `namespace` used `requests` (fractional) of its share.
-    pub fn charge_namespace(&mut self, namespace: &str, requests: f64) {
-        if let Some(entry) = self.namespaces.get_mut(namespace) {
-            entry.credit = entry.credit.saturating_sub(entry.request_cost.mul_f64(requests.max(0.0)));
-        }
-    }
-
-    /// Namespaces that asked nothing for the longest window are forgotten.
-    pub fn forget_namespaces(&mut self, now: Instant) {
-        self.namespaces.retain(|_, entry| now.saturating_duration_since(entry.last_ask) < MAX_WINDOW);
-    }
-
     /// Requests beyond an admitted cycle (retries, a batch split to find a bad query) come out
     /// of the reserve, as long as half of it stays untouched; false: do without them.
     pub fn take_extra(&mut self, now: Instant, n: u64) -> bool {
@@ -653,29 +526,6 @@ mod tests {
         assert_eq!(pacer.admit(t0, 28), Admission::Go);
         pacer.observe(t0 + Duration::from_millis(200), &headers(1_000_000, 999_971, 3_000), true);
         assert_eq!(pacer.admit(t0 + Duration::from_secs(15), 29), Admission::Go, "paced from the real budget");
-    }
-
-    #[test]
-    fn headers_are_read_case_insensitively_and_leniently() {
-        let h = RateLimitHeaders::from_pairs([
-            ("X-RateLimit-Limit", "1600"),
-            ("x-ratelimit-period", "3600.0"),
-            ("X-RATELIMIT-REMAINING", " 1597 "),
-            ("x-ratelimit-reset", "garbage"),
-            ("x-ratelimit-name", "query"),
-            ("content-type", "application/json"),
-        ]);
-        assert_eq!(
-            h,
-            RateLimitHeaders {
-                limit: Some(1600),
-                period: Some(3600),
-                remaining: Some(1597),
-                reset: None,
-                name: Some("query".into())
-            }
-        );
-        assert!(RateLimitHeaders::from_pairs([("content-type", "x")]).is_empty());
     }
 
     #[test]
@@ -872,7 +722,7 @@ mod tests {
         assert!(!zero_after_stretch);
     }
 
-    fn headers_with_period(limit: u64, remaining: u64, reset: u64, period: u64) -> RateLimitHeaders {
+    pub(super) fn headers_with_period(limit: u64, remaining: u64, reset: u64, period: u64) -> RateLimitHeaders {
         RateLimitHeaders {
             limit: Some(limit),
             period: Some(period),
@@ -880,24 +730,6 @@ mod tests {
             reset: Some(reset),
             name: None,
         }
-    }
-
-    #[test]
-    fn absurd_numbers_are_not_believed() {
-        let h = RateLimitHeaders::from_pairs([
-            ("x-ratelimit-limit", "18446744073709551615"),
-            ("x-ratelimit-remaining", "-3"),
-            ("x-ratelimit-reset", "1e300"),
-            ("x-ratelimit-period", "1e16"),
-        ]);
-        assert_eq!(h, RateLimitHeaders::default(), "beyond MAX_COUNT, negative or absurd: absent");
-        let h = RateLimitHeaders { reset: Some(7_200), period: Some(3_600), ..RateLimitHeaders::default() };
-        assert_eq!(h.sane_reset(), None, "a reset beyond the period");
-        assert_eq!(h.wait_after_429(), FALLBACK_RATE_LIMIT_WAIT);
-        let h = RateLimitHeaders { reset: Some(0), period: Some(10), ..RateLimitHeaders::default() };
-        assert_eq!(h.wait_after_429(), Duration::from_secs(10), "a 429 that resets 'now' waits its short period");
-        let h = RateLimitHeaders { reset: Some(42), ..RateLimitHeaders::default() };
-        assert_eq!(h.wait_after_429(), Duration::from_secs(42));
     }
 
     /// The longest a pacer may go without letting a request through after answers with these
@@ -1089,32 +921,5 @@ mod tests {
         // A cycle of one request needs no learning.
         let mut p = Pacer::new(t0);
         assert_eq!(p.admit(t0, 1), Admission::Go);
-    }
-
-    #[test]
-    fn a_namespace_gets_its_share_of_the_rate() {
-        let t0 = Instant::now();
-        let at = |s: u64| t0 + Duration::from_secs(s);
-        let mut p = Pacer::new(t0);
-        p.observe(t0, &headers_with_period(27, 27, 60, 60), true);
-        // 25 usable over 61 s: 2.44 s a request; at 50 %, 4.88 s a request of its own, and a
-        // quarter window's credit (15 s) at first: 3 requests.
-        let share = p.namespace_share(at(0), "team-a", 50);
-        assert!((share.requests - 15.0 / 4.88).abs() < 0.05, "{share:?}");
-        p.charge_namespace("team-a", share.requests);
-        // 15 s later: 15 s more of credit at its rate (a request costs what is left of the
-        // window over what is left of the budget, shorter now that nothing was spent).
-        let share = p.namespace_share(at(15), "team-a", 50);
-        assert!((share.requests - 15.0 / share.request_cost.as_secs_f64()).abs() < 0.05, "{share:?}");
-        let (cost, _) = p.request_cost(at(15));
-        assert!((share.request_cost.as_secs_f64() - 2.0 * cost.as_secs_f64()).abs() < 0.01);
-        // Another namespace has its own credit.
-        let other = p.namespace_share(at(15), "team-b", 50);
-        assert!((other.requests - 15.0 / other.request_cost.as_secs_f64()).abs() < 0.05, "{other:?}");
-        // A long silence is not saved up beyond a window's worth of its share.
-        let share = p.namespace_share(at(600), "team-a", 50);
-        assert!(share.requests <= 61.0 / share.request_cost.as_secs_f64(), "{share:?}");
-        p.forget_namespaces(at(600 + 3_600));
-        assert!(p.namespaces.is_empty());
     }
 }
