@@ -1,0 +1,278 @@
+//! The text format of one scrape: the families in their output order, each written out a slice
+//! of autoscalers at a time from the records the bookkeeping (`super`) keeps.
+
+use std::fmt::Write;
+use std::sync::Arc;
+
+use super::{MetricRecord, Record, CONDITIONS};
+
+/// The series of one scrape, written out a family and a slice of autoscalers at a time.
+pub struct Snapshot {
+    records: Vec<Rendered>,
+    /// Whether any autoscaler has a shadow rule (see [`shadow_family`]).
+    shadows: bool,
+}
+
+/// A record with its label sets rendered for this scrape.
+struct Rendered {
+    labels: String,
+    info_labels: String,
+    record: Arc<Record>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Family {
+    Value,
+    Age,
+    HighWatermark,
+    LowWatermark,
+    Proposal,
+    Effective,
+    Restricted,
+    Countdown,
+    MinReplicas,
+    MaxReplicas,
+    ScalingActive,
+    DryRun,
+    UpscaleTotal,
+    DownscaleTotal,
+    Conditions,
+    LabelsInfo,
+    ShadowReplicas,
+    ShadowEvaluations,
+    ShadowDivergence,
+}
+
+/// The families, in output order: what, name, type, help. The Datadog controller still
+/// exports the watermarks under their first, misspelled names (`..._watermak`) beside the
+/// correct ones; dashboards built on either keep working, so both are here.
+const FAMILIES: [(Family, &str, &str, &str); 21] = [
+    (Family::Value, "wpa_controller_value", "gauge", "The metric's value, as compared with the watermarks"),
+    (
+        Family::Age,
+        "watermarkd_metric_age_seconds",
+        "gauge",
+        "How old the data point behind wpa_controller_value was when the decision used it",
+    ),
+    (Family::HighWatermark, "wpa_controller_high_watermark", "gauge", "The metric's high watermark"),
+    (
+        Family::HighWatermark,
+        "wpa_controller_high_watermak",
+        "gauge",
+        "The metric's high watermark (the Datadog controller's first, misspelled name)",
+    ),
+    (Family::LowWatermark, "wpa_controller_low_watermark", "gauge", "The metric's low watermark"),
+    (
+        Family::LowWatermark,
+        "wpa_controller_low_watermak",
+        "gauge",
+        "The metric's low watermark (the Datadog controller's first, misspelled name)",
+    ),
+    (
+        Family::Proposal,
+        "wpa_controller_replicas_scaling_proposal",
+        "gauge",
+        "Replicas the metric proposes before limits",
+    ),
+    (
+        Family::Effective,
+        "wpa_controller_replicas_scaling_effective",
+        "gauge",
+        "Replicas after limits and bounds: what the autoscaler sets",
+    ),
+    (Family::Restricted, "wpa_controller_restricted_scaling", "gauge", "1 for the limit that shaped the last decision"),
+    (
+        Family::Countdown,
+        "wpa_controller_transition_countdown",
+        "gauge",
+        "Seconds until a scale in this direction is allowed (forbidden window or delay)",
+    ),
+    (Family::MinReplicas, "wpa_controller_min_replicas", "gauge", "The autoscaler's minimum replicas"),
+    (Family::MaxReplicas, "wpa_controller_max_replicas", "gauge", "The autoscaler's maximum replicas"),
+    (
+        Family::ScalingActive,
+        "wpa_controller_scaling_active",
+        "gauge",
+        "1 when the autoscaler could compute a replica count",
+    ),
+    (Family::DryRun, "wpa_controller_dry_run", "gauge", "1 when the autoscaler only reports"),
+    (Family::UpscaleTotal, "wpa_controller_upscale_replicas_total", "counter", "Replicas added by scale-ups"),
+    (Family::DownscaleTotal, "wpa_controller_downscale_replicas_total", "counter", "Replicas removed by scale-downs"),
+    (
+        Family::Conditions,
+        "wpa_controller_conditions",
+        "gauge",
+        "1 when the WPA condition is True, 0 when False, as last set",
+    ),
+    (
+        Family::LabelsInfo,
+        "wpa_controller_labels_info",
+        "gauge",
+        "Always 1: the autoscaler's labels-as-tags, to join on wpa_name and resource_namespace",
+    ),
+    (
+        Family::ShadowReplicas,
+        "watermarkd_shadow_replicas",
+        "gauge",
+        "Replicas the shadow rule would set, decided on the same readings as the active rule, never written",
+    ),
+    (
+        Family::ShadowEvaluations,
+        "watermarkd_shadow_evaluations_total",
+        "counter",
+        "Evaluations of the shadow rule beside the active rule",
+    ),
+    (
+        Family::ShadowDivergence,
+        "watermarkd_shadow_divergence_total",
+        "counter",
+        "Evaluations in which the shadow rule would have set another replica count than the active rule",
+    ),
+];
+
+/// Families only a shadow rule has: without one they are left out, headers included.
+fn shadow_family(family: Family) -> bool {
+    matches!(family, Family::ShadowReplicas | Family::ShadowEvaluations | Family::ShadowDivergence)
+}
+
+impl Snapshot {
+    /// The records of one scrape with their label sets rendered, in the order of those.
+    pub(super) fn of(records: Vec<Arc<Record>>) -> Snapshot {
+        let mut records: Vec<Rendered> = records
+            .into_iter()
+            .map(|record| Rendered { labels: record.labels.render(), info_labels: record.labels.render_info(), record })
+            .collect();
+        records.sort_by(|a, b| a.labels.cmp(&b.labels));
+        let shadows = records.iter().any(|r| !r.record.shadows.is_empty());
+        Snapshot { records, shadows }
+    }
+
+    /// How many chunks [`Snapshot::render`] writes, each at most `per_chunk` autoscalers of one
+    /// family.
+    pub fn chunks(&self, per_chunk: usize) -> usize {
+        FAMILIES.len() * self.records.len().div_ceil(per_chunk.max(1))
+    }
+
+    /// Writes chunk `index` (see [`Snapshot::chunks`]): a family's header before its first
+    /// slice. Empty when the slice has no samples.
+    pub fn render(&self, index: usize, per_chunk: usize) -> String {
+        let per_chunk = per_chunk.max(1);
+        let slices = self.records.len().div_ceil(per_chunk);
+        if slices == 0 {
+            return String::new();
+        }
+        let (family, slice) = (index / slices, index % slices);
+        let Some(&(family, name, kind, help)) = FAMILIES.get(family) else { return String::new() };
+        if shadow_family(family) && !self.shadows {
+            return String::new();
+        }
+        let mut out = String::new();
+        if slice == 0 {
+            let _ = write!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n");
+        }
+        for rendered in self.records.chunks(per_chunk).nth(slice).unwrap_or_default() {
+            write_samples(&mut out, family, name, rendered);
+        }
+        out
+    }
+
+    /// The whole text at once (tests, small registries).
+    pub fn render_all(&self) -> String {
+        (0..self.chunks(1024)).map(|i| self.render(i, 1024)).collect()
+    }
+}
+
+/// One sample: the autoscaler's labels, then `extra` (label, escaped value) pairs.
+fn line(out: &mut String, name: &str, labels: &str, extra: Option<(&str, &str)>, value: impl std::fmt::Display) {
+    let _ = match extra {
+        Some((label, text)) => writeln!(out, "{name}{{{labels},{label}=\"{text}\"}} {value}"),
+        None => writeln!(out, "{name}{{{labels}}} {value}"),
+    };
+}
+
+fn write_samples(out: &mut String, family: Family, name: &str, rendered: &Rendered) {
+    let (labels, record) = (rendered.labels.as_str(), &*rendered.record);
+    let per_metric = |out: &mut String, value: &dyn Fn(&MetricRecord) -> Option<String>| {
+        for m in &record.metrics {
+            if let Some(v) = value(m) {
+                line(out, name, labels, Some(("metric_name", &m.name)), v);
+            }
+        }
+    };
+    match family {
+        Family::Value => per_metric(out, &|m| m.value.map(number)),
+        Family::Age => per_metric(out, &|m| m.value.and(m.age_seconds).map(number)),
+        Family::HighWatermark => per_metric(out, &|m| Some(number(m.high_watermark))),
+        Family::LowWatermark => per_metric(out, &|m| Some(number(m.low_watermark))),
+        Family::Proposal => per_metric(out, &|m| m.proposal.map(|p| p.to_string())),
+        Family::Effective => {
+            if let Some(effective) = record.effective {
+                line(out, name, labels, None, effective);
+            }
+        }
+        Family::Restricted if record.effective.is_some() => {
+            for (reason, on) in RESTRICTIONS.iter().zip(record.restricted) {
+                line(out, name, labels, Some(("reason", reason)), u8::from(on));
+            }
+        }
+        Family::Countdown if record.effective.is_some() => {
+            for (transition, seconds) in TRANSITIONS.iter().zip(record.countdown) {
+                line(out, name, labels, Some(("transition", transition)), number(seconds));
+            }
+        }
+        Family::Restricted | Family::Countdown => {}
+        Family::MinReplicas => line(out, name, labels, None, record.min_replicas),
+        Family::MaxReplicas => line(out, name, labels, None, record.max_replicas),
+        Family::ScalingActive => line(out, name, labels, None, u8::from(record.scaling_active)),
+        Family::DryRun => line(out, name, labels, None, u8::from(record.dry_run)),
+        Family::UpscaleTotal => line(out, name, labels, None, record.upscale_total),
+        Family::DownscaleTotal => line(out, name, labels, None, record.downscale_total),
+        Family::Conditions => {
+            for ((_, condition), status) in CONDITIONS.iter().zip(record.conditions) {
+                if let Some(status) = status {
+                    line(out, name, labels, Some(("condition", condition)), u8::from(status));
+                }
+            }
+        }
+        Family::LabelsInfo => {
+            let _ = writeln!(out, "{name}{{{}}} 1", rendered.info_labels);
+        }
+        Family::ShadowReplicas => {
+            for shadow in record.shadows.iter() {
+                if let Some(replicas) = shadow.replicas {
+                    line(out, name, labels, Some(("shadow", &shadow.name)), replicas);
+                }
+            }
+        }
+        Family::ShadowEvaluations => {
+            for shadow in record.shadows.iter() {
+                line(out, name, labels, Some(("shadow", &shadow.name)), shadow.evaluations_total);
+            }
+        }
+        Family::ShadowDivergence => {
+            for shadow in record.shadows.iter() {
+                line(out, name, labels, Some(("shadow", &shadow.name)), shadow.divergence_total);
+            }
+        }
+    }
+}
+
+/// A sample value as the text format writes it.
+fn number(value: f64) -> String {
+    if value.is_nan() {
+        "NaN".into()
+    } else if value.is_infinite() {
+        if value > 0.0 {
+            "+Inf".into()
+        } else {
+            "-Inf".into()
+        }
+    } else {
+        format!("{value}")
+    }
+}
+
+/// The `reason` labels of `Record::restricted` and the `transition` labels of
+/// `Record::countdown`, in their order.
+const RESTRICTIONS: [&str; 3] = ["within_bounds", "upscale_capping", "downscale_capping"];
+const TRANSITIONS: [&str; 2] = ["upscale", "downscale"];
