@@ -1,0 +1,337 @@
+//! What every panel is drawn with: the time and value axes (mapping, round ticks, their
+//! labels and grid), and the SVG primitives (level lines, step paths, frames, legends, side
+//! labels, escaping). The panels themselves are in `super`.
+
+use std::fmt::Write as _;
+
+use watermarkd_engine::Timestamp;
+
+use super::{AXIS_TEXT, DAY_GRID, FRAME_COLOR, GRID, MARGIN_LEFT, MUTED};
+
+/// Maps time to x.
+#[derive(Clone, Copy)]
+pub(super) struct TimeAxis {
+    pub(super) start_ms: f64,
+    pub(super) span_ms: f64,
+    pub(super) left: f64,
+    pub(super) width: f64,
+}
+
+impl TimeAxis {
+    pub(super) fn x(&self, at: Timestamp) -> f64 {
+        self.left + (at.unix_millis() as f64 - self.start_ms) / self.span_ms * self.width
+    }
+}
+
+/// Maps a value to y inside one panel.
+#[derive(Clone, Copy)]
+pub(super) struct ValueAxis {
+    pub(super) max: f64,
+    pub(super) top: f64,
+    pub(super) height: f64,
+}
+
+impl ValueAxis {
+    pub(super) fn y(&self, value: f64) -> f64 {
+        // Values off the top run along the frame instead of across the panel above.
+        let clamped = value.clamp(0.0, self.max);
+        self.top + self.height - clamped / self.max * self.height
+    }
+    pub(super) fn bottom(&self) -> f64 {
+        self.top + self.height
+    }
+}
+
+/// What a legend entry shows before its label.
+#[derive(Clone, Copy)]
+pub(super) enum Mark {
+    Line { color: &'static str, width: f64, dash: &'static str },
+    Box { color: &'static str, opacity: f64 },
+}
+
+/// A legend on one line, right-aligned at `right`, vertically centred on `y`.
+pub(super) fn legend(svg: &mut String, right: f64, y: f64, entries: &[(Mark, String)]) {
+    // No text measurement in SVG: estimate 6.4 px per character at 11 px.
+    let widths: Vec<f64> = entries.iter().map(|(_, label)| 26.0 + 6.4 * label.chars().count() as f64 + 18.0).collect();
+    let mut x = right - widths.iter().sum::<f64>() + 18.0;
+    svg.push_str(r#"<g font-size="11">"#);
+    for ((mark, label), width) in entries.iter().zip(&widths) {
+        match *mark {
+            Mark::Line { color, width: stroke, dash } => {
+                let _ = write!(
+                    svg,
+                    r#"<line x1="{x:.1}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="{color}" stroke-width="{stroke}" stroke-dasharray="{dash}"/>"#,
+                    x + 22.0
+                );
+            }
+            Mark::Box { color, opacity } => {
+                let _ = write!(
+                    svg,
+                    r#"<rect x="{x:.1}" y="{:.1}" width="22" height="10" fill="{color}" fill-opacity="{opacity}"/>"#,
+                    y - 5.0
+                );
+            }
+        }
+        let _ = write!(svg, r#"<text x="{:.1}" y="{:.1}">{}</text>"#, x + 26.0, y + 4.0, escape(label));
+        x += width;
+    }
+    svg.push_str("</g>\n");
+}
+
+/// Labels in the right margin at the height of the line they name, pushed apart when two
+/// would overlap.
+pub(super) fn side_labels(svg: &mut String, right: f64, labels: &mut [(f64, String, &str)]) {
+    const LINE_HEIGHT: f64 = 13.0;
+    labels.sort_by(|a, b| a.0.total_cmp(&b.0));
+    // Each label with the next, in order: a label pushed down by the one before can push the next.
+    let mut rest = &mut *labels;
+    while let [before, after @ ..] = std::mem::take(&mut rest) {
+        if let Some(next) = after.first_mut() {
+            let gap = next.0 - before.0;
+            if gap < LINE_HEIGHT {
+                let push = (LINE_HEIGHT - gap) / 2.0;
+                before.0 -= push;
+                next.0 += push;
+            }
+        }
+        rest = after;
+    }
+    for (y, text, color) in labels.iter() {
+        let _ = writeln!(
+            svg,
+            r#"<text x="{:.1}" y="{:.1}" font-size="11" fill="{color}">{}</text>"#,
+            right + 6.0,
+            y + 4.0,
+            escape(text)
+        );
+    }
+}
+
+/// A horizontal line across the plot at `y`: a watermark or a replica bound.
+pub(super) fn level_line(svg: &mut String, time: TimeAxis, y: f64, color: &str, width: f64, dash: &str) {
+    let right = time.left + time.width;
+    let _ = writeln!(
+        svg,
+        r#"<line x1="{MARGIN_LEFT}" y1="{y:.1}" x2="{right:.1}" y2="{y:.1}" stroke="{color}" stroke-width="{width}" stroke-dasharray="{dash}"/>"#
+    );
+}
+
+/// A step line through `(time, value)` points: each value holds until the next point (or
+/// `end`). `None` lifts the pen.
+pub(super) fn step_path(
+    points: &[(Timestamp, Option<u32>)],
+    end: Timestamp,
+    time: TimeAxis,
+    panel: ValueAxis,
+) -> String {
+    let mut path = String::new();
+    let mut previous: Option<f64> = None;
+    for (i, (at, value)) in points.iter().enumerate() {
+        let until = points.get(i + 1).map_or(end, |(next, _)| *next);
+        let Some(value) = value else {
+            previous = None;
+            continue;
+        };
+        let (x0, x1, y) = (time.x(*at), time.x(until), panel.y(f64::from(*value)));
+        match previous {
+            // Same height as before: extend the segment instead of adding points.
+            Some(prev_y) if (prev_y - y).abs() < 0.05 => {}
+            Some(_) => {
+                let _ = write!(path, " L{x0:.1},{y:.1}");
+            }
+            None => {
+                let _ = write!(path, " M{x0:.1},{y:.1}");
+            }
+        }
+        let next_differs = points.get(i + 1).is_none_or(|(_, next)| next.map(|n| panel.y(f64::from(n))) != Some(y));
+        if next_differs {
+            let _ = write!(path, " L{x1:.1},{y:.1}");
+        }
+        previous = Some(y);
+    }
+    path.trim_start().to_string()
+}
+
+pub(super) fn grid(svg: &mut String, panel: ValueAxis, time: TimeAxis, ticks: &[TimeTick], value_ticks: &[f64]) {
+    let right = time.left + time.width;
+    svg.push_str(r#"<g stroke-width="1">"#);
+    for value in value_ticks {
+        let y = panel.y(*value);
+        let _ = write!(
+            svg,
+            r#"<line x1="{MARGIN_LEFT}" y1="{y:.1}" x2="{right:.1}" y2="{y:.1}" stroke="{GRID}"/><text x="{:.1}" y="{:.1}" font-size="11" fill="{MUTED}" text-anchor="end" stroke="none">{}</text>"#,
+            MARGIN_LEFT - 6.0,
+            y + 4.0,
+            format_value(*value)
+        );
+    }
+    for tick in ticks {
+        let x = time.x(tick.at);
+        let color = if tick.day_label.is_some() { DAY_GRID } else { GRID };
+        let _ = write!(
+            svg,
+            r#"<line x1="{x:.1}" y1="{:.1}" x2="{x:.1}" y2="{:.1}" stroke="{color}"/>"#,
+            panel.top,
+            panel.bottom()
+        );
+    }
+    svg.push_str("</g>\n");
+}
+
+pub(super) fn frame(svg: &mut String, panel: ValueAxis, time: TimeAxis) {
+    let _ = writeln!(
+        svg,
+        r#"<rect x="{MARGIN_LEFT}" y="{:.1}" width="{:.1}" height="{:.1}" fill="none" stroke="{FRAME_COLOR}"/>"#,
+        panel.top, time.width, panel.height
+    );
+}
+
+pub(super) fn time_labels(svg: &mut String, ticks: &[TimeTick], time: TimeAxis, top: f64) {
+    let _ = write!(svg, r#"<g font-size="11" fill="{AXIS_TEXT}" text-anchor="middle">"#);
+    for tick in ticks {
+        let x = time.x(tick.at);
+        let _ = write!(
+            svg,
+            r##"<line x1="{x:.1}" y1="{top:.1}" x2="{x:.1}" y2="{:.1}" stroke="{FRAME_COLOR}"/><text x="{x:.1}" y="{:.1}">{}</text>"##,
+            top + 5.0,
+            top + 18.0,
+            tick.time_label
+        );
+        if let Some(day) = &tick.day_label {
+            let _ = write!(svg, r#"<text x="{x:.1}" y="{:.1}" font-weight="600">{day}</text>"#, top + 32.0);
+        }
+    }
+    svg.push_str("</g>\n");
+}
+
+/// A labelled point on the time axis.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct TimeTick {
+    pub(super) at: Timestamp,
+    /// `HH:MM`.
+    pub(super) time_label: String,
+    /// `Wed 05-01` on the first tick and at each midnight.
+    pub(super) day_label: Option<String>,
+}
+
+/// Round times between `start` and `end`, about 8 to 16 of them.
+pub(super) fn time_ticks(start: Timestamp, end: Timestamp) -> Vec<TimeTick> {
+    const STEPS_MINUTES: [i64; 13] = [1, 2, 5, 10, 15, 20, 30, 60, 120, 180, 240, 360, 720];
+    let span_ms = (end.unix_millis() - start.unix_millis()).max(1);
+    let step_ms = STEPS_MINUTES.iter().map(|m| m * 60_000).find(|step| span_ms / step <= 16).unwrap_or(24 * 3_600_000);
+    let first = start.unix_millis().div_euclid(step_ms) * step_ms;
+    let first = if first < start.unix_millis() { first + step_ms } else { first };
+    let mut ticks = Vec::new();
+    let mut at = first;
+    while at <= end.unix_millis() {
+        let timestamp = Timestamp::from_unix_millis(at);
+        let is_midnight = at.rem_euclid(86_400_000) == 0;
+        ticks.push(TimeTick {
+            at: timestamp,
+            time_label: clock_time(timestamp),
+            day_label: (ticks.is_empty() || is_midnight).then(|| day(timestamp)),
+        });
+        at += step_ms;
+    }
+    ticks
+}
+
+/// `12:30` (UTC).
+fn clock_time(at: Timestamp) -> String {
+    at.to_string().get(11..16).unwrap_or_default().to_string()
+}
+
+/// `Wed 05-01` (UTC).
+fn day(at: Timestamp) -> String {
+    const WEEKDAYS: [&str; 7] = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"];
+    // 1970-01-01 was a Thursday.
+    let days = at.unix_millis().div_euclid(86_400_000);
+    let weekday = usize::try_from(days.rem_euclid(7)).ok().and_then(|d| WEEKDAYS.get(d)).copied().unwrap_or_default();
+    format!("{weekday} {}", at.to_string().get(5..10).unwrap_or_default())
+}
+
+/// `2024-05-01 12:30`.
+pub(super) fn short_time(at: Timestamp) -> String {
+    let text = at.to_string();
+    format!("{} {}", text.get(..10).unwrap_or_default(), text.get(11..16).unwrap_or_default())
+}
+
+/// Value ticks from 0 to at least `max`, with a 1/2/5 step, about 5 of them.
+pub(super) fn nice_ticks(max: f64) -> Vec<f64> {
+    let max = if max.is_finite() && max > 0.0 { max } else { 1.0 };
+    let raw_step = max / 5.0;
+    let magnitude = 10f64.powf(raw_step.log10().floor());
+    let step =
+        [1.0, 2.0, 2.5, 5.0, 10.0].iter().map(|m| m * magnitude).find(|s| *s >= raw_step).unwrap_or(magnitude * 10.0);
+    let count = (max / step).ceil() as usize;
+    // Rebuild each tick from its index so that 0.1 + 0.2 noise never reaches a label.
+    (0..=count).map(|i| (i as f64 * step * 1e9).round() / 1e9).collect()
+}
+
+/// A value label: at most 4 significant digits, no trailing zeros.
+pub(super) fn format_value(v: f64) -> String {
+    if v == 0.0 || !v.is_finite() {
+        return "0".into();
+    }
+    let decimals = usize::try_from((3 - v.abs().log10().floor() as i32).clamp(0, 6)).unwrap_or(0);
+    let text = format!("{v:.decimals$}");
+    if text.contains('.') {
+        text.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        text
+    }
+}
+
+/// Escapes text for SVG content and attribute values.
+pub(super) fn escape(text: &str) -> String {
+    let mut escaped = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => escaped.push_str("&amp;"),
+            '<' => escaped.push_str("&lt;"),
+            '>' => escaped.push_str("&gt;"),
+            '"' => escaped.push_str("&quot;"),
+            '\'' => escaped.push_str("&apos;"),
+            _ => escaped.push(c),
+        }
+    }
+    escaped
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn value_ticks_are_round_and_cover_the_maximum() {
+        assert_eq!(nice_ticks(0.99), vec![0.0, 0.2, 0.4, 0.6, 0.8, 1.0]);
+        assert_eq!(nice_ticks(23.0), vec![0.0, 5.0, 10.0, 15.0, 20.0, 25.0]);
+        assert_eq!(nice_ticks(0.0), vec![0.0, 0.2, 0.4, 0.6, 0.8, 1.0]);
+        assert_eq!(format_value(0.15), "0.15");
+        assert_eq!(format_value(132.0), "132");
+        assert_eq!(format_value(0.4400000001), "0.44");
+    }
+
+    #[test]
+    fn time_ticks_fall_on_round_times_with_the_day_at_midnight() {
+        let start = Timestamp::parse_rfc3339("2024-05-01T22:07:00Z").unwrap();
+        let end = Timestamp::parse_rfc3339("2024-05-02T02:00:00Z").unwrap();
+        let ticks = time_ticks(start, end);
+        let labels: Vec<&str> = ticks.iter().map(|t| t.time_label.as_str()).collect();
+        assert_eq!(
+            labels,
+            [
+                "22:15", "22:30", "22:45", "23:00", "23:15", "23:30", "23:45", "00:00", "00:15", "00:30", "00:45",
+                "01:00", "01:15", "01:30", "01:45", "02:00"
+            ]
+        );
+        assert_eq!(ticks[0].day_label.as_deref(), Some("Wed 05-01"));
+        assert_eq!(ticks[7].day_label.as_deref(), Some("Thu 05-02"));
+        assert_eq!(ticks[8].day_label, None);
+    }
+
+    #[test]
+    fn names_are_escaped() {
+        assert_eq!(escape(r#"a<b & "c""#), "a&lt;b &amp; &quot;c&quot;");
+    }
+}
