@@ -110,7 +110,7 @@ fn apply(mut base: WatermarkPodAutoscalerStatus, updates: &[Update], now: Timest
             continue;
         }
         seen.push(update.type_);
-        let final_update = updates[i..].iter().rfind(|u| u.type_ == update.type_).unwrap_or(update);
+        let final_update = updates.iter().skip(i).rfind(|u| u.type_ == update.type_).unwrap_or(update);
         set_condition(
             &mut base,
             final_update.type_,

@@ -139,13 +139,16 @@ pub(crate) fn format_milli(milli: i64) -> String {
         return format!("{milli}m");
     }
     let mut value = milli / 1000;
-    let mut suffix = 0;
-    const SUFFIXES: [&str; 7] = ["", "k", "M", "G", "T", "P", "E"];
-    while value % 1000 == 0 && suffix + 1 < SUFFIXES.len() {
+    let mut suffix = "";
+    // Each larger suffix is taken while the value stays a whole multiple of a thousand.
+    for larger in ["k", "M", "G", "T", "P", "E"] {
+        if value % 1000 != 0 {
+            break;
+        }
         value /= 1000;
-        suffix += 1;
+        suffix = larger;
     }
-    format!("{value}{}", SUFFIXES[suffix])
+    format!("{value}{suffix}")
 }
 
 /// What is scaled: a resource with a `/scale` subresource, in the WPA's namespace.

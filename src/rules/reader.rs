@@ -318,21 +318,23 @@ fn closest<'k>(key: &str, known: &[&'k str]) -> Option<&'k str> {
     typo.or_else(|| known.iter().copied().find(|k| key.len() >= 4 && k.starts_with(key)))
 }
 
-/// Levenshtein distance over characters.
+/// Levenshtein distance over characters, one row of the table at a time.
 fn edit_distance(a: &str, b: &str) -> usize {
     let b: Vec<char> = b.chars().collect();
     let mut previous: Vec<usize> = (0..=b.len()).collect();
     for (i, ca) in a.chars().enumerate() {
-        let mut current = vec![i + 1];
-        for (j, cb) in b.iter().enumerate() {
-            let substitute = previous[j] + usize::from(ca != *cb);
-            let insert = current[j] + 1;
-            let delete = previous[j + 1] + 1;
-            current.push(substitute.min(insert).min(delete));
+        let mut current = Vec::with_capacity(previous.len());
+        current.push(i + 1);
+        // Each cell from its left neighbour (insert), the one above (delete) and the one
+        // above-left (substitute): `previous` pairs the above-left with the above.
+        for (cb, above) in b.iter().zip(previous.windows(2)) {
+            let (&diagonal, &up) = (above.first().unwrap_or(&0), above.last().unwrap_or(&0));
+            let left = current.last().copied().unwrap_or(0);
+            current.push((diagonal + usize::from(ca != *cb)).min(left + 1).min(up + 1));
         }
         previous = current;
     }
-    previous[b.len()]
+    previous.last().copied().unwrap_or(0)
 }
 
 #[cfg(test)]
