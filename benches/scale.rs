@@ -577,7 +577,7 @@ async fn prometheus_scenario(n: usize, shapes: usize) {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
-    watermarkd::backend::ensure_crypto_provider();
+    watermarkd::adapters::backend::ensure_crypto_provider();
     runtime.block_on(async {
         match args.first().map(String::as_str) {
             Some(n) => {

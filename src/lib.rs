@@ -1,24 +1,11 @@
 //! watermarkd: autoscales Kubernetes workloads from metrics it queries itself.
 //!
 //! The binary in `main.rs` is a thin shell over these modules so that tests drive the same
-//! code paths a person does.
+//! code paths a person does. The modules are the layers (`docs/architecture.md`), each using
+//! only those below it: the engine (its own crate), the [`domain`], the [`adapters`], the
+//! daemon ([`runtime`]) and the [`commands`].
 
-pub mod backend;
-pub mod backtest;
-pub mod cli_docs;
-pub mod crd;
-pub mod decide;
-pub mod events;
-pub mod instant;
-pub mod lease;
-pub mod query;
-pub mod rbac;
-pub mod resource;
-pub mod rules;
+pub mod adapters;
+pub mod commands;
+pub mod domain;
 pub mod runtime;
-pub mod settings;
-pub mod simulate;
-pub mod sparse;
-pub mod state;
-pub mod telemetry;
-pub mod workload;

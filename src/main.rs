@@ -33,14 +33,14 @@ enum Command {
     /// the state; each output line carries every intermediate result. See docs/decide.md.
     Decide,
     /// Replay a metric trace (CSV) through an autoscaler's rule and report what it would do.
-    Simulate(watermarkd::simulate::SimulateArgs),
+    Simulate(watermarkd::commands::simulate::SimulateArgs),
     /// Replay an autoscaler's own metric history through its rule, and through another version
     /// of it with --against, and report what each would have done.
-    Backtest(watermarkd::backtest::BacktestArgs),
+    Backtest(watermarkd::commands::backtest::BacktestArgs),
     /// Ask the backends what every metric of the rules reads right now, and how it was chosen.
     ///
     /// Exits 1 when any metric has no usable value.
-    Query(watermarkd::query::QueryArgs),
+    Query(watermarkd::commands::query::QueryArgs),
     /// Print the WatermarkPodAutoscaler CustomResourceDefinition (YAML) that CRD mode reads.
     ///
     /// It accepts exactly the objects the Datadog controller's CRD accepts, so either can be
@@ -51,7 +51,7 @@ enum Command {
     ///
     /// Settings come from --settings (default /etc/watermarkd/watermarkd.toml), WATERMARKD__*
     /// variables and these flags, in increasing precedence. SIGHUP reloads the rules file.
-    Run(watermarkd::settings::RunArgs),
+    Run(watermarkd::runtime::settings::RunArgs),
     /// Print the shell completion script for watermarkd.
     ///
     /// For example `watermarkd completions bash > /etc/bash_completion.d/watermarkd`.
@@ -90,7 +90,7 @@ fn run() -> anyhow::Result<ExitCode> {
     let code = match cli.command {
         Command::Check { mut files, rules } => {
             files.extend(rules);
-            let ok = watermarkd::rules::run_check(&files, &mut out).context("writing the check report")?;
+            let ok = watermarkd::commands::check::run_check(&files, &mut out).context("writing the check report")?;
             if ok {
                 ExitCode::SUCCESS
             } else {
@@ -99,7 +99,8 @@ fn run() -> anyhow::Result<ExitCode> {
         }
         Command::Decide => {
             let stdin = io::stdin();
-            let ok = watermarkd::decide::run(stdin.lock(), &mut out).context("reading or writing decisions")?;
+            let ok =
+                watermarkd::commands::decide::run(stdin.lock(), &mut out).context("reading or writing decisions")?;
             if ok {
                 ExitCode::SUCCESS
             } else {
@@ -107,27 +108,30 @@ fn run() -> anyhow::Result<ExitCode> {
             }
         }
         Command::Simulate(args) => {
-            watermarkd::simulate::run(&args, &mut out)?;
+            watermarkd::commands::simulate::run(&args, &mut out)?;
             ExitCode::SUCCESS
         }
         Command::Backtest(args) => {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
             let mut err = std::io::stderr();
             let terminal = err.is_terminal();
-            runtime.block_on(watermarkd::backtest::run(&args, &mut out, &mut err, terminal))?;
+            runtime.block_on(watermarkd::commands::backtest::run(&args, &mut out, &mut err, terminal))?;
             ExitCode::SUCCESS
         }
         Command::Query(args) => {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-            if runtime.block_on(watermarkd::query::run(&args, &mut out))? {
+            if runtime.block_on(watermarkd::commands::query::run(&args, &mut out))? {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::from(1)
             }
         }
         Command::Run(args) => {
-            let settings = watermarkd::settings::Settings::load(&args, &watermarkd::settings::Environment::current())?;
-            watermarkd::telemetry::logging::init(settings.log_format, &settings.log_level)
+            let settings = watermarkd::runtime::settings::Settings::load(
+                &args,
+                &watermarkd::runtime::settings::Environment::current(),
+            )?;
+            watermarkd::adapters::telemetry::logging::init(settings.log_format, &settings.log_level)
                 .map_err(anyhow::Error::msg)?;
             // Before any blocking-pool thread exists, so that all of them share the limited arenas.
             watermarkd::runtime::allocator::limit_arenas();
@@ -139,21 +143,21 @@ fn run() -> anyhow::Result<ExitCode> {
             ExitCode::SUCCESS
         }
         Command::Crd => {
-            let yaml = watermarkd::crd::crd_yaml().context("writing the CRD as YAML")?;
+            let yaml = watermarkd::domain::crd::crd_yaml().context("writing the CRD as YAML")?;
             out.write_all(yaml.as_bytes())?;
             ExitCode::SUCCESS
         }
         Command::Completions { shell } => {
-            watermarkd::cli_docs::write_completions(Cli::command(), shell, &mut out)
+            watermarkd::commands::cli_docs::write_completions(Cli::command(), shell, &mut out)
                 .context("writing the completion script")?;
             ExitCode::SUCCESS
         }
         Command::Man { dir: None } => {
-            watermarkd::cli_docs::write_man_page(Cli::command(), &mut out).context("writing the man page")?;
+            watermarkd::commands::cli_docs::write_man_page(Cli::command(), &mut out).context("writing the man page")?;
             ExitCode::SUCCESS
         }
         Command::Man { dir: Some(dir) } => {
-            let pages = watermarkd::cli_docs::write_man_pages(Cli::command(), &dir)
+            let pages = watermarkd::commands::cli_docs::write_man_pages(Cli::command(), &dir)
                 .with_context(|| format!("writing the man pages into {}", dir.display()))?;
             for page in pages {
                 writeln!(out, "{}", page.display())?;

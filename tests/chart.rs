@@ -5,7 +5,7 @@
 //! `helm lint --strict` passes with the default values and every ci/ values file; the rendered
 //! objects parse as their Kubernetes types with nothing lost and carry the recommended labels;
 //! the values reach the Deployment, the settings (read back with the daemon's own settings
-//! loader) and the RBAC, which is exactly `watermarkd::rbac::PERMISSIONS` (without the CRD-mode
+//! loader) and the RBAC, which is exactly `watermarkd::commands::rbac::PERMISSIONS` (without the CRD-mode
 //! entries when CRD mode is off); the chart never renders a Secret; the schema refuses bad
 //! values naming the field; deploy/ is the chart rendered with its defaults. On the API server,
 //! `helm install` succeeds and the ServiceAccount may make exactly the table's calls, and
@@ -38,8 +38,8 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBind
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::Api;
 use manifest_checks::{assert_same_grants, grants_of_rules, grants_of_table, kind_of, sorted_unique, typed, Grant};
-use watermarkd::rbac::PERMISSIONS;
-use watermarkd::settings::{Environment, RunArgs, Settings};
+use watermarkd::commands::rbac::PERMISSIONS;
+use watermarkd::runtime::settings::{Environment, RunArgs, Settings};
 
 const CHART: &str = "charts/watermarkd";
 const RELEASE: &str = "watermarkd";

@@ -25,11 +25,11 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
 use kube_cluster::KubeCluster;
 use serde_json::{json, Value};
-use watermarkd::crd::{
+use watermarkd::domain::crd::{
     custom_resource_definition, map_wpa, next_status, status_changed, AllowedUrl, MapError, MappingOptions,
     NoDatadogMetrics, RecommenderPolicy, ScaleWrite, WatermarkPodAutoscaler,
 };
-use watermarkd::rules::load_rules;
+use watermarkd::domain::rules::load_rules;
 use watermarkd_engine::{decide, Action, ConvergeTowards, Decimal, Reading, State, Target, Timestamp};
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/wpa");
@@ -97,7 +97,7 @@ fn billing_complete_is_the_rules_files_billing_autoscaler() {
     assert_eq!(without_metric_identity(&from_wpa.rule), without_metric_identity(&from_file.rule));
     // A WPA has no interval: it runs at the daemon's default, which is the 15s the file sets.
     assert_eq!(from_wpa.interval_set, None);
-    assert_eq!(from_wpa.interval(watermarkd::rules::DEFAULT_INTERVAL), from_file.interval(Duration::ZERO));
+    assert_eq!(from_wpa.interval(watermarkd::domain::rules::DEFAULT_INTERVAL), from_file.interval(Duration::ZERO));
     assert_eq!(
         (&from_wpa.target.api_version, &from_wpa.target.kind, &from_wpa.target.name),
         (&from_file.target.api_version, &from_file.target.kind, &from_file.target.name)
@@ -146,7 +146,7 @@ fn the_resource_example_maps_onto_a_memory_metric() {
     assert_eq!(metric.name, "memory");
     let resource = metric.resource.as_ref().expect("a resource metric");
     assert_eq!((resource.resource.as_str(), resource.selector.as_str()), ("memory", "app=nginx"));
-    assert_eq!(resource.aggregation, watermarkd::rules::PodAggregation::Sum, "the Datadog controller's sum");
+    assert_eq!(resource.aggregation, watermarkd::domain::rules::PodAggregation::Sum, "the Datadog controller's sum");
     let rule = &mapped.autoscaler.rule.metrics()[0];
     assert_eq!((rule.low_watermark.to_f64(), rule.high_watermark.to_f64()), (52428800.0, 314572800.0));
 }

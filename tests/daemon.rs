@@ -43,7 +43,7 @@ use kube::core::GroupVersionKind;
 use kube_cluster::{apps_v1, KubeCluster, ADMIN_TOKEN};
 use prometheus_server::{Exporter, PrometheusServer};
 use serde_json::{json, Value};
-use watermarkd::crd::{custom_resource_definition, WatermarkPodAutoscaler};
+use watermarkd::domain::crd::{custom_resource_definition, WatermarkPodAutoscaler};
 
 const STARTUP: Duration = Duration::from_secs(30);
 

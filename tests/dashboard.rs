@@ -23,7 +23,7 @@ use std::sync::Arc;
 use prometheus::core::{Collector, MetricVec, MetricVecBuilder};
 use prometheus::{Registry, TextEncoder};
 use serde_json::Value;
-use watermarkd::telemetry::{
+use watermarkd::adapters::telemetry::{
     AutoscalerMetrics, BackendMetrics, DaemonMetrics, HttpClientMetrics, SeriesLabels, ShadowOutcome,
 };
 use watermarkd_engine::{decide, Reading, State, Target, Timestamp};
@@ -146,7 +146,7 @@ fn autoscaler_text() -> String {
         tags: Vec::new(),
         dry_run: false,
     });
-    let rule = watermarkd::rules::rule_from_json(&serde_json::json!({
+    let rule = watermarkd::domain::rules::rule_from_json(&serde_json::json!({
         "min_replicas": 1, "max_replicas": 10,
         "metric": [{ "name": "latency", "query": "q", "high_watermark": 10, "low_watermark": 5 }]
     }))

@@ -24,12 +24,12 @@ use std::time::Duration;
 use serde_json::Value;
 use tempfile::TempDir;
 use tokio::time::Instant;
-use watermarkd::backend::datadog::{
+use watermarkd::adapters::backend::datadog::{
     read_v1_answer, DatadogClient, RateLimitHeaders, RequestOutcome, V1Answer, V1Context,
 };
-use watermarkd::backend::{MetricQuery, Observation, ObservationDetail, QueryError};
-use watermarkd::rules::{DatadogBackend, SecretSource};
-use watermarkd::telemetry::BackendMetrics;
+use watermarkd::adapters::backend::{MetricQuery, Observation, ObservationDetail, QueryError};
+use watermarkd::adapters::telemetry::BackendMetrics;
+use watermarkd::domain::rules::{DatadogBackend, SecretSource};
 use watermarkd_engine::{Reading, Timestamp};
 
 use fake_datadog::{Behavior, Budget, FakeDatadog, SeriesSpec, API_KEY, APP_KEY};

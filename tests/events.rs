@@ -1,4 +1,4 @@
-//! Events (`watermarkd::events`) against a real kube-apiserver: what a stuck autoscaler's
+//! Events (`watermarkd::adapters::events`) against a real kube-apiserver: what a stuck autoscaler's
 //! failures cost the API server.
 //!
 //! Needs kube-apiserver and etcd: scripts/install-test-deps installs them. Missing binaries fail
@@ -21,7 +21,7 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ListParams};
 use kube_cluster::KubeCluster;
-use watermarkd::events::{EventPublisher, EventType, Published, Repeats};
+use watermarkd::adapters::events::{EventPublisher, EventType, Published, Repeats};
 
 /// An outage: every cycle's failure names its own duration and resourceVersion. One Event
 /// reaches the API server per object and reason; another reason is another Event.

@@ -17,7 +17,7 @@ mod kube_cluster;
 use std::time::{Duration, Instant};
 
 use kube_cluster::KubeCluster;
-use watermarkd::lease::{LeaderElector, LeaseError, LeaseSettings, Role};
+use watermarkd::adapters::lease::{LeaderElector, LeaseError, LeaseSettings, Role};
 
 fn settings(namespace: &str, identity: &str) -> LeaseSettings {
     let mut s = LeaseSettings::new(namespace, "watermarkd", identity);

@@ -24,7 +24,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_util::sync::{CancellationToken, DropGuard};
-use watermarkd::telemetry::{serve, AutoscalerMetrics, ListenerLimits, Readiness};
+use watermarkd::adapters::telemetry::{serve, AutoscalerMetrics, ListenerLimits, Readiness};
 
 /// Longer than any limit used here: what "never" means in these tests.
 const NEVER: Duration = Duration::from_secs(20);

@@ -20,10 +20,10 @@ use std::sync::Arc;
 use prometheus::Registry;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
-use watermarkd::crd::{self, ScaleWrite, WatermarkPodAutoscalerSpec};
-use watermarkd::telemetry::{
+use watermarkd::adapters::telemetry::{
     serve, AutoscalerMetrics, HttpClientMetrics, LabelsAsTags, ListenerLimits, Readiness, SeriesLabels,
 };
+use watermarkd::domain::crd::{self, ScaleWrite, WatermarkPodAutoscalerSpec};
 use watermarkd_engine::{decide, Reading, State, Target, Timestamp};
 
 /// The per-autoscaler labels of the Datadog controller (`defaultPromLabels`).
@@ -176,7 +176,7 @@ async fn every_datadog_controller_series_and_label_is_served() {
             tags: metrics.tags(Some(&object_labels)),
             dry_run,
         });
-        let rule = watermarkd::rules::rule_from_json(&serde_json::json!({
+        let rule = watermarkd::domain::rules::rule_from_json(&serde_json::json!({
             "min_replicas": 1, "max_replicas": 10, "dry_run": dry_run,
             "metric": [{ "name": "latency", "query": "q", "high_watermark": 10, "low_watermark": 5 }]
         }))

@@ -4,7 +4,7 @@
 //! package are built and checked by tests/image.rs and tests/deb.rs.)
 //!
 //! Every manifest parses as its Kubernetes type with no unknown field, the RBAC rules are
-//! exactly `watermarkd::rbac::PERMISSIONS` (and so is the table in README.md), every
+//! exactly `watermarkd::commands::rbac::PERMISSIONS` (and so is the table in README.md), every
 //! sample rules file passes `watermarkd check`, the settings use only keys the daemon knows,
 //! and the unit passes `systemd-analyze verify` (Debian's `systemd` package; the test fails
 //! when it is missing rather than skip the check). A real kube-apiserver (started by the test,
@@ -41,8 +41,8 @@ use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use manifest_checks::{assert_same_grants, grants_of_rules, grants_of_table, kind_of, sorted_unique, typed};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use watermarkd::rbac::{Permission, PERMISSIONS};
-use watermarkd::settings::{Environment, RunArgs, Settings};
+use watermarkd::commands::rbac::{Permission, PERMISSIONS};
+use watermarkd::runtime::settings::{Environment, RunArgs, Settings};
 
 const NAMESPACE: &str = "watermarkd";
 const SERVICE_ACCOUNT: &str = "watermarkd";
@@ -334,7 +334,7 @@ fn rbac_grants_exactly_the_permissions_in_src_rbac() {
     }
     let granted = sorted_unique(granted, file);
     // deploy/ is the chart with its defaults, CRD mode on: every entry of the table.
-    let table = sorted_unique(grants_of_table(PERMISSIONS), "watermarkd::rbac::PERMISSIONS");
+    let table = sorted_unique(grants_of_table(PERMISSIONS), "watermarkd::commands::rbac::PERMISSIONS");
     assert_same_grants(&granted, &table, file);
 }
 
@@ -517,7 +517,7 @@ async fn a_real_api_server_accepts_the_manifests_and_the_service_account_gets_ex
     }
 
     let account = cluster.client_as(&format!("system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}"));
-    let table = sorted_unique(grants_of_table(PERMISSIONS), "watermarkd::rbac::PERMISSIONS");
+    let table = sorted_unique(grants_of_table(PERMISSIONS), "watermarkd::commands::rbac::PERMISSIONS");
     // Cluster-wide grants hold in any namespace and across all of them (CRD mode watches every
     // namespace); the Lease only in the daemon's own.
     let wrong = manifest_checks::access_problems(&account, &table, NAMESPACE, &["prod"], "default", &[]).await;

@@ -32,17 +32,18 @@ use hyper_util::rt::TokioIo;
 use proptest::prelude::*;
 use proptest::{collection::vec, option, sample::select, sample::Index};
 use serde_json::Value;
-use watermarkd::backend::datadog::{
+use watermarkd::adapters::backend::datadog::{
     error_text, rate_limit_wait, read_v1_answer, RateLimitHeaders, V1Answer, V1Context,
 };
-use watermarkd::backend::prometheus::PrometheusClient;
-use watermarkd::backend::{MetricQuery, Observation};
-use watermarkd::crd::{
+use watermarkd::adapters::backend::prometheus::PrometheusClient;
+use watermarkd::adapters::backend::{MetricQuery, Observation};
+use watermarkd::adapters::telemetry::BackendMetrics;
+use watermarkd::commands::decide;
+use watermarkd::domain::crd::{
     map_wpa, MapError, MappingOptions, NoDatadogMetrics, WatermarkPodAutoscaler, QUERIES_ANNOTATION,
 };
-use watermarkd::rules::{parse_rules, Backend, Reducer};
-use watermarkd::telemetry::BackendMetrics;
-use watermarkd::{decide, state};
+use watermarkd::domain::rules::{parse_rules, Backend, Reducer};
+use watermarkd::domain::state;
 use watermarkd_engine::{Reading, Timestamp};
 
 // Seeds and mutations, shared by every property.

@@ -39,10 +39,10 @@ use prometheus_server::{
     written_query, Exporter, FakeServer, Injected, PrometheusProxy, PrometheusServer, Reply, TestCerts, TlsServer,
 };
 use redirect_servers::Redirector;
-use watermarkd::backend::prometheus::PrometheusClient;
-use watermarkd::backend::{BackendError, MetricQuery, Observation, QueryError, SECRET_CHECK_EVERY};
-use watermarkd::rules::{BasicAuth, PrometheusBackend, Reducer, SecretSource, TlsSettings};
-use watermarkd::telemetry::BackendMetrics;
+use watermarkd::adapters::backend::prometheus::PrometheusClient;
+use watermarkd::adapters::backend::{BackendError, MetricQuery, Observation, QueryError, SECRET_CHECK_EVERY};
+use watermarkd::adapters::telemetry::BackendMetrics;
+use watermarkd::domain::rules::{BasicAuth, PrometheusBackend, Reducer, SecretSource, TlsSettings};
 use watermarkd_engine::{Reading, Timestamp};
 
 const NAME: &str = "prom";

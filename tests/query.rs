@@ -22,10 +22,10 @@ use std::time::{Duration, Instant, SystemTime};
 
 use fake_datadog::{Behavior, FakeDatadog, SeriesSpec};
 use prometheus_server::{Exporter, PrometheusServer};
-use watermarkd::backend::prometheus::PrometheusClient;
-use watermarkd::backend::MetricQuery;
-use watermarkd::rules::{load_rules, Backend};
-use watermarkd::telemetry::BackendMetrics;
+use watermarkd::adapters::backend::prometheus::PrometheusClient;
+use watermarkd::adapters::backend::MetricQuery;
+use watermarkd::adapters::telemetry::BackendMetrics;
+use watermarkd::domain::rules::{load_rules, Backend};
 use watermarkd_engine::{Reading, Timestamp};
 
 fn rules(url: &str) -> String {

@@ -28,10 +28,10 @@ use fake_recommender::{reply, FakeRecommender};
 use prometheus_server::{TestCerts, TlsServer};
 use serde_json::json;
 use tokio::time::Instant;
-use watermarkd::backend::recommender::{RecommenderClients, WorkloadState};
-use watermarkd::backend::Observation;
-use watermarkd::rules::{parse_rules, Autoscaler, Recommender};
-use watermarkd::telemetry::HttpClientMetrics;
+use watermarkd::adapters::backend::recommender::{RecommenderClients, WorkloadState};
+use watermarkd::adapters::backend::Observation;
+use watermarkd::adapters::telemetry::HttpClientMetrics;
+use watermarkd::domain::rules::{parse_rules, Autoscaler, Recommender};
 use watermarkd_engine::{decide, Action, Decision, Guard, Position, Reading, State, Target, Timestamp};
 
 /// The autoscaler of a rules file whose recommender is at `url`, with `extra` recommender keys.

@@ -38,7 +38,7 @@ use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind,
 use kube_cluster::{apps_v1, KubeCluster};
 use metrics_server::{Container, MetricsServer};
 use serde_json::{json, Value};
-use watermarkd::crd::{custom_resource_definition, WatermarkPodAutoscaler};
+use watermarkd::domain::crd::{custom_resource_definition, WatermarkPodAutoscaler};
 
 const STARTUP: Duration = Duration::from_secs(30);
 /// The daemon's user: its rights are exactly deploy/rbac.yaml's (see `grant_deploy_rbac`).

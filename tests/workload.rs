@@ -1,4 +1,4 @@
-//! The Kubernetes workload layer (`watermarkd::workload`) against a real kube-apiserver and etcd (started by the tests,
+//! The Kubernetes workload layer (`watermarkd::adapters::workload`) against a real kube-apiserver and etcd (started by the tests,
 //! shared by this file's tests, each test in a namespace of its own).
 //!
 //! Needs kube-apiserver and etcd: scripts/install-test-deps installs them. Missing binaries fail
@@ -29,8 +29,8 @@ use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParam
 use kube::core::GroupVersionKind;
 use kube_cluster::{KubeCluster, SCALER_TOKEN, SCALER_USER};
 use serde_json::json;
-use watermarkd::rules::TargetRef;
-use watermarkd::workload::{connect, ScaleReading, WorkloadError, Workloads};
+use watermarkd::adapters::workload::{connect, ScaleReading, WorkloadError, Workloads};
+use watermarkd::domain::rules::TargetRef;
 
 fn target(api_version: &str, kind: &str, namespace: &str, name: &str) -> TargetRef {
     TargetRef { api_version: api_version.into(), kind: kind.into(), namespace: namespace.into(), name: name.into() }

@@ -14,10 +14,10 @@ use super::evaluate;
 use super::scheduler::{Due, Job};
 use super::source::Desired;
 use super::Shared;
-use crate::backend::recommender::WorkloadState;
-use crate::backend::{MetricQuery, Observation, QueryError};
-use crate::resource::ResourceQuery;
-use crate::rules::{Autoscaler, MetricSource};
+use crate::adapters::backend::recommender::WorkloadState;
+use crate::adapters::backend::{MetricQuery, Observation, QueryError};
+use crate::adapters::resource::ResourceQuery;
+use crate::domain::rules::{Autoscaler, MetricSource};
 
 /// Cycles of at least this many autoscalers ask for their memory to be handed back when they
 /// end.
@@ -153,7 +153,10 @@ type Answered = (Vec<Slot>, Vec<Observation>);
 /// autoscaler, less a tenth of that interval (at most a second) for the decisions and writes.
 fn deadline(started: Instant, intervals: impl Iterator<Item = Duration>) -> Instant {
     let interval = intervals.min().unwrap_or(Duration::ZERO);
-    crate::instant::saturating_add(started, interval.saturating_sub((interval / 10).min(Duration::from_secs(1))))
+    crate::domain::instant::saturating_add(
+        started,
+        interval.saturating_sub((interval / 10).min(Duration::from_secs(1))),
+    )
 }
 
 /// Runs one cycle to its end: queries, then every decision.
@@ -216,7 +219,7 @@ pub async fn run(shared: Arc<Shared>, permits: Arc<Semaphore>, due: Due) {
                     shared
                         .daemon
                         .cycle_seconds
-                        .with_label_values(&[crate::resource::BACKEND_LABEL])
+                        .with_label_values(&[crate::adapters::resource::BACKEND_LABEL])
                         .observe(started.elapsed().as_secs_f64());
                     (slots, observations)
                 });
@@ -318,7 +321,7 @@ mod tests {
     use watermarkd_engine::Reading;
 
     fn autoscalers(text: &str) -> Vec<Desired> {
-        let rules = crate::rules::parse_rules(text, "rules.toml").expect("rules");
+        let rules = crate::domain::rules::parse_rules(text, "rules.toml").expect("rules");
         super::super::rules_file::split(rules, false).1
     }
 

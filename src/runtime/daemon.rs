@@ -28,15 +28,15 @@ use super::source::SourceKind;
 use super::systemd::Notifier;
 use super::wpa_index::{Rejection, Scope, WpaIndex};
 use super::{cycle, health, rules_file, wpa, RunError};
-use crate::backend::recommender::RecommenderClients;
-use crate::events::EventPublisher;
-use crate::lease::{Authority, LeaderElector, Role};
-use crate::resource::ResourceMetrics;
-use crate::rules::{self, RulesFile};
-use crate::settings::Settings;
-use crate::state::configmap::StateConfigMaps;
-use crate::telemetry::{AutoscalerMetrics, BackendMetrics, DaemonMetrics, HttpClientMetrics, Readiness};
-use crate::workload::Workloads;
+use crate::adapters::backend::recommender::RecommenderClients;
+use crate::adapters::events::EventPublisher;
+use crate::adapters::lease::{Authority, LeaderElector, Role};
+use crate::adapters::resource::ResourceMetrics;
+use crate::adapters::state_store::StateConfigMaps;
+use crate::adapters::telemetry::{AutoscalerMetrics, BackendMetrics, DaemonMetrics, HttpClientMetrics, Readiness};
+use crate::adapters::workload::Workloads;
+use crate::domain::rules::{self, RulesFile};
+use crate::runtime::settings::Settings;
 
 /// How long the evaluations in flight may take to finish once the daemon stops.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
@@ -74,7 +74,7 @@ impl Daemon {
     /// Loads the rules, connects to the cluster, starts serving, leading, the sources and the
     /// health loops. Should it fail part way, what it started stops.
     pub async fn start(settings: Settings) -> Result<Daemon, RunError> {
-        crate::backend::ensure_crypto_provider();
+        crate::adapters::backend::ensure_crypto_provider();
         let notifier = Notifier::from_env();
         let lifetime = CancellationToken::new();
         let lifetime_guard = lifetime.clone().drop_guard();
@@ -85,7 +85,8 @@ impl Daemon {
         telemetry.readiness.rules_loaded.store(true, Ordering::Release);
         telemetry.daemon.last_reload_successful.set(1);
 
-        let client = crate::workload::connect(settings.kubeconfig.as_deref(), settings.context.as_deref()).await?;
+        let client =
+            crate::adapters::workload::connect(settings.kubeconfig.as_deref(), settings.context.as_deref()).await?;
         // Cancelled first, by `stop`: everything but the Lease ends with it.
         let stopping = lifetime.child_token();
         let server = telemetry.serve(&settings, stopping.clone()).await?;
@@ -212,7 +213,7 @@ impl Telemetry {
 
     /// Binds the listener (so a taken port fails the start) and serves until `stop`.
     async fn serve(&self, settings: &Settings, stop: CancellationToken) -> Result<JoinHandle<()>, RunError> {
-        let (bound, server) = crate::telemetry::serve(
+        let (bound, server) = crate::adapters::telemetry::serve(
             settings.listen,
             settings.listen_limits,
             self.registry.clone(),

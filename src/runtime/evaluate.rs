@@ -12,10 +12,10 @@ use super::memory::Memory;
 use super::report;
 use super::source::Desired;
 use super::Shared;
-use crate::backend::Observation;
-use crate::rules::TargetRef;
-use crate::state;
-use crate::workload::WorkloadError;
+use crate::adapters::backend::Observation;
+use crate::adapters::state_store;
+use crate::adapters::workload::WorkloadError;
+use crate::domain::rules::TargetRef;
 use watermarkd_engine::Rule;
 
 /// How long to wait for the cache to show the object that caused a conflict.
@@ -123,9 +123,9 @@ async fn write_state(shared: &Shared, desired: &Desired, value: &str) -> bool {
     let target = &desired.autoscaler.target;
     let written_now = tokio::time::timeout(budget, shared.states.write(target, value));
     let result = written_now.await.unwrap_or_else(|_| {
-        Err(state::configmap::StateObjectError::Timeout {
+        Err(state_store::StateObjectError::Timeout {
             namespace: shared.states.namespace().to_string(),
-            name: state::configmap::object_name(target),
+            name: state_store::object_name(target),
             seconds: budget.as_secs_f64(),
         })
     });
@@ -172,7 +172,7 @@ async fn wait_for_newer(shared: &Shared, target: &TargetRef, stale: &str) {
     }
 }
 
-fn state_unreadable(shared: &Shared, desired: &Desired, memory: &mut Memory, err: &state::configmap::StateObjectError) {
+fn state_unreadable(shared: &Shared, desired: &Desired, memory: &mut Memory, err: &state_store::StateObjectError) {
     let autoscaler = &desired.autoscaler;
     shared.autoscaler_metrics.observe_failure(&desired.labels, &autoscaler.rule);
     let message = err.to_string();

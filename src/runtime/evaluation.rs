@@ -17,14 +17,15 @@ use watermarkd_engine::{decide, Action, Decision, Guard, Position, Reading, Rule
 
 use super::memory::{Memory, Persisted, ShadowMemory};
 use super::source::Desired;
-use crate::backend::{Observation, QueryError};
-use crate::crd::{self, ScaleWrite, WatermarkPodAutoscaler, WatermarkPodAutoscalerStatus};
-use crate::rules::TargetRef;
-use crate::sparse::Sparse;
-use crate::state;
-use crate::state::configmap::{StateObjectError, Stored};
-use crate::telemetry::ShadowOutcome;
-use crate::workload::{ScaleReading, WorkloadError};
+use crate::adapters::backend::{Observation, QueryError};
+use crate::adapters::state_store;
+use crate::adapters::state_store::{StateObjectError, Stored};
+use crate::adapters::telemetry::ShadowOutcome;
+use crate::adapters::workload::{ScaleReading, WorkloadError};
+use crate::domain::crd::{self, ScaleWrite, WatermarkPodAutoscaler, WatermarkPodAutoscalerStatus};
+use crate::domain::rules::TargetRef;
+use crate::domain::sparse::Sparse;
+use crate::domain::state;
 
 /// Attempts at a scale write that keeps meeting a newer object.
 pub const CONFLICT_ATTEMPTS: usize = 3;
@@ -492,7 +493,7 @@ fn found_text(desired: &Desired, stored: Stored, reading: &ScaleReading) -> Foun
         Stored::OtherTarget(about) => tracing::warn!(
             autoscaler = %autoscaler.name,
             workload = %describe(&autoscaler.target),
-            configmap = %state::configmap::object_name(&autoscaler.target),
+            configmap = %state_store::object_name(&autoscaler.target),
             about = about.as_deref().unwrap_or("no target"),
             "the state ConfigMap of this target's name is about another target; ignoring it"
         ),
@@ -775,7 +776,7 @@ mod tests {
 
     #[test]
     fn only_a_hold_for_want_of_data_while_deferred_is_a_paced_hold() {
-        let rule = crate::rules::rule_from_json(&serde_json::json!({
+        let rule = crate::domain::rules::rule_from_json(&serde_json::json!({
             "min_replicas": 1, "max_replicas": 10,
             "metric": [{ "query": "q", "high_watermark": 10.0, "low_watermark": 5.0 }]
         }))
@@ -795,7 +796,7 @@ mod tests {
     #[test]
     fn partial_data_scales_up_and_never_down() {
         let rule = |max: u32| {
-            crate::rules::rule_from_json(&serde_json::json!({
+            crate::domain::rules::rule_from_json(&serde_json::json!({
                 "min_replicas": 1, "max_replicas": max,
                 "downscale_forbidden_window": "1s", "upscale_forbidden_window": "1s",
                 "metric": [{ "query": "cpu", "high_watermark": 1.0, "low_watermark": 0.5 }]

@@ -7,10 +7,10 @@ use std::sync::Arc;
 use watermarkd_engine::State;
 
 use super::source::Source;
-use crate::crd::{WatermarkPodAutoscaler, WatermarkPodAutoscalerStatus};
-use crate::rules::Autoscaler;
-use crate::sparse::Sparse;
-use crate::state;
+use crate::domain::crd::{WatermarkPodAutoscaler, WatermarkPodAutoscalerStatus};
+use crate::domain::rules::Autoscaler;
+use crate::domain::sparse::Sparse;
+use crate::domain::state;
 
 /// What one autoscaler remembers between evaluations.
 #[derive(Debug)]

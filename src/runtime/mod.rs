@@ -25,6 +25,7 @@ mod report;
 mod rules_file;
 mod schedule;
 mod scheduler;
+pub mod settings;
 mod shared;
 mod source;
 mod systemd;
@@ -33,10 +34,10 @@ mod wpa_index;
 
 pub use daemon::Daemon;
 
-use crate::backend::BackendError;
-use crate::rules::RulesError;
-use crate::settings::Settings;
-use crate::workload::WorkloadError;
+use crate::adapters::backend::BackendError;
+use crate::adapters::workload::WorkloadError;
+use crate::domain::rules::RulesError;
+use crate::runtime::settings::Settings;
 use shared::Shared;
 
 #[derive(Debug, thiserror::Error)]

@@ -15,9 +15,9 @@ use super::memory::Persisted;
 use super::source::Desired;
 use super::wpa_index::{ObjectKey, Rejection};
 use super::Shared;
-use crate::crd::{self, MapError, ScaleWrite, WatermarkPodAutoscaler, WatermarkPodAutoscalerStatus};
-use crate::events::{EventType, Repeats};
-use crate::workload::WorkloadError;
+use crate::adapters::events::{EventType, Repeats};
+use crate::adapters::workload::WorkloadError;
+use crate::domain::crd::{self, MapError, ScaleWrite, WatermarkPodAutoscaler, WatermarkPodAutoscalerStatus};
 
 /// Merge-patches a WPA's status; true when it was written.
 pub async fn write_status(
@@ -56,8 +56,8 @@ pub async fn publish(
 ) {
     let Some(events) = &shared.events else { return };
     match events.publish(object, type_, reason, note, action, repeats).await {
-        Ok(crate::events::Published::Sent) => shared.daemon.write("event", "ok"),
-        Ok(crate::events::Published::Suppressed) => {}
+        Ok(crate::adapters::events::Published::Sent) => shared.daemon.write("event", "ok"),
+        Ok(crate::adapters::events::Published::Suppressed) => {}
         Err(err) => {
             shared.daemon.write("event", "error");
             tracing::debug!(error = %err, reason, "could not record an event");

@@ -12,8 +12,8 @@ use tokio_util::sync::CancellationToken;
 use super::scheduler::Command;
 use super::source::{Desired, SourceKind};
 use super::Shared;
-use crate::backend::{FileStamp, MetricBackend};
-use crate::rules::{self, RulesFile};
+use crate::adapters::backend::{FileStamp, MetricBackend};
+use crate::domain::rules::{self, RulesFile};
 
 /// Splits a rules file into its autoscalers and the rest (the backends, which CRD mode also
 /// needs). The autoscalers move: the daemon keeps one copy of each. `daemon_dry_run` is the

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::instant::saturating_add;
+use crate::domain::instant::saturating_add;
 
 /// The step phases are rounded to.
 pub const GRID: Duration = Duration::from_secs(1);

@@ -15,10 +15,10 @@ use tokio::time::Instant;
 use super::memory::Memory;
 use super::schedule;
 use super::source::{AutoscalerKey, Desired, Source, SourceKind};
-use crate::backend::MetricBackend;
-use crate::crd::WatermarkPodAutoscaler;
-use crate::rules::{self, Recommender, RulesFile, TargetRef};
-use crate::telemetry::{AutoscalerMetrics, BackendMetrics, DaemonMetrics};
+use crate::adapters::backend::MetricBackend;
+use crate::adapters::telemetry::{AutoscalerMetrics, BackendMetrics, DaemonMetrics};
+use crate::domain::crd::WatermarkPodAutoscaler;
+use crate::domain::rules::{self, Recommender, RulesFile, TargetRef};
 
 /// What the sources tell the scheduler.
 pub enum Command {
@@ -267,7 +267,7 @@ app_key_env = "HOME"
     }
 
     fn scheduler(text: &str) -> (Scheduler, Vec<Desired>, DaemonMetrics) {
-        let rules = crate::rules::parse_rules(text, "rules.toml").expect("rules");
+        let rules = crate::domain::rules::parse_rules(text, "rules.toml").expect("rules");
         let registry = Registry::new();
         let daemon = DaemonMetrics::new(&registry).expect("metrics");
         let mut scheduler = Scheduler::new(

@@ -9,13 +9,13 @@ use tokio_util::sync::CancellationToken;
 use watermarkd_engine::Timestamp;
 
 use super::allocator::Trim;
-use crate::backend::recommender::RecommenderClients;
-use crate::events::EventPublisher;
-use crate::lease::Authority;
-use crate::resource::ResourceMetrics;
-use crate::state::configmap::StateConfigMaps;
-use crate::telemetry::{AutoscalerMetrics, DaemonMetrics};
-use crate::workload::Workloads;
+use crate::adapters::backend::recommender::RecommenderClients;
+use crate::adapters::events::EventPublisher;
+use crate::adapters::lease::Authority;
+use crate::adapters::resource::ResourceMetrics;
+use crate::adapters::state_store::StateConfigMaps;
+use crate::adapters::telemetry::{AutoscalerMetrics, DaemonMetrics};
+use crate::adapters::workload::Workloads;
 
 /// Wall time that advances with tokio's clock: monotonic (a clock step does not open or close a
 /// window) and paused with it in tests.
@@ -53,7 +53,7 @@ pub struct Shared {
     /// Incremented on every gain of leadership.
     pub epoch: AtomicU64,
     pub leader: AtomicBool,
-    /// Whether and how long a write may take now (see `crate::lease`).
+    /// Whether and how long a write may take now (see `crate::adapters::lease`).
     pub authority: Authority,
     /// Cancelled when the daemon starts stopping: no new decisions, and the server, the sources
     /// and the health loops end. A child of the daemon's lifetime, which ends the Lease later.

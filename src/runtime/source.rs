@@ -2,7 +2,7 @@
 //! persisted between restarts, and where its status goes.
 //!
 //! - The rules file: the state is a ConfigMap per target in the daemon's namespace
-//!   (`crate::state::configmap`); there is no object of the autoscaler's own, so events go on
+//!   (`crate::adapters::state_store`); there is no object of the autoscaler's own, so events go on
 //!   the target.
 //! - A WatermarkPodAutoscaler object: the state is the object's status, written as the Datadog
 //!   controller writes it, and events go on the object.
@@ -10,10 +10,10 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::crd::WatermarkPodAutoscaler;
-use crate::rules::{intern, Autoscaler};
-use crate::sparse::Sparse;
-use crate::telemetry::SeriesLabels;
+use crate::adapters::telemetry::SeriesLabels;
+use crate::domain::crd::WatermarkPodAutoscaler;
+use crate::domain::rules::{intern, Autoscaler};
+use crate::domain::sparse::Sparse;
 
 /// Which source an autoscaler comes from. Each source replaces only its own autoscalers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -117,7 +117,7 @@ impl Desired {
     }
 
     /// The metric whose reading is the `index`-th of the evaluation (see [`Desired::rules`]).
-    pub fn metric_source(&self, index: usize) -> Option<&crate::rules::MetricSource> {
+    pub fn metric_source(&self, index: usize) -> Option<&crate::domain::rules::MetricSource> {
         let mut offset = 0;
         for autoscaler in self.rules() {
             let count = autoscaler.rule.metrics().len();
@@ -138,7 +138,7 @@ pub fn attach_shadows(desired: Vec<Desired>) -> (Vec<Desired>, Vec<(Desired, Str
     if shadows.is_empty() {
         return (active, Vec::new());
     }
-    let mut on_target: std::collections::HashMap<crate::rules::TargetRef, Vec<usize>> =
+    let mut on_target: std::collections::HashMap<crate::domain::rules::TargetRef, Vec<usize>> =
         std::collections::HashMap::new();
     for (i, d) in active.iter().enumerate() {
         on_target.entry(d.autoscaler.target.clone()).or_default().push(i);
@@ -229,7 +229,7 @@ mod tests {
     use super::*;
 
     fn desired(text: &str) -> Vec<Desired> {
-        let rules = crate::rules::parse_rules(text, "rules.toml").expect("rules");
+        let rules = crate::domain::rules::parse_rules(text, "rules.toml").expect("rules");
         rules.autoscalers.into_iter().map(|a| Desired::from_rules_file(a, false)).collect()
     }
 

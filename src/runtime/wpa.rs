@@ -21,9 +21,9 @@ use super::scheduler::Command;
 use super::source::SourceKind;
 use super::wpa_index::{ObjectKey, Rejection, Scope, Update, WpaIndex};
 use super::Shared;
-use crate::crd::{DatadogMetric, WatermarkPodAutoscaler};
-use crate::rules::RulesFile;
-use crate::workload::RetryingWatch;
+use crate::adapters::workload::RetryingWatch;
+use crate::domain::crd::{DatadogMetric, WatermarkPodAutoscaler};
+use crate::domain::rules::RulesFile;
 
 /// How often a cluster without the DatadogMetric resource is asked again whether it has it.
 const DATADOG_METRIC_RECHECK: Duration = Duration::from_secs(300);
@@ -118,7 +118,7 @@ pub async fn run(mut watch: WpaWatch) {
     }
 }
 
-fn apply(index: &mut WpaIndex, change: Change, health: &crate::workload::WatchHealth) {
+fn apply(index: &mut WpaIndex, change: Change, health: &crate::adapters::workload::WatchHealth) {
     match change {
         Change::Wpa(Stored::Applied(wpa)) => index.apply_wpa(wpa),
         Change::Wpa(Stored::Deleted(key)) => index.delete_wpa(&key),

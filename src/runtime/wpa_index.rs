@@ -8,11 +8,11 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use super::source::{AutoscalerKey, Desired};
-use crate::crd::{
+use crate::adapters::telemetry::LabelsAsTags;
+use crate::domain::crd::{
     self, DatadogMetric, DatadogMetricIndex, MapError, MappingOptions, RecommenderPolicy, WatermarkPodAutoscaler,
 };
-use crate::rules::{ObjectIdentity, Problem, RulesFile, TargetRef};
-use crate::telemetry::LabelsAsTags;
+use crate::domain::rules::{ObjectIdentity, Problem, RulesFile, TargetRef};
 
 /// Where one watch looks: one namespace, or every namespace.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -391,10 +391,10 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::crd::WatermarkPodAutoscalerStatus;
+    use crate::domain::crd::WatermarkPodAutoscalerStatus;
 
     fn rules() -> RulesFile {
-        crate::rules::parse_rules(
+        crate::domain::rules::parse_rules(
             "[backend.datadog]\ntype = \"datadog\"\nurl = \"http://127.0.0.1:1\"\napi_key_env = \"K\"\napp_key_env = \"A\"\n",
             "rules.toml",
         )
@@ -617,7 +617,7 @@ mod tests {
     #[test]
     fn a_wpa_on_an_object_the_rules_file_scales_waits_for_the_file_to_let_go() {
         let file_rules = |target: &str| {
-            crate::rules::parse_rules(
+            crate::domain::rules::parse_rules(
                 &format!(
                     "[backend.datadog]\ntype = \"datadog\"\nurl = \"http://127.0.0.1:1\"\napi_key_env = \"K\"\n\
                      app_key_env = \"A\"\n[[autoscaler]]\nname = \"file-web\"\n\
@@ -708,7 +708,7 @@ mod tests {
         index.reset_wpas(&Scope::All, [wpa("shop", "web", "10")]);
         index.reset_metrics(&Scope::All, []);
         assert_eq!(names(&index.update()).0, ["crd/shop/web"]);
-        let prometheus_only = crate::rules::parse_rules(
+        let prometheus_only = crate::domain::rules::parse_rules(
             "[backend.prom]\ntype = \"prometheus\"\nurl = \"http://127.0.0.1:1\"\n",
             "rules.toml",
         )

@@ -426,7 +426,7 @@ impl KubeCluster {
     /// Starts etcd and kube-apiserver and waits until `/readyz` answers ok. Panics with both
     /// logs when they do not come up.
     pub async fn start() -> KubeCluster {
-        watermarkd::backend::ensure_crypto_provider();
+        watermarkd::adapters::backend::ensure_crypto_provider();
         let apiserver_bin = kube_apiserver_binary();
         let etcd_bin = etcd_binary();
         let started = Instant::now();

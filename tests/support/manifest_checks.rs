@@ -1,6 +1,6 @@
 //! Checks of Kubernetes manifests shared by tests/packaging.rs (deploy/) and tests/chart.rs
 //! (the Helm chart): each object parsed as its Kubernetes type with nothing lost, RBAC rules
-//! and `watermarkd::rbac::PERMISSIONS` as sets of single grants, and a check, with
+//! and `watermarkd::commands::rbac::PERMISSIONS` as sets of single grants, and a check, with
 //! SelfSubjectAccessReviews on a real API server, that an identity may make exactly the table's
 //! calls and none of the others that are tried.
 
@@ -13,7 +13,7 @@ use k8s_openapi::api::rbac::v1::PolicyRule;
 use kube::api::{Api, PostParams};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use watermarkd::rbac::Permission;
+use watermarkd::commands::rbac::Permission;
 
 pub fn kind_of(value: &serde_yaml_ng::Value) -> String {
     value.get("kind").and_then(|k| k.as_str()).unwrap_or_default().to_string()
@@ -100,7 +100,7 @@ pub fn assert_same_grants(granted: &BTreeSet<Grant>, table: &BTreeSet<Grant>, wh
     let missing: Vec<_> = table.difference(granted).collect();
     assert!(
         extra.is_empty() && missing.is_empty(),
-        "{what} differs from watermarkd::rbac::PERMISSIONS (namespaced, group, resource, verb):\n\
+        "{what} differs from watermarkd::commands::rbac::PERMISSIONS (namespaced, group, resource, verb):\n\
          granted but not in the table: {extra:?}\nin the table but not granted: {missing:?}"
     );
 }

@@ -154,7 +154,7 @@ impl MetricsServer {
         use rustls::pki_types::pem::PemObject;
         use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
-        watermarkd::backend::ensure_crypto_provider();
+        watermarkd::adapters::backend::ensure_crypto_provider();
         let dir = tempfile::tempdir().expect("temp dir");
         generate_certs(dir.path());
         let load_certs = |path: &Path| -> Vec<CertificateDer<'static>> {

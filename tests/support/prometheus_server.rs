@@ -222,7 +222,7 @@ impl PrometheusServer {
     /// Polls `/-/ready` for up to 30 s. `Err` carries the log when the process died or never
     /// became ready.
     async fn wait_ready(&mut self) -> Result<(), String> {
-        watermarkd::backend::ensure_crypto_provider();
+        watermarkd::adapters::backend::ensure_crypto_provider();
         let client = reqwest::Client::builder().timeout(Duration::from_secs(2)).build().expect("client");
         let ready = format!("{}/-/ready", self.url());
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
@@ -504,7 +504,7 @@ pub struct PrometheusProxy {
 
 impl PrometheusProxy {
     pub async fn start(upstream: &str) -> Self {
-        watermarkd::backend::ensure_crypto_provider();
+        watermarkd::adapters::backend::ensure_crypto_provider();
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind the proxy");
         let addr = listener.local_addr().expect("proxy address");
         let proxy = PrometheusProxy {
@@ -730,7 +730,7 @@ impl TlsServer {
         use rustls::pki_types::pem::PemObject;
         use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
-        watermarkd::backend::ensure_crypto_provider();
+        watermarkd::adapters::backend::ensure_crypto_provider();
         let load_certs = |path: &Path| -> Vec<CertificateDer<'static>> {
             CertificateDer::pem_file_iter(path).expect("cert file").collect::<Result<_, _>>().expect("certs")
         };

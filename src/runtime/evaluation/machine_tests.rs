@@ -6,10 +6,10 @@ use std::collections::VecDeque;
 use watermarkd_engine::Timestamp;
 
 use super::*;
-use crate::backend::ObservationDetail;
+use crate::adapters::backend::ObservationDetail;
+use crate::adapters::state_store::Stored;
+use crate::domain::state::Marks;
 use crate::runtime::source::Source;
-use crate::state::configmap::Stored;
-use crate::workload::Marks;
 
 /// What the fake cluster answers.
 struct FakeCluster {
@@ -113,7 +113,7 @@ fn desired(extra: &str) -> Desired {
          max_replicas = 10\n{extra}\n[[autoscaler.metric]]\nbackend = \"p\"\nquery = \"q\"\n\
          high_watermark = 10\nlow_watermark = 5\n"
     );
-    let rules = crate::rules::parse_rules(&text, "rules.toml").expect("rules");
+    let rules = crate::domain::rules::parse_rules(&text, "rules.toml").expect("rules");
     let autoscaler = rules.autoscalers.into_iter().next().expect("one autoscaler");
     Desired::from_rules_file(autoscaler, false)
 }

@@ -1,0 +1,319 @@
+//! Metric backends: Datadog's query API and any Prometheus-compatible endpoint, queried
+//! directly over HTTP.
+//!
+//! A backend answers "evaluate these queries now" with one `Observation` per query: a value and
+//! the time of its data point, or "unavailable" with a reason. Batching, pacing, retries and
+//! every protocol quirk stay in here; the engine never sees HTTP, and nothing that went wrong
+//! ever reaches it as a number.
+//!
+//! # The cycle deadline
+//! Each `evaluate` gets the moment its cycle must be over, and everything in it (waiting for a
+//! request slot, every attempt, every backoff sleep) fits before it: an attempt is given
+//! `min(timeout, time left)`, a retry whose backoff would end too close to the deadline is not
+//! made, and what could not be answered in time is `QueryError::Timeout` for this cycle. The
+//! bound is a moment, not a number of retries, so a slow or failing backend costs the same
+//! whatever the interval: the daemon sets it just before the next cycle of the most frequent
+//! autoscaler in the batch, so one cycle never runs into the next.
+
+pub mod datadog;
+pub mod plan;
+pub mod prometheus;
+pub mod recommender;
+mod secret;
+pub mod trust;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use watermarkd_engine::{Reading, Timestamp};
+
+pub use plan::{PlanPart, PlannedFetch, QueryPlan};
+
+use crate::adapters::telemetry::BackendMetrics;
+use crate::domain::rules::{self, Reducer};
+
+pub(crate) use secret::SecretError;
+pub use secret::{FileStamp, Secret, CHECK_EVERY as SECRET_CHECK_EVERY};
+
+/// One metric query, as an autoscaler's metric names it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MetricQuery {
+    pub query: String,
+    /// How several Prometheus series become one value; `None`: several series are an error.
+    pub reducer: Option<Reducer>,
+}
+
+/// What a backend answered for one query.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Observation {
+    /// What the engine sees.
+    pub reading: Reading,
+    /// What a person checking a rule wants to know (`watermarkd query`, logs).
+    pub detail: ObservationDetail,
+}
+
+/// How a value was chosen, or why there is none.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ObservationDetail {
+    /// Series in the answer for this query.
+    pub series: Option<usize>,
+    /// Non-null points in the chosen series (Datadog).
+    pub points: Option<usize>,
+    /// Which of those points was used, 0-based (Datadog: the penultimate non-null one).
+    pub chosen_point: Option<usize>,
+    /// The series' rollup interval in seconds, as the backend reported it (Datadog).
+    pub interval_seconds: Option<u64>,
+    /// Warnings the backend attached to a partial answer (Prometheus).
+    pub warnings: Vec<String>,
+    /// The value is a lower bound (a resource metric with pods that lack samples), and why: it
+    /// may show that usage is above the band, never that it is inside or below.
+    pub partial: Option<String>,
+    pub error: Option<QueryError>,
+}
+
+impl Observation {
+    pub fn value(value: f64, at: Timestamp, detail: ObservationDetail) -> Self {
+        Observation { reading: Reading::Value { value, at }, detail }
+    }
+
+    pub fn unavailable(error: QueryError) -> Self {
+        Self::unavailable_with(error, ObservationDetail::default())
+    }
+
+    pub fn unavailable_with(error: QueryError, mut detail: ObservationDetail) -> Self {
+        let reading = Reading::Unavailable { reason: error.to_string() };
+        detail.error = Some(error);
+        Observation { reading, detail }
+    }
+}
+
+/// Why one query has no value. The text is what the engine's reason and the logs show, so it
+/// says what to check; it never contains a secret.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum QueryError {
+    /// The backend refused our credentials or scope (Datadog 403), or a secret is missing.
+    #[error("configuration error: {0}")]
+    Configuration(String),
+    /// The backend rejected this query (HTTP 400, Prometheus `bad_data`).
+    #[error("bad query: {0}")]
+    BadQuery(String),
+    /// No data in the window: empty result, all-null points, Datadog 422.
+    #[error("no data: {0}")]
+    NoData(String),
+    #[error("stale: the newest usable point is {age_seconds}s old, max age {max_age_seconds}s")]
+    Stale { age_seconds: u64, max_age_seconds: u64 },
+    #[error("the value is {0}, not a number")]
+    NotANumber(String),
+    #[error("{count} series answered where one was expected: aggregate them in the query, or set a reducer")]
+    SeveralSeries { count: usize },
+    /// The backend's rate limit is exhausted: wait for its reset.
+    #[error("rate limited: the budget resets in {reset_in_seconds}s")]
+    RateLimited { reset_in_seconds: u64 },
+    /// Skipped this cycle to keep within the rate limit (or within the namespace's share of
+    /// it): the effective interval is stretched.
+    #[error(
+        "deferred: the Datadog rate budget (or the namespace's share of it) allows this query every \
+         {stretched_interval_seconds}s"
+    )]
+    Deferred { stretched_interval_seconds: u64 },
+    /// HTTP 5xx, a `status: "error"` in a 200 answer, or a Prometheus server-side error, after
+    /// retries.
+    #[error("server error: {0}")]
+    Server(String),
+    /// No answer before the request's timeout or the cycle's deadline (seconds: the time the
+    /// request or the cycle had).
+    #[error("timed out after {0}s")]
+    Timeout(u64),
+    /// Connection refused, reset, DNS or TLS failure.
+    #[error("cannot reach the backend: {0}")]
+    Transport(String),
+    /// An answer that does not follow the protocol (not JSON, missing fields).
+    #[error("unexpected answer: {0}")]
+    Protocol(String),
+}
+
+/// A stretch of history, read as a live daemon would have read it at `start`, `start + step`,
+/// ... up to `end`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HistorySpan {
+    pub start: Timestamp,
+    pub end: Timestamp,
+    pub step: Duration,
+}
+
+impl HistorySpan {
+    /// The evaluation times: `start`, then every `step` up to `end`.
+    pub fn steps(&self) -> Vec<Timestamp> {
+        let step_ms = i64::try_from(self.step.as_millis()).unwrap_or(i64::MAX).max(1);
+        let count = (self.end.unix_millis() - self.start.unix_millis()).max(0) / step_ms + 1;
+        (0..count).map(|k| Timestamp::from_unix_millis(self.start.unix_millis() + k * step_ms)).collect()
+    }
+}
+
+/// Why a metric's history could not be read. Each names the backend and the query, since a
+/// backtest reads several.
+#[derive(Debug, thiserror::Error)]
+pub enum HistoryError {
+    #[error("backend {backend:?}: query {query:?}: {error}")]
+    Query { backend: String, query: String, error: QueryError },
+    #[error(
+        "backend {backend:?}: query {query:?} returns {count} series over the history, where an autoscaler metric \
+         needs one: aggregate them in the query (sum, max, avg by nothing) or give the metric a reducer"
+    )]
+    SeveralSeries { backend: String, query: String, count: usize },
+    #[error(
+        "backend {backend:?}: query {query:?} has a value at only {points} of the evaluations between {start} and \
+         {end}; a backtest needs at least {needed}, a tenth (is the history kept that long, and is the query right?)"
+    )]
+    TooShort { backend: String, query: String, points: usize, needed: usize, start: Timestamp, end: Timestamp },
+}
+
+/// Why a backend could not be built from its configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("backend {backend:?}: {source}")]
+    Secret { backend: String, source: SecretError },
+    #[error("backend {backend:?}: {message}")]
+    Invalid { backend: String, message: String },
+}
+
+/// "Evaluate these queries now": one call per cycle, answers in the order of `queries`, all of
+/// them by `deadline` (see "The cycle deadline" above).
+pub trait QueryBackend {
+    fn evaluate(
+        &self,
+        queries: &[MetricQuery],
+        now: Timestamp,
+        deadline: Instant,
+    ) -> impl std::future::Future<Output = Vec<Observation>> + Send;
+}
+
+/// The backends a rules file may name: an enum, not a plugin system.
+pub enum MetricBackend {
+    Datadog(datadog::DatadogClient),
+    Prometheus(prometheus::PrometheusClient),
+}
+
+impl MetricBackend {
+    /// Builds the client for `[backend.NAME]`: reads its secrets and sets up its connection pool.
+    pub fn new(name: &str, config: &rules::Backend, metrics: Arc<BackendMetrics>) -> Result<Self, BackendError> {
+        ensure_crypto_provider();
+        Ok(match config {
+            rules::Backend::Datadog(c) => MetricBackend::Datadog(datadog::DatadogClient::new(name, c, metrics)?),
+            rules::Backend::Prometheus(c) => {
+                MetricBackend::Prometheus(prometheus::PrometheusClient::new(name, c, metrics)?)
+            }
+        })
+    }
+}
+
+impl MetricBackend {
+    /// Whether the backends of `next` that differ from `running` can be built now (secrets
+    /// read, certificates loaded), without keeping them. A reload checks this first, so that a
+    /// new secret that cannot be read fails the reload and the working client stays.
+    pub fn check_changed(running: &rules::RulesFile, next: &rules::RulesFile) -> Result<(), BackendError> {
+        for (name, config) in &next.backends {
+            if running.backends.get(name) != Some(config) {
+                Self::new(name, config, Arc::new(BackendMetrics::detached()))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The configured timeout of one request.
+    pub fn timeout(&self) -> Duration {
+        match self {
+            MetricBackend::Datadog(c) => c.timeout(),
+            MetricBackend::Prometheus(c) => c.timeout(),
+        }
+    }
+
+    /// What a cycle of `queries` at `now` would send (`plan`), without sending anything.
+    pub fn plan(&self, queries: &[MetricQuery], now: Timestamp) -> QueryPlan {
+        match self {
+            MetricBackend::Datadog(c) => c.plan(queries, now),
+            MetricBackend::Prometheus(c) => c.plan(queries),
+        }
+    }
+}
+
+impl MetricBackend {
+    /// What a live evaluation would have read at each step of `span` (see each client's
+    /// `history`).
+    pub async fn history(
+        &self,
+        query: &MetricQuery,
+        span: HistorySpan,
+        progress: &dyn Fn(usize),
+    ) -> Result<Vec<(Timestamp, Observation)>, HistoryError> {
+        let (name, read) = match self {
+            MetricBackend::Datadog(c) => (c.name(), c.history(query, span, progress).await?),
+            MetricBackend::Prometheus(c) => (c.name(), c.history(query, span, progress).await?),
+        };
+        // A replay where almost every evaluation has no data says only that the data is not
+        // there: a retention shorter than the span, or a query that matches nothing.
+        let points = read.iter().filter(|(_, o)| matches!(o.reading, Reading::Value { .. })).count();
+        let needed = read.len().div_ceil(10).max(2);
+        if points < needed {
+            return Err(HistoryError::TooShort {
+                backend: name.to_string(),
+                query: query.query.clone(),
+                points,
+                needed,
+                start: span.start,
+                end: span.end,
+            });
+        }
+        Ok(read)
+    }
+}
+
+impl MetricBackend {
+    /// `evaluate`, knowing which namespace asks each query (`None`: the rules file). Datadog
+    /// holds each namespace to its share of the rate budget; Prometheus has no shared budget.
+    pub async fn evaluate_for(
+        &self,
+        queries: &[MetricQuery],
+        namespaces: &[Option<&str>],
+        now: Timestamp,
+        deadline: Instant,
+    ) -> Vec<Observation> {
+        match self {
+            MetricBackend::Datadog(c) => c.evaluate_for(queries, namespaces, now, deadline).await,
+            MetricBackend::Prometheus(c) => c.evaluate(queries, now, deadline).await,
+        }
+    }
+}
+
+impl QueryBackend for MetricBackend {
+    async fn evaluate(&self, queries: &[MetricQuery], now: Timestamp, deadline: Instant) -> Vec<Observation> {
+        match self {
+            MetricBackend::Datadog(c) => c.evaluate(queries, now, deadline).await,
+            MetricBackend::Prometheus(c) => c.evaluate(queries, now, deadline).await,
+        }
+    }
+}
+
+/// rustls needs one process-wide crypto provider; ring is the one compiled in.
+pub fn ensure_crypto_provider() {
+    // Err only means one is installed already, which is what we want.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// The distinct query texts, in order of first use, and for each query the index of its text:
+/// the same text is sent once, however many metrics (with whatever reducers) use it.
+pub(crate) fn distinct_texts(queries: &[MetricQuery]) -> (Vec<&str>, Vec<usize>) {
+    let mut texts: Vec<&str> = Vec::new();
+    let mut index_of: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    let slots = queries
+        .iter()
+        .map(|q| {
+            *index_of.entry(q.query.as_str()).or_insert_with(|| {
+                texts.push(q.query.as_str());
+                texts.len() - 1
+            })
+        })
+        .collect();
+    (texts, slots)
+}

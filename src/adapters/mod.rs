@@ -1,0 +1,11 @@
+//! The edges that do I/O: metric backends, the workloads and their `/scale`, the metrics API,
+//! the state ConfigMaps, Events, the Lease, and the daemon's own telemetry. Each has one error
+//! enum and a thin async surface over decisions that are sync functions with their own tests.
+
+pub mod backend;
+pub mod events;
+pub mod lease;
+pub mod resource;
+pub mod state_store;
+pub mod telemetry;
+pub mod workload;

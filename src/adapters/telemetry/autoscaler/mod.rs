@@ -1,0 +1,753 @@
+//! The `wpa_controller_*` series, with the Datadog controller's names and labels so that its
+//! dashboards keep working. Gauges describe the latest evaluation: each evaluation replaces every
+//! series of its autoscaler (a metric without a value has no value sample, never a 0), and an
+//! autoscaler that goes away takes all its series with it.
+//!
+//! They are kept here, not in `prometheus` collectors: one compact record per autoscaler (its
+//! label set rendered once, then numbers), written out in the text format at scrape time in
+//! chunks (`exposition.rs`). The `prometheus` crate's labelled vectors cost about 14 kB per
+//! autoscaler for these 13 families (per-child label pairs and protobuf copies on every
+//! gather), which is 140 MB at 10,000 autoscalers; this costs well under 1 kB. The daemon's own
+//! few series stay in the registry.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use watermarkd_engine::{Action, Decision, Limit, Position, Rule};
+
+use crate::domain::sparse::Sparse;
+
+mod exposition;
+
+pub use exposition::Snapshot;
+
+/// Who an autoscaler's series are about.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct SeriesLabels {
+    /// The WPA name, or the rules-file autoscaler's name.
+    pub wpa_name: Arc<str>,
+    /// The WPA namespace; for a rules-file autoscaler, its target's namespace.
+    pub wpa_namespace: Arc<str>,
+    pub resource_name: Arc<str>,
+    pub resource_namespace: Arc<str>,
+    pub resource_kind: Arc<str>,
+    /// Labels-as-tags for `wpa_controller_labels_info`: (Prometheus label name, value) of the
+    /// object's Kubernetes labels that [`LabelsAsTags`] selects, sorted by name, empty values
+    /// left out. See [`LabelsAsTags::tags`].
+    pub tags: Vec<(String, String)>,
+    /// Whether the autoscaler only reports: its rule's `dry_run` or the daemon's `--dry-run`.
+    /// Exported as the `dry_run` label, which users' dashboards filter on; when it flips, the
+    /// autoscaler's series start over under the new label set.
+    pub dry_run: bool,
+}
+
+impl SeriesLabels {
+    /// The label set of every per-autoscaler series, sorted by label name as the text format
+    /// conventionally is. `target_name` and `namespace` repeat `resource_name` and the WPA
+    /// namespace, as the Datadog controller adds them (to compare with its newer autoscaler).
+    /// `dry_run` is watermarkd's own: the Datadog controller has no such label.
+    fn render(&self) -> String {
+        render_pairs(&[
+            ("dry_run", if self.dry_run { "true" } else { "false" }),
+            ("namespace", &self.wpa_namespace),
+            ("resource_kind", &self.resource_kind),
+            ("resource_name", &self.resource_name),
+            ("resource_namespace", &self.resource_namespace),
+            ("target_name", &self.resource_name),
+            ("wpa_name", &self.wpa_name),
+            ("wpa_namespace", &self.wpa_namespace),
+        ])
+    }
+
+    /// The label set of `wpa_controller_labels_info`: the Datadog controller's join keys and the
+    /// tags.
+    fn render_info(&self) -> String {
+        let mut pairs: Vec<(&str, &str)> = vec![
+            ("namespace", &self.wpa_namespace),
+            ("resource_namespace", &self.resource_namespace),
+            ("wpa_name", &self.wpa_name),
+            ("wpa_namespace", &self.wpa_namespace),
+        ];
+        pairs.extend(self.tags.iter().map(|(name, value)| (name.as_str(), value.as_str())));
+        pairs.sort_by(|a, b| a.0.cmp(b.0));
+        render_pairs(&pairs)
+    }
+}
+
+fn render_pairs(pairs: &[(&str, &str)]) -> String {
+    let mut out = String::new();
+    for (i, (name, value)) in pairs.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        let _ = write!(out, "{name}=\"{}\"", escape(value));
+    }
+    out
+}
+
+/// The labels of `wpa_controller_labels_info` that [`LabelsAsTags`] reserves for itself.
+const INFO_LABELS: [&str; 4] = ["namespace", "resource_namespace", "wpa_name", "wpa_namespace"];
+
+/// Which Kubernetes labels of a WPA become labels of its `wpa_controller_labels_info` series
+/// (the Datadog controller's `DD_LABELS_AS_TAGS`): each key is exported under its own name,
+/// made a valid Prometheus label name (see [`label_name`]), so that an Agent check's
+/// `label_joins` on `wpa_controller_labels_info` with `labels_to_get` of those names works
+/// unchanged. Only the chosen keys are kept, so the series stays one per autoscaler with a
+/// bounded label set.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LabelsAsTags {
+    /// (Kubernetes label key, Prometheus label name).
+    keys: Vec<(String, String)>,
+}
+
+impl LabelsAsTags {
+    /// Checks the keys: none empty, and no two (nor one and a join label of the info series)
+    /// with the same label name once made valid.
+    pub fn new<S: AsRef<str>>(keys: &[S]) -> Result<Self, String> {
+        let mut out: Vec<(String, String)> = Vec::new();
+        for key in keys {
+            let key = key.as_ref().trim();
+            if key.is_empty() {
+                return Err("labels_as_tags: a label key is empty".into());
+            }
+            if out.iter().any(|(k, _)| k == key) {
+                continue;
+            }
+            let name = label_name(key);
+            if INFO_LABELS.contains(&name.as_str()) {
+                return Err(format!(
+                    "labels_as_tags: {key:?} would be exported as {name:?}, which wpa_controller_labels_info already \
+                     has"
+                ));
+            }
+            if let Some((other, _)) = out.iter().find(|(_, n)| *n == name) {
+                return Err(format!("labels_as_tags: {other:?} and {key:?} would both be exported as {name:?}"));
+            }
+            out.push((key.to_string(), name));
+        }
+        out.sort_by(|a, b| a.1.cmp(&b.1));
+        Ok(LabelsAsTags { keys: out })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// The tags of an object with these Kubernetes labels: (label name, value) for each chosen
+    /// key the object has with a non-empty value (an empty label value is the same as no label
+    /// in Prometheus), sorted by label name.
+    pub fn tags(&self, labels: Option<&BTreeMap<String, String>>) -> Vec<(String, String)> {
+        let Some(labels) = labels else { return Vec::new() };
+        self.keys
+            .iter()
+            .filter_map(|(key, name)| {
+                labels.get(key).filter(|value| !value.is_empty()).map(|value| (name.clone(), value.clone()))
+            })
+            .collect()
+    }
+}
+
+/// A Kubernetes label key as a Prometheus label name (`[a-zA-Z_][a-zA-Z0-9_]*`, and not
+/// starting with the reserved `__`): every other character becomes `_`, a leading digit gets
+/// a `_` in front, and a leading `__` gets `label` in front. `team` stays `team`;
+/// `app.kubernetes.io/name` becomes `app_kubernetes_io_name`.
+pub fn label_name(key: &str) -> String {
+    let mut name: String = key.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '_' }).collect();
+    if name.is_empty() || name.starts_with(|c: char| c.is_ascii_digit()) {
+        name.insert(0, '_');
+    }
+    if name.starts_with("__") {
+        name.insert_str(0, "label");
+    }
+    name
+}
+
+/// Label values escape backslash, double quote and newline.
+fn escape(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The WPA condition types exported by `wpa_controller_conditions`, with their `condition`
+/// label. The first two are the ones the Datadog controller tracks (with its label values);
+/// the others are the rest of the conditions a WPA status carries, in the same spelling. The
+/// Datadog controller's third, `scaling_blocked`, belongs to its lifecycle control (a
+/// DatadogMonitor gating the WPA), which watermarkd does not have.
+pub const CONDITIONS: [(&str, &str); 6] = [
+    ("AbleToScale", "able_to_scale"),
+    ("ScalingLimited", "scaling_limited"),
+    ("ScalingActive", "scaling_active"),
+    ("DryRun", "dry_run"),
+    ("AboveHighWatermark", "above_high_watermark"),
+    ("BelowLowWatermark", "below_low_watermark"),
+];
+
+#[derive(Clone, Debug)]
+struct MetricRecord {
+    /// The `metric_name` label's value, escaped.
+    name: String,
+    value: Option<f64>,
+    /// How old the value's data point was at the decision, in seconds.
+    age_seconds: Option<f64>,
+    high_watermark: f64,
+    low_watermark: f64,
+    proposal: Option<u32>,
+}
+
+/// What one shadow rule made of an evaluation of its active autoscaler.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ShadowOutcome {
+    /// The `shadow` label.
+    pub name: Arc<str>,
+    /// What it would have set.
+    pub replicas: u32,
+    /// Whether that differs from what the active rule set (or, in a dry run, would have).
+    pub diverged: bool,
+}
+
+#[derive(Clone, Debug)]
+struct ShadowRecord {
+    /// The `shadow` label's value, escaped.
+    name: String,
+    /// `None` after an evaluation that could not decide.
+    replicas: Option<u32>,
+    evaluations_total: u64,
+    divergence_total: u64,
+}
+
+/// Everything exported about one autoscaler. The label set is the running autoscaler's own,
+/// rendered once per scrape rather than kept rendered: at 10,000 autoscalers the texts would
+/// hold 3 MB between scrapes.
+#[derive(Clone, Debug)]
+struct Record {
+    labels: Arc<SeriesLabels>,
+    metrics: Vec<MetricRecord>,
+    effective: Option<u32>,
+    restricted: [bool; 3],
+    countdown: [f64; 2],
+    min_replicas: u32,
+    max_replicas: u32,
+    scaling_active: bool,
+    dry_run: bool,
+    upscale_total: u64,
+    downscale_total: u64,
+    /// Per [`CONDITIONS`] entry: its status as last set (`None`: never set).
+    conditions: [Option<bool>; CONDITIONS.len()],
+    shadows: Sparse<ShadowRecord>,
+}
+
+/// The previous conditions with these set; a condition not set this time keeps its status, as
+/// a WPA status does.
+fn conditions<'a>(
+    previous: Option<&Record>,
+    set: impl IntoIterator<Item = (&'a str, bool)>,
+) -> [Option<bool>; CONDITIONS.len()] {
+    let mut out = previous.map_or([None; CONDITIONS.len()], |p| p.conditions);
+    for (type_, status) in set {
+        if let Some((_, slot)) = CONDITIONS.iter().zip(&mut out).find(|((t, _), _)| *t == type_) {
+            *slot = Some(status);
+        }
+    }
+    out
+}
+
+/// One label set's place in [`AutoscalerMetrics`].
+#[derive(Default)]
+struct SeriesEntry {
+    /// How many running autoscalers have this label set (normally one; a rules-file
+    /// autoscaler and a WPA may share one).
+    holders: usize,
+    /// `None` until the first evaluation reports.
+    record: Option<Arc<Record>>,
+}
+
+/// The per-autoscaler series. Only label sets that the scheduler has [admitted](Self::admit)
+/// and not yet [removed](Self::remove) take reports: an evaluation that was under way when its
+/// autoscaler stopped or changed labels (a `dry_run` flip, a new labels-as-tags value) reports
+/// under the old label set after the scheduler removed it, and would otherwise bring back a
+/// stale duplicate of every series that nothing removes again.
+#[derive(Default)]
+pub struct AutoscalerMetrics {
+    /// Keyed by the running autoscaler's own label set (shared, not copied).
+    slots: Mutex<HashMap<Arc<SeriesLabels>, SeriesEntry>>,
+    labels_as_tags: LabelsAsTags,
+}
+
+impl AutoscalerMetrics {
+    pub fn new() -> Self {
+        AutoscalerMetrics::default()
+    }
+
+    /// Metrics whose `wpa_controller_labels_info` carries these labels-as-tags.
+    pub fn with_labels_as_tags(labels_as_tags: LabelsAsTags) -> Self {
+        AutoscalerMetrics { slots: Mutex::default(), labels_as_tags }
+    }
+
+    /// The tags of an object with these Kubernetes labels, for [`SeriesLabels::tags`].
+    pub fn tags(&self, labels: Option<&BTreeMap<String, String>>) -> Vec<(String, String)> {
+        self.labels_as_tags.tags(labels)
+    }
+
+    /// An autoscaler with this label set is running: its evaluations may report. Each call is
+    /// undone by one [`remove`](Self::remove).
+    pub fn admit(&self, labels: &Arc<SeriesLabels>) {
+        let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+        slots.entry(Arc::clone(labels)).or_default().holders += 1;
+    }
+
+    /// An autoscaler with this label set stopped, or now runs under other labels: when no
+    /// other holds the label set, every series of it goes, and later reports under it are
+    /// dropped until it is admitted again.
+    pub fn remove(&self, labels: &SeriesLabels) {
+        let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(slot) = slots.get_mut(labels) {
+            slot.holders = slot.holders.saturating_sub(1);
+            if slot.holders == 0 {
+                slots.remove(labels);
+            }
+        }
+    }
+
+    /// A running autoscaler's label set changes (a `dry_run` flip, new labels-as-tags): its
+    /// series go, and start over under the new labels at its next report.
+    pub fn relabel(&self, old: &SeriesLabels, new: &Arc<SeriesLabels>) {
+        if *old != **new {
+            self.remove(old);
+            self.admit(new);
+        }
+    }
+
+    /// Replaces the record of an admitted label set; a report under any other is late (see
+    /// [`AutoscalerMetrics`]) and dropped.
+    fn replace(&self, labels: &SeriesLabels, build: impl FnOnce(Arc<SeriesLabels>, Option<&Record>) -> Record) {
+        let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(key) = slots.get_key_value(labels).map(|(key, _)| Arc::clone(key)) else { return };
+        if let Some(slot) = slots.get_mut(labels) {
+            slot.record = Some(Arc::new(build(key, slot.record.as_deref())));
+        }
+    }
+
+    /// Sets every series of one evaluation. `scaled` says whether the decision's scale was
+    /// written (or would have been, in a dry run), which is when the counters move.
+    /// `conditions` are the WPA conditions (type, status) this evaluation set.
+    pub fn observe<'a>(
+        &self,
+        labels: &SeriesLabels,
+        rule: &Rule,
+        decision: &Decision,
+        scaled: bool,
+        set_conditions: impl IntoIterator<Item = (&'a str, bool)>,
+    ) {
+        let active = match decision.limit {
+            Limit::UpscaleCapping => 1,
+            Limit::DownscaleCapping | Limit::NotReady => 2,
+            Limit::TooFew | Limit::TooMany | Limit::AboveMax | Limit::BelowMin => 0,
+            Limit::WithinRange
+            | Limit::ScaledToZero
+            | Limit::Paused
+            | Limit::NoData
+            | Limit::MinAvailable
+            | Limit::NoReadyReplicas => usize::MAX,
+        };
+        let timing = &decision.timing;
+        let up = timing.upscale_window_seconds_left.max(timing.upscale_delay_seconds_left).max(0.0);
+        let down = timing.downscale_window_seconds_left.max(timing.downscale_delay_seconds_left).max(0.0);
+        let from = u64::from(decision.spec_replicas);
+        let to = u64::from(decision.replicas);
+        let (added, removed) = match (scaled, decision.action) {
+            (true, Action::ScaleUp) => (to.saturating_sub(from), 0),
+            (true, Action::ScaleDown) => (0, from.saturating_sub(to)),
+            _ => (0, 0),
+        };
+        let labels_dry_run = labels.dry_run;
+        self.replace(labels, |labels, previous| {
+            Record {
+                labels,
+                metrics: decision
+                    .metrics
+                    .iter()
+                    .map(|m| MetricRecord {
+                        name: escape(&m.name),
+                        // A value the decision refused (stale, negative) is not the metric's
+                        // current value: a dashboard must not plot it as one.
+                        value: m.value.filter(|v| v.is_finite() && m.position != Position::Unavailable),
+                        age_seconds: m
+                            .age_seconds
+                            .filter(|a| a.is_finite() && m.value.is_some() && m.position != Position::Unavailable),
+                        high_watermark: m.high_watermark,
+                        low_watermark: m.low_watermark,
+                        proposal: m.proposal,
+                    })
+                    .collect(),
+                effective: Some(decision.replicas),
+                restricted: [active == 0, active == 1, active == 2],
+                countdown: [up, down],
+                min_replicas: rule.min_replicas(),
+                max_replicas: rule.max_replicas(),
+                scaling_active: decision.proposal.is_some(),
+                // The label's value, which is the decision's (both come from the rule and the
+                // daemon's --dry-run), so the gauge never contradicts the label.
+                dry_run: labels_dry_run,
+                upscale_total: previous.map_or(0, |p| p.upscale_total) + added,
+                downscale_total: previous.map_or(0, |p| p.downscale_total) + removed,
+                conditions: conditions(previous, set_conditions),
+                shadows: previous.map(|p| p.shadows.clone()).unwrap_or_default(),
+            }
+        });
+    }
+
+    /// Sets the series of the shadow rules evaluated with the autoscaler's last evaluation
+    /// (after [`observe`](Self::observe)). A shadow no longer listed loses its series.
+    pub fn observe_shadows(&self, labels: &SeriesLabels, outcomes: &[ShadowOutcome]) {
+        let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(slot) = slots.get_mut(labels) else { return };
+        if let Some(previous) = slot.record.as_deref() {
+            let mut record = previous.clone();
+            let before = record.shadows.take();
+            let shadows: Vec<ShadowRecord> = outcomes
+                .iter()
+                .map(|outcome| {
+                    let name = escape(&outcome.name);
+                    let (evaluations, divergences) = before
+                        .iter()
+                        .find(|s| s.name == name)
+                        .map_or((0, 0), |s| (s.evaluations_total, s.divergence_total));
+                    ShadowRecord {
+                        name,
+                        replicas: Some(outcome.replicas),
+                        evaluations_total: evaluations + 1,
+                        divergence_total: divergences + u64::from(outcome.diverged),
+                    }
+                })
+                .collect();
+            record.shadows = Sparse::from(shadows);
+            slot.record = Some(Arc::new(record));
+        }
+    }
+
+    /// An evaluation that could not decide (target unreadable): the autoscaler is not active
+    /// and its per-evaluation series no longer describe anything current. As the Datadog
+    /// controller does on a failed reconcile, AbleToScale and ScalingActive turn False.
+    pub fn observe_failure(&self, labels: &SeriesLabels, rule: &Rule) {
+        let dry_run = labels.dry_run;
+        self.replace(labels, |labels, previous| {
+            Record {
+                labels,
+                metrics: Vec::new(),
+                effective: None,
+                restricted: [false; 3],
+                countdown: [0.0; 2],
+                min_replicas: rule.min_replicas(),
+                max_replicas: rule.max_replicas(),
+                scaling_active: false,
+                // From the label, not `rule`, which does not know about the daemon's --dry-run.
+                dry_run,
+                upscale_total: previous.map_or(0, |p| p.upscale_total),
+                downscale_total: previous.map_or(0, |p| p.downscale_total),
+                conditions: conditions(
+                    previous,
+                    [("AbleToScale", false), ("ScalingActive", false), ("DryRun", dry_run)],
+                ),
+                // Nothing was evaluated: the shadows keep their counts and lose their value.
+                shadows: previous
+                    .map(|p| p.shadows.iter().map(|s| ShadowRecord { replicas: None, ..s.clone() }).collect::<Vec<_>>())
+                    .unwrap_or_default()
+                    .into(),
+            }
+        });
+    }
+
+    /// The records as they are now, for one scrape.
+    pub fn snapshot(&self) -> Snapshot {
+        let slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+        let records: Vec<Arc<Record>> = slots.values().filter_map(|slot| slot.record.clone()).collect();
+        drop(slots);
+        Snapshot::of(records)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use watermarkd_engine::{decide, Reading, State, Target, Timestamp};
+
+    fn labels(name: &str) -> SeriesLabels {
+        SeriesLabels {
+            wpa_name: name.into(),
+            wpa_namespace: "prod".into(),
+            resource_name: name.into(),
+            resource_namespace: "prod".into(),
+            resource_kind: "Deployment".into(),
+            tags: Vec::new(),
+            dry_run: false,
+        }
+    }
+
+    /// Metrics with these label sets admitted, as the scheduler does for running autoscalers.
+    fn admitted(metrics: AutoscalerMetrics, running: &[&SeriesLabels]) -> AutoscalerMetrics {
+        running.iter().for_each(|labels| metrics.admit(&Arc::new((*labels).clone())));
+        metrics
+    }
+
+    const WEB: &str = r#"dry_run="false",namespace="prod",resource_kind="Deployment",resource_name="web",resource_namespace="prod",target_name="web",wpa_name="web",wpa_namespace="prod""#;
+
+    fn exported(metrics: &AutoscalerMetrics) -> String {
+        metrics.snapshot().render_all()
+    }
+
+    #[test]
+    fn series_follow_each_evaluation_and_go_with_the_autoscaler() {
+        let metrics = admitted(AutoscalerMetrics::new(), &[&labels("web")]);
+        let rule = crate::domain::rules::rule_from_json(&serde_json::json!({
+            "min_replicas": 1, "max_replicas": 10, "algorithm": "absolute",
+            "metric": [{ "name": "load", "query": "q", "high_watermark": 10, "low_watermark": 5 }]
+        }))
+        .expect("rule");
+        let target = Target { spec_replicas: 2, status_replicas: Some(2), ready_replicas: Some(2) };
+        let now = Timestamp::from_unix_millis(1_700_000_000_000);
+        let high = [Reading::Value { value: 30.0, at: Timestamp::from_unix_millis(1_699_999_985_000) }];
+        let decision = decide(&rule, target, &high, &State::default(), now);
+        metrics.observe(&labels("web"), &rule, &decision, true, [("AbleToScale", true), ("ScalingLimited", true)]);
+        let text = exported(&metrics);
+        assert!(text.contains(&format!("wpa_controller_value{{{WEB},metric_name=\"load\"}} 30\n")), "{text}");
+        assert!(text.contains(&format!("watermarkd_metric_age_seconds{{{WEB},metric_name=\"load\"}} 15\n")), "{text}");
+        assert!(text.contains(&format!("wpa_controller_high_watermak{{{WEB},metric_name=\"load\"}} 10\n")), "{text}");
+        assert!(text.contains(&format!("wpa_controller_low_watermak{{{WEB},metric_name=\"load\"}} 5\n")), "{text}");
+        assert!(
+            text.contains(&format!("wpa_controller_conditions{{{WEB},condition=\"scaling_limited\"}} 1\n")),
+            "{text}"
+        );
+        assert!(!text.contains("condition=\"dry_run\""), "a condition never set has no series: {text}");
+        assert!(text.contains("wpa_controller_labels_info{namespace=\"prod\",resource_namespace=\"prod\",wpa_name=\"web\",wpa_namespace=\"prod\"} 1\n"), "{text}");
+        assert!(text.contains(r#"wpa_namespace="prod",reason="upscale_capping"} 1"#), "{text}");
+        assert!(text.contains("wpa_controller_upscale_replicas_total{"), "{text}");
+
+        // No value: the value series goes (never 0), the watermarks stay.
+        let none = [Reading::Unavailable { reason: "no data".into() }];
+        let decision = decide(&rule, target, &none, &State::default(), now);
+        metrics.observe(&labels("web"), &rule, &decision, false, [("ScalingActive", false)]);
+        let text = exported(&metrics);
+        assert!(!text.contains("wpa_controller_value{"), "{text}");
+        assert!(!text.contains("watermarkd_metric_age_seconds{"), "{text}");
+        assert!(text.contains("wpa_controller_high_watermark{"), "{text}");
+        assert!(text.contains(&format!("wpa_controller_scaling_active{{{WEB}}} 0\n")), "{text}");
+        // Conditions not set this time keep their status, as in a WPA status.
+        assert!(
+            text.contains(&format!("wpa_controller_conditions{{{WEB},condition=\"scaling_limited\"}} 1\n")),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("wpa_controller_conditions{{{WEB},condition=\"scaling_active\"}} 0\n")),
+            "{text}"
+        );
+
+        // A stale value (past the metric's max_age) is refused, so it is not exported either.
+        let rule_max_age = crate::domain::rules::rule_from_json(&serde_json::json!({
+            "min_replicas": 1, "max_replicas": 10, "algorithm": "absolute",
+            "metric": [{ "name": "load", "query": "q", "high_watermark": 10, "low_watermark": 5, "max_age": "30s" }]
+        }))
+        .expect("rule");
+        let old = [Reading::Value { value: 30.0, at: Timestamp::from_unix_millis(1_700_000_000_000 - 40_000) }];
+        let decision = decide(&rule_max_age, target, &old, &State::default(), now);
+        assert_eq!(decision.metrics[0].value, Some(30.0), "the decision still says what was read");
+        metrics.observe(&labels("web"), &rule_max_age, &decision, false, []);
+        let text = exported(&metrics);
+        assert!(!text.contains("wpa_controller_value{"), "{text}");
+
+        // Chunked output is the same text, with one header per family.
+        let snapshot = metrics.snapshot();
+        let chunked: String = (0..snapshot.chunks(1)).map(|i| snapshot.render(i, 1)).collect();
+        assert_eq!(chunked, text);
+        assert_eq!(text.matches("# TYPE wpa_controller_max_replicas gauge").count(), 1);
+
+        metrics.remove(&labels("web"));
+        let text = exported(&metrics);
+        assert!(!text.contains("wpa_name=\"web\""), "every series of a removed autoscaler goes: {text}");
+        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+
+    #[test]
+    fn a_failed_evaluation_turns_able_to_scale_and_scaling_active_false() {
+        let metrics = admitted(AutoscalerMetrics::new(), &[&labels("web")]);
+        let rule = crate::domain::rules::rule_from_json(&serde_json::json!({
+            "min_replicas": 1, "max_replicas": 10,
+            "metric": [{ "name": "load", "query": "q", "high_watermark": 10, "low_watermark": 5 }]
+        }))
+        .expect("rule");
+        metrics.observe_failure(&labels("web"), &rule);
+        let text = exported(&metrics);
+        for (condition, status) in [("able_to_scale", 0), ("scaling_active", 0), ("dry_run", 0)] {
+            let expected = format!("wpa_controller_conditions{{{WEB},condition=\"{condition}\"}} {status}\n");
+            assert!(text.contains(&expected), "{expected} in {text}");
+        }
+        assert!(!text.contains("wpa_controller_replicas_scaling_effective{"), "{text}");
+        assert_eq!(text.matches("wpa_controller_labels_info{").count(), 1, "{text}");
+    }
+
+    #[test]
+    fn label_names_are_made_valid_and_values_escaped() {
+        assert_eq!(label_name("team"), "team");
+        assert_eq!(label_name("app.kubernetes.io/name"), "app_kubernetes_io_name");
+        assert_eq!(label_name("9lives"), "_9lives");
+        assert_eq!(label_name("__meta"), "label__meta");
+        assert_eq!(label_name("ünïcode-key"), "_n_code_key");
+        assert_eq!(label_name(""), "_");
+
+        let tags = LabelsAsTags::new(&["team", "app.kubernetes.io/name", "absent", "empty", "team"]).expect("valid");
+        let object: BTreeMap<String, String> =
+            [("team", "pay\"ments\\eu\nwest"), ("app.kubernetes.io/name", "web"), ("empty", ""), ("unchosen", "x")]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+        let metrics = AutoscalerMetrics::with_labels_as_tags(tags);
+        let mut series = labels("web");
+        series.tags = metrics.tags(Some(&object));
+        assert_eq!(
+            series.tags,
+            vec![("app_kubernetes_io_name".into(), "web".into()), ("team".into(), "pay\"ments\\eu\nwest".into())]
+        );
+        let rule = crate::domain::rules::rule_from_json(&serde_json::json!({
+            "max_replicas": 10, "metric": [{ "name": "load", "query": "q", "high_watermark": 10 }]
+        }))
+        .expect("rule");
+        metrics.admit(&Arc::new(series.clone()));
+        metrics.observe_failure(&series, &rule);
+        let text = exported(&metrics);
+        let info = r#"wpa_controller_labels_info{app_kubernetes_io_name="web",namespace="prod",resource_namespace="prod",team="pay\"ments\\eu\nwest",wpa_name="web",wpa_namespace="prod"} 1"#;
+        assert!(text.contains(info), "{text}");
+        assert!(!text.contains("unchosen") && !text.contains("empty") && !text.contains("absent"), "{text}");
+        // The other series do not carry the tags: the info series is joined on.
+        assert!(text.contains(&format!("wpa_controller_max_replicas{{{WEB}}} 10\n")), "{text}");
+
+        assert!(LabelsAsTags::new(&["wpa_name"]).is_err(), "collides with a join label");
+        assert!(LabelsAsTags::new(&["a.b", "a/b"]).is_err(), "two keys, one label name");
+        assert!(LabelsAsTags::new(&[" "]).is_err());
+        assert!(LabelsAsTags::new::<&str>(&[]).expect("none").is_empty());
+    }
+
+    /// Every series line of `text` about the autoscaler `wpa_name`.
+    fn lines_of<'a>(text: &'a str, wpa_name: &str) -> Vec<&'a str> {
+        let needle = format!("wpa_name=\"{wpa_name}\"");
+        text.lines().filter(|l| !l.starts_with('#') && l.contains(&needle)).collect()
+    }
+
+    #[test]
+    fn a_dry_run_flip_starts_the_series_over_and_a_late_report_brings_back_none() {
+        let metrics = AutoscalerMetrics::new();
+        let rule = crate::domain::rules::rule_from_json(&serde_json::json!({
+            "min_replicas": 1, "max_replicas": 10, "algorithm": "absolute",
+            "metric": [{ "name": "load", "query": "q", "high_watermark": 10, "low_watermark": 5 }]
+        }))
+        .expect("rule");
+        let target = Target { spec_replicas: 2, status_replicas: Some(2), ready_replicas: Some(2) };
+        let now = Timestamp::from_unix_millis(1_700_000_000_000);
+        let high = [Reading::Value { value: 30.0, at: now }];
+        let reporting = labels("web");
+        let dry = SeriesLabels { dry_run: true, ..labels("web") };
+
+        // Not admitted: nothing is exported for it.
+        let decision = decide(&rule, target, &high, &State::default(), now);
+        metrics.observe(&reporting, &rule, &decision, true, [("AbleToScale", true)]);
+        assert_eq!(exported(&metrics), "", "a report before the autoscaler is admitted is dropped");
+
+        metrics.admit(&Arc::new(reporting.clone()));
+        metrics.observe(&reporting, &rule, &decision, true, [("AbleToScale", true)]);
+        let before = exported(&metrics);
+        let per_autoscaler: Vec<&str> =
+            lines_of(&before, "web").into_iter().filter(|l| !l.starts_with("wpa_controller_labels_info")).collect();
+        assert!(
+            !per_autoscaler.is_empty() && per_autoscaler.iter().all(|l| l.contains("dry_run=\"false\"")),
+            "{before}"
+        );
+        assert!(before.contains(&format!("wpa_controller_dry_run{{{WEB}}} 0\n")), "{before}");
+
+        // The flip, as the scheduler makes it: the old label set goes, the new one is admitted.
+        metrics.remove(&reporting);
+        metrics.admit(&Arc::new(dry.clone()));
+        // An evaluation still under way with the old labels reports late: dropped.
+        metrics.observe(&reporting, &rule, &decision, true, [("AbleToScale", true)]);
+        metrics.observe_failure(&reporting, &rule);
+        assert_eq!(exported(&metrics), "", "no series under the old label set; the new has not reported yet");
+
+        let dry_rule = rule.clone().with_dry_run(true);
+        let decision = decide(&dry_rule, target, &high, &State::default(), now);
+        metrics.observe(&dry, &dry_rule, &decision, true, [("AbleToScale", true), ("DryRun", true)]);
+        let after = exported(&metrics);
+        let lines = lines_of(&after, "web");
+        let per_autoscaler: Vec<&&str> =
+            lines.iter().filter(|l| !l.starts_with("wpa_controller_labels_info")).collect();
+        assert!(per_autoscaler.iter().all(|l| l.contains("dry_run=\"true\"")), "no stale duplicate: {after}");
+        // The DryRun condition is the one series more than before.
+        assert_eq!(lines.len(), lines_of(&before, "web").len() + 1, "each series once: {after}");
+        assert_eq!(after.matches("wpa_controller_labels_info{").count(), 1, "{after}");
+        let dry_labels = WEB.replace("dry_run=\"false\"", "dry_run=\"true\"");
+        assert!(after.contains(&format!("wpa_controller_dry_run{{{dry_labels}}} 1\n")), "{after}");
+        // The counters start over: one scale-up counted, as after the first report.
+        let counted = |text: &str, labels: &str| {
+            let prefix = format!("wpa_controller_upscale_replicas_total{{{labels}}} ");
+            text.lines().find_map(|l| l.strip_prefix(prefix.as_str())).map(String::from)
+        };
+        assert_eq!(counted(&after, &dry_labels), counted(&before, WEB), "{after}");
+        assert_ne!(counted(&before, WEB).as_deref(), Some("0"), "the first report counted a scale-up: {before}");
+
+        // A label set two autoscalers share stays until both have gone.
+        metrics.admit(&Arc::new(dry.clone()));
+        metrics.remove(&dry);
+        assert!(!exported(&metrics).is_empty(), "one holder left");
+        metrics.remove(&dry);
+        assert_eq!(exported(&metrics), "");
+    }
+    #[test]
+    fn shadow_series_count_evaluations_and_divergences_and_exist_only_with_a_shadow() {
+        let metrics = admitted(AutoscalerMetrics::new(), &[&labels("web")]);
+        let rule = crate::domain::rules::rule_from_json(&serde_json::json!({
+            "min_replicas": 1, "max_replicas": 10,
+            "metric": [{ "name": "load", "query": "q", "high_watermark": 10, "low_watermark": 5 }]
+        }))
+        .expect("rule");
+        let target = Target { spec_replicas: 2, status_replicas: Some(2), ready_replicas: Some(2) };
+        let now = Timestamp::from_unix_millis(1_700_000_000_000);
+        let decision = decide(&rule, target, &[Reading::Value { value: 7.0, at: now }], &State::default(), now);
+        metrics.observe(&labels("web"), &rule, &decision, false, []);
+        assert!(!exported(&metrics).contains("watermarkd_shadow"), "no shadow, no family: {}", exported(&metrics));
+
+        let next = |replicas: u32, diverged: bool| ShadowOutcome { name: "web-next".into(), replicas, diverged };
+        metrics.observe_shadows(&labels("web"), &[next(3, true)]);
+        metrics.observe(&labels("web"), &rule, &decision, false, []);
+        metrics.observe_shadows(&labels("web"), &[next(2, false)]);
+        let text = exported(&metrics);
+        assert!(text.contains(&format!("watermarkd_shadow_replicas{{{WEB},shadow=\"web-next\"}} 2\n")), "{text}");
+        assert!(
+            text.contains(&format!("watermarkd_shadow_evaluations_total{{{WEB},shadow=\"web-next\"}} 2\n")),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("watermarkd_shadow_divergence_total{{{WEB},shadow=\"web-next\"}} 1\n")),
+            "{text}"
+        );
+        assert!(text.contains("# TYPE watermarkd_shadow_divergence_total counter\n"), "{text}");
+
+        // A failed evaluation: the counts stay, the would-be replicas go.
+        metrics.observe_failure(&labels("web"), &rule);
+        let text = exported(&metrics);
+        assert!(!text.contains("watermarkd_shadow_replicas{"), "{text}");
+        assert!(
+            text.contains(&format!("watermarkd_shadow_divergence_total{{{WEB},shadow=\"web-next\"}} 1\n")),
+            "{text}"
+        );
+
+        // The shadow is removed from the rules: its series go with the next evaluation.
+        metrics.observe(&labels("web"), &rule, &decision, false, []);
+        metrics.observe_shadows(&labels("web"), &[]);
+        assert!(!exported(&metrics).contains("watermarkd_shadow"), "{}", exported(&metrics));
+    }
+}

@@ -1,0 +1,882 @@
+//! Unit tests of the mapping: what a WPA yields, and each problem, named by the WPA's path.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use watermarkd_engine::{Algorithm, ConvergeTowards, Decimal, Velocity};
+
+use super::super::query::NoDatadogMetrics;
+use super::super::recommender_policy::AllowedUrl;
+use super::*;
+use crate::domain::rules::{parse_rules, Reducer};
+
+fn d(text: &str) -> Decimal {
+    Decimal::parse(text).unwrap()
+}
+
+fn wpa(yaml: &str) -> WatermarkPodAutoscaler {
+    serde_yaml_ng::from_str(yaml).unwrap_or_else(|e| panic!("{e}\n{yaml}"))
+}
+
+/// A complete, valid WPA; tests change one thing at a time with `with`.
+const BASE: &str = r#"
+apiVersion: datadoghq.com/v1alpha1
+kind: WatermarkPodAutoscaler
+metadata:
+  name: billing
+  namespace: prod
+spec:
+  scaleTargetRef: {apiVersion: apps/v1, kind: Deployment, name: billing}
+  minReplicas: 4
+  maxReplicas: 9
+  metrics:
+  - type: External
+    external:
+      metricName: custom.request_duration.max
+      metricSelector: {matchLabels: {service: billing}}
+      highWatermark: 400m
+      lowWatermark: 150m
+"#;
+
+/// The recommenders of these tests are allowed, with their TLS files in /etc.
+fn options() -> MappingOptions {
+    let allowed = ["https://reco.example", "http://reco", "https://reco"].map(|url| AllowedUrl::parse(url).unwrap());
+    MappingOptions::new("dd").with_recommender_policy(RecommenderPolicy::new(allowed.to_vec(), Some("/etc".into())))
+}
+
+fn map(yaml: &str) -> Result<MappedWpa, MapError> {
+    map_wpa(&wpa(yaml), &options(), &NoDatadogMetrics)
+}
+
+fn mapped(yaml: &str) -> MappedWpa {
+    map(yaml).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The problems of an invalid WPA, each as `field message`.
+fn problems_with(yaml: &str, options: &MappingOptions, metrics: &dyn DatadogMetricQueries) -> Vec<String> {
+    match map_wpa(&wpa(yaml), options, metrics) {
+        Err(MapError::Invalid { problems, .. }) => {
+            for p in &problems {
+                assert_eq!(p.autoscaler.as_deref(), Some("prod/billing"), "{p}");
+                assert_eq!(p.line, None);
+            }
+            problems.iter().map(|p| Problem { autoscaler: None, ..p.clone() }.to_string()).collect()
+        }
+        other => panic!("expected problems, got {other:?}"),
+    }
+}
+
+fn problems(yaml: &str) -> Vec<String> {
+    problems_with(yaml, &options(), &NoDatadogMetrics)
+}
+
+/// BASE with its spec changed: each `(key, Some(yaml))` sets `spec.key` to that YAML value,
+/// each `(key, None)` removes it.
+fn with(changes: &[(&str, Option<&str>)]) -> String {
+    let mut doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(BASE).unwrap();
+    let spec = doc.get_mut("spec").unwrap().as_mapping_mut().unwrap();
+    for (key, value) in changes {
+        match value {
+            Some(value) => {
+                spec.insert((*key).into(), serde_yaml_ng::from_str(value).unwrap());
+            }
+            None => {
+                spec.remove(*key);
+            }
+        }
+    }
+    serde_yaml_ng::to_string(&doc).unwrap()
+}
+
+fn with_metrics(metrics: &str) -> String {
+    with(&[("metrics", Some(metrics))])
+}
+
+fn with_annotation(yaml: &str, value: &str) -> String {
+    let mut doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(yaml).unwrap();
+    let metadata = doc.get_mut("metadata").unwrap().as_mapping_mut().unwrap();
+    let annotations: serde_yaml_ng::Mapping = [(QUERIES.into(), value.into())].into_iter().collect();
+    metadata.insert("annotations".into(), annotations.into());
+    serde_yaml_ng::to_string(&doc).unwrap()
+}
+
+const QUERIES: &str = "watermarkd.io/queries";
+
+#[test]
+fn a_complete_wpa_becomes_an_autoscaler() {
+    let MappedWpa { autoscaler, notes } = mapped(BASE);
+    assert!(notes.is_empty());
+    assert_eq!(&*autoscaler.name, "prod/billing");
+    assert_eq!(&*autoscaler.target.kind, "Deployment");
+    assert_eq!(&*autoscaler.target.namespace, "prod");
+    assert_eq!(&*autoscaler.target.name, "billing");
+    assert_eq!(&*autoscaler.target.api_version, "apps/v1");
+    assert_eq!(autoscaler.interval_set, None);
+    assert_eq!(autoscaler.metrics.len(), 1);
+    let metric = &autoscaler.metrics[0];
+    assert_eq!(metric.name, "custom.request_duration.max");
+    assert_eq!(metric.backend, "dd");
+    assert_eq!(metric.query, "avg:custom.request_duration.max{service:billing}.rollup(30)");
+    assert_eq!(metric.reducer, None);
+    let rule = &autoscaler.rule;
+    assert_eq!((rule.min_replicas(), rule.max_replicas()), (4, 9));
+    assert_eq!(rule.metrics()[0].name, "custom.request_duration.max");
+    assert_eq!(rule.metrics()[0].high_watermark, d("0.4"));
+    assert_eq!(rule.metrics()[0].low_watermark, d("0.15"));
+    // Every other knob has the Datadog controller's default.
+    assert_eq!(rule.algorithm(), Algorithm::Absolute);
+    assert_eq!(rule.upscale_tolerance(), &d("0.1"));
+    let Velocity::Watermark(v) = rule.velocity() else { panic!("{:?}", rule.velocity()) };
+    assert_eq!((v.scale_up_limit_factor.clone(), v.scale_down_limit_factor.clone()), (d("50"), d("20")));
+    assert_eq!(v.upscale_forbidden_window, Duration::from_secs(60));
+    assert_eq!(v.downscale_forbidden_window, Duration::from_secs(300));
+    assert_eq!(rule.replica_modulo(), 1);
+    assert_eq!(rule.converge_towards_watermark(), None);
+    assert!(!rule.tolerate_zero() && !rule.dry_run());
+}
+
+#[test]
+fn every_field_maps_onto_the_rule() {
+    let yaml = with(&[
+        ("algorithm", Some("average")),
+        ("tolerance", Some("\"50m\"")),
+        ("scaleUpLimitFactor", Some("\"25\"")),
+        ("scaleDownLimitFactor", Some("7.5")),
+        ("upscaleForbiddenWindowSeconds", Some("30")),
+        ("downscaleForbiddenWindowSeconds", Some("90")),
+        ("upscaleDelayAboveWatermarkSeconds", Some("20")),
+        ("downscaleDelayBelowWatermarkSeconds", Some("40")),
+        ("replicaScalingAbsoluteModulo", Some("2")),
+        ("convergeTowardsWatermark", Some("lowwatermark")),
+        ("tolerateZero", Some("true")),
+        ("minAvailableReplicaPercentage", Some("50")),
+        ("dryRun", Some("true")),
+        ("readinessDelaySeconds", Some("10")),
+    ]);
+    let MappedWpa { autoscaler, notes } = mapped(&yaml);
+    let rule = &autoscaler.rule;
+    assert_eq!(rule.algorithm(), Algorithm::Average);
+    assert_eq!(rule.upscale_tolerance(), &d("0.05"));
+    let Velocity::Watermark(v) = rule.velocity() else { panic!() };
+    assert_eq!((v.scale_up_limit_factor.clone(), v.scale_down_limit_factor.clone()), (d("25"), d("7.5")));
+    assert_eq!(
+        (v.upscale_forbidden_window, v.downscale_forbidden_window),
+        (Duration::from_secs(30), Duration::from_secs(90))
+    );
+    assert_eq!(rule.upscale_delay_above_watermark(), Duration::from_secs(20));
+    assert_eq!(rule.downscale_delay_below_watermark(), Duration::from_secs(40));
+    assert_eq!(rule.replica_modulo(), 2);
+    assert_eq!(rule.converge_towards_watermark(), Some(ConvergeTowards::Low));
+    assert!(rule.tolerate_zero() && rule.dry_run());
+    assert_eq!(rule.min_available_replica_percentage(), 50);
+    assert_eq!(
+        notes,
+        ["spec.readinessDelaySeconds (10) has no effect without a Resource metric: watermarkd counts the ready \
+          replicas the workload reports instead of listing its pods"]
+    );
+}
+
+#[test]
+fn the_datadog_controllers_zero_values_mean_its_defaults() {
+    // Go cannot tell 0 from absent for these, and the Datadog controller defaults them; a
+    // tolerance of 0 is 10% there too, although the rules file allows 0.
+    let yaml = with(&[
+        ("tolerance", Some("0")),
+        ("upscaleForbiddenWindowSeconds", Some("0")),
+        ("downscaleForbiddenWindowSeconds", Some("0")),
+        ("algorithm", Some("\"\"")),
+        ("convergeTowardsWatermark", Some("\"\"")),
+    ]);
+    let rule = mapped(&yaml).autoscaler.rule;
+    assert_eq!(rule.upscale_tolerance(), &d("0.1"));
+    let Velocity::Watermark(v) = rule.velocity() else { panic!() };
+    assert_eq!(
+        (v.upscale_forbidden_window, v.downscale_forbidden_window),
+        (Duration::from_secs(60), Duration::from_secs(300))
+    );
+    assert_eq!(rule.algorithm(), Algorithm::Absolute);
+    assert_eq!(rule.converge_towards_watermark(), None);
+    assert_eq!(mapped(&with(&[("tolerance", Some("\"0m\""))])).autoscaler.rule.upscale_tolerance(), &d("0.1"));
+}
+
+#[test]
+fn converge_towards_watermark_reads_the_datadog_words() {
+    let converge =
+        |v: &str| mapped(&with(&[("convergeTowardsWatermark", Some(v))])).autoscaler.rule.converge_towards_watermark();
+    assert_eq!(converge("highwatermark"), Some(ConvergeTowards::High));
+    assert_eq!(converge("lowwatermark"), Some(ConvergeTowards::Low));
+    assert_eq!(
+        problems(&with(&[("convergeTowardsWatermark", Some("high"))])),
+        ["spec.convergeTowardsWatermark (\"high\") must be \"highwatermark\" or \"lowwatermark\""]
+    );
+}
+
+#[test]
+fn the_namespace_defaults_and_the_api_version_too() {
+    let yaml = BASE.replace("  namespace: prod\n", "").replace("apiVersion: apps/v1, ", "");
+    let autoscaler = mapped(&yaml).autoscaler;
+    assert_eq!(&*autoscaler.name, "default/billing");
+    assert_eq!(&*autoscaler.target.namespace, "default");
+    assert_eq!(&*autoscaler.target.api_version, "apps/v1");
+    let yaml = BASE.replace("apiVersion: apps/v1, kind: Deployment", "apiVersion: argoproj.io/v1alpha1, kind: Rollout");
+    let target = mapped(&yaml).autoscaler.target;
+    assert_eq!((&*target.api_version, &*target.kind), ("argoproj.io/v1alpha1", "Rollout"));
+}
+
+#[test]
+fn replica_problems_name_the_wpa_fields() {
+    assert_eq!(problems(&with(&[("maxReplicas", None)])), ["spec.maxReplicas is required"]);
+    assert_eq!(
+        problems(&with(&[("minReplicas", Some("12"))])),
+        ["spec.minReplicas (12) must not exceed maxReplicas (9)"]
+    );
+    assert_eq!(
+        problems(&with(&[("minReplicas", Some("-1"))])),
+        ["spec.minReplicas (-1) must be a whole number from 0 to 2147483647 (the largest replica count Kubernetes takes)"]
+    );
+    assert_eq!(
+        problems(&with(&[("minReplicas", None), ("maxReplicas", Some("0"))])),
+        ["spec.minReplicas (1) must not exceed maxReplicas (0)"]
+    );
+    assert_eq!(
+        problems(&with(&[("minReplicas", Some("0"))])),
+        ["spec.minReplicas (0) must be at least 1: a WatermarkPodAutoscaler does not scale to zero (a rules-file \
+             autoscaler can, with min_replicas = 0 and an activation per metric)"]
+    );
+    assert_eq!(
+        problems(&with(&[("replicaScalingAbsoluteModulo", Some("0")), ("minAvailableReplicaPercentage", Some("101"))])),
+        [
+            "spec.minAvailableReplicaPercentage (101) must be from 0 to 100",
+            "spec.replicaScalingAbsoluteModulo must be at least 1"
+        ]
+    );
+}
+
+#[test]
+fn quantity_problems_name_the_wpa_fields() {
+    assert_eq!(
+        problems(&with(&[("tolerance", Some("\"1.5\""))])),
+        ["spec.tolerance (1.5) must be a fraction from 0 (inclusive) to 1 (exclusive), e.g. 0.1 for 10%"]
+    );
+    assert_eq!(
+        problems(&with(&[("scaleDownLimitFactor", Some("100")), ("scaleUpLimitFactor", Some("\"-5\""))])),
+        [
+            "spec.scaleDownLimitFactor (100) must be a percentage from 0 (inclusive) to 100 (exclusive)",
+            "spec.scaleUpLimitFactor (-5) must not be negative",
+        ]
+    );
+    let found = problems(&with(&[("tolerance", Some("\"ten\""))]));
+    assert_eq!(found.len(), 1);
+    assert!(found[0].starts_with("spec.tolerance must be a number or a quantity: "), "{found:?}");
+    assert_eq!(
+        problems(&with(&[("algorithm", Some("averaged"))])),
+        ["spec.algorithm (\"averaged\") must be \"absolute\" or \"average\""]
+    );
+    assert_eq!(
+        problems(&with(&[("upscaleForbiddenWindowSeconds", Some("-5"))])),
+        ["spec.upscaleForbiddenWindowSeconds (-5) must be a duration such as \"30s\" or a positive number of seconds"]
+    );
+}
+
+#[test]
+fn watermark_problems_name_the_metric_fields() {
+    let metric = |high: &str, low: &str| {
+        format!(
+            "[{{type: External, external: {{metricName: m, metricSelector: {{}}{}{}}}}}]",
+            if high.is_empty() { String::new() } else { format!(", highWatermark: {high}") },
+            if low.is_empty() { String::new() } else { format!(", lowWatermark: {low}") },
+        )
+    };
+    assert_eq!(
+        problems(&with_metrics(&metric("100m", "150m"))),
+        ["spec.metrics[0].external.lowWatermark (0.15) must not exceed highWatermark (0.1)"]
+    );
+    assert_eq!(
+        problems(&with_metrics(&metric("", ""))),
+        ["spec.metrics[0].external.highWatermark at least one of lowWatermark and highWatermark is required"]
+            .map(|p| p.replace("highWatermark at", "highWatermark: at"))
+    );
+    assert_eq!(
+        problems(&with_metrics(&metric("0", ""))),
+        ["spec.metrics[0].external.highWatermark (0) must be greater than 0"]
+    );
+    let found = problems(&with_metrics(&metric("\"1x\"", "")));
+    assert!(found[0].starts_with("spec.metrics[0].external.highWatermark must be a number or a quantity"), "{found:?}");
+    // A lone watermark serves as both, as the Datadog controller's fillMissingWatermark does.
+    let rule = mapped(&with_metrics(&metric("400m", ""))).autoscaler.rule;
+    assert_eq!(
+        (rule.metrics()[0].low_watermark.clone(), rule.metrics()[0].high_watermark.clone()),
+        (d("0.4"), d("0.4"))
+    );
+}
+
+#[test]
+fn structural_problems_name_the_wpa_fields() {
+    assert_eq!(problems(&with(&[("scaleTargetRef", None)])), ["spec.scaleTargetRef is required"]);
+    assert_eq!(
+        problems(&with(&[("scaleTargetRef", Some("{kind: \"\", name: billing}"))])),
+        ["spec.scaleTargetRef.kind must not be empty"]
+    );
+    assert_eq!(
+        problems(&with(&[("scaleTargetRef", Some("{kind: Deployment}"))])),
+        ["spec.scaleTargetRef.name is required"]
+    );
+    assert_eq!(problems(&with(&[("metrics", None)])), ["spec.metrics: at least one metric is required"]);
+    assert_eq!(
+        problems(&with_metrics("[{type: Pods}, {type: External}, {type: Resource}]")),
+        [
+            "spec.metrics[0].type (\"Pods\") must be \"External\" or \"Resource\"",
+            "spec.metrics[1].external is required when type is External",
+            "spec.metrics[2].resource is required when type is Resource",
+        ]
+    );
+    let nameless = BASE.replace("  name: billing\n  namespace", "  namespace");
+    match map(&nameless) {
+        Err(MapError::Invalid { problems, .. }) => {
+            assert_eq!(problems.len(), 1);
+            assert_eq!(problems[0].to_string(), "autoscaler \"prod/\": metadata.name is required");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn every_problem_is_reported_at_once() {
+    let yaml = with(&[
+        ("maxReplicas", None),
+        ("tolerance", Some("\"2\"")),
+        ("scaleTargetRef", None),
+        ("metrics", Some("[{type: External, external: {metricName: a, metricSelector: {matchExpressions: [{key: k, operator: Exists}]}, highWatermark: 1, lowWatermark: 2}}]")),
+    ]);
+    assert_eq!(
+        problems(&yaml),
+        [
+            "spec.maxReplicas is required",
+            "spec.metrics[0].external.lowWatermark (2) must not exceed highWatermark (1)",
+            "spec.metrics[0].external.metricSelector.matchExpressions is not supported: the Cluster Agent builds a \
+             Datadog query from matchLabels only (tag:value filters); use matchLabels, or give the query in the \
+             watermarkd.io/queries annotation",
+            "spec.scaleTargetRef is required",
+            "spec.tolerance (2) must be a fraction from 0 (inclusive) to 1 (exclusive), e.g. 0.1 for 10%",
+        ]
+    );
+}
+
+#[test]
+fn queries_are_built_from_labels_or_taken_from_datadog_metrics() {
+    let query = |metrics: &str, lookup: &dyn DatadogMetricQueries| {
+        map_wpa(&wpa(&with_metrics(metrics)), &options(), lookup).unwrap().autoscaler.metrics[0].query.clone()
+    };
+    assert_eq!(
+        query(
+            "[{type: External, external: {metricName: q.depth, metricSelector: {}, highWatermark: 10}}]",
+            &NoDatadogMetrics
+        ),
+        "avg:q.depth{*}.rollup(30)"
+    );
+    assert_eq!(
+        query(
+            "[{type: External, external: {metricName: q.depth, metricSelector: {matchLabels: {zone: b, app: q}}, highWatermark: 10}}]",
+            &NoDatadogMetrics
+        ),
+        "avg:q.depth{app:q,zone:b}.rollup(30)"
+    );
+    let lookup = |namespace: &str, name: &str| {
+        (namespace == "prod" && name == "latency")
+            .then(|| "max:trace.http.request.duration{service:billing}".to_string())
+    };
+    assert_eq!(
+        query("[{type: External, external: {metricName: datadogmetric@prod:latency, highWatermark: 1}}]", &lookup),
+        "max:trace.http.request.duration{service:billing}"
+    );
+    let mut custom = options();
+    custom.aggregator = "max".into();
+    custom.rollup_seconds = 60;
+    let autoscaler = map_wpa(&wpa(BASE), &custom, &NoDatadogMetrics).unwrap().autoscaler;
+    assert_eq!(autoscaler.metrics[0].query, "max:custom.request_duration.max{service:billing}.rollup(60)");
+}
+
+#[test]
+fn query_problems_name_the_metric() {
+    let lookup = |_: &str, _: &str| None;
+    assert_eq!(
+        problems_with(
+            &with_metrics("[{type: External, external: {metricName: datadogmetric@prod:latency, highWatermark: 1}}]"),
+            &options(),
+            &lookup
+        ),
+        ["spec.metrics[0].external.metricName (\"datadogmetric@prod:latency\") refers to the DatadogMetric prod/latency, \
+          which does not exist or has no spec.query"]
+    );
+    assert_eq!(
+        problems(&with_metrics("[{type: External, external: {metricName: datadogmetric@prod/latency, highWatermark: 1}}]")),
+        ["spec.metrics[0].external.metricName (\"datadogmetric@prod/latency\") must be datadogmetric@<namespace>:<name>, \
+          each a lowercase Kubernetes name, to refer to a DatadogMetric"]
+    );
+    assert_eq!(
+        problems(&with_metrics("[{type: External, external: {metricName: q.depth, highWatermark: 1}}]")),
+        ["spec.metrics[0].external.metricSelector is required (as the Datadog controller requires it): give \
+          matchLabels, or {} to query the metric over every tag ({*})"]
+    );
+    assert_eq!(
+        problems(&with_metrics(
+            "[{type: External, external: {metricName: \"\", metricSelector: {}, highWatermark: 1}}]"
+        )),
+        ["spec.metrics[0].external.metricName must not be empty"]
+    );
+}
+
+#[test]
+fn metrics_sharing_a_name_are_told_apart_by_their_tags() {
+    let yaml = with_metrics(
+        "[{type: External, external: {metricName: q.depth, metricSelector: {matchLabels: {q: a}}, highWatermark: 10}},
+          {type: External, external: {metricName: q.depth, metricSelector: {matchLabels: {q: b}}, highWatermark: 10}},
+          {type: External, external: {metricName: latency, metricSelector: {}, highWatermark: 1}}]",
+    );
+    let names: Vec<String> = mapped(&yaml).autoscaler.metrics.iter().map(|m| m.name.clone()).collect();
+    assert_eq!(names, ["q.depth{q:a}", "q.depth{q:b}", "latency"]);
+    let twice = with_metrics(
+        "[{type: External, external: {metricName: q.depth, metricSelector: {}, highWatermark: 10}},
+          {type: External, external: {metricName: q.depth, metricSelector: {}, highWatermark: 10}}]",
+    );
+    assert_eq!(
+        problems(&twice),
+        ["spec.metrics[1].external.metricName is already used by another metric of this autoscaler; metric names must be unique"]
+    );
+}
+
+#[test]
+fn the_annotation_gives_a_query_and_backend() {
+    let yaml = with_annotation(
+        BASE,
+        r#"[{"metricName": "custom.request_duration.max", "backend": "prom", "query": "max(rate(x[1m]))", "reducer": "max", "maxAge": "2m"}]"#,
+    );
+    let autoscaler = mapped(&yaml).autoscaler;
+    let metric = &autoscaler.metrics[0];
+    assert_eq!((metric.backend.as_str(), metric.query.as_str()), ("prom", "max(rate(x[1m]))"));
+    assert_eq!(metric.reducer, Some(Reducer::Max));
+    assert_eq!(metric.name, "custom.request_duration.max");
+    assert_eq!(autoscaler.rule.metrics()[0].max_age, Some(Duration::from_secs(120)));
+    // Without a backend, the default Datadog backend; the selector no longer matters.
+    let yaml = with_annotation(
+        &with_metrics("[{type: External, external: {metricName: whatever, highWatermark: 1}}]"),
+        r#"[{"metric": 0, "query": "sum:trace.hits{env:prod}.as_rate()"}]"#,
+    );
+    let metric = &mapped(&yaml).autoscaler.metrics[0];
+    assert_eq!((metric.backend.as_str(), metric.query.as_str()), ("dd", "sum:trace.hits{env:prod}.as_rate()"));
+}
+
+#[test]
+fn annotation_values_are_checked_like_a_rules_file_metric() {
+    let a = "metadata.annotations[\"watermarkd.io/queries\"]";
+    assert_eq!(
+        problems(&with_annotation(BASE, r#"[{"metric": 0, "backend": "prom"}]"#)),
+        [format!("{a}[0].query is required")]
+    );
+    assert_eq!(
+        problems(&with_annotation(BASE, r#"[{"metric": 0, "query": 5, "maxAge": "soon", "reducer": "median"}]"#)),
+        [
+            format!("{a}[0].maxAge (\"soon\") must be a duration such as \"30s\", \"5m\", \"1m30s\" or a whole number of seconds: expected number at 0"),
+            format!("{a}[0].query must be a string, not an integer (5)"),
+            format!("{a}[0].reducer (\"median\") must be \"max\", \"min\", \"sum\" or \"avg\""),
+        ]
+    );
+    assert_eq!(
+        problems(&with_annotation(BASE, "nope")),
+        [format!("{a} is not valid JSON: expected ident at line 1 column 2")]
+    );
+}
+
+#[test]
+fn backends_are_checked_when_known() {
+    let rules = parse_rules(
+        r#"
+        [backend.dd]
+        type = "datadog"
+        api_key_env = "A"
+        app_key_env = "B"
+        [backend.prom]
+        type = "prometheus"
+        url = "http://127.0.0.1:9090"
+        "#,
+        "rules.toml",
+    )
+    .unwrap();
+    let known = MappingOptions::new("dd").with_backends(&rules.backends);
+    assert_eq!(known.check(), Ok(()));
+    let a = "metadata.annotations[\"watermarkd.io/queries\"]";
+    let run = |annotation: &str| problems_with(&with_annotation(BASE, annotation), &known, &NoDatadogMetrics);
+    assert_eq!(
+        run(r#"[{"metric": 0, "backend": "thanos", "query": "q"}]"#),
+        [format!("{a}[0].backend (\"thanos\") names no [backend.thanos] table (defined: dd, prom)")]
+    );
+    let found = run(r#"[{"metric": 0, "query": "max:x{*}", "reducer": "max"}]"#);
+    assert!(found[0].starts_with(&format!("{a}[0].reducer only applies to prometheus backends")), "{found:?}");
+    let ok = map_wpa(
+        &wpa(&with_annotation(BASE, r#"[{"metric": 0, "backend": "prom", "query": "up"}]"#)),
+        &known,
+        &NoDatadogMetrics,
+    );
+    assert_eq!(ok.unwrap().autoscaler.metrics[0].backend, "prom");
+
+    // A default backend that cannot answer a built Datadog query fails only the WPAs that need
+    // one; a WPA whose metrics all have an annotated query runs on it.
+    let nope = MappingOptions::new("nope").with_backends(&rules.backends);
+    assert_eq!(nope.check(), Ok(()), "not a problem of the daemon as a whole");
+    assert_eq!(
+        nope.default_backend_problem().as_deref(),
+        Some("the default backend \"nope\" names no [backend.nope] table")
+    );
+    assert_eq!(
+        problems_with(BASE, &nope, &NoDatadogMetrics),
+        ["spec.metrics[0] (\"nope\") names no [backend.nope] table (defined: dd, prom)"]
+    );
+    let prom = MappingOptions::new("prom").with_backends(&rules.backends);
+    assert_eq!(prom.check(), Ok(()));
+    let problem = "the default backend \"prom\" is not a datadog backend, and a query built from metricName is a \
+                   Datadog query";
+    assert_eq!(prom.default_backend_problem().as_deref(), Some(problem));
+    assert_eq!(
+        problems_with(BASE, &prom, &NoDatadogMetrics),
+        [format!(
+            "spec.metrics[0].external.metricName has no query in the watermarkd.io/queries annotation, and \
+             {problem}: give this metric a query there, or set default_backend to a datadog backend"
+        )]
+    );
+    let annotated =
+        map_wpa(&wpa(&with_annotation(BASE, r#"[{"metric": 0, "query": "up"}]"#)), &prom, &NoDatadogMetrics);
+    assert_eq!(annotated.unwrap().autoscaler.metrics[0].backend, "prom");
+    assert_eq!(known.default_backend_problem(), None);
+    let mut bad = MappingOptions::new("dd");
+    bad.rollup_seconds = 0;
+    assert!(bad.check().is_err());
+    bad = MappingOptions::new("dd");
+    bad.aggregator = "p99".into();
+    assert!(bad.check().is_err());
+    assert_eq!(MappingOptions::new("anything").check(), Ok(()), "unknown backends are not checked");
+}
+
+#[test]
+fn a_resource_metric_maps_onto_a_rules_file_resource_metric() {
+    let yaml = with(&[
+        (
+            "metrics",
+            Some(
+                "[{type: Resource, resource: {name: cpu, highWatermark: 500m, lowWatermark: 200m, metricSelector: \
+                 {matchLabels: {app: billing}, matchExpressions: [{key: track, operator: NotIn, values: [canary]}]}}}, \
+                 {type: Resource, resource: {name: memory, highWatermark: 300Mi, metricSelector: {matchLabels: {app: billing}}}}]",
+            ),
+        ),
+        ("readinessDelaySeconds", Some("20")),
+    ]);
+    let MappedWpa { autoscaler, notes } = mapped(&yaml);
+    assert!(notes.is_empty(), "the readiness delay has an effect now: {notes:?}");
+    let cpu = &autoscaler.metrics[0];
+    assert_eq!((cpu.name.as_str(), cpu.backend.as_str()), ("cpu", crate::domain::rules::RESOURCE_BACKEND));
+    assert_eq!(
+        cpu.resource,
+        Some(crate::domain::rules::ResourceSource {
+            resource: crate::domain::rules::ResourceName::Cpu,
+            selector: "app=billing,track notin (canary)".into(),
+            aggregation: crate::domain::rules::PodAggregation::Sum,
+            readiness_delay: Duration::from_secs(20),
+            max_age: crate::domain::rules::RESOURCE_MAX_AGE,
+        })
+    );
+    assert_eq!(autoscaler.rule.metrics()[0].high_watermark, d("0.5"));
+    assert_eq!(autoscaler.metrics[1].name, "memory");
+    assert_eq!(autoscaler.rule.metrics()[1].low_watermark, d("314572800"), "one watermark serves as both");
+
+    // The per-pod average, by annotation.
+    let mut doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&yaml).unwrap();
+    let metadata = doc.get_mut("metadata").unwrap().as_mapping_mut().unwrap();
+    let annotations: serde_yaml_ng::Mapping =
+        [(POD_AGGREGATION_ANNOTATION.into(), "average".into())].into_iter().collect();
+    metadata.insert("annotations".into(), annotations.into());
+    let averaged = serde_yaml_ng::to_string(&doc).unwrap();
+    let autoscaler = mapped(&averaged).autoscaler;
+    assert!(autoscaler
+        .metrics
+        .iter()
+        .all(|m| m.resource.as_ref().unwrap().aggregation == crate::domain::rules::PodAggregation::Average));
+    // ... which the average algorithm would divide again.
+    let both = averaged.replace("maxReplicas: 9", "maxReplicas: 9\n  algorithm: average");
+    let found = problems(&both);
+    assert!(
+        found[0].starts_with(
+            "metadata.annotations[\"watermarkd.io/pod-aggregation\"] (\"average\") cannot go with algorithm = \"average\""
+        ),
+        "{found:?}"
+    );
+    let wrong = averaged.replace("pod-aggregation: average", "pod-aggregation: median");
+    assert_eq!(
+        problems(&wrong),
+        [
+            "metadata.annotations[\"watermarkd.io/pod-aggregation\"] (\"median\") must be \"sum\" or \"average\"",
+            "metadata.annotations[\"watermarkd.io/pod-aggregation\"] (\"median\") must be \"sum\" or \"average\"",
+        ]
+    );
+}
+
+#[test]
+fn a_resource_metric_names_its_problems_by_the_wpa_path() {
+    let found = problems(&with_metrics(
+        "[{type: Resource, resource: {name: gpu, highWatermark: 1, metricSelector: {matchLabels: {app: x}}}}, \
+         {type: Resource, resource: {name: cpu, highWatermark: 1}}, \
+         {type: Resource, resource: {name: memory, highWatermark: 10, lowWatermark: 50, metricSelector: {matchExpressions: [{key: a, operator: Gt, values: ['1']}]}}}]",
+    ));
+    assert_eq!(
+        found,
+        [
+            "spec.metrics[0].resource.name (\"gpu\") must be \"cpu\" or \"memory\"",
+            "spec.metrics[1].resource.metricSelector is required: give the matchLabels of the target's pods (without \
+             one, every pod of the namespace would be summed)",
+            "spec.metrics[2].resource.lowWatermark (50) must not exceed highWatermark (10)",
+            "spec.metrics[2].resource.metricSelector: matchExpressions[0]: operator \"Gt\" must be In, NotIn, Exists or \
+             DoesNotExist",
+        ]
+    );
+    // The annotation without a Resource metric to apply to.
+    let mut doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(BASE).unwrap();
+    let metadata = doc.get_mut("metadata").unwrap().as_mapping_mut().unwrap();
+    let annotations: serde_yaml_ng::Mapping =
+        [(POD_AGGREGATION_ANNOTATION.into(), "average".into())].into_iter().collect();
+    metadata.insert("annotations".into(), annotations.into());
+    assert_eq!(
+        problems(&serde_yaml_ng::to_string(&doc).unwrap()),
+        ["metadata.annotations[\"watermarkd.io/pod-aggregation\"]: applies to Resource metrics, and this WPA has none"]
+    );
+}
+
+const RECOMMENDER: &str = r#"{url: "https://reco.example/recommend", targetType: cpu, settings: {window: 1h, b: "2"},
+  highWatermark: 800m, lowWatermark: 600m,
+  tlsConfig: {caFile: /etc/ca.pem, certFile: /etc/client.pem, keyFile: /etc/client.key}}"#;
+
+#[test]
+fn a_recommender_becomes_the_autoscalers_replica_source() {
+    let MappedWpa { autoscaler, notes } = mapped(&with(&[("recommender", Some(RECOMMENDER)), ("metrics", None)]));
+    assert!(notes.is_empty(), "{notes:?}");
+    assert!(autoscaler.metrics.is_empty());
+    let recommender = autoscaler.recommender.expect("a recommender");
+    assert_eq!(recommender.url, "https://reco.example/recommend");
+    assert_eq!(recommender.target_type, "cpu");
+    assert_eq!(
+        recommender.settings,
+        BTreeMap::from([("b".to_string(), "2".to_string()), ("window".to_string(), "1h".to_string())])
+    );
+    assert_eq!((recommender.lower_bound, recommender.upper_bound), (0.6, 0.8));
+    assert_eq!(recommender.timeout, Duration::from_secs(10));
+    assert_eq!(recommender.cluster_name, None);
+    assert_eq!(recommender.tls.ca_file.as_deref(), Some(std::path::Path::new("/etc/ca.pem")));
+    assert_eq!(recommender.tls.client_cert_file.as_deref(), Some(std::path::Path::new("/etc/client.pem")));
+    assert_eq!(recommender.tls.client_key_file.as_deref(), Some(std::path::Path::new("/etc/client.key")));
+    assert!(!recommender.tls.insecure_skip_verify);
+    // One engine metric named as the Datadog controller names it, with the watermarks.
+    let metric = &autoscaler.rule.metrics()[0];
+    assert_eq!(metric.name, "recommender{targetType:cpu,b:2,window:1h}");
+    assert_eq!((metric.low_watermark.clone(), metric.high_watermark.clone()), (d("0.6"), d("0.8")));
+}
+
+#[test]
+fn with_a_recommender_the_metrics_are_not_read() {
+    // As in the Datadog controller: even broken metrics do not matter then.
+    let yaml = with(&[("recommender", Some(RECOMMENDER)), ("metrics", Some("[{type: Pods}]"))]);
+    let MappedWpa { autoscaler, notes } = mapped(&yaml);
+    assert!(autoscaler.recommender.is_some());
+    assert_eq!(notes.len(), 1);
+    assert!(notes[0].starts_with("spec.metrics has no effect"), "{notes:?}");
+}
+
+#[test]
+fn with_a_recommender_resource_metrics_are_not_read_either() {
+    let metrics =
+        "[{type: Resource, resource: {name: cpu, highWatermark: 500m, metricSelector: {matchLabels: {app: x}}}}]";
+    let yaml =
+        with(&[("recommender", Some(RECOMMENDER)), ("metrics", Some(metrics)), ("readinessDelaySeconds", Some("20"))]);
+    let MappedWpa { autoscaler, notes } = mapped(&yaml);
+    assert!(autoscaler.recommender.is_some() && autoscaler.metrics.is_empty());
+    assert_eq!(notes.len(), 2, "{notes:?}");
+    assert!(notes[0].starts_with("spec.readinessDelaySeconds (20) has no effect"), "{notes:?}");
+    assert!(notes[1].starts_with("spec.metrics has no effect"), "{notes:?}");
+    // The pod aggregation annotation has nothing to apply to.
+    let mut doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&yaml).unwrap();
+    let metadata = doc.get_mut("metadata").unwrap().as_mapping_mut().unwrap();
+    let annotations: serde_yaml_ng::Mapping =
+        [(POD_AGGREGATION_ANNOTATION.into(), "average".into())].into_iter().collect();
+    metadata.insert("annotations".into(), annotations.into());
+    assert_eq!(
+        problems(&serde_yaml_ng::to_string(&doc).unwrap()),
+        ["metadata.annotations[\"watermarkd.io/pod-aggregation\"]: applies to Resource metrics, and with \
+          spec.recommender this WPA's metrics are not read"]
+    );
+}
+
+#[test]
+fn recommender_problems_name_the_wpa_fields() {
+    let no_watermark = with(&[("recommender", Some("{url: http://reco}")), ("metrics", None)]);
+    assert_eq!(
+        problems(&no_watermark),
+        ["spec.recommender.highWatermark: at least one of lowWatermark and highWatermark is required"]
+    );
+    let inverted =
+        with(&[("recommender", Some("{url: http://reco, lowWatermark: 2, highWatermark: 1}")), ("metrics", None)]);
+    assert_eq!(problems(&inverted), ["spec.recommender.lowWatermark (2) must not exceed highWatermark (1)"]);
+    let bad_url = with(&[("recommender", Some("{url: reco:80, highWatermark: 1}")), ("metrics", None)]);
+    assert_eq!(problems(&bad_url), ["spec.recommender.url (\"reco:80\") must start with http:// or https://"]);
+    let half_cert = with(&[
+        ("recommender", Some("{url: http://reco, highWatermark: 1, tlsConfig: {certFile: /etc/c.pem}}")),
+        ("metrics", None),
+    ]);
+    assert_eq!(
+        problems(&half_cert),
+        ["spec.recommender.tlsConfig.keyFile is required when the other half of the client certificate is set"]
+    );
+}
+
+#[test]
+fn a_recommender_is_refused_unless_the_daemon_allows_its_url_and_tls_files() {
+    let yaml = with(&[("recommender", Some(RECOMMENDER)), ("metrics", None)]);
+    // The default: no recommender, no TLS file.
+    let refused = problems_with(&yaml, &MappingOptions::new("dd"), &NoDatadogMetrics);
+    assert_eq!(refused.len(), 4, "{refused:?}");
+    assert!(
+        refused[0].starts_with(
+            "spec.recommender.tlsConfig.caFile (/etc/ca.pem) is refused: this daemon reads no TLS file a \
+             WatermarkPodAutoscaler names (its recommender_tls_dir setting is not set)"
+        ),
+        "{refused:?}"
+    );
+    assert!(refused[1].starts_with("spec.recommender.tlsConfig.certFile (/etc/client.pem) is refused"), "{refused:?}");
+    assert!(refused[2].starts_with("spec.recommender.tlsConfig.keyFile (/etc/client.key) is refused"), "{refused:?}");
+    assert_eq!(
+        refused[3],
+        "spec.recommender.url (https://reco.example/recommend) is refused: this daemon lets no \
+         WatermarkPodAutoscaler use a recommender (its recommender_allowed_urls setting is empty); an operator who \
+         trusts this recommender adds its URL there"
+    );
+    // Another origin, and files elsewhere.
+    let policy = RecommenderPolicy::new(
+        vec![AllowedUrl::parse("https://reco.example:8443").unwrap()],
+        Some("/var/run/reco-tls".into()),
+    );
+    let refused = problems_with(&yaml, &MappingOptions::new("dd").with_recommender_policy(policy), &NoDatadogMetrics);
+    assert!(
+        refused[0].contains("not a file inside /var/run/reco-tls, the daemon's recommender_tls_dir"),
+        "{refused:?}"
+    );
+    assert!(refused[3].contains("is not under any URL of the daemon's recommender_allowed_urls"), "{refused:?}");
+
+    // Allowed: the files as resolved in the directory (a relative one inside it), and the
+    // directory they must still be in once symlinks are followed.
+    let relative = RECOMMENDER.replace("caFile: /etc/ca.pem", "caFile: reco/ca.pem");
+    let mapped = mapped(&with(&[("recommender", Some(&relative)), ("metrics", None)]));
+    let recommender = mapped.autoscaler.recommender.expect("a recommender");
+    assert_eq!(recommender.tls.ca_file.as_deref(), Some(std::path::Path::new("/etc/reco/ca.pem")));
+    assert_eq!(recommender.tls_dir.as_deref(), Some(std::path::Path::new("/etc")));
+}
+
+#[test]
+fn a_recommender_server_name_is_the_name_verified() {
+    let with_server_name = |url: &str, name: &str| {
+        with(&[
+            (
+                "recommender",
+                Some(&format!("{{url: \"{url}\", highWatermark: 1, tlsConfig: {{serverName: \"{name}\"}}}}")),
+            ),
+            ("metrics", None),
+        ])
+    };
+    let server_name = |yaml: &str| mapped(yaml).autoscaler.recommender.expect("a recommender").server_name;
+    assert_eq!(server_name(&with_server_name("https://reco", "reco.internal")), Some("reco.internal".into()));
+    // The url's own address: what is verified anyway.
+    let allowed = [AllowedUrl::parse("https://10.0.0.7").unwrap(), AllowedUrl::parse("http://reco").unwrap()];
+    let options = MappingOptions::new("dd").with_recommender_policy(RecommenderPolicy::new(allowed.to_vec(), None));
+    let map_with = |yaml: &str| map_wpa(&wpa(yaml), &options, &NoDatadogMetrics);
+    let same = map_with(&with_server_name("https://10.0.0.7/r", "10.0.0.7")).expect("runs");
+    assert_eq!(same.autoscaler.recommender.expect("a recommender").server_name, None);
+    // Without TLS it has no effect, as in the Datadog controller.
+    let plain = map_with(&with_server_name("http://reco/r", "reco.internal")).expect("runs");
+    assert_eq!(
+        plain.notes,
+        ["spec.recommender.tlsConfig.serverName (reco.internal) has no effect: the url is http://, without TLS, as \
+          in the Datadog controller"]
+    );
+    // Another address cannot be verified in its place.
+    match map_with(&with_server_name("https://10.0.0.7/r", "10.0.0.8")) {
+        Err(MapError::Unsupported(unsupported)) => {
+            assert_eq!(unsupported.len(), 1);
+            assert_eq!(unsupported[0].field, "spec.recommender.tlsConfig.serverName");
+        }
+        other => panic!("{other:?}"),
+    }
+    // Not a name at all: invalid, with the field.
+    assert_eq!(
+        problems(&with_server_name("https://reco", "not a name")),
+        ["spec.recommender.tlsConfig.serverName (\"not a name\") is not a DNS name"]
+    );
+}
+
+#[test]
+fn recommender_tls_options_watermarkd_cannot_honour_are_said() {
+    let yaml = with(&[
+        ("recommender", Some("{url: https://reco, highWatermark: 1, tlsConfig: {minVersion: TLS12}}")),
+        ("metrics", None),
+    ]);
+    let MappedWpa { notes, .. } = mapped(&yaml);
+    assert_eq!(
+        notes,
+        ["spec.recommender.tlsConfig.minVersion (TLS12) has no effect: watermarkd always negotiates TLS 1.2 or 1.3"]
+    );
+}
+
+#[test]
+fn map_errors_display_one_line_each() {
+    let err = map(&with(&[("maxReplicas", None), ("scaleTargetRef", None)])).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "WatermarkPodAutoscaler prod/billing: spec.maxReplicas is required\n\
+         WatermarkPodAutoscaler prod/billing: spec.scaleTargetRef is required"
+    );
+}
+
+#[test]
+fn durations_and_replica_counts_are_bounded_under_their_wpa_names() {
+    let huge = "9223372036854775807";
+    for (key, value, expected) in [
+        (
+            "downscaleForbiddenWindowSeconds",
+            huge,
+            format!("spec.downscaleForbiddenWindowSeconds ({huge}) must be at most 1day (86400s)"),
+        ),
+        (
+            "upscaleForbiddenWindowSeconds",
+            "86401",
+            "spec.upscaleForbiddenWindowSeconds (86401) must be at most 1day (86400s)".into(),
+        ),
+        (
+            "upscaleDelayAboveWatermarkSeconds",
+            huge,
+            format!("spec.upscaleDelayAboveWatermarkSeconds ({huge}) must be at most"),
+        ),
+        (
+            "downscaleDelayBelowWatermarkSeconds",
+            huge,
+            format!("spec.downscaleDelayBelowWatermarkSeconds ({huge}) must be at most"),
+        ),
+        (
+            "maxReplicas",
+            "2147483648",
+            "spec.maxReplicas (2147483648) must be a whole number from 0 to 2147483647 (the largest replica count \
+             Kubernetes takes)"
+                .into(),
+        ),
+        ("replicaScalingAbsoluteModulo", "2147483648", "spec.replicaScalingAbsoluteModulo (2147483648) must be".into()),
+    ] {
+        let problems = problems(&with(&[(key, Some(value))]));
+        assert_eq!(problems.len(), 1, "{key}: {problems:?}");
+        assert!(problems[0].starts_with(&expected), "{key}: {problems:?}");
+    }
+    let at_bound =
+        mapped(&with(&[("maxReplicas", Some("2147483647")), ("downscaleForbiddenWindowSeconds", Some("86400"))]));
+    assert_eq!(at_bound.autoscaler.rule.max_replicas(), 2_147_483_647);
+}

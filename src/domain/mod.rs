@@ -1,0 +1,9 @@
+//! What watermarkd knows without doing any I/O: the rules file and WPA objects compiled into
+//! autoscalers, the state an autoscaler keeps between evaluations, and the small types the
+//! layers above share.
+
+pub mod crd;
+pub mod instant;
+pub mod rules;
+pub mod sparse;
+pub mod state;

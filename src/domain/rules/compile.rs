@@ -1,0 +1,733 @@
+//! An [`AutoscalerDraft`] -> the parts of a running [`Autoscaler`]: what is required, what
+//! cannot go together, which backends exist, and the engine's own checks (`Rule::new`), each
+//! problem named by the origin of the field it is about. The same steps for a rules file's
+//! entry, a WPA and a `decide` rule, which therefore cannot drift apart.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use watermarkd_engine::{
+    Algorithm, BehaviorSpec, Decimal, MetricSpec, Policy, Relation, Rule, RuleError, RuleSpec, ScalingRulesSpec,
+};
+
+use super::backend::{url_scheme_problem, DEFAULT_TIMEOUT, HALF_MISSING};
+use super::draft::{
+    AutoscalerDraft, BehaviorDraft, Field, Given, KnobsDraft, MetricDraft, Origin, RecommenderDraft, ScalingRulesDraft,
+    TargetDraft,
+};
+use super::problem::{Problem, Sink};
+use super::{
+    intern, Autoscaler, Backend, MetricSource, PodAggregation, Recommender, ResourceSource, TargetRef, TlsSettings,
+    RESOURCE_BACKEND, RESOURCE_MAX_AGE,
+};
+
+const DEFAULT_API_VERSION: &str = "apps/v1";
+
+/// What a draft must contain.
+#[derive(Clone, Copy)]
+pub(crate) enum Require<'b> {
+    /// A rule for `decide`: only what the engine needs, and a name for each metric.
+    Rule,
+    /// A running autoscaler: its name, target, queries and backends. The backends are checked
+    /// against `backends` when known; one mapped to `None` was declared but has a problem of
+    /// its own.
+    Everything { backends: Option<&'b BTreeMap<String, Option<Backend>>> },
+}
+
+/// What a draft compiled to. A part is `None` where the draft had a problem there; `rule`
+/// (and with it the autoscaler) only when the draft had none at all.
+pub(crate) struct Compiled {
+    pub name: Option<String>,
+    pub target: Option<TargetRef>,
+    pub rule: Option<Rule>,
+    pub metrics: Vec<MetricSource>,
+    pub recommender: Option<Recommender>,
+}
+
+impl Compiled {
+    /// The running autoscaler, when every part of it is there.
+    pub fn into_autoscaler(self, draft: &AutoscalerDraft) -> Option<Autoscaler> {
+        Some(Autoscaler {
+            name: self.name?.into(),
+            target: self.target?,
+            interval_set: draft.interval.cloned(),
+            rule: self.rule?,
+            metrics: self.metrics,
+            recommender: self.recommender.map(Box::new),
+            shadow: draft.shadow.value().copied().unwrap_or(false),
+        })
+    }
+}
+
+/// Checks `draft`. `sink` holds what its reader found wrong with it, and gets what this finds.
+pub(crate) fn compile(draft: &AutoscalerDraft, require: Require<'_>, sink: &mut Sink) -> Compiled {
+    let mut report = Report { autoscaler: draft.label.as_deref(), sink };
+    let complete = matches!(require, Require::Everything { .. });
+    let name = if complete { report.required(&draft.name) } else { draft.name.cloned() };
+    let target = draft.target.value().and_then(|target| compile_target(target, &mut report));
+    if complete {
+        report.required(&draft.target);
+    }
+    let mut metrics = compile_metrics(draft, require, &mut report);
+    let recommender =
+        draft.recommender.value().map(|recommender| compile_recommender(recommender, complete, &mut report));
+    if let Some((_, stand_in)) = &recommender {
+        if metrics.is_empty() {
+            metrics.push(stand_in.clone());
+        } else {
+            report.at(
+                &draft.recommender.origin,
+                "cannot be combined with metrics: the recommender replaces them (remove one or the other)",
+            );
+        }
+    }
+    let (behavior, policy_drafts) = compile_behavior(&draft.behavior, &mut report);
+    if draft.knobs.algorithm.value() == Some(&Algorithm::Average) {
+        check_average_aggregation(&metrics, &mut report);
+    }
+    let spec = rule_spec(&draft.knobs, &metrics, behavior);
+    let rule = Rule::new(spec);
+    if let Err(errors) = &rule {
+        let places = Places { draft, metrics: &metrics, policies: &policy_drafts };
+        report_engine_errors(errors, &places, &mut report);
+    }
+    let valid = !report.sink.has_problems();
+    let (recommender, metrics) = match recommender {
+        Some((recommender, _)) => (Some(recommender), Vec::new()),
+        None => (None, metrics.into_iter().map(|m| m.source).collect()),
+    };
+    Compiled { name, target, rule: rule.ok().filter(|_| valid), metrics, recommender: recommender.filter(|_| valid) }
+}
+
+/// Where problems go, for one autoscaler.
+struct Report<'a> {
+    autoscaler: Option<&'a str>,
+    sink: &'a mut Sink,
+}
+
+impl Report<'_> {
+    fn at(&mut self, origin: &Origin, message: impl Into<String>) {
+        self.sink.problems.push(Problem {
+            line: origin.line,
+            autoscaler: self.autoscaler.map(str::to_string),
+            field: origin.field.to_string(),
+            message: message.into(),
+        });
+    }
+
+    /// The value of a required field, reporting it when it is not written.
+    fn required<T: Clone>(&mut self, field: &Field<T>) -> Option<T> {
+        if matches!(field.given, Given::Absent) {
+            self.at(&field.origin, "is required");
+        }
+        field.cloned()
+    }
+}
+
+fn compile_target(target: &TargetDraft, report: &mut Report<'_>) -> Option<TargetRef> {
+    let kind = report.required(&target.kind);
+    let namespace = report.required(&target.namespace);
+    let name = report.required(&target.name);
+    Some(TargetRef {
+        api_version: intern(target.api_version.value().map_or(DEFAULT_API_VERSION, String::as_str)),
+        kind: intern(&kind?),
+        namespace: intern(&namespace?),
+        name: Arc::from(name?),
+    })
+}
+
+/// One metric of the rule, and the draft fields the engine's problems with it are about.
+#[derive(Clone)]
+struct CompiledMetric<'d> {
+    source: MetricSource,
+    spec: MetricSpec,
+    /// `None` when the metric could not be read at all: nothing more is said of it.
+    fields: Option<MetricFields<'d>>,
+}
+
+#[derive(Clone, Copy)]
+struct MetricFields<'d> {
+    origin: &'d Origin,
+    name: &'d Origin,
+    low_watermark: &'d Field<Decimal>,
+    high_watermark: &'d Field<Decimal>,
+    /// A metric's own, absent for the metric a recommender stands for.
+    metric: Option<&'d MetricDraft>,
+}
+
+fn compile_metrics<'d>(
+    draft: &'d AutoscalerDraft,
+    require: Require<'_>,
+    report: &mut Report<'_>,
+) -> Vec<CompiledMetric<'d>> {
+    let Some(drafts) = draft.metrics.value() else { return Vec::new() };
+    let metrics: Vec<CompiledMetric<'d>> =
+        drafts.iter().map(|metric| compile_metric(metric, require, report)).collect();
+    for (i, metric) in metrics.iter().enumerate() {
+        let Some(fields) = metric.fields else { continue };
+        let name = &metric.source.name;
+        let first = metrics.iter().take(i).find(|m| m.fields.is_some() && !name.is_empty() && &m.source.name == name);
+        if let Some(first) = first.and_then(|m| m.fields) {
+            let line = first.name.line.map(|l| format!(" on line {l}")).unwrap_or_default();
+            report.at(
+                fields.name,
+                format!("is already used by another metric of this autoscaler{line}; metric names must be unique"),
+            );
+        }
+    }
+    metrics
+}
+
+fn compile_metric<'d>(
+    metric: &'d Field<MetricDraft>,
+    require: Require<'_>,
+    report: &mut Report<'_>,
+) -> CompiledMetric<'d> {
+    let mut source = MetricSource {
+        name: String::new(),
+        backend: String::new(),
+        query: String::new(),
+        reducer: None,
+        resource: None,
+    };
+    let Some(d) = metric.value() else {
+        return CompiledMetric { source, spec: MetricSpec::default(), fields: None };
+    };
+    let complete = matches!(require, Require::Everything { .. });
+    let is_resource = d.resource.is_written();
+    let label = d.name.value().or(d.query.value()).cloned().or_else(|| d.resource.value().map(|r| r.to_string()));
+    match label {
+        Some(label) => source.name = label,
+        // An unreadable resource is reported: a stand-in name keeps the engine from also
+        // calling the name empty.
+        None if is_resource => source.name = "resource".into(),
+        // An unreadable name or query is reported.
+        None => {}
+    }
+    if is_resource {
+        let selector = if complete { report.required(&d.selector) } else { d.selector.cloned() };
+        if let (Some(resource), Some(selector)) = (d.resource.value(), selector) {
+            source.resource = Some(ResourceSource {
+                resource: *resource,
+                selector,
+                aggregation: d.pod_aggregation.value().copied().unwrap_or_default(),
+                readiness_delay: d.readiness_delay.value().copied().unwrap_or_default(),
+                max_age: d.max_age.value().copied().unwrap_or(RESOURCE_MAX_AGE),
+            });
+        }
+        source.backend = RESOURCE_BACKEND.to_string();
+        source.query = format!(
+            "{} of pods {}",
+            d.resource.value().map_or("?", |r| r.as_str()),
+            source.resource.as_ref().map_or("?", |r| r.selector.as_str())
+        );
+    } else {
+        if complete {
+            report.required(&d.query);
+            let backend = report.required(&d.backend);
+            if let (Require::Everything { backends: Some(backends) }, Some(backend)) = (require, &backend) {
+                check_backend_reference(d, backends, backend, report);
+            }
+        }
+        source.backend = d.backend.cloned().unwrap_or_default();
+        source.query = d.query.cloned().unwrap_or_default();
+        source.reducer = d.reducer.value().copied();
+    }
+    let spec = MetricSpec {
+        name: source.name.clone(),
+        low_watermark: d.low_watermark.cloned(),
+        high_watermark: d.high_watermark.cloned(),
+        max_age: d.max_age.cloned(),
+        activation: d.activation.cloned(),
+    };
+    let fields = MetricFields {
+        origin: &d.origin,
+        name: &d.name.origin,
+        low_watermark: &d.low_watermark,
+        high_watermark: &d.high_watermark,
+        metric: Some(d),
+    };
+    CompiledMetric { source, spec, fields: Some(fields) }
+}
+
+fn check_backend_reference(
+    metric: &MetricDraft,
+    backends: &BTreeMap<String, Option<Backend>>,
+    backend: &str,
+    report: &mut Report<'_>,
+) {
+    match backends.get(backend) {
+        None => {
+            let defined = if backends.is_empty() {
+                "no backends are defined".to_string()
+            } else {
+                format!("defined: {}", backends.keys().map(String::as_str).collect::<Vec<_>>().join(", "))
+            };
+            report.at(&metric.backend.origin, format!("({backend:?}) names no [backend.{backend}] table ({defined})"));
+        }
+        Some(Some(Backend::Datadog(_))) if metric.reducer.value().is_some() => report.at(
+            &metric.reducer.origin,
+            format!(
+                "only applies to prometheus backends; {backend:?} is a datadog backend, whose queries aggregate \
+                 series themselves (e.g. \"max:metric{{...}}\")"
+            ),
+        ),
+        Some(_) => {}
+    }
+}
+
+/// The recommender, and the one engine metric that stands for it (its name and watermarks;
+/// the engine checks the watermarks as a metric's).
+fn compile_recommender<'d>(
+    draft: &'d RecommenderDraft,
+    complete: bool,
+    report: &mut Report<'_>,
+) -> (Recommender, CompiledMetric<'d>) {
+    let url = if complete { report.required(&draft.url) } else { draft.url.cloned() };
+    let url = url.and_then(|url| {
+        let problem = url_scheme_problem(&url).or_else(|| match reqwest::Url::parse(&url) {
+            // Checked here rather than at the first request, so that `check` and a WPA's status say it.
+            Ok(parsed) if parsed.host_str().is_some_and(|h| !h.is_empty()) => None,
+            Ok(_) => Some(format!("({}) has no host", Recommender::redact(&url))),
+            Err(e) => Some(format!("({}) is not a URL: {e}", Recommender::redact(&url))),
+        });
+        match problem {
+            None => Some(url),
+            Some(problem) => {
+                report.at(&draft.url.origin, problem);
+                None
+            }
+        }
+    });
+    let tls = TlsSettings {
+        ca_file: draft.ca_file.cloned(),
+        client_cert_file: draft.client_cert_file.cloned(),
+        client_key_file: draft.client_key_file.cloned(),
+        insecure_skip_verify: draft.insecure_skip_verify.value().copied().unwrap_or(false),
+    };
+    if tls.client_cert_file.is_some() != tls.client_key_file.is_some() {
+        let missing = if tls.client_cert_file.is_some() { &draft.client_key_file } else { &draft.client_cert_file };
+        report.at(&missing.origin, HALF_MISSING);
+    }
+    let server_name = draft.server_name.cloned().and_then(|name| match server_name_problem(&name, url.as_deref()) {
+        None => Some(name),
+        Some(problem) => {
+            report.at(&draft.server_name.origin, problem);
+            None
+        }
+    });
+    let (low, high) = (draft.low_watermark.cloned(), draft.high_watermark.cloned());
+    let recommender = Recommender {
+        url: url.unwrap_or_default(),
+        target_type: draft.target_type.cloned().unwrap_or_default(),
+        settings: draft.settings.cloned().unwrap_or_default(),
+        lower_bound: low.as_ref().map_or(0.0, Decimal::to_f64),
+        upper_bound: high.as_ref().map_or(0.0, Decimal::to_f64),
+        timeout: draft.timeout.value().copied().unwrap_or(DEFAULT_TIMEOUT),
+        cluster_name: draft.cluster_name.cloned(),
+        tls,
+        server_name,
+        tls_dir: draft.tls_dir.clone(),
+    };
+    let name = recommender.metric_name();
+    let stand_in = CompiledMetric {
+        source: MetricSource {
+            name: name.clone(),
+            backend: String::new(),
+            query: recommender.url.clone(),
+            reducer: None,
+            resource: None,
+        },
+        spec: MetricSpec { name, low_watermark: low, high_watermark: high, max_age: None, activation: None },
+        fields: Some(MetricFields {
+            origin: &draft.origin,
+            name: &draft.origin,
+            low_watermark: &draft.low_watermark,
+            high_watermark: &draft.high_watermark,
+            metric: None,
+        }),
+    };
+    (recommender, stand_in)
+}
+
+/// What is wrong with `server_name` for a recommender at `url` (when the url is valid): it must
+/// be a DNS name, and it only means something over TLS.
+pub(crate) fn server_name_problem(name: &str, url: Option<&str>) -> Option<String> {
+    if url.is_some_and(|url| !url.starts_with("https://")) {
+        return Some(format!("({name:?}) applies to https:// urls only: the url is http://"));
+    }
+    match rustls::pki_types::ServerName::try_from(name) {
+        Ok(rustls::pki_types::ServerName::DnsName(_)) => None,
+        Ok(_) => Some(format!(
+            "({name:?}) must be a DNS name: to verify the certificate against an IP address, put the address in \
+             the url"
+        )),
+        Err(_) => Some(format!("({name:?}) is not a DNS name")),
+    }
+}
+
+/// `behavior` for the engine, and, per direction, which policy of the draft each of the
+/// engine's policies is (a policy that could not be read is left out).
+fn compile_behavior<'d>(
+    behavior: &'d Field<BehaviorDraft>,
+    report: &mut Report<'_>,
+) -> (Option<BehaviorSpec>, PolicyDrafts<'d>) {
+    let mut drafts = PolicyDrafts::default();
+    let Some(draft) = behavior.value() else { return (None, drafts) };
+    let mut direction = |rules: &'d Field<ScalingRulesDraft>, kept: &mut Vec<&'d Origin>| {
+        let rules = rules.value()?;
+        let policies = rules.policies.value().map(|policies| {
+            let mut engine = Vec::new();
+            for policy in policies.iter().filter_map(Field::value) {
+                let kind = report.required(&policy.kind);
+                let value = report.required(&policy.value);
+                let period = report.required(&policy.period);
+                if let (Some(kind), Some(value), Some(period)) = (kind, value, period) {
+                    engine.push(Policy { kind, value, period });
+                    kept.push(&policy.value.origin);
+                    kept.push(&policy.period.origin);
+                }
+            }
+            engine
+        });
+        Some(ScalingRulesSpec {
+            tolerance: rules.tolerance.cloned(),
+            stabilization_window: rules.stabilization_window.cloned(),
+            select_policy: rules.select_policy.value().copied(),
+            policies,
+        })
+    };
+    let spec = BehaviorSpec {
+        scale_up: direction(&draft.scale_up, &mut drafts.scale_up),
+        scale_down: direction(&draft.scale_down, &mut drafts.scale_down),
+    };
+    (Some(spec), drafts)
+}
+
+/// Per direction, the origins of the `value` and `period` of each policy the engine was given,
+/// two by two.
+#[derive(Default)]
+struct PolicyDrafts<'d> {
+    scale_up: Vec<&'d Origin>,
+    scale_down: Vec<&'d Origin>,
+}
+
+/// The engine divides every value by the ready replicas under `average`: a per-pod average
+/// would be divided twice.
+fn check_average_aggregation(metrics: &[CompiledMetric<'_>], report: &mut Report<'_>) {
+    let averaged = metrics.iter().filter_map(|m| m.fields?.metric).map(|m| &m.pod_aggregation);
+    for aggregation in averaged.filter(|a| a.value() == Some(&PodAggregation::Average)) {
+        report.at(
+            &aggregation.origin,
+            "(\"average\") cannot go with algorithm = \"average\", which already divides the metric by the ready \
+             replicas: keep the default \"sum\" (the sum divided by the ready replicas is the per-pod average), or \
+             use algorithm = \"absolute\"",
+        );
+    }
+}
+
+fn rule_spec(knobs: &KnobsDraft, metrics: &[CompiledMetric<'_>], behavior: Option<BehaviorSpec>) -> RuleSpec {
+    RuleSpec {
+        min_replicas: knobs.min_replicas.cloned(),
+        max_replicas: knobs.max_replicas.cloned(),
+        algorithm: knobs.algorithm.cloned(),
+        tolerance: knobs.tolerance.cloned(),
+        upscale_tolerance: knobs.upscale_tolerance.cloned(),
+        downscale_tolerance: knobs.downscale_tolerance.cloned(),
+        // Metric `i` of the rule is metric `i` of the draft, also when some metric had a
+        // problem, so that the engine's problems map back to the right one.
+        metrics: metrics.iter().map(|m| m.spec.clone()).collect(),
+        scale_up_limit_factor: knobs.scale_up_limit_factor.cloned(),
+        scale_down_limit_factor: knobs.scale_down_limit_factor.cloned(),
+        upscale_forbidden_window: knobs.upscale_forbidden_window.cloned(),
+        downscale_forbidden_window: knobs.downscale_forbidden_window.cloned(),
+        upscale_delay_above_watermark: knobs.upscale_delay_above_watermark.cloned(),
+        downscale_delay_below_watermark: knobs.downscale_delay_below_watermark.cloned(),
+        behavior,
+        replica_modulo: knobs.replica_modulo.cloned(),
+        converge_towards_watermark: knobs.converge_towards_watermark.cloned(),
+        tolerate_zero: knobs.tolerate_zero.cloned(),
+        min_available_replica_percentage: knobs.min_available_replica_percentage.cloned(),
+        dry_run: knobs.dry_run.cloned(),
+        scale_to_zero_delay: knobs.scale_to_zero_delay.cloned(),
+    }
+}
+
+/// The draft, seen through the engine's paths.
+struct Places<'p, 'd> {
+    draft: &'d AutoscalerDraft,
+    metrics: &'p [CompiledMetric<'d>],
+    policies: &'p PolicyDrafts<'d>,
+}
+
+/// Where the draft wrote (or would write) the field the engine names `path`.
+fn origin_of<'d>(places: &Places<'_, 'd>, path: &str) -> Option<(&'d Origin, Presence)> {
+    fn at<T>(field: &Field<T>) -> Option<(&Origin, Presence)> {
+        let presence = match field.given {
+            Given::Absent => Presence::Absent,
+            Given::Unreadable => Presence::Unreadable,
+            Given::Value(_) => Presence::Written,
+        };
+        Some((&field.origin, presence))
+    }
+    let draft = places.draft;
+    if let Some(rest) = path.strip_prefix("metric[") {
+        let (index, key) = rest.split_once(']')?;
+        let fields = places.metrics.get(index.parse::<usize>().ok()?)?.fields?;
+        return match (key.trim_start_matches('.'), fields.metric) {
+            ("low_watermark", _) => {
+                at(fields.low_watermark).map(|(origin, presence)| (origin, presence.beside(fields.high_watermark)))
+            }
+            ("high_watermark", _) => {
+                at(fields.high_watermark).map(|(origin, presence)| (origin, presence.beside(fields.low_watermark)))
+            }
+            ("name", Some(metric)) if metric.name.is_unreadable() => Some((fields.name, Presence::Unreadable)),
+            ("name", _) => Some((fields.name, Presence::Written)),
+            ("max_age", Some(metric)) => at(&metric.max_age),
+            ("activation", Some(metric)) => at(&metric.activation),
+            _ => Some((fields.origin, Presence::Written)),
+        };
+    }
+    if path == "metric" {
+        return at(&draft.metrics);
+    }
+    if let Some(rest) = path.strip_prefix("behavior.") {
+        let behavior = draft.behavior.value()?;
+        let (direction, key) = rest.split_once('.').unwrap_or((rest, ""));
+        let (rules, policies) = match direction {
+            "scale_up" => (&behavior.scale_up, &places.policies.scale_up),
+            "scale_down" => (&behavior.scale_down, &places.policies.scale_down),
+            _ => return at(&draft.behavior),
+        };
+        let Some(scaling) = rules.value() else { return at(rules) };
+        return match key {
+            "tolerance" => at(&scaling.tolerance),
+            "stabilization_window" => at(&scaling.stabilization_window),
+            "policies" => at(&scaling.policies),
+            _ => {
+                // `policies[i].value` or `policies[i].period`, of the policies the engine was given.
+                let rest = key.strip_prefix("policies[")?;
+                let (index, field) = rest.split_once("].")?;
+                let index: usize = index.parse().ok()?;
+                let offset = usize::from(field == "period");
+                Some((*policies.get(index * 2 + offset)?, Presence::Written))
+            }
+        };
+    }
+    match draft.knobs.origin_of(path) {
+        Some((origin, unreadable)) => Some((origin, if unreadable { Presence::Unreadable } else { Presence::Written })),
+        None => Some((&draft.origin, Presence::Written)),
+    }
+}
+
+/// What the draft says of a field the engine has a problem with.
+#[derive(Clone, Copy)]
+enum Presence {
+    Written,
+    Absent,
+    /// Its reader has already said what is wrong with it.
+    Unreadable,
+    /// A watermark not written whose sibling is: the engine takes the one for both and so
+    /// reports a bad value twice; it is said once, of the one written.
+    Echo,
+}
+
+impl Presence {
+    fn beside(self, sibling: &Field<Decimal>) -> Presence {
+        match self {
+            Presence::Absent if sibling.value().is_some() => Presence::Echo,
+            other => other,
+        }
+    }
+}
+
+/// Turns each engine problem into one about the draft's field, where its source wrote it; a
+/// problem between two fields names the other one as its source does.
+fn report_engine_errors(errors: &[RuleError], places: &Places<'_, '_>, report: &mut Report<'_>) {
+    let key = |path: &str| origin_of(places, path).map_or_else(|| path.to_string(), |(o, _)| o.key().to_string());
+    for error in errors {
+        let Some((origin, presence)) = origin_of(places, &error.field) else { continue };
+        if matches!(presence, Presence::Unreadable | Presence::Echo) {
+            continue;
+        }
+        let message = match &error.relation {
+            None => error.message.clone(),
+            Some(Relation::Exceeds { value, other, bound }) => {
+                format!("({value}) must not exceed {} ({bound})", key(other))
+            }
+            Some(Relation::OneOfRequired { other }) => {
+                format!("at least one of {} and {} is required", key(other), origin.key())
+            }
+        };
+        report.at(origin, message);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::rules::DatadogBackend;
+
+    fn at(field: &str) -> Origin {
+        Origin::new(field.to_string(), None)
+    }
+
+    fn value<T>(field: &str, value: T) -> Field<T> {
+        Field { given: Given::Value(value), origin: at(field) }
+    }
+
+    fn number(text: &str) -> Decimal {
+        Decimal::parse(text).unwrap()
+    }
+
+    /// A metric whose fields are named `{at}.{key}`, as a WPA-like source would.
+    fn metric(at_: &str, low: Option<&str>, high: Option<&str>) -> Field<MetricDraft> {
+        let field = |key: &str| format!("{at_}.{key}");
+        let watermark = |key: &str, text: Option<&str>| match text {
+            Some(text) => value(&field(key), number(text)),
+            None => Field::absent(at(&field(key))),
+        };
+        let draft = MetricDraft {
+            origin: at(at_),
+            name: value(&field("metricName"), "requests".to_string()),
+            query: value(&field("metricName"), "avg:requests{*}".to_string()),
+            backend: value(at_, "dd".to_string()),
+            reducer: Field::absent(at(&field("reducer"))),
+            resource: Field::absent(at(&field("resource"))),
+            selector: Field::absent(at(&field("selector"))),
+            pod_aggregation: Field::absent(at(&field("podAggregation"))),
+            readiness_delay: Field::absent(at(&field("readinessDelay"))),
+            max_age: Field::absent(at(&field("maxAge"))),
+            low_watermark: watermark("lowWatermark", low),
+            high_watermark: watermark("highWatermark", high),
+            activation: Field::absent(at(&field("activation"))),
+        };
+        Field { given: Given::Value(draft), origin: at(at_) }
+    }
+
+    /// An autoscaler named as a WPA names its fields, with `metrics`.
+    fn draft(metrics: Vec<Field<MetricDraft>>) -> AutoscalerDraft {
+        let target = TargetDraft {
+            api_version: Field::absent(at("spec.scaleTargetRef.apiVersion")),
+            kind: value("spec.scaleTargetRef.kind", "Deployment".to_string()),
+            namespace: value("metadata.namespace", "shop".to_string()),
+            name: value("spec.scaleTargetRef.name", "web".to_string()),
+        };
+        let mut knobs = KnobsDraft::absent(|key| at(&format!("spec.{key}")));
+        knobs.max_replicas = value("spec.maxReplicas", 10);
+        AutoscalerDraft {
+            label: Some("shop/web".into()),
+            origin: at("spec"),
+            name: value("metadata.name", "shop/web".to_string()),
+            target: value("spec.scaleTargetRef", target),
+            interval: Field::absent(at("spec")),
+            shadow: Field::absent(at("metadata.annotations")),
+            knobs,
+            behavior: Field::absent(at("spec")),
+            metrics: value("spec.metrics", metrics),
+            recommender: Field::absent(at("spec.recommender")),
+        }
+    }
+
+    fn datadog() -> BTreeMap<String, Option<Backend>> {
+        let key = super::super::SecretSource::Env("K".into());
+        let backend = DatadogBackend {
+            site: "datadoghq.com".into(),
+            url: None,
+            api_key: key.clone(),
+            app_key: key,
+            window: std::time::Duration::from_secs(300),
+            max_age: None,
+            timeout: DEFAULT_TIMEOUT,
+            max_in_flight: 4,
+            bad_query_retry: std::time::Duration::from_secs(600),
+            allow_insecure_http: false,
+            namespace_budget_percent: 100,
+            fold_queries: true,
+        };
+        BTreeMap::from([("dd".to_string(), Some(Backend::Datadog(backend)))])
+    }
+
+    /// Compiles `draft` as a running autoscaler: its problems as `field message`.
+    fn problems(draft: &AutoscalerDraft) -> (Vec<String>, Option<Autoscaler>) {
+        let backends = datadog();
+        let mut sink = Sink::default();
+        let compiled = compile(draft, Require::Everything { backends: Some(&backends) }, &mut sink);
+        let shown = sink.problems.iter().map(|p| format!("{} {}", p.field, p.message)).collect();
+        (shown, compiled.into_autoscaler(draft))
+    }
+
+    #[test]
+    fn a_valid_draft_compiles_to_its_autoscaler() {
+        let (found, autoscaler) = problems(&draft(vec![metric("spec.metrics[0]", Some("1"), Some("2"))]));
+        assert!(found.is_empty(), "{found:?}");
+        let autoscaler = autoscaler.expect("an autoscaler");
+        assert_eq!(&*autoscaler.target.api_version, "apps/v1");
+        assert_eq!(autoscaler.metrics[0].query, "avg:requests{*}");
+        assert_eq!(autoscaler.rule.max_replicas(), 10);
+    }
+
+    #[test]
+    fn a_problem_between_two_fields_names_the_other_as_its_source_does() {
+        let mut inverted = draft(vec![metric("spec.metrics[0]", Some("3"), Some("2"))]);
+        inverted.knobs.min_replicas = value("spec.minReplicas", 12);
+        let (found, autoscaler) = problems(&inverted);
+        assert_eq!(
+            found,
+            [
+                "spec.minReplicas (12) must not exceed maxReplicas (10)",
+                "spec.metrics[0].lowWatermark (3) must not exceed highWatermark (2)",
+            ]
+        );
+        assert!(autoscaler.is_none());
+        let (found, _) = problems(&draft(vec![metric("spec.metrics[0]", None, None)]));
+        assert_eq!(found, ["spec.metrics[0].highWatermark at least one of lowWatermark and highWatermark is required"]);
+    }
+
+    #[test]
+    fn what_a_reader_could_not_read_is_not_said_again() {
+        // The engine would take min_replicas as 1 and find it above 0; the reader said why
+        // it could not read it, and that is all.
+        let mut unreadable = draft(vec![metric("spec.metrics[0]", Some("1"), Some("2"))]);
+        unreadable.knobs.min_replicas = Field { given: Given::Unreadable, origin: at("spec.minReplicas") };
+        unreadable.knobs.max_replicas = value("spec.maxReplicas", 0);
+        let (found, autoscaler) = problems(&unreadable);
+        assert!(found.is_empty(), "{found:?}");
+        // The engine still refuses the rule: only its words are not repeated.
+        assert!(autoscaler.is_none());
+        let broken = Field { given: Given::Unreadable, origin: at("spec.metrics[0]") };
+        let (found, _) = problems(&draft(vec![broken]));
+        assert!(found.is_empty(), "a metric said to be broken is not checked: {found:?}");
+    }
+
+    #[test]
+    fn a_watermark_given_alone_is_reported_once() {
+        let (found, _) = problems(&draft(vec![metric("spec.metrics[0]", None, Some("0"))]));
+        assert_eq!(found, ["spec.metrics[0].highWatermark (0) must be greater than 0"]);
+    }
+
+    #[test]
+    fn what_is_required_and_which_backends_exist_is_checked_only_for_a_running_autoscaler() {
+        let mut partial = draft(vec![metric("spec.metrics[0]", Some("1"), Some("2"))]);
+        partial.name = Field::absent(at("metadata.name"));
+        partial.target = Field::absent(at("spec.scaleTargetRef"));
+        if let Given::Value(metrics) = &mut partial.metrics.given {
+            if let Given::Value(first) = &mut metrics[0].given {
+                first.backend = value("spec.metrics[0]", "nope".to_string());
+            }
+        }
+        let (found, _) = problems(&partial);
+        assert_eq!(
+            found,
+            [
+                "metadata.name is required",
+                "spec.scaleTargetRef is required",
+                "spec.metrics[0] (\"nope\") names no [backend.nope] table (defined: dd)",
+            ]
+        );
+        let mut sink = Sink::default();
+        let compiled = compile(&partial, Require::Rule, &mut sink);
+        assert!(sink.problems.is_empty(), "{:?}", sink.problems);
+        assert!(compiled.rule.is_some());
+    }
+}
