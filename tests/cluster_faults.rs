@@ -450,7 +450,7 @@ async fn during_an_etcd_outage_no_write_outlives_its_lease_and_no_window_is_brok
             let config = watcher::Config::default().fields("metadata.name=web");
             let mut stream = std::pin::pin!(watcher::watcher(api, config));
             let mut last: Option<i32> = None;
-            while let Some(event) = watermarkd::adapters::workload::next_event(&mut stream).await {
+            while let Some(event) = watermarkd::testing::next_event(&mut stream).await {
                 let object = match event {
                     Ok(Event::Apply(object) | Event::InitApply(object)) => object,
                     Ok(_) => continue,

@@ -157,7 +157,7 @@ fn autoscaler_text() -> String {
     metrics.admit(&labels);
     metrics.observe(&labels, &rule, &decision, true, [("AbleToScale", true), ("ScalingLimited", false)]);
     metrics.observe_shadows(&labels, &[ShadowOutcome { name: "web-next".into(), replicas: 3, diverged: true }]);
-    metrics.snapshot().render_all()
+    watermarkd::testing::render_all(&metrics)
 }
 
 fn exported() -> BTreeMap<String, Family> {

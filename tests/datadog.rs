@@ -24,12 +24,12 @@ use std::time::Duration;
 use serde_json::Value;
 use tempfile::TempDir;
 use tokio::time::Instant;
-use watermarkd::adapters::backend::datadog::{
-    read_v1_answer, DatadogClient, RateLimitHeaders, RequestOutcome, V1Answer, V1Context,
-};
+use watermarkd::adapters::backend::datadog::DatadogClient;
 use watermarkd::adapters::backend::{MetricQuery, Observation, ObservationDetail, QueryError};
 use watermarkd::adapters::telemetry::BackendMetrics;
 use watermarkd::domain::rules::{DatadogBackend, SecretSource};
+use watermarkd::testing::datadog::{read_v1_answer, RateLimitHeaders, RequestOutcome, V1Answer, V1Context};
+use watermarkd::testing::rate_limit_headers;
 use watermarkd_engine::{Reading, Timestamp};
 
 use fake_datadog::{Behavior, Budget, FakeDatadog, SeriesSpec, API_KEY, APP_KEY};
@@ -146,7 +146,7 @@ fn fixture(name: &str) -> Fixture {
     let json: Value = serde_json::from_str(&text).unwrap();
     let response = &json["response"];
     let headers = response["headers"].as_object().unwrap();
-    let headers = RateLimitHeaders::from_pairs(headers.iter().map(|(k, v)| (k.as_str(), v.as_str().unwrap())));
+    let headers = rate_limit_headers(headers.iter().map(|(k, v)| (k.as_str(), v.as_str().unwrap())));
     // The recorded body text: a string when it is not JSON, else the JSON text itself, taken
     // from the file as written (re-serializing would round the floats twice).
     let body = match &response["body"] {

@@ -348,7 +348,7 @@ fn watch_replicas(cluster: &KubeCluster, namespace: &str) -> (History, tokio::ta
     let recorded = Arc::clone(&history);
     let task = tokio::spawn(async move {
         let mut stream = std::pin::pin!(watcher(api, watcher::Config::default()));
-        while let Some(event) = watermarkd::adapters::workload::next_event(&mut stream).await {
+        while let Some(event) = watermarkd::testing::next_event(&mut stream).await {
             let object = match event {
                 Ok(watcher::Event::Apply(object) | watcher::Event::InitApply(object)) => object,
                 _ => continue,

@@ -32,9 +32,6 @@ use hyper_util::rt::TokioIo;
 use proptest::prelude::*;
 use proptest::{collection::vec, option, sample::select, sample::Index};
 use serde_json::Value;
-use watermarkd::adapters::backend::datadog::{
-    error_text, rate_limit_wait, read_v1_answer, RateLimitHeaders, V1Answer, V1Context,
-};
 use watermarkd::adapters::backend::prometheus::PrometheusClient;
 use watermarkd::adapters::backend::{MetricQuery, Observation};
 use watermarkd::adapters::telemetry::BackendMetrics;
@@ -44,6 +41,9 @@ use watermarkd::domain::crd::{
 };
 use watermarkd::domain::rules::{parse_rules, Backend, Reducer};
 use watermarkd::domain::state;
+use watermarkd::testing::datadog::{
+    error_text, rate_limit_wait, read_v1_answer, RateLimitHeaders, V1Answer, V1Context,
+};
 use watermarkd_engine::{Reading, Timestamp};
 
 // Seeds and mutations, shared by every property.
@@ -359,7 +359,7 @@ fn rate_limit_headers() -> impl Strategy<Value = Vec<(String, String)>> {
 }
 
 fn read_headers(pairs: &[(String, String)]) -> RateLimitHeaders {
-    RateLimitHeaders::from_pairs(pairs.iter().map(|(name, value)| (name.as_str(), value.as_str())))
+    watermarkd::testing::rate_limit_headers(pairs.iter().map(|(name, value)| (name.as_str(), value.as_str())))
 }
 
 fn http_status() -> impl Strategy<Value = u16> {

@@ -40,9 +40,10 @@ use prometheus_server::{
 };
 use redirect_servers::Redirector;
 use watermarkd::adapters::backend::prometheus::PrometheusClient;
-use watermarkd::adapters::backend::{BackendError, MetricQuery, Observation, QueryError, SECRET_CHECK_EVERY};
+use watermarkd::adapters::backend::{BackendError, MetricQuery, Observation, QueryError};
 use watermarkd::adapters::telemetry::BackendMetrics;
 use watermarkd::domain::rules::{BasicAuth, PrometheusBackend, Reducer, SecretSource, TlsSettings};
+use watermarkd::testing::SECRET_CHECK_EVERY;
 use watermarkd_engine::{Reading, Timestamp};
 
 const NAME: &str = "prom";

@@ -32,6 +32,7 @@ use watermarkd::adapters::backend::recommender::{RecommenderClients, WorkloadSta
 use watermarkd::adapters::backend::Observation;
 use watermarkd::adapters::telemetry::HttpClientMetrics;
 use watermarkd::domain::rules::{parse_rules, Autoscaler, Recommender};
+use watermarkd::testing::recommender_clients;
 use watermarkd_engine::{decide, Action, Decision, Guard, Position, Reading, State, Target, Timestamp};
 
 /// The autoscaler of a rules file whose recommender is at `url`, with `extra` recommender keys.
@@ -92,7 +93,7 @@ fn assert_holds(decision: &Decision, spec: u32, reason: &str) {
 async fn a_good_reply_scales_and_the_request_is_the_datadog_controllers() {
     let server = FakeRecommender::start().await;
     let web = autoscaler(&server.url, "");
-    let clients = RecommenderClients::with_cluster_name(None);
+    let clients = recommender_clients(None, None);
     let (observation, decision) = ask_and_decide(&clients, &web, 4).await;
     assert_eq!(
         observation.reading,
@@ -123,7 +124,7 @@ async fn a_good_reply_scales_and_the_request_is_the_datadog_controllers() {
 
     // Without cluster_name, the daemon's K8S_CLUSTER_NAME names the cluster.
     let web = autoscaler(&server.url, "").with_cluster(None);
-    let clients = RecommenderClients::with_cluster_name(Some("from-env".into()));
+    let clients = recommender_clients(Some("from-env".into()), None);
     ask_and_decide(&clients, &web, 4).await;
     assert_eq!(server.requests()[1].2["targetRef"]["cluster"], "from-env");
 }
@@ -145,7 +146,7 @@ impl WithCluster for Autoscaler {
 async fn bounds_decide_where_the_workload_stands() {
     let server = FakeRecommender::start().await;
     let web = autoscaler(&server.url, "");
-    let clients = RecommenderClients::with_cluster_name(None);
+    let clients = recommender_clients(None, None);
     // spec 10 over the upper bound 8: below the band.
     server.answer(200, reply(7, Some((5, 8))), Duration::ZERO);
     let (_, decision) = ask_and_decide(&clients, &web, 10).await;
@@ -162,7 +163,7 @@ async fn bounds_decide_where_the_workload_stands() {
 async fn failures_hold_with_their_reason_and_never_read_as_zero() {
     let server = FakeRecommender::start().await;
     let web = autoscaler(&server.url, "");
-    let clients = RecommenderClients::with_cluster_name(None);
+    let clients = recommender_clients(None, None);
     let cases = [
         (
             200,
@@ -207,7 +208,7 @@ async fn failures_hold_with_their_reason_and_never_read_as_zero() {
 async fn a_slow_recommender_times_out_and_the_cycle_deadline_bounds_the_wait() {
     let server = FakeRecommender::start().await;
     server.answer(200, reply(7, None), Duration::from_secs(5));
-    let clients = RecommenderClients::with_cluster_name(None);
+    let clients = recommender_clients(None, None);
     let web = autoscaler(&server.url, "timeout = \"1s\"");
     let started = Instant::now();
     let (_, decision) = ask_and_decide(&clients, &web, 5).await;
@@ -231,7 +232,7 @@ async fn an_unreachable_recommender_holds() {
     // A port nothing listens on.
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let web = autoscaler(&format!("http://127.0.0.1:{port}/"), "");
-    let (_, decision) = ask_and_decide(&RecommenderClients::with_cluster_name(None), &web, 5).await;
+    let (_, decision) = ask_and_decide(&recommender_clients(None, None), &web, 5).await;
     assert_holds(&decision, 5, "cannot reach the backend");
 }
 
@@ -240,7 +241,7 @@ async fn tls_verifies_the_server_and_presents_the_client_certificate() {
     let certs = TestCerts::generate();
     let server = TlsServer::start(&certs, &reply(7, Some((6, 9))));
     let path = |file: &str| certs.path(file).display().to_string();
-    let clients = RecommenderClients::with_cluster_name(None);
+    let clients = recommender_clients(None, None);
 
     // Custom CA and client certificate: the reply is read.
     let trusted = format!(
@@ -391,7 +392,7 @@ fn tls_keys(certs: &TestCerts) -> String {
 #[tokio::test]
 async fn a_server_name_is_the_name_the_certificate_is_verified_against() {
     let (certs, server) = renamed_server();
-    let clients = RecommenderClients::with_cluster_name(None);
+    let clients = recommender_clients(None, None);
     let url = format!("{}/recommend", server.url());
 
     // The certificate does not name 127.0.0.1: refused.
@@ -416,7 +417,7 @@ async fn a_server_name_is_the_name_the_certificate_is_verified_against() {
 #[tokio::test]
 async fn a_server_name_resolves_to_the_url_host_when_it_is_a_dns_name() {
     let (certs, server) = renamed_server();
-    let clients = RecommenderClients::with_cluster_name(None);
+    let clients = recommender_clients(None, None);
     // `localhost` is looked up (to 127.0.0.1), then verified as reco.internal.
     let url = format!("https://localhost:{}/recommend", server.addr.port());
     let web = autoscaler(&url, &format!("{}server_name = \"reco.internal\"", tls_keys(&certs)));
@@ -429,7 +430,7 @@ async fn a_server_name_resolves_to_the_url_host_when_it_is_a_dns_name() {
 async fn wpa_tls_files_are_read_only_inside_the_tls_directory() {
     let certs = TestCerts::generate();
     let server = TlsServer::start(&certs, &reply(7, Some((6, 9))));
-    let clients = RecommenderClients::with_cluster_name(None);
+    let clients = recommender_clients(None, None);
     let tls_dir = tempfile::tempdir().unwrap();
     for file in ["ca.pem", "client.pem", "client.key"] {
         std::fs::copy(certs.path(file), tls_dir.path().join(file)).unwrap();
@@ -459,7 +460,7 @@ async fn a_redirect_is_not_followed() {
     let server = FakeRecommender::start().await;
     let elsewhere = FakeRecommender::start().await;
     server.redirect(307, &elsewhere.url);
-    let clients = RecommenderClients::with_cluster_name(None);
+    let clients = recommender_clients(None, None);
     let (_, decision) = ask_and_decide(&clients, &autoscaler(&server.url, ""), 4).await;
     assert_holds(&decision, 4, "the recommender answered HTTP 307 (Temporary Redirect)");
     assert_eq!(server.requests().len(), 1);
@@ -469,7 +470,7 @@ async fn a_redirect_is_not_followed() {
 #[tokio::test]
 async fn rotated_tls_files_are_read_again() {
     let (certs, server) = renamed_server();
-    let clients = RecommenderClients::with_cluster_name(None).files_recheck(Duration::ZERO);
+    let clients = recommender_clients(None, Some(Duration::ZERO));
     let ca = tempfile::tempdir().unwrap();
     let ca_file = ca.path().join("ca.pem");
     let other = TestCerts::generate();

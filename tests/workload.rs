@@ -435,7 +435,11 @@ async fn reads_come_from_the_watch_cache_and_follow_external_changes() {
     let late = target("apps/v1", "Deployment", &ns, "late");
     targets.watch(&late);
     assert_eq!(targets.read(&late).await.expect("late target").spec_replicas, 3);
-    assert_eq!(targets.workload_watches(), 1, "one watch serves every deployment of the namespace");
+    assert_eq!(
+        watermarkd::testing::workload_watches(&targets),
+        1,
+        "one watch serves every deployment of the namespace"
+    );
 
     let requests = cluster.requests_by(&user);
     let on_deployments: Vec<_> = requests.iter().filter(|r| r.resource == "deployments").collect();
@@ -466,7 +470,7 @@ async fn reads_come_from_the_watch_cache_and_follow_external_changes() {
     targets.unwatch(&late);
     assert!(targets.is_empty());
     eventually!(WAIT, "watch stopped", {
-        match targets.workload_watches() {
+        match watermarkd::testing::workload_watches(&targets) {
             0 => Ok(()),
             n => Err(format!("{n} watches")),
         }

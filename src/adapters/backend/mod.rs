@@ -34,7 +34,8 @@ use crate::adapters::telemetry::BackendMetrics;
 use crate::domain::rules::{self, Reducer};
 
 pub(crate) use secret::SecretError;
-pub use secret::{FileStamp, Secret, CHECK_EVERY as SECRET_CHECK_EVERY};
+pub(crate) use secret::CHECK_EVERY as SECRET_CHECK_EVERY;
+pub use secret::{FileStamp, Secret};
 
 /// One metric query, as an autoscaler's metric names it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

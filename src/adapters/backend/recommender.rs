@@ -215,13 +215,13 @@ impl RecommenderClients {
     }
 
     /// With series on a registry of their own (tests, one-shot commands).
-    pub fn with_cluster_name(cluster_name: Option<String>) -> Self {
+    pub(crate) fn with_cluster_name(cluster_name: Option<String>) -> Self {
         Self::new(cluster_name, HttpClientMetrics::detached())
     }
 
     /// Checks the TLS files for a change at most every `period` (default 10s) rather than on
     /// every request.
-    pub fn files_recheck(mut self, period: Duration) -> Self {
+    pub(crate) fn files_recheck(mut self, period: Duration) -> Self {
         self.files_recheck = period;
         self
     }
@@ -585,7 +585,7 @@ impl Reply {
 }
 
 /// Reads a reply body: the recommendation, or why it is none.
-pub fn parse_reply(body: &[u8]) -> Result<Reply, QueryError> {
+pub(crate) fn parse_reply(body: &[u8]) -> Result<Reply, QueryError> {
     // serde's message may quote the answer: it goes to the debug log only.
     let reply: ReplyJson = serde_json::from_slice(body).map_err(|e| {
         tracing::debug!(error = %e, "the recommender's reply is not a recommendation");

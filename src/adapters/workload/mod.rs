@@ -54,7 +54,7 @@ mod error;
 mod object;
 mod reads;
 mod registry;
-mod watch;
+pub(crate) mod watch;
 mod writes;
 
 use std::collections::HashMap;
@@ -72,7 +72,8 @@ use crate::domain::rules::TargetRef;
 use crate::domain::state::Marks;
 use discovery::{KindKey, Resolved};
 use registry::Registry;
-pub use watch::{backoff as watch_backoff, next as next_event, Retrying as RetryingWatch, WatchHealth};
+pub(crate) use watch::Retrying as RetryingWatch;
+pub use watch::WatchHealth;
 
 /// The field manager of scale writes; [`Marks::scaled_at`] reads its `managedFields` entry.
 pub(crate) const FIELD_MANAGER: &str = "watermarkd";

@@ -183,7 +183,7 @@ impl Workloads {
     }
 
     /// Number of running workload stores (watches): one per (kind, namespace) in use.
-    pub fn workload_watches(&self) -> usize {
+    pub(crate) fn workload_watches(&self) -> usize {
         self.registry().stores.len()
     }
 

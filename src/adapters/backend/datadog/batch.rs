@@ -96,18 +96,6 @@ fn for_each_unquoted(query: &str, mut visit: impl FnMut(usize, char)) -> bool {
     quote.is_none()
 }
 
-/// Splits a comma-joined query list at its top-level commas.
-pub fn split_top_level(joined: &str) -> Vec<&str> {
-    let mut parts = Vec::new();
-    let mut start = 0;
-    for at in top_level_commas(joined) {
-        parts.push(&joined[start..at]);
-        start = at + 1;
-    }
-    parts.push(&joined[start..]);
-    parts
-}
-
 /// One planned request: which queries (indexes into the list given to `plan`) and its URL.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PlannedRequest {
@@ -171,6 +159,18 @@ fn build(prefix: &str, queries: &[&str], members: Vec<usize>) -> PlannedRequest 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Splits a comma-joined query list at its top-level commas.
+    fn split_top_level(joined: &str) -> Vec<&str> {
+        let mut parts = Vec::new();
+        let mut start = 0;
+        for at in top_level_commas(joined) {
+            parts.push(&joined[start..at]);
+            start = at + 1;
+        }
+        parts.push(&joined[start..]);
+        parts
+    }
 
     #[test]
     fn encoding_matches_the_form_serializer() {

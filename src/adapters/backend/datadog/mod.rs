@@ -102,8 +102,8 @@ mod compile;
 mod fold;
 mod history;
 mod http;
-mod pacing;
-mod parse;
+pub(crate) mod pacing;
+pub(crate) mod parse;
 mod recent;
 
 use std::collections::{HashMap, HashSet};
@@ -125,12 +125,9 @@ use super::{
 use crate::adapters::telemetry::{BackendMetrics, PlanCounts};
 use crate::domain::rules::DatadogBackend;
 
-pub use batch::{is_balanced, split_top_level, top_level_commas, MAX_QUERIES_PER_REQUEST, MAX_URL_CHARS};
-pub use pacing::{RateLimitHeaders, RateLimitSnapshot, DEFAULT_LIMIT, DEFAULT_PERIOD, RESERVE_PERCENT};
-pub use parse::{
-    default_max_age, error_text, penultimate, rate_limit_wait, read_v1_answer, RequestOutcome, SubQuery, V1Answer,
-    V1Context,
-};
+pub(crate) use batch::{MAX_QUERIES_PER_REQUEST, MAX_URL_CHARS};
+pub(crate) use pacing::{RateLimitHeaders, RateLimitSnapshot};
+pub(crate) use parse::{rate_limit_wait, read_v1_answer, RequestOutcome, SubQuery, V1Answer, V1Context};
 
 use compile::{plan_counts, plan_of, Compiled, Distinct, Part};
 use http::key_headers;

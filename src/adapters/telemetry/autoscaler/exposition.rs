@@ -177,7 +177,7 @@ impl Snapshot {
     }
 
     /// The whole text at once (tests, small registries).
-    pub fn render_all(&self) -> String {
+    pub(crate) fn render_all(&self) -> String {
         (0..self.chunks(1024)).map(|i| self.render(i, 1024)).collect()
     }
 }

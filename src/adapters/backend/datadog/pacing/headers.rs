@@ -26,7 +26,7 @@ pub struct RateLimitHeaders {
 
 impl RateLimitHeaders {
     /// From header names and values; names are matched without regard to case.
-    pub fn from_pairs<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Self {
+    pub(crate) fn from_pairs<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Self {
         let mut headers = RateLimitHeaders::default();
         for (name, value) in pairs {
             let value = value.trim();
