@@ -15,7 +15,7 @@ use super::scheduler::{Due, Job};
 use super::source::Desired;
 use super::Shared;
 use crate::adapters::backend::recommender::WorkloadState;
-use crate::adapters::backend::{MetricQuery, Observation, QueryError};
+use crate::adapters::backend::{MetricBackend, MetricQuery, Observation, QueryError};
 use crate::adapters::resource::ResourceQuery;
 use crate::domain::rules::{Autoscaler, MetricSource};
 
@@ -167,62 +167,15 @@ pub async fn run(shared: Arc<Shared>, permits: Arc<Semaphore>, due: Due) {
     let deadline =
         deadline(Instant::now(), jobs.iter().map(|j| j.desired.autoscaler.interval(shared.default_interval)));
     let mut queries: JoinSet<Answered> = JoinSet::new();
-    let metric_of = |slot: &Slot| jobs.get(slot.job.0).and_then(|j| j.desired.metric_source(slot.metric));
+    let asking = Asking { shared: &shared, jobs: &jobs, now, deadline };
     for (via, slots) in plan.by_via {
-        let shared = Arc::clone(&shared);
         match via {
             Via::Backend(name) => {
-                // Every slot was planned from a metric of its job, so none is left out here.
-                let (slots, batch): (Vec<Slot>, Vec<MetricQuery>) = slots
-                    .into_iter()
-                    .filter_map(|slot| {
-                        let source = metric_of(&slot)?;
-                        Some((slot, MetricQuery { query: source.query.clone(), reducer: source.reducer }))
-                    })
-                    .unzip();
                 let client = backends.get(&name).cloned();
-                // Whose query each is: a WPA's namespace is held to its share of a Datadog budget.
-                let owners: Vec<Option<String>> = slots
-                    .iter()
-                    .map(|slot| jobs.get(slot.job.0).and_then(|j| j.desired.key.namespace()).map(str::to_string))
-                    .collect();
-                queries.spawn(async move {
-                    let started = Instant::now();
-                    let owners: Vec<Option<&str>> = owners.iter().map(Option::as_deref).collect();
-                    let observations = match client {
-                        Some(client) => client.evaluate_for(&batch, &owners, now, deadline).await,
-                        None => batch
-                            .iter()
-                            .map(|_| {
-                                Observation::unavailable(QueryError::Configuration(format!(
-                                    "backend {name:?} is not set up"
-                                )))
-                            })
-                            .collect(),
-                    };
-                    shared.daemon.cycle_seconds.with_label_values(&[&name]).observe(started.elapsed().as_secs_f64());
-                    (slots, observations)
-                });
+                queries.spawn(asking.backend(name, client, slots));
             }
             Via::Resources => {
-                let (slots, batch): (Vec<Slot>, Vec<ResourceQuery>) = slots
-                    .into_iter()
-                    .filter_map(|slot| {
-                        let autoscaler = &jobs.get(slot.job.0)?.desired.autoscaler;
-                        let source = metric_of(&slot)?.resource.clone()?;
-                        Some((slot, ResourceQuery { namespace: autoscaler.target.namespace.clone(), source }))
-                    })
-                    .unzip();
-                queries.spawn(async move {
-                    let started = Instant::now();
-                    let observations = shared.resources.evaluate(&batch, now, deadline).await;
-                    shared
-                        .daemon
-                        .cycle_seconds
-                        .with_label_values(&[crate::adapters::resource::BACKEND_LABEL])
-                        .observe(started.elapsed().as_secs_f64());
-                    (slots, observations)
-                });
+                queries.spawn(asking.resources(slots));
             }
         }
     }
@@ -240,6 +193,81 @@ pub async fn run(shared: Arc<Shared>, permits: Arc<Semaphore>, due: Due) {
         });
     }
     decide_as_answered(shared, permits, jobs, answers, queries).await;
+}
+
+/// What every query of one cycle is asked with.
+struct Asking<'c> {
+    shared: &'c Arc<Shared>,
+    jobs: &'c [Job],
+    now: watermarkd_engine::Timestamp,
+    deadline: Instant,
+}
+
+impl Asking<'_> {
+    fn metric_of(&self, slot: &Slot) -> Option<&MetricSource> {
+        self.jobs.get(slot.job.0).and_then(|j| j.desired.metric_source(slot.metric))
+    }
+
+    /// The queries of `slots` on the backend `name`, as one call to its client.
+    fn backend(
+        &self,
+        name: String,
+        client: Option<Arc<MetricBackend>>,
+        slots: Vec<Slot>,
+    ) -> impl std::future::Future<Output = Answered> + Send + 'static {
+        // Every slot was planned from a metric of its job, so none is left out here.
+        let (slots, batch): (Vec<Slot>, Vec<MetricQuery>) = slots
+            .into_iter()
+            .filter_map(|slot| {
+                let source = self.metric_of(&slot)?;
+                Some((slot, MetricQuery { query: source.query.clone(), reducer: source.reducer }))
+            })
+            .unzip();
+        // Whose query each is: a WPA's namespace is held to its share of a Datadog budget.
+        let owners: Vec<Option<String>> = slots
+            .iter()
+            .map(|slot| self.jobs.get(slot.job.0).and_then(|j| j.desired.key.namespace()).map(str::to_string))
+            .collect();
+        let (shared, now, deadline) = (Arc::clone(self.shared), self.now, self.deadline);
+        async move {
+            let started = Instant::now();
+            let owners: Vec<Option<&str>> = owners.iter().map(Option::as_deref).collect();
+            let observations = match client {
+                Some(client) => client.evaluate_for(&batch, &owners, now, deadline).await,
+                None => batch
+                    .iter()
+                    .map(|_| {
+                        Observation::unavailable(QueryError::Configuration(format!("backend {name:?} is not set up")))
+                    })
+                    .collect(),
+            };
+            shared.daemon.cycle_seconds.with_label_values(&[&name]).observe(started.elapsed().as_secs_f64());
+            (slots, observations)
+        }
+    }
+
+    /// The resource metrics of `slots`, from the metrics API.
+    fn resources(&self, slots: Vec<Slot>) -> impl std::future::Future<Output = Answered> + Send + 'static {
+        let (slots, batch): (Vec<Slot>, Vec<ResourceQuery>) = slots
+            .into_iter()
+            .filter_map(|slot| {
+                let autoscaler = &self.jobs.get(slot.job.0)?.desired.autoscaler;
+                let source = self.metric_of(&slot)?.resource.clone()?;
+                Some((slot, ResourceQuery { namespace: autoscaler.target.namespace.clone(), source }))
+            })
+            .unzip();
+        let (shared, now, deadline) = (Arc::clone(self.shared), self.now, self.deadline);
+        async move {
+            let started = Instant::now();
+            let observations = shared.resources.evaluate(&batch, now, deadline).await;
+            shared
+                .daemon
+                .cycle_seconds
+                .with_label_values(&[crate::adapters::resource::BACKEND_LABEL])
+                .observe(started.elapsed().as_secs_f64());
+            (slots, observations)
+        }
+    }
 }
 
 /// Decides each job as soon as every source of its has answered, then waits for every
