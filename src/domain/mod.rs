@@ -5,5 +5,6 @@
 pub mod crd;
 pub mod instant;
 pub mod rules;
+pub mod schedule;
 pub mod sparse;
 pub mod state;

@@ -24,6 +24,7 @@ use crate::adapters::telemetry::ShadowOutcome;
 use crate::adapters::workload::{ScaleReading, WorkloadError};
 use crate::domain::crd::{self, ScaleWrite, WatermarkPodAutoscaler, WatermarkPodAutoscalerStatus};
 use crate::domain::rules::TargetRef;
+use crate::domain::schedule;
 use crate::domain::sparse::Sparse;
 use crate::domain::state;
 
@@ -293,7 +294,9 @@ impl<'a> Evaluation<'a> {
             status_replicas: Some(reading.status_replicas),
             ready_replicas: reading.ready_replicas,
         };
-        let decision = decide_on_partial_data(&self.rule, observed, &self.readings, &self.partial, &current, now);
+        // A schedule's window sets the bounds of this decision.
+        let rule = schedule::rule_at(&self.rule, &self.desired.autoscaler.schedules, now);
+        let decision = decide_on_partial_data(&rule, observed, &self.readings, &self.partial, &current, now);
         for (i, why) in &self.partial {
             let kept = decision.metrics.get(*i).filter(|m| m.position == Position::Above);
             if let (Some(metric), true) = (kept, decision.action == Action::ScaleUp) {
@@ -597,7 +600,8 @@ fn evaluate_shadows(
                 diverging: false,
             },
         };
-        let would = decide_on_partial_data(rule, target, &readings, &partial, &own.state, now);
+        let rule = schedule::rule_at(rule, &shadow.autoscaler.schedules, now);
+        let would = decide_on_partial_data(&rule, target, &readings, &partial, &own.state, now);
         let diverged = would.replicas != decision.replicas;
         if diverged != own.diverging {
             tracing::info!(

@@ -197,7 +197,7 @@ pub(crate) fn decide_running(
                 (Action::Hold, None)
             };
             let replicas = if action == Action::Hold { spec } else { normalized.replicas };
-            let verdict = velocity_verdict(&decision, proposal, &normalized, blocked);
+            let verdict = velocity_verdict(rule, &decision, proposal, &normalized, blocked);
             (replicas, action, verdict)
         }
     };
@@ -731,14 +731,12 @@ fn guard_verdict(guard: Guard, rule: &Rule, spec: u32, ready: u32, metrics: &[Me
             }
         }
         Guard::AboveMax => {
-            format!("spec {spec} is above max_replicas {}: scaling to {}", rule.max_replicas(), rule.max_replicas())
+            let max = rule.max_replicas();
+            format!("spec {spec} is above {} {max}: scaling to {max}", rule.max_words())
         }
         Guard::BelowMin => {
-            format!(
-                "spec {spec} is below min_replicas {}: scaling to {}",
-                rule.min_running_replicas(),
-                rule.min_running_replicas()
-            )
+            let min = rule.min_running_replicas();
+            format!("spec {spec} is below {} {min}: scaling to {min}", rule.min_words())
         }
         Guard::MinAvailable => format!(
             "only {ready} of {spec} replicas are ready, under min_available_replica_percentage {}%: holding {spec}",
@@ -763,7 +761,13 @@ fn delay_note(condition: &str, left: f64, delay: Duration) -> String {
     format!("the metric must stay {condition} watermark {}s more (delay {}s)", human(left), delay.as_secs())
 }
 
-fn velocity_verdict(decision: &Decision, proposal: u32, normalized: &Normalized, blocked: Option<String>) -> String {
+fn velocity_verdict(
+    rule: &Rule,
+    decision: &Decision,
+    proposal: u32,
+    normalized: &Normalized,
+    blocked: Option<String>,
+) -> String {
     let spec = decision.spec_replicas;
     let mut text = if decision.converging {
         format!("converging one step to {proposal}")
@@ -783,8 +787,8 @@ fn velocity_verdict(decision: &Decision, proposal: u32, normalized: &Normalized,
         let by: String = match normalized.limit {
             Limit::UpscaleCapping => "the upscale rate limit".into(),
             Limit::DownscaleCapping => "the downscale rate limit".into(),
-            Limit::TooFew => "min_replicas".into(),
-            Limit::TooMany => "max_replicas".into(),
+            Limit::TooFew => rule.min_words(),
+            Limit::TooMany => rule.max_words(),
             Limit::NotReady => "unready replicas (not scaling below the ready count)".into(),
             // Guards decide before normalization and never reach here.
             Limit::WithinRange

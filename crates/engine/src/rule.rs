@@ -230,6 +230,10 @@ pub struct Rule {
     /// Boxed: most rules never go to zero, and a rule lives as long as its autoscaler.
     #[serde(skip_serializing_if = "Option::is_none")]
     scale_to_zero: Option<Box<ScaleToZero>>,
+    /// What set `min_replicas` and `max_replicas` when they are not the rule's own
+    /// ([`Rule::within`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    bounds_by: Option<Box<BoundsBy>>,
 }
 
 /// One problem with a rule, naming the field as the rules file spells it
@@ -338,7 +342,64 @@ fn default_scale_down() -> ScalingRules {
     }
 }
 
+/// Bounds in force for one decision instead of the rule's own: a schedule's floor, say.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Bounds {
+    pub min: u32,
+    pub max: u32,
+    /// What raised `min`, as decisions name it (`schedule "office" (open)`); `None`: the rule.
+    pub min_by: Option<String>,
+    /// What lowered `max`; `None`: the rule.
+    pub max_by: Option<String>,
+}
+
+/// What set a rule's bounds for one decision.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct BoundsBy {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub min_by: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_by: Option<String>,
+}
+
 impl Rule {
+    /// This rule with `bounds` in place of its own `min_replicas` and `max_replicas`, for one
+    /// decision. A floor above zero keeps the workload from going to zero while it holds (and
+    /// wakes it if it is there); `max` is never below `min`.
+    pub fn within(&self, bounds: Bounds) -> Rule {
+        let mut rule = self.clone();
+        rule.min_replicas = bounds.min;
+        rule.max_replicas = bounds.max.max(bounds.min);
+        if bounds.min > 0 {
+            rule.scale_to_zero = None;
+        }
+        if bounds.min_by.is_some() || bounds.max_by.is_some() {
+            rule.bounds_by = Some(Box::new(BoundsBy { min_by: bounds.min_by, max_by: bounds.max_by }));
+        }
+        rule
+    }
+
+    /// What set the bounds of this decision, when not the rule itself.
+    pub fn bounds_by(&self) -> Option<&BoundsBy> {
+        self.bounds_by.as_deref()
+    }
+
+    /// `min_replicas`, as a decision names it: with what raised it, if anything did.
+    pub(crate) fn min_words(&self) -> String {
+        match self.bounds_by().and_then(|b| b.min_by.as_deref()) {
+            Some(by) => format!("min_replicas (raised by {by})"),
+            None => "min_replicas".into(),
+        }
+    }
+
+    /// `max_replicas`, as a decision names it.
+    pub(crate) fn max_words(&self) -> String {
+        match self.bounds_by().and_then(|b| b.max_by.as_deref()) {
+            Some(by) => format!("max_replicas (lowered by {by})"),
+            None => "max_replicas".into(),
+        }
+    }
+
     /// Applies the defaults and checks every invariant, returning all problems at once.
     pub fn new(spec: RuleSpec) -> Result<Rule, Vec<RuleError>> {
         let mut errors = Vec::new();
@@ -465,6 +526,7 @@ impl Rule {
             min_available_replica_percentage,
             dry_run: spec.dry_run.unwrap_or(false),
             scale_to_zero,
+            bounds_by: None,
         })
     }
 

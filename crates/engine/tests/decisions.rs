@@ -974,3 +974,43 @@ fn no_flapping_at_the_activation_edge() {
     }
     assert_eq!(moves, [(0, 0, 1)], "woken once, then held at one");
 }
+
+#[test]
+fn bounds_for_one_decision_raise_the_floor_and_say_what_raised_it() {
+    let r = rule(|s| {
+        s.min_replicas = Some(2);
+        s.max_replicas = Some(20);
+        s.scale_down_limit_factor = Some(dec("20"));
+    });
+    let office =
+        watermarkd_engine::Bounds { min: 10, max: 20, min_by: Some("schedule \"office\" (open)".into()), max_by: None };
+    let within = r.within(office);
+    // Below the floor: straight to it, even though the metric asks for nothing.
+    let d = decide(&within, target(4), &[value(0.5)], &State::default(), now());
+    assert_eq!(d.replicas, 10);
+    assert!(
+        d.reason.ends_with("spec 4 is below min_replicas (raised by schedule \"office\" (open)) 10: scaling to 10"),
+        "{}",
+        d.reason
+    );
+    // Once the floor is gone, the rule's own limits bring the replicas down, not one drop.
+    let after = decide(&r, target(10), &[value(0.01)], &State::default(), now());
+    assert_eq!(after.replicas, 8, "{}", after.reason);
+    // A lowered ceiling is named too, and never sits under the floor.
+    let capped = r.within(watermarkd_engine::Bounds { min: 3, max: 1, min_by: None, max_by: Some("night".into()) });
+    assert_eq!((capped.min_running_replicas(), capped.max_replicas()), (3, 3));
+}
+
+#[test]
+fn a_floor_above_zero_wakes_a_workload_this_rule_sent_to_zero() {
+    let r = rule(|s| {
+        s.min_replicas = Some(0);
+        s.max_replicas = Some(20);
+        s.metrics = vec![MetricSpec { activation: Some(dec("0")), ..metric("m", "1", "2") }];
+    });
+    assert!(r.scale_to_zero().is_some());
+    let floor = r.within(watermarkd_engine::Bounds { min: 5, max: 20, min_by: Some("schedule".into()), max_by: None });
+    assert!(floor.scale_to_zero().is_none(), "no going to zero while a floor holds");
+    let no_floor = r.within(watermarkd_engine::Bounds { min: 0, max: 20, min_by: None, max_by: None });
+    assert!(no_floor.scale_to_zero().is_some());
+}

@@ -381,5 +381,5 @@ fn replay(autoscaler: &Autoscaler, history: &History, args: &BacktestArgs) -> Re
         initial_replicas: initial,
         load_model: args.load_model,
     };
-    Ok(simulate::simulate(&autoscaler.name, &autoscaler.rule, &trace, options)?)
+    Ok(simulate::simulate_autoscaler(autoscaler, &trace, options)?)
 }

@@ -19,13 +19,13 @@ use std::time::Duration;
 use watermarkd_engine::Rule;
 
 pub(crate) use chart::{render_comparison_svg, render_svg, Against};
-pub use replay::{replay, LoadModel, Replay};
+pub use replay::{replay, replay_on_schedule, LoadModel, Replay};
 pub(crate) use replay::{ReplayError, ReplayOptions};
 pub use report::Summary;
 pub(crate) use report::{summarize, write_text, JsonReport};
 pub(crate) use trace::{parse_timestamp, parse_trace, Trace, TraceError, TraceRow};
 
-use crate::domain::rules::{self, RulesError};
+use crate::domain::rules::{self, Autoscaler, RulesError};
 
 /// Replay a metric trace through one autoscaler and report the scale events it would cause.
 #[derive(Clone, Debug, clap::Args)]
@@ -139,6 +139,17 @@ pub fn simulate(
     Ok(Simulation { replay, summary })
 }
 
+/// [`simulate`] with the autoscaler's own schedule, as the daemon would run it.
+pub fn simulate_autoscaler(
+    autoscaler: &Autoscaler,
+    trace: &Trace,
+    options: ReplayOptions,
+) -> Result<Simulation, ReplayError> {
+    let replay = replay_on_schedule(&autoscaler.rule, &autoscaler.schedules, trace, options)?;
+    let summary = summarize(&autoscaler.name, &replay);
+    Ok(Simulation { replay, summary })
+}
+
 /// Reads and parses a trace file for a rule.
 pub fn load_trace(path: &Path, rule: &Rule) -> Result<Trace, SimulateError> {
     let text =
@@ -167,7 +178,7 @@ pub fn run(args: &SimulateArgs, out: &mut impl Write) -> Result<(), SimulateErro
         initial_replicas: args.initial_replicas,
         load_model: args.load_model,
     };
-    let simulation = simulate(&autoscaler.name, &autoscaler.rule, &trace, options)?;
+    let simulation = simulate_autoscaler(autoscaler, &trace, options)?;
 
     if let Some(path) = &args.out {
         let svg = render_svg(&autoscaler.rule, &simulation.replay, &simulation.summary);

@@ -12,6 +12,7 @@ use watermarkd_engine::{
 };
 
 use super::trace::{ReadingCursor, Trace};
+use crate::domain::schedule::{self, Schedule};
 
 /// A replay longer than this many evaluations is almost certainly a wrong interval or a wrong
 /// timestamp unit; refusing it beats filling memory.
@@ -263,6 +264,17 @@ impl Workload {
 
 /// Evaluates the rule at `start`, `start + interval`, ... up to the trace's last timestamp.
 pub fn replay(rule: &Rule, trace: &Trace, options: ReplayOptions) -> Result<Replay, ReplayError> {
+    replay_on_schedule(rule, &[], trace, options)
+}
+
+/// [`replay`], with `schedules` setting each decision's bounds at the trace's own times, as
+/// they would have in the daemon.
+pub fn replay_on_schedule(
+    rule: &Rule,
+    schedules: &[Schedule],
+    trace: &Trace,
+    options: ReplayOptions,
+) -> Result<Replay, ReplayError> {
     let (Some(first), Some(last)) = (trace.rows.first(), trace.rows.last()) else {
         // `parse_trace` never returns an empty trace; an empty one has nothing to replay.
         return Ok(Replay {
@@ -321,7 +333,8 @@ pub fn replay(rule: &Rule, trace: &Trace, options: ReplayOptions) -> Result<Repl
         let ready = workload.ready_at(now).min(spec);
         let readings = modelled(cursor.readings_at(now), rule, options.load_model, ready);
         let target = Target { spec_replicas: spec, status_replicas: Some(spec), ready_replicas: Some(ready) };
-        let mut decision = decide(rule, target, &readings, &state, now);
+        let bounded = schedule::rule_at(rule, schedules, now);
+        let mut decision = decide(&bounded, target, &readings, &state, now);
         state = std::mem::take(&mut decision.state);
         decision.state_if_not_written = State::default();
 
@@ -564,5 +577,41 @@ pub(crate) mod tests {
     fn a_zero_interval_is_an_error() {
         let trace = trace(&[(0, Some(70.0), None), (30, Some(70.0), None)]);
         assert_eq!(replay(&rule(|_| {}), &trace, options(0)), Err(ReplayError::ZeroInterval));
+    }
+
+    #[test]
+    fn a_schedule_raises_the_floor_at_the_trace_times_and_its_end_drops_nothing_at_once() {
+        use crate::domain::schedule::{parse_days, parse_time, Schedule, When, Zone};
+        // 2024-05-01 was a Wednesday; the window opens at 02:00 UTC and closes at 03:00.
+        let window = Schedule {
+            name: "night-batch".into(),
+            when: When::Weekly {
+                days: parse_days(&["daily".into()]).unwrap(),
+                start: parse_time("02:00").unwrap(),
+                end: parse_time("03:00").unwrap(),
+            },
+            time_zone: Zone::named("UTC").unwrap(),
+            min_replicas: 8,
+            max_replicas: None,
+            ramp_in: Duration::ZERO,
+            ramp_out: Duration::ZERO,
+        };
+        // A load inside the band at one replica, then nothing asks for more or less... until
+        // the floor goes, when the low load brings the replicas down by the rule's own limit.
+        let r = rule(|s| s.scale_down_limit_factor = Some(Decimal::from_int(50)));
+        let rows: Vec<_> =
+            (0..=4 * 60).map(|minute| (minute * 60, Some(if minute < 180 { 75.0 } else { 10.0 }), None)).collect();
+        let scheduled = replay_on_schedule(&r, &[window], &trace(&rows), options(60)).unwrap();
+        let changes: Vec<(i64, u32, u32)> =
+            scheduled.changes.iter().map(|c| (c.at.unix_millis() / 1000 - T0, c.from, c.to)).collect();
+        assert_eq!(changes.first(), Some(&(7200, 1, 8)), "{changes:?}");
+        assert!(scheduled.changes[0].reason.contains("schedule \"night-batch\""), "{}", scheduled.changes[0].reason);
+        // After 03:00 the floor is gone but the load is in its band: the replicas stay until
+        // 03:00, when it falls, and then come down by halves, not at once.
+        let after: Vec<_> = changes.iter().filter(|(at, _, _)| *at >= 10_800).collect();
+        assert_eq!(after.first().map(|c| (c.1, c.2)), Some((8, 4)), "{changes:?}");
+        // Without the schedule nothing happens at 02:00.
+        let plain = replay(&r, &trace(&rows), options(60)).unwrap();
+        assert!(plain.changes.iter().all(|c| c.at.unix_millis() / 1000 - T0 >= 10_800), "{:?}", plain.changes);
     }
 }

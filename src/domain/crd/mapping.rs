@@ -19,11 +19,13 @@ use watermarkd_engine::{Algorithm, ConvergeTowards, Decimal};
 use super::query::{DatadogMetricQueries, DEFAULT_AGGREGATOR, DEFAULT_ROLLUP_SECONDS};
 use super::recommender_policy::RecommenderPolicy;
 use super::types::{Quantity, WatermarkPodAutoscaler, WatermarkPodAutoscalerSpec};
-use crate::domain::rules::draft::{AutoscalerDraft, Field, Given, KnobsDraft, Origin, TargetDraft};
+use crate::domain::rules::draft::{AutoscalerDraft, Field, Given, KnobsDraft, Origin, ScheduleDraft, TargetDraft};
 use crate::domain::rules::reader::{
     choose, nonempty, replica_count, seconds_at_most, whole_number_at_most, MAX_DURATION,
 };
+use crate::domain::rules::tree::{self, Kind};
 use crate::domain::rules::{compile, parse_quantity, Autoscaler, Backend, Problem, Require, Sink, ALGORITHMS};
+use crate::domain::rules::{read_schedule_list, TableScope};
 
 /// The namespace of an object read from a file without one (`kubectl apply` would put it in
 /// the context's namespace, `default` unless configured). Objects from the API always have one.
@@ -257,6 +259,7 @@ pub fn map_wpa(
             Some(_) => Field::absent(Origin::new("spec.metrics", None)),
         },
         recommender,
+        schedules: mapper.schedules(annotations),
     };
     let Mapper { mut sink, unsupported, .. } = mapper;
     let compiled = compile(&draft, Require::Everything { backends: options.backends.as_ref() }, &mut sink);
@@ -317,6 +320,37 @@ impl Mapper {
 /// The annotation that chooses how a WPA's Resource metrics combine their pods: `sum` (the
 /// Datadog controller's way, the default) or `average` (per pod, as the HPA's `AverageValue`).
 pub const POD_AGGREGATION_ANNOTATION: &str = "watermarkd.io/pod-aggregation";
+
+/// The annotation that gives a WPA a schedule: a JSON list of windows with the keys of a rules
+/// file's `[[autoscaler.schedule]]`.
+pub const SCHEDULES_ANNOTATION: &str = "watermarkd.io/schedules";
+
+impl Mapper {
+    /// The `watermarkd.io/schedules` annotation, read as a rules file's windows are.
+    fn schedules(&mut self, annotations: Option<&BTreeMap<String, String>>) -> Field<Vec<Field<ScheduleDraft>>> {
+        let path = annotation_key_path(SCHEDULES_ANNOTATION);
+        let Some(text) = annotations.and_then(|a| a.get(SCHEDULES_ANNOTATION)) else {
+            return Field::absent(Origin::new(path, None));
+        };
+        let list = match serde_json::from_str::<serde_json::Value>(text) {
+            Ok(list @ serde_json::Value::Array(_)) => tree::from_json(&list),
+            Ok(_) => {
+                self.problem(&path, "must be a JSON list of windows, such as [{\"days\": [\"weekdays\"], \"start\": \"08:00\", \"end\": \"18:00\", \"min_replicas\": 10}]");
+                return Field { given: Given::Unreadable, origin: Origin::new(path, None) };
+            }
+            Err(err) => {
+                self.problem(&path, format!("is not valid JSON: {err}"));
+                return Field { given: Given::Unreadable, origin: Origin::new(path, None) };
+            }
+        };
+        let Kind::Array(nodes) = &list.kind else { return Field::absent(Origin::new(path, None)) };
+        let parent =
+            TableScope { autoscaler: Some(self.id.clone()), label: "metadata.annotations".into(), separator: "" };
+        let key = format!("[{SCHEDULES_ANNOTATION:?}]");
+        let windows = read_schedule_list(nodes, &parent, &key, &mut self.sink);
+        Field { given: Given::Value(windows), origin: Origin::new(path, None) }
+    }
+}
 
 /// The annotation that makes a WPA a shadow rule: `"true"`, and it is evaluated beside the
 /// active WPA on the same target in its namespace, and never writes the scale or its status.

@@ -13,13 +13,15 @@ use watermarkd_engine::{
 use super::backend::{url_scheme_problem, DEFAULT_TIMEOUT, HALF_MISSING};
 use super::draft::{
     AutoscalerDraft, BehaviorDraft, Field, Given, KnobsDraft, MetricDraft, Origin, RecommenderDraft, ScalingRulesDraft,
-    TargetDraft,
+    ScheduleDraft, TargetDraft,
 };
 use super::problem::{Problem, Sink};
 use super::{
     intern, Autoscaler, Backend, MetricSource, PodAggregation, Recommender, ResourceSource, TargetRef, TlsSettings,
     RESOURCE_BACKEND, RESOURCE_MAX_AGE,
 };
+use crate::domain::schedule::{Schedule, When, Zone};
+use jiff::tz::TimeZone;
 
 const DEFAULT_API_VERSION: &str = "apps/v1";
 
@@ -42,6 +44,7 @@ pub(crate) struct Compiled {
     pub rule: Option<Rule>,
     pub metrics: Vec<MetricSource>,
     pub recommender: Option<Recommender>,
+    pub schedules: Vec<Schedule>,
 }
 
 impl Compiled {
@@ -55,6 +58,7 @@ impl Compiled {
             metrics: self.metrics,
             recommender: self.recommender.map(Box::new),
             shadow: draft.shadow.value().copied().unwrap_or(false),
+            schedules: self.schedules.into(),
         })
     }
 }
@@ -82,6 +86,7 @@ pub(crate) fn compile(draft: &AutoscalerDraft, require: Require<'_>, sink: &mut 
         }
     }
     let (behavior, policy_drafts) = compile_behavior(&draft.behavior, &mut report);
+    let schedules = compile_schedules(draft, &mut report);
     if draft.knobs.algorithm.value() == Some(&Algorithm::Average) {
         check_average_aggregation(&metrics, &mut report);
     }
@@ -96,7 +101,14 @@ pub(crate) fn compile(draft: &AutoscalerDraft, require: Require<'_>, sink: &mut 
         Some((recommender, _)) => (Some(recommender), Vec::new()),
         None => (None, metrics.into_iter().map(|m| m.source).collect()),
     };
-    Compiled { name, target, rule: rule.ok().filter(|_| valid), metrics, recommender: recommender.filter(|_| valid) }
+    Compiled {
+        name,
+        target,
+        rule: rule.ok().filter(|_| valid),
+        metrics,
+        recommender: recommender.filter(|_| valid),
+        schedules,
+    }
 }
 
 /// Where problems go, for one autoscaler.
@@ -412,6 +424,98 @@ struct PolicyDrafts<'d> {
     scale_down: Vec<&'d Origin>,
 }
 
+/// The windows of the autoscaler's schedule: each weekly or cron, its floor within the rule's
+/// bounds, its name its own.
+fn compile_schedules(draft: &AutoscalerDraft, report: &mut Report<'_>) -> Vec<Schedule> {
+    let Some(windows) = draft.schedules.value() else { return Vec::new() };
+    let max = &draft.knobs.max_replicas;
+    let mut schedules: Vec<Schedule> = Vec::with_capacity(windows.len());
+    let mut names: Vec<(String, &Origin)> = Vec::new();
+    for (index, window) in windows.iter().enumerate() {
+        let Some(w) = window.value() else { continue };
+        let name = w.name.cloned().unwrap_or_else(|| format!("schedule[{index}]"));
+        if let Some((_, first)) = names.iter().find(|(known, _)| *known == name) {
+            let line = first.line.map(|l| format!(" on line {l}")).unwrap_or_default();
+            report.at(
+                &w.name.origin,
+                format!("({name:?}) is already used by another window{line}; names must be unique"),
+            );
+        }
+        names.push((name.clone(), &w.name.origin));
+        let min = report.required(&w.min_replicas);
+        if let (Some(min), Some(rule_max)) = (min, max.value()) {
+            if min > *rule_max {
+                let message = format!("({min}) must not exceed {} ({rule_max})", max.origin.key());
+                report.at(&w.min_replicas.origin, message);
+            }
+        }
+        if let (Some(min), Some(cap)) = (min, w.max_replicas.value()) {
+            if *cap < min {
+                report.at(
+                    &w.max_replicas.origin,
+                    format!("({cap}) must not be below {} ({min})", w.min_replicas.origin.key()),
+                );
+            }
+        }
+        let when = compile_when(w, report);
+        let time_zone = w.time_zone.cloned().unwrap_or_else(|| Zone { name: "UTC".into(), zone: TimeZone::UTC });
+        if let (Some(when), Some(min_replicas)) = (when, min) {
+            schedules.push(Schedule {
+                name,
+                when,
+                time_zone,
+                min_replicas,
+                max_replicas: w.max_replicas.cloned(),
+                ramp_in: w.ramp_in.cloned().unwrap_or_default(),
+                ramp_out: w.ramp_out.cloned().unwrap_or_default(),
+            });
+        }
+    }
+    schedules
+}
+
+/// A window is weekly (days, start and end) or cron (an expression and a duration).
+fn compile_when(w: &ScheduleDraft, report: &mut Report<'_>) -> Option<When> {
+    let weekly = w.days.is_written() || w.start.is_written() || w.end.is_written();
+    let cron = w.cron.is_written() || w.duration.is_written();
+    match (weekly, cron) {
+        (true, true) => {
+            let message = format!(
+                "cannot be combined with {}, {} and {}: a window is weekly or cron, not both",
+                w.days.origin.key(),
+                w.start.origin.key(),
+                w.end.origin.key()
+            );
+            report.at(&w.cron.origin, message);
+            None
+        }
+        (false, false) => {
+            let message = format!(
+                "needs {}, {} and {} (a weekly window), or {} and {} (a cron window)",
+                w.days.origin.key(),
+                w.start.origin.key(),
+                w.end.origin.key(),
+                w.cron.origin.key(),
+                w.duration.origin.key()
+            );
+            report.at(&w.origin, message);
+            None
+        }
+        (true, false) => {
+            let (days, start, end) = (report.required(&w.days), report.required(&w.start), report.required(&w.end));
+            Some(When::Weekly { days: days?, start: start?, end: end? })
+        }
+        (false, true) => {
+            let (cron, duration) = (report.required(&w.cron), report.required(&w.duration));
+            if duration.is_some_and(|d| d.is_zero()) {
+                report.at(&w.duration.origin, "must be longer than 0s");
+                return None;
+            }
+            Some(When::Cron { cron: cron?, duration: duration? })
+        }
+    }
+}
+
 /// The engine divides every value by the ready replicas under `average`: a per-pod average
 /// would be divided twice.
 fn check_average_aggregation(metrics: &[CompiledMetric<'_>], report: &mut Report<'_>) {
@@ -626,6 +730,7 @@ mod tests {
             behavior: Field::absent(at("spec")),
             metrics: value("spec.metrics", metrics),
             recommender: Field::absent(at("spec.recommender")),
+            schedules: Field::absent(at("metadata.annotations")),
         }
     }
 

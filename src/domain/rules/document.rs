@@ -14,13 +14,14 @@ use watermarkd_engine::{
 use super::backend::{positive_duration_at_most, string_map, MAX_TIMEOUT};
 use super::draft::{
     AutoscalerDraft, BehaviorDraft, Field, Given, KnobsDraft, MetricDraft, Origin, PolicyDraft, RecommenderDraft,
-    ScalingRulesDraft, TargetDraft,
+    ScalingRulesDraft, ScheduleDraft, TargetDraft,
 };
 use super::problem::{Sink, TableScope};
 use super::reader::Table;
 use super::selector::{parse_selector, selector_text};
 use super::tree::{Kind, Node};
 use super::{PodAggregation, Reducer, ResourceName};
+use crate::domain::schedule::{parse_days, parse_time, Cron, Zone, MAX_RAMP, MAX_WINDOW};
 
 const MIN_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -55,6 +56,7 @@ const AUTOSCALER_KEYS: &[&str] = &[
     "shadow",
     "metric",
     "recommender",
+    "schedule",
 ];
 const TARGET_KEYS: &[&str] = &["api_version", "kind", "namespace", "name"];
 const METRIC_KEYS: &[&str] = &[
@@ -86,6 +88,19 @@ const RECOMMENDER_KEYS: &[&str] = &[
     "client_key_file",
     "insecure_skip_verify",
     "server_name",
+];
+const SCHEDULE_KEYS: &[&str] = &[
+    "name",
+    "time_zone",
+    "days",
+    "start",
+    "end",
+    "cron",
+    "duration",
+    "min_replicas",
+    "max_replicas",
+    "ramp_in",
+    "ramp_out",
 ];
 const BEHAVIOR_KEYS: &[&str] = &["scale_up", "scale_down"];
 const SCALING_RULES_KEYS: &[&str] = &["tolerance", "stabilization_window", "select_policy", "policies"];
@@ -138,8 +153,21 @@ pub(crate) fn read_autoscaler(node: &Node, source: Source, sink: &mut Sink) -> O
     let metrics = read_metrics(&mut table, source, sink);
     let recommender = read_recommender(&mut table, sink);
     let (knobs, behavior) = read_knobs(&mut table, sink);
+    let schedules = read_schedules(&mut table, sink, "schedule");
     table.finish(sink, AUTOSCALER_KEYS);
-    Some(AutoscalerDraft { label, origin, name, target, interval, shadow, knobs, behavior, metrics, recommender })
+    Some(AutoscalerDraft {
+        label,
+        origin,
+        name,
+        target,
+        interval,
+        shadow,
+        knobs,
+        behavior,
+        metrics,
+        recommender,
+        schedules,
+    })
 }
 
 /// Reads `key` with `read` into a draft's field.
@@ -441,4 +469,80 @@ fn read_policies(rules: &mut Table<'_>, sink: &mut Sink) -> Field<Vec<Field<Poli
         })
         .collect();
     rules.field("policies", Some(policies))
+}
+
+/// The windows of a schedule under `key` (`[[autoscaler.schedule]]`, or a WPA annotation's
+/// list): each read for its shape, its values checked by the schedule's own parsers.
+pub(crate) fn read_schedules(table: &mut Table<'_>, sink: &mut Sink, key: &str) -> Field<Vec<Field<ScheduleDraft>>> {
+    let hint = "[[autoscaler.schedule]] sections in TOML";
+    let Some(nodes) = table.list(sink, key, hint) else { return table.field(key, None) };
+    let schedules = read_schedule_list(nodes, &table.scope, key, sink);
+    table.field(key, Some(schedules))
+}
+
+/// Each window of a list, named as element `i` of `key` under `parent`.
+pub(crate) fn read_schedule_list(
+    nodes: &[Node],
+    parent: &TableScope,
+    key: &str,
+    sink: &mut Sink,
+) -> Vec<Field<ScheduleDraft>> {
+    nodes
+        .iter()
+        .enumerate()
+        .map(|(index, node)| {
+            let scope = parent.element(key, index);
+            let origin = Origin::new(scope.label.clone(), node.line);
+            let Some(mut window) = Table::new(node, scope, sink) else {
+                return Field { given: Given::Unreadable, origin };
+            };
+            let draft = read_schedule(&mut window, sink, origin.clone());
+            window.finish(sink, SCHEDULE_KEYS);
+            Field { given: Given::Value(draft), origin }
+        })
+        .collect()
+}
+
+fn read_schedule(window: &mut Table<'_>, sink: &mut Sink, origin: Origin) -> ScheduleDraft {
+    let name = read(window, sink, "name", Table::text);
+    let time_zone = read(window, sink, "time_zone", |w, s, k| parsed(w, s, k, Zone::named));
+    let days = read(window, sink, "days", |w, s, k| {
+        let nodes = w.list(s, k, "e.g. [\"mon\", \"fri\"] or [\"weekdays\"]")?;
+        let mut names = Vec::with_capacity(nodes.len());
+        for node in nodes {
+            match &node.kind {
+                Kind::String(name) => names.push(name.clone()),
+                other => {
+                    w.report(s, k, format!("must list days as strings, not {}", other.describe()));
+                    return None;
+                }
+            }
+        }
+        parse_days(&names).map_err(|message| w.report(s, k, message)).ok()
+    });
+    ScheduleDraft {
+        origin,
+        name,
+        time_zone,
+        days,
+        start: read(window, sink, "start", |w, s, k| parsed(w, s, k, parse_time)),
+        end: read(window, sink, "end", |w, s, k| parsed(w, s, k, parse_time)),
+        cron: read(window, sink, "cron", |w, s, k| parsed(w, s, k, Cron::parse)),
+        duration: read(window, sink, "duration", |w, s, k| w.duration_at_most(s, k, MAX_WINDOW)),
+        min_replicas: read(window, sink, "min_replicas", Table::replicas),
+        max_replicas: read(window, sink, "max_replicas", Table::replicas),
+        ramp_in: read(window, sink, "ramp_in", |w, s, k| w.duration_at_most(s, k, MAX_RAMP)),
+        ramp_out: read(window, sink, "ramp_out", |w, s, k| w.duration_at_most(s, k, MAX_RAMP)),
+    }
+}
+
+/// A text that `parse` reads, reporting its refusal at `key`.
+fn parsed<T>(
+    table: &mut Table<'_>,
+    sink: &mut Sink,
+    key: &str,
+    parse: impl Fn(&str) -> Result<T, String>,
+) -> Option<T> {
+    let text = table.text(sink, key)?;
+    parse(&text).map_err(|message| table.report(sink, key, message)).ok()
 }

@@ -17,6 +17,8 @@ use std::time::Duration;
 use watermarkd_engine::{Algorithm, ConvergeTowards, Decimal, PolicyKind, SelectPolicy};
 
 use super::{PodAggregation, Reducer, ResourceName};
+use crate::domain::schedule::{Cron, Zone};
+use jiff::civil::Time;
 
 /// Where a value was written, as problems name it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -105,6 +107,26 @@ pub(crate) struct AutoscalerDraft {
     /// Metric `i` here is the engine's `metric[i]`.
     pub metrics: Field<Vec<Field<MetricDraft>>>,
     pub recommender: Field<RecommenderDraft>,
+    /// Windows that raise the floor; window `i` is named `schedule[i]` unless it has a name.
+    pub schedules: Field<Vec<Field<ScheduleDraft>>>,
+}
+
+/// One window of a schedule: weekly (`days`, `start`, `end`) or `cron` with a `duration`.
+#[derive(Clone, Debug)]
+pub(crate) struct ScheduleDraft {
+    /// The window's table, by position.
+    pub origin: Origin,
+    pub name: Field<String>,
+    pub time_zone: Field<Zone>,
+    pub days: Field<[bool; 7]>,
+    pub start: Field<Time>,
+    pub end: Field<Time>,
+    pub cron: Field<Cron>,
+    pub duration: Field<Duration>,
+    pub min_replicas: Field<u32>,
+    pub max_replicas: Field<u32>,
+    pub ramp_in: Field<Duration>,
+    pub ramp_out: Field<Duration>,
 }
 
 /// What the autoscaler scales.

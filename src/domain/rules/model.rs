@@ -8,6 +8,9 @@ use std::time::Duration;
 
 use watermarkd_engine::Rule;
 
+use crate::domain::schedule::Schedule;
+use crate::domain::sparse::Sparse;
+
 /// A parsed and validated rules file.
 #[derive(Clone, Debug)]
 pub struct RulesFile {
@@ -141,6 +144,8 @@ pub struct Autoscaler {
     /// A shadow rule (`shadow = true`): evaluated live beside the active autoscaler on the same
     /// target, on the same kind of readings, and never written; it only reports what it would do.
     pub shadow: bool,
+    /// Windows of time that raise the floor (`[[autoscaler.schedule]]`); usually none.
+    pub schedules: Sparse<Schedule>,
 }
 
 /// An HTTP service that recommends a replica count, asked with the request and read with the

@@ -880,3 +880,47 @@ fn durations_and_replica_counts_are_bounded_under_their_wpa_names() {
         mapped(&with(&[("maxReplicas", Some("2147483647")), ("downscaleForbiddenWindowSeconds", Some("86400"))]));
     assert_eq!(at_bound.autoscaler.rule.max_replicas(), 2_147_483_647);
 }
+
+/// BASE with `annotations` (YAML) under its metadata.
+fn annotated(annotations: &str) -> String {
+    BASE.replace("  namespace: prod\n", &format!("  namespace: prod\n  annotations:\n{annotations}"))
+}
+
+#[test]
+fn the_schedules_annotation_reads_as_a_rules_file_schedule() {
+    let yaml = annotated(
+        r#"    watermarkd.io/schedules: '[{"name": "office", "time_zone": "Europe/Paris", "days": ["weekdays"], "start": "08:00", "end": "18:00", "min_replicas": 6}]'
+"#,
+    );
+    let autoscaler = mapped(&yaml).autoscaler;
+    let [office] = &autoscaler.schedules[..] else { panic!("{:?}", autoscaler.schedules) };
+    assert_eq!(
+        (office.name.as_str(), office.min_replicas, office.time_zone.name.as_str()),
+        ("office", 6, "Europe/Paris")
+    );
+
+    let wrong = annotated(
+        r#"    watermarkd.io/schedules: '[{"days": ["weekdays"], "start": "08:00", "end": "18:00", "min_replicas": 12}, {"cron": "0 7 * *"}]'
+"#,
+    );
+    let at = "metadata.annotations[\"watermarkd.io/schedules\"]";
+    assert_eq!(
+        problems(&wrong),
+        [
+            format!("{at}[0].min_replicas (12) must not exceed maxReplicas (9)"),
+            format!(
+                "{at}[1].cron (\"0 7 * *\") must have five fields (minute hour day-of-month month day-of-week), such \
+                 as \"0 8 * * 1-5\""
+            ),
+            format!("{at}[1].duration is required"),
+            format!("{at}[1].min_replicas is required"),
+        ]
+    );
+    assert_eq!(
+        problems(&annotated("    watermarkd.io/schedules: '{\"days\": []}'\n")),
+        [format!(
+            "{at} must be a JSON list of windows, such as [{{\"days\": [\"weekdays\"], \"start\": \"08:00\", \"end\": \
+             \"18:00\", \"min_replicas\": 10}}]"
+        )]
+    );
+}

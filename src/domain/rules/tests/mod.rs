@@ -15,6 +15,7 @@ use super::*;
 
 mod backends;
 mod metrics;
+mod schedules;
 
 const BACKENDS: &str = r#"
 [backend.dd]

@@ -1,0 +1,125 @@
+//! `[[autoscaler.schedule]]`: what a window reads as, and how a wrong one is named.
+
+use std::time::Duration;
+
+use watermarkd_engine::Timestamp;
+
+use super::*;
+use crate::domain::schedule::{bounds_at, When};
+
+fn with_schedule(windows: &str) -> String {
+    format!("{BACKENDS}{BILLING}{windows}")
+}
+
+#[test]
+fn weekly_and_cron_windows_are_read_with_their_zone_and_ramps() {
+    let rules = parse(&with_schedule(
+        r#"
+[[autoscaler.schedule]]
+name = "office"
+time_zone = "Europe/Paris"
+days = ["weekdays"]
+start = "08:00"
+end = "18:30"
+min_replicas = 6
+max_replicas = 8
+ramp_in = "30m"
+
+[[autoscaler.schedule]]
+cron = "0 7 * * mon"
+duration = "2h"
+min_replicas = 9
+"#,
+    ));
+    let billing = rules.autoscaler("billing").unwrap();
+    let [office, monday] = &billing.schedules[..] else { panic!("two windows: {:?}", billing.schedules) };
+    assert_eq!(office.name, "office");
+    assert_eq!(office.time_zone.name, "Europe/Paris");
+    assert_eq!((office.min_replicas, office.max_replicas), (6, Some(8)));
+    assert_eq!(office.ramp_in, Duration::from_secs(1800));
+    assert!(matches!(office.when, When::Weekly { days, .. } if days == [true, true, true, true, true, false, false]));
+    assert_eq!(monday.name, "schedule[1]");
+    assert_eq!(monday.time_zone.name, "UTC");
+    assert!(matches!(&monday.when, When::Cron { duration, .. } if *duration == Duration::from_secs(7200)));
+    // Monday 2026-11-23, 07:30 UTC: the cron window is open, 08:30 in Paris the office one.
+    let at = Timestamp::from_unix_millis(1_795_419_000_000);
+    let bounds = bounds_at(&billing.schedules, billing.rule.min_replicas(), billing.rule.max_replicas(), at);
+    assert_eq!((bounds.min, bounds.max), (9, 9), "{bounds:?}");
+}
+
+#[test]
+fn a_wrong_window_is_named_with_its_line_and_field() {
+    let text = with_schedule(
+        r#"
+[[autoscaler.schedule]]
+time_zone = "Mars/Olympus"
+days = ["funday"]
+start = "8h"
+end = "18:00"
+min_replicas = 12
+
+[[autoscaler.schedule]]
+cron = "0 7 * * mon"
+days = ["mon"]
+min_replicas = 2
+max_replicas = 1
+
+[[autoscaler.schedule]]
+min_replicas = 2
+"#,
+    );
+    let p = problems(&text);
+    let line = |needle: &str| line_of(&text, needle);
+    let billing = "autoscaler \"billing\"";
+    assert_has(
+        &p,
+        &format!(
+            "rules.toml:{}: {billing}: schedule[0].time_zone (\"Mars/Olympus\") is not an IANA time zone such as \
+             \"Europe/Paris\" or \"UTC\"",
+            line("Mars/Olympus")
+        ),
+    );
+    assert_has(
+        &p,
+        &format!(
+            "rules.toml:{}: {billing}: schedule[0].days (\"funday\") is not a day: use mon, tue, wed, thu, fri, sat, \
+             sun, weekdays, weekends or daily",
+            line("funday")
+        ),
+    );
+    assert_has(
+        &p,
+        &format!(
+            "rules.toml:{}: {billing}: schedule[0].start (\"8h\") must be a time of day such as \"08:00\" or \"18:30\"",
+            line("\"8h\"")
+        ),
+    );
+    assert_has(
+        &p,
+        &format!(
+            "rules.toml:{}: {billing}: schedule[0].min_replicas (12) must not exceed max_replicas (9)",
+            line("= 12")
+        ),
+    );
+    assert_has(
+        &p,
+        &format!(
+            "rules.toml:{}: {billing}: schedule[1].cron cannot be combined with days, start and end: a window is \
+             weekly or cron, not both",
+            line("0 7 * * mon")
+        ),
+    );
+    assert_has(
+        &p,
+        &format!(
+            "rules.toml:{}: {billing}: schedule[1].max_replicas (1) must not be below min_replicas (2)",
+            line("max_replicas = 1")
+        ),
+    );
+    assert!(
+        p.iter().any(|l| l.ends_with(
+            "schedule[2] needs days, start and end (a weekly window), or cron and duration (a cron window)"
+        )),
+        "{p:?}"
+    );
+}
