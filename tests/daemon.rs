@@ -424,6 +424,37 @@ async fn a_shadow_rule_reports_what_it_would_do_and_never_writes() {
     assert!(daemon.terminate(Duration::from_secs(15)), "a clean exit on SIGTERM; log:\n{}", daemon.log());
 }
 
+/// A schedule's window raises the floor on the real API server: a workload whose load sits in
+/// its band is scaled up to the window's floor, and the Event says which window did it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_schedule_window_raises_the_floor_and_says_so() {
+    let cluster = KubeCluster::shared();
+    // 7 is inside [5, 10] at 2 replicas: the metric alone holds.
+    let setup = Setup::start("e2e-schedule", "web", 2, "load 7\n", |text| {
+        format!(
+            "{text}\n[[autoscaler.schedule]]\nname = \"all-day\"\ntime_zone = \"Europe/Paris\"\ndays = [\"daily\"]\n\
+             start = \"00:00\"\nend = \"00:00\"\nmin_replicas = 4\n"
+        )
+    })
+    .await;
+    let ns = setup.ns.clone();
+    let mut daemon = DaemonProcess::start(&setup.args(&["--no-leader-election"]), &[]);
+    daemon.wait_ready(STARTUP).await;
+    reaches(cluster, &ns, "web", 4, Duration::from_secs(20)).await;
+    let said = eventually!(Duration::from_secs(20), "an Event naming the window", {
+        let events = events_about(cluster, &ns, "web").await;
+        let messages: Vec<String> = events.iter().filter_map(|e| e.note.clone()).collect();
+        match messages.iter().find(|m| m.contains("schedule \"all-day\"")) {
+            Some(message) => Ok(message.clone()),
+            None => Err(format!("{messages:?}")),
+        }
+    });
+    assert!(said.contains("raised by schedule \"all-day\" (open)"), "{said}");
+    // The floor holds: the load in its band neither raises nor lowers it.
+    stays_at(cluster, &ns, "web", 4, 3).await;
+    assert!(daemon.terminate(Duration::from_secs(15)), "a clean exit on SIGTERM; log:\n{}", daemon.log());
+}
+
 /// Holds `replicas` on the Deployment for `seconds`, failing at the first other count.
 async fn stays_at(cluster: &KubeCluster, ns: &str, name: &str, replicas: i64, seconds: u64) {
     for _ in 0..seconds * 2 {
