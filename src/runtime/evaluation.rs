@@ -294,9 +294,16 @@ impl<'a> Evaluation<'a> {
             status_replicas: Some(reading.status_replicas),
             ready_replicas: reading.ready_replicas,
         };
-        // A schedule's window sets the bounds of this decision.
-        let rule = schedule::rule_at(&self.rule, &self.desired.autoscaler.schedules, now);
-        let decision = decide_on_partial_data(&rule, observed, &self.readings, &self.partial, &current, now);
+        // A schedule's window sets the bounds of this decision; a pause keeps it from writing.
+        let mut rule = schedule::rule_at(&self.rule, &self.desired.autoscaler.schedules, now);
+        let pause = self.desired.autoscaler.pause_note(now);
+        if pause.is_some() && !rule.dry_run() {
+            rule = Cow::Owned(rule.into_owned().with_dry_run(true));
+        }
+        let mut decision = decide_on_partial_data(&rule, observed, &self.readings, &self.partial, &current, now);
+        if let Some(pause) = pause {
+            decision.reason = format!("{pause}: {}", decision.reason);
+        }
         for (i, why) in &self.partial {
             let kept = decision.metrics.get(*i).filter(|m| m.position == Position::Above);
             if let (Some(metric), true) = (kept, decision.action == Action::ScaleUp) {

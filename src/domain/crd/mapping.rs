@@ -25,7 +25,7 @@ use crate::domain::rules::reader::{
 };
 use crate::domain::rules::tree::{self, Kind};
 use crate::domain::rules::{compile, parse_quantity, Autoscaler, Backend, Problem, Require, Sink, ALGORITHMS};
-use crate::domain::rules::{read_schedule_list, TableScope};
+use crate::domain::rules::{parse_instant, read_schedule_list, TableScope};
 
 /// The namespace of an object read from a file without one (`kubectl apply` would put it in
 /// the context's namespace, `default` unless configured). Objects from the API always have one.
@@ -260,6 +260,7 @@ pub fn map_wpa(
         },
         recommender,
         schedules: mapper.schedules(annotations),
+        paused_until: mapper.paused_until(annotations),
     };
     let Mapper { mut sink, unsupported, .. } = mapper;
     let compiled = compile(&draft, Require::Everything { backends: options.backends.as_ref() }, &mut sink);
@@ -349,6 +350,18 @@ impl Mapper {
         let key = format!("[{SCHEDULES_ANNOTATION:?}]");
         let windows = read_schedule_list(nodes, &parent, &key, &mut self.sink);
         Field { given: Given::Value(windows), origin: Origin::new(path, None) }
+    }
+}
+
+/// The annotation that pauses a WPA until an instant: it decides and reports, writes nothing,
+/// and resumes by itself then.
+pub const PAUSED_UNTIL_ANNOTATION: &str = "watermarkd.io/paused-until";
+
+impl Mapper {
+    /// The `watermarkd.io/paused-until` annotation.
+    fn paused_until(&mut self, annotations: Option<&BTreeMap<String, String>>) -> Field<watermarkd_engine::Timestamp> {
+        let value = annotations.and_then(|a| a.get(PAUSED_UNTIL_ANNOTATION));
+        self.field(annotation_key_path(PAUSED_UNTIL_ANNOTATION), value, |text| parse_instant(text))
     }
 }
 

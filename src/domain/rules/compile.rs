@@ -59,6 +59,7 @@ impl Compiled {
             recommender: self.recommender.map(Box::new),
             shadow: draft.shadow.value().copied().unwrap_or(false),
             schedules: self.schedules.into(),
+            paused_until: draft.paused_until.cloned(),
         })
     }
 }
@@ -731,6 +732,7 @@ mod tests {
             metrics: value("spec.metrics", metrics),
             recommender: Field::absent(at("spec.recommender")),
             schedules: Field::absent(at("metadata.annotations")),
+            paused_until: Field::absent(at("metadata.annotations")),
         }
     }
 

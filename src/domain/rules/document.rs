@@ -57,6 +57,7 @@ const AUTOSCALER_KEYS: &[&str] = &[
     "metric",
     "recommender",
     "schedule",
+    "paused_until",
 ];
 const TARGET_KEYS: &[&str] = &["api_version", "kind", "namespace", "name"];
 const METRIC_KEYS: &[&str] = &[
@@ -154,6 +155,7 @@ pub(crate) fn read_autoscaler(node: &Node, source: Source, sink: &mut Sink) -> O
     let recommender = read_recommender(&mut table, sink);
     let (knobs, behavior) = read_knobs(&mut table, sink);
     let schedules = read_schedules(&mut table, sink, "schedule");
+    let paused_until = read(&mut table, sink, "paused_until", |t, s, k| parsed(t, s, k, parse_instant));
     table.finish(sink, AUTOSCALER_KEYS);
     Some(AutoscalerDraft {
         label,
@@ -167,6 +169,7 @@ pub(crate) fn read_autoscaler(node: &Node, source: Source, sink: &mut Sink) -> O
         metrics,
         recommender,
         schedules,
+        paused_until,
     })
 }
 
@@ -545,4 +548,13 @@ fn parsed<T>(
 ) -> Option<T> {
     let text = table.text(sink, key)?;
     parse(&text).map_err(|message| table.report(sink, key, message)).ok()
+}
+
+/// An instant written in RFC 3339, with its offset (`2026-12-01T18:00:00Z`,
+/// `2026-12-01T19:00:00+01:00`): the only form that names one instant wherever it is read.
+pub(crate) fn parse_instant(text: &str) -> Result<watermarkd_engine::Timestamp, String> {
+    let wrong =
+        || format!("({text:?}) must be an instant such as \"2026-12-01T18:00:00Z\" (RFC 3339, with its offset)");
+    let instant: jiff::Timestamp = text.trim().parse().map_err(|_| wrong())?;
+    Ok(watermarkd_engine::Timestamp::from_unix_millis(instant.as_millisecond()))
 }

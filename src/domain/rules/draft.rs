@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use watermarkd_engine::{Algorithm, ConvergeTowards, Decimal, PolicyKind, SelectPolicy};
+use watermarkd_engine::{Algorithm, ConvergeTowards, Decimal, PolicyKind, SelectPolicy, Timestamp};
 
 use super::{PodAggregation, Reducer, ResourceName};
 use crate::domain::schedule::{Cron, Zone};
@@ -109,6 +109,8 @@ pub(crate) struct AutoscalerDraft {
     pub recommender: Field<RecommenderDraft>,
     /// Windows that raise the floor; window `i` is named `schedule[i]` unless it has a name.
     pub schedules: Field<Vec<Field<ScheduleDraft>>>,
+    /// Until when the autoscaler decides and reports without writing.
+    pub paused_until: Field<Timestamp>,
 }
 
 /// One window of a schedule: weekly (`days`, `start`, `end`) or `cron` with a `duration`.

@@ -26,7 +26,9 @@ pub(crate) use backend::plain_http_host;
 pub(crate) use check::plural;
 pub use check::{summary, warnings};
 pub(crate) use compile::{compile, Require};
-pub(crate) use document::{parse_reducer, read_schedule_list, ALGORITHMS, POD_AGGREGATIONS, REDUCERS, RESOURCES};
+pub(crate) use document::{
+    parse_instant, parse_reducer, read_schedule_list, ALGORITHMS, POD_AGGREGATIONS, REDUCERS, RESOURCES,
+};
 pub use file::{load_rules, parse_rules, rule_from_json};
 pub use model::{
     intern, Autoscaler, Backend, BasicAuth, DatadogBackend, MetricSource, ObjectIdentity, PodAggregation,

@@ -146,6 +146,24 @@ pub struct Autoscaler {
     pub shadow: bool,
     /// Windows of time that raise the floor (`[[autoscaler.schedule]]`); usually none.
     pub schedules: Sparse<Schedule>,
+    /// Until this instant it decides and reports as always, and writes nothing
+    /// (`paused_until`, a WPA's `watermarkd.io/paused-until`); then it resumes by itself.
+    pub paused_until: Option<watermarkd_engine::Timestamp>,
+}
+
+impl Autoscaler {
+    /// Whether it is paused at `now`.
+    pub fn paused_at(&self, now: watermarkd_engine::Timestamp) -> bool {
+        self.paused_until.is_some_and(|until| now < until)
+    }
+
+    /// `paused until 2026-12-01T18:00:00Z`, when it is paused at `now`.
+    pub fn pause_note(&self, now: watermarkd_engine::Timestamp) -> Option<String> {
+        let until = self.paused_until.filter(|_| self.paused_at(now))?;
+        let shown = jiff::Timestamp::from_millisecond(until.unix_millis())
+            .map_or_else(|_| format!("{} ms after the epoch", until.unix_millis()), |t| t.to_string());
+        Some(format!("paused until {shown}"))
+    }
 }
 
 /// An HTTP service that recommends a replica count, asked with the request and read with the

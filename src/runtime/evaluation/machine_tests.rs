@@ -299,3 +299,21 @@ fn the_persisted_state_holds_the_windows_after_a_restart() {
     done.decision.dry_run = true;
     assert!(to_persist(&desired, &mut dry.persisted, &done, cluster.now, at).is_none());
 }
+
+#[test]
+fn a_paused_autoscaler_decides_and_writes_nothing_until_its_pause_ends() {
+    let mut cluster = FakeCluster::new();
+    // FakeCluster's clock is 2023-11-14T22:13:20Z.
+    let desired = desired("paused_until = \"2023-11-14T23:00:00Z\"\n");
+    let mut memory = Memory::for_source(&Source::RulesFile);
+    let (needs, end) = cluster.evaluate(&desired, &mut memory, 30.0);
+    assert_eq!(needs, ["target", "persisted-state"], "no scale write while paused");
+    let paused = done(end);
+    assert_eq!((paused.outcome, paused.decision.replicas), (Outcome::DryRun, 3), "it still says what it would do");
+    assert!(paused.decision.reason.starts_with("paused until 2023-11-14T23:00:00Z: "), "{}", paused.decision.reason);
+    // An hour later the pause is over, and the same load scales.
+    cluster.now = cluster.now.plus(std::time::Duration::from_secs(3600));
+    let (needs, end) = cluster.evaluate(&desired, &mut memory, 30.0);
+    assert_eq!(needs, ["target", "scale 3 on 1"]);
+    assert_eq!(done_outcome(end), Outcome::Scaled);
+}

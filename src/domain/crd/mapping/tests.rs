@@ -924,3 +924,14 @@ fn the_schedules_annotation_reads_as_a_rules_file_schedule() {
         )]
     );
 }
+
+#[test]
+fn the_paused_until_annotation_pauses_a_wpa_until_an_instant() {
+    let paused = mapped(&annotated("    watermarkd.io/paused-until: \"2026-12-01T18:00:00Z\"\n")).autoscaler;
+    assert_eq!(paused.paused_until.map(|t| t.unix_millis()), Some(1_796_148_000_000));
+    assert_eq!(
+        problems(&annotated("    watermarkd.io/paused-until: \"tomorrow\"\n")),
+        ["metadata.annotations[\"watermarkd.io/paused-until\"] (\"tomorrow\") must be an instant such as \
+          \"2026-12-01T18:00:00Z\" (RFC 3339, with its offset)"]
+    );
+}

@@ -1,4 +1,4 @@
-//! `[[autoscaler.schedule]]`: what a window reads as, and how a wrong one is named.
+//! `[[autoscaler.schedule]]` and `paused_until`: what they read as, and how a wrong one is named.
 
 use std::time::Duration;
 
@@ -121,5 +121,27 @@ min_replicas = 2
             "schedule[2] needs days, start and end (a weekly window), or cron and duration (a cron window)"
         )),
         "{p:?}"
+    );
+}
+
+#[test]
+fn a_pause_is_an_instant_with_its_offset() {
+    let text =
+        BILLING.replace("min_replicas = 4\n", "min_replicas = 4\npaused_until = \"2026-12-01T19:00:00+01:00\"\n");
+    let rules = parse(&format!("{BACKENDS}{text}"));
+    let billing = rules.autoscaler("billing").unwrap();
+    let until = Timestamp::from_unix_millis(1_796_148_000_000);
+    assert_eq!(billing.paused_until, Some(until), "18:00 UTC");
+    assert!(billing.paused_at(Timestamp::from_unix_millis(1_796_147_999_999)));
+    assert!(!billing.paused_at(until), "it resumes at the instant named");
+    let wrong = BILLING.replace("min_replicas = 4\n", "min_replicas = 4\npaused_until = \"2026-12-01 18:00\"\n");
+    let text = format!("{BACKENDS}{wrong}");
+    assert_eq!(
+        problems(&text),
+        [format!(
+            "rules.toml:{}: autoscaler \"billing\": paused_until (\"2026-12-01 18:00\") must be an instant such as \
+             \"2026-12-01T18:00:00Z\" (RFC 3339, with its offset)",
+            line_of(&text, "paused_until")
+        )]
     );
 }
