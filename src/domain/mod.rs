@@ -3,6 +3,7 @@
 //! layers above share.
 
 pub mod crd;
+pub mod fallback;
 pub mod instant;
 pub mod rules;
 pub mod schedule;

@@ -95,6 +95,9 @@ async fn report_done(shared: &Shared, desired: &Desired, memory: &mut Memory, ru
     }
     persist(shared, desired, memory, &done).await;
     report::decision_events(shared, desired, &done.decision, &done.write, done.deferred).await;
+    if let Some(change) = &done.fallback {
+        report::fallback_event(shared, desired, change).await;
+    }
     memory.failing = None;
     done.outcome
 }

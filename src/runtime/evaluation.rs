@@ -23,6 +23,7 @@ use crate::adapters::state_store::{StateObjectError, Stored};
 use crate::adapters::telemetry::ShadowOutcome;
 use crate::adapters::workload::{ScaleReading, WorkloadError};
 use crate::domain::crd::{self, ScaleWrite, WatermarkPodAutoscaler, WatermarkPodAutoscalerStatus};
+use crate::domain::fallback;
 use crate::domain::rules::TargetRef;
 use crate::domain::schedule;
 use crate::domain::sparse::Sparse;
@@ -113,6 +114,8 @@ pub struct Done {
     /// Whether a metric was deferred by the Datadog pacing (no event for a hold then).
     pub deferred: bool,
     pub outcome: Outcome,
+    /// The autoscaler entered or left fallback at this evaluation (an event says so).
+    pub fallback: Option<fallback::Change>,
 }
 
 #[derive(Debug)]
@@ -142,6 +145,8 @@ struct Pending {
     observed: Target,
     current: State,
     now: Timestamp,
+    /// The autoscaler entered or left fallback at this evaluation.
+    fallback: Option<fallback::Change>,
 }
 
 /// One evaluation: its inputs, and how far it has got.
@@ -300,7 +305,7 @@ impl<'a> Evaluation<'a> {
         if pause.is_some() && !rule.dry_run() {
             rule = Cow::Owned(rule.into_owned().with_dry_run(true));
         }
-        let mut decision = decide_on_partial_data(&rule, observed, &self.readings, &self.partial, &current, now);
+        let (mut decision, change) = self.decide_with_fallback(memory, rule, observed, &current, now);
         if let Some(pause) = pause {
             decision.reason = format!("{pause}: {}", decision.reason);
         }
@@ -314,12 +319,36 @@ impl<'a> Evaluation<'a> {
                 );
             }
         }
-        let pending = Pending { reading, decision, observed, current, now };
+        let pending = Pending { reading, decision, observed, current, now, fallback: change };
         if pending.decision.write {
             let need = Need::Scale(pending.decision.replicas, Box::new(pending.reading.clone()));
             return self.ask(Phase::Write(Box::new(pending)), need);
         }
         self.finish(memory, pending, ScaleWrite::NotAttempted, None)
+    }
+
+    /// Decides under the autoscaler's fallback, when it declares one: whether any metric was
+    /// usable moves it in or out of fallback, and a decision made as that changed is made
+    /// again under the new state.
+    fn decide_with_fallback(
+        &self,
+        memory: &mut Memory,
+        rule: Cow<'_, Rule>,
+        observed: Target,
+        current: &State,
+        now: Timestamp,
+    ) -> (Decision, Option<fallback::Change>) {
+        let decide = |rule: &Rule| decide_on_partial_data(rule, observed, &self.readings, &self.partial, current, now);
+        let Some(declared) = self.desired.autoscaler.fallback.as_deref() else { return (decide(&rule), None) };
+        let remembered = memory.fallback.get_or_insert_with(Box::default);
+        let mut decision = decide(&remembered.apply(declared, Cow::Borrowed(&rule)));
+        let any_usable = decision.metrics.iter().any(|m| m.position != Position::Unavailable);
+        let change = remembered.observe(declared, any_usable, now);
+        if change.is_some() {
+            decision = decide(&remembered.apply(declared, Cow::Borrowed(&rule)));
+        }
+        remembered.decided(any_usable, decision.replicas);
+        (decision, change)
     }
 
     fn written(
@@ -362,7 +391,7 @@ impl<'a> Evaluation<'a> {
         write: ScaleWrite,
         confirmed: Option<Timestamp>,
     ) -> Need {
-        let Pending { decision, observed, current, now, .. } = pending;
+        let Pending { decision, observed, current, now, fallback, .. } = pending;
         let mut next_state = match write {
             ScaleWrite::Failed(_) => decision.state_if_not_written.clone(),
             _ => decision.state.clone(),
@@ -405,6 +434,7 @@ impl<'a> Evaluation<'a> {
             shadows,
             deferred: self.deferred,
             outcome,
+            fallback,
         }))
     }
 }

@@ -8,6 +8,7 @@ use watermarkd_engine::State;
 
 use super::source::Source;
 use crate::domain::crd::{WatermarkPodAutoscaler, WatermarkPodAutoscalerStatus};
+use crate::domain::fallback::FallbackMemory;
 use crate::domain::rules::Autoscaler;
 use crate::domain::sparse::Sparse;
 use crate::domain::state;
@@ -34,6 +35,9 @@ pub struct Memory {
     pub(super) suspicion: state::Suspicion,
     /// The shadow rules' own memories, in the order of `Desired::shadows`.
     pub(super) shadows: Sparse<ShadowMemory>,
+    /// Whether the data has been missing, for an autoscaler that declares a fallback (only
+    /// those have one).
+    pub(super) fallback: Option<Box<FallbackMemory>>,
 }
 
 /// What a shadow rule remembers between evaluations.
@@ -57,6 +61,7 @@ impl Memory {
             unconfirmed_write: None,
             suspicion: state::Suspicion::default(),
             shadows: Sparse::default(),
+            fallback: None,
         }
     }
 }

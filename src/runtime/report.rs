@@ -18,6 +18,7 @@ use super::Shared;
 use crate::adapters::events::{EventType, Repeats};
 use crate::adapters::workload::WorkloadError;
 use crate::domain::crd::{self, MapError, ScaleWrite, WatermarkPodAutoscaler, WatermarkPodAutoscalerStatus};
+use crate::domain::fallback;
 
 /// Merge-patches a WPA's status; true when it was written.
 pub async fn write_status(
@@ -105,6 +106,18 @@ pub async fn decision_events(
         let note = format!("no usable metric value, holding: {}", names.join(", "));
         publish(shared, &object, EventType::Warning, "FailedGetMetrics", &note, "Decide", Repeats::Suppress).await;
     }
+}
+
+/// Entering fallback is a warning on the target (and on the WPA, which declared it); leaving it
+/// is news.
+pub async fn fallback_event(shared: &Shared, desired: &Desired, change: &fallback::Change) {
+    let (type_, reason, note) = match change {
+        fallback::Change::Entered { why } => (EventType::Warning, "FallbackEntered", why),
+        fallback::Change::Left { why } => (EventType::Normal, "FallbackLeft", why),
+    };
+    tracing::warn!(autoscaler = %desired.autoscaler.name, "{reason}: {note}");
+    let object = desired.source.wpa().map_or_else(|| target_reference(desired), |wpa| wpa_reference(wpa));
+    publish(shared, &object, type_, reason, note, "Decide", Repeats::Keep).await;
 }
 
 /// Reports a target that cannot be read: on the WPA (an event and the AbleToScale condition),

@@ -135,7 +135,7 @@ pub(crate) fn decide_running(
     } else if spec < rule.min_running_replicas() && usable > 0 {
         Some((Guard::BelowMin, rule.min_running_replicas()))
     } else if usable == 0 {
-        Some((Guard::NoData, spec))
+        Some((Guard::NoData, fallback_target(rule, spec).unwrap_or(spec)))
     } else if u64::from(ready) * 100 < u64::from(rule.min_available_replica_percentage()) * u64::from(spec) {
         Some((Guard::MinAvailable, spec))
     } else if ready == 0 {
@@ -658,6 +658,14 @@ fn policy_limit(rules: &ScalingRules, spec: u32, events: &[ScaleEvent], now: Tim
     chosen.unwrap_or(spec)
 }
 
+/// Where a declared fallback goes from `spec` when no metric is usable: its count, up only
+/// unless it may scale down, within the bounds.
+fn fallback_target(rule: &Rule, spec: u32) -> Option<u32> {
+    let fallback = rule.fallback()?;
+    let to = if fallback.scale_down { fallback.replicas } else { fallback.replicas.max(spec) };
+    Some(to.clamp(rule.min_running_replicas(), rule.max_replicas()))
+}
+
 fn action_for(spec: u32, replicas: u32) -> Action {
     match replicas.cmp(&spec) {
         std::cmp::Ordering::Greater => Action::ScaleUp,
@@ -720,6 +728,10 @@ fn guard_verdict(guard: Guard, rule: &Rule, spec: u32, ready: u32, metrics: &[Me
         Guard::Paused => "the workload is paused".into(),
         Guard::AtZero => "the workload is at zero".into(),
         Guard::NoData => {
+            let all_missing = metrics.iter().all(|m| m.position == Position::Unavailable);
+            if let (Some(fallback), Some(to), true) = (rule.fallback(), fallback_target(rule, spec), all_missing) {
+                return format!("no metric data ({}): falling back to {to} replicas", fallback.because);
+            }
             if metrics.iter().all(|m| m.position == Position::Unavailable) {
                 format!("no metric data: holding {spec} (missing data is never read as 0)")
             } else {

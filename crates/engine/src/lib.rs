@@ -22,9 +22,9 @@ pub use history::{BUCKETS_PER_WINDOW, MAX_SCALE_EVENTS};
 pub use input::{Reading, Recommendation, ScaleEvent, State, Target, ZeroState};
 pub use number::{Decimal, ParseDecimalError};
 pub use rule::{
-    Algorithm, Behavior, BehaviorSpec, Bounds, BoundsBy, ConvergeTowards, MetricRule, MetricSpec, Policy, PolicyKind,
-    Relation, Rule, RuleError, RuleSpec, ScaleToZero, ScalingRules, ScalingRulesSpec, SelectPolicy, Velocity,
-    WatermarkVelocity, DEFAULT_SCALE_TO_ZERO_DELAY, MAX_POLICY_PERIOD, MAX_STABILIZATION_WINDOW,
+    Algorithm, Behavior, BehaviorSpec, Bounds, BoundsBy, ConvergeTowards, Fallback, MetricRule, MetricSpec, Policy,
+    PolicyKind, Relation, Rule, RuleError, RuleSpec, ScaleToZero, ScalingRules, ScalingRulesSpec, SelectPolicy,
+    Velocity, WatermarkVelocity, DEFAULT_SCALE_TO_ZERO_DELAY, MAX_POLICY_PERIOD, MAX_STABILIZATION_WINDOW,
 };
 pub use time::Timestamp;
 

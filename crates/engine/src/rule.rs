@@ -234,6 +234,10 @@ pub struct Rule {
     /// ([`Rule::within`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     bounds_by: Option<Box<BoundsBy>>,
+    /// Where to go when no metric has a usable value, instead of holding
+    /// ([`Rule::falling_back`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fallback: Option<Box<Fallback>>,
 }
 
 /// One problem with a rule, naming the field as the rules file spells it
@@ -353,6 +357,18 @@ pub struct Bounds {
     pub max_by: Option<String>,
 }
 
+/// Where a decision goes when no metric has a usable value, instead of holding: the operator's
+/// declared fallback, in force once the data has been missing long enough.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Fallback {
+    pub replicas: u32,
+    /// Whether `replicas` may be below the current count. Without it a fallback only raises:
+    /// missing data never scales down unless the operator asked for exactly that.
+    pub scale_down: bool,
+    /// Why, as decisions say it (`no usable metric value for 5m`).
+    pub because: String,
+}
+
 /// What set a rule's bounds for one decision.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct BoundsBy {
@@ -377,6 +393,17 @@ impl Rule {
             rule.bounds_by = Some(Box::new(BoundsBy { min_by: bounds.min_by, max_by: bounds.max_by }));
         }
         rule
+    }
+
+    /// This rule with `fallback` in force for one decision.
+    pub fn falling_back(&self, fallback: Fallback) -> Rule {
+        let mut rule = self.clone();
+        rule.fallback = Some(Box::new(fallback));
+        rule
+    }
+
+    pub fn fallback(&self) -> Option<&Fallback> {
+        self.fallback.as_deref()
     }
 
     /// What set the bounds of this decision, when not the rule itself.
@@ -527,6 +554,7 @@ impl Rule {
             dry_run: spec.dry_run.unwrap_or(false),
             scale_to_zero,
             bounds_by: None,
+            fallback: None,
         })
     }
 

@@ -1014,3 +1014,28 @@ fn a_floor_above_zero_wakes_a_workload_this_rule_sent_to_zero() {
     let no_floor = r.within(watermarkd_engine::Bounds { min: 0, max: 20, min_by: None, max_by: None });
     assert!(no_floor.scale_to_zero().is_some());
 }
+
+#[test]
+fn a_declared_fallback_goes_to_its_count_when_no_metric_is_usable_and_only_up_unless_told() {
+    let r = rule(|s| s.max_replicas = Some(20));
+    let fallback = |replicas, scale_down| watermarkd_engine::Fallback {
+        replicas,
+        scale_down,
+        because: "no usable metric value for 5m".into(),
+    };
+    let missing = [unavailable("timeout")];
+    let up = decide(&r.falling_back(fallback(8, false)), target(4), &missing, &State::default(), now());
+    assert_eq!((up.replicas, up.action, up.write), (8, Action::ScaleUp, true));
+    assert_eq!(
+        up.reason,
+        "m unavailable (timeout); no metric data (no usable metric value for 5m): falling back to 8 replicas"
+    );
+    let kept = decide(&r.falling_back(fallback(8, false)), target(12), &missing, &State::default(), now());
+    assert_eq!((kept.replicas, kept.action), (12, Action::Hold), "missing data does not scale down: {}", kept.reason);
+    let down = decide(&r.falling_back(fallback(8, true)), target(12), &missing, &State::default(), now());
+    assert_eq!((down.replicas, down.action), (8, Action::ScaleDown), "unless the operator asked for it");
+    // Without a fallback, or with any usable metric, nothing changes.
+    assert_eq!(decide(&r, target(4), &missing, &State::default(), now()).replicas, 4);
+    let with_data = decide(&r.falling_back(fallback(8, false)), target(4), &[value(0.7)], &State::default(), now());
+    assert_eq!(with_data.replicas, 4, "{}", with_data.reason);
+}

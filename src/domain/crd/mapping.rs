@@ -19,13 +19,16 @@ use watermarkd_engine::{Algorithm, ConvergeTowards, Decimal};
 use super::query::{DatadogMetricQueries, DEFAULT_AGGREGATOR, DEFAULT_ROLLUP_SECONDS};
 use super::recommender_policy::RecommenderPolicy;
 use super::types::{Quantity, WatermarkPodAutoscaler, WatermarkPodAutoscalerSpec};
-use crate::domain::rules::draft::{AutoscalerDraft, Field, Given, KnobsDraft, Origin, ScheduleDraft, TargetDraft};
+use crate::domain::rules::draft::{
+    AutoscalerDraft, FallbackDraft, Field, Given, KnobsDraft, Origin, ScheduleDraft, TargetDraft,
+};
+use crate::domain::rules::reader::Table;
 use crate::domain::rules::reader::{
     choose, nonempty, replica_count, seconds_at_most, whole_number_at_most, MAX_DURATION,
 };
 use crate::domain::rules::tree::{self, Kind};
 use crate::domain::rules::{compile, parse_quantity, Autoscaler, Backend, Problem, Require, Sink, ALGORITHMS};
-use crate::domain::rules::{parse_instant, read_schedule_list, TableScope};
+use crate::domain::rules::{parse_instant, read_fallback, read_schedule_list, TableScope};
 
 /// The namespace of an object read from a file without one (`kubectl apply` would put it in
 /// the context's namespace, `default` unless configured). Objects from the API always have one.
@@ -261,6 +264,7 @@ pub fn map_wpa(
         recommender,
         schedules: mapper.schedules(annotations),
         paused_until: mapper.paused_until(annotations),
+        fallback: mapper.fallback(annotations),
     };
     let Mapper { mut sink, unsupported, .. } = mapper;
     let compiled = compile(&draft, Require::Everything { backends: options.backends.as_ref() }, &mut sink);
@@ -362,6 +366,38 @@ impl Mapper {
     fn paused_until(&mut self, annotations: Option<&BTreeMap<String, String>>) -> Field<watermarkd_engine::Timestamp> {
         let value = annotations.and_then(|a| a.get(PAUSED_UNTIL_ANNOTATION));
         self.field(annotation_key_path(PAUSED_UNTIL_ANNOTATION), value, |text| parse_instant(text))
+    }
+}
+
+/// The annotation that declares a WPA's fallback: a JSON object with the keys of a rules file's
+/// `[autoscaler.fallback]`.
+pub const FALLBACK_ANNOTATION: &str = "watermarkd.io/fallback";
+
+impl Mapper {
+    /// The `watermarkd.io/fallback` annotation, read as a rules file's table is.
+    fn fallback(&mut self, annotations: Option<&BTreeMap<String, String>>) -> Field<FallbackDraft> {
+        let path = annotation_key_path(FALLBACK_ANNOTATION);
+        let Some(text) = annotations.and_then(|a| a.get(FALLBACK_ANNOTATION)) else {
+            return Field::absent(Origin::new(path, None));
+        };
+        let unreadable = |mapper: &mut Mapper, message: String| {
+            mapper.problem(&path, message);
+            Field { given: Given::Unreadable, origin: Origin::new(path.clone(), None) }
+        };
+        let object = match serde_json::from_str::<serde_json::Value>(text) {
+            Ok(object @ serde_json::Value::Object(_)) => tree::from_json(&object),
+            Ok(_) => {
+                let example = "{\"after\": \"5m\", \"action\": \"replicas\", \"replicas\": 10}";
+                return unreadable(self, format!("must be a JSON object such as {example}"));
+            }
+            Err(err) => return unreadable(self, format!("is not valid JSON: {err}")),
+        };
+        let scope = TableScope { autoscaler: Some(self.id.clone()), label: path.clone(), separator: "." };
+        let Some(mut table) = Table::new(&object, scope, &mut self.sink) else {
+            return Field { given: Given::Unreadable, origin: Origin::new(path, None) };
+        };
+        let draft = read_fallback(&mut table, &mut self.sink);
+        Field { given: Given::Value(draft), origin: Origin::new(path, None) }
     }
 }
 

@@ -12,14 +12,15 @@ use watermarkd_engine::{
 
 use super::backend::{url_scheme_problem, DEFAULT_TIMEOUT, HALF_MISSING};
 use super::draft::{
-    AutoscalerDraft, BehaviorDraft, Field, Given, KnobsDraft, MetricDraft, Origin, RecommenderDraft, ScalingRulesDraft,
-    ScheduleDraft, TargetDraft,
+    AutoscalerDraft, BehaviorDraft, FallbackDraft, Field, Given, KnobsDraft, MetricDraft, Origin, RecommenderDraft,
+    ScalingRulesDraft, ScheduleDraft, TargetDraft,
 };
 use super::problem::{Problem, Sink};
 use super::{
     intern, Autoscaler, Backend, MetricSource, PodAggregation, Recommender, ResourceSource, TargetRef, TlsSettings,
     RESOURCE_BACKEND, RESOURCE_MAX_AGE,
 };
+use crate::domain::fallback::{FallbackAction, FallbackRule, DEFAULT_AFTER, DEFAULT_RECOVER_AFTER};
 use crate::domain::schedule::{Schedule, When, Zone};
 use jiff::tz::TimeZone;
 
@@ -45,6 +46,7 @@ pub(crate) struct Compiled {
     pub metrics: Vec<MetricSource>,
     pub recommender: Option<Recommender>,
     pub schedules: Vec<Schedule>,
+    pub fallback: Option<FallbackRule>,
 }
 
 impl Compiled {
@@ -60,6 +62,7 @@ impl Compiled {
             shadow: draft.shadow.value().copied().unwrap_or(false),
             schedules: self.schedules.into(),
             paused_until: draft.paused_until.cloned(),
+            fallback: self.fallback.map(Box::new),
         })
     }
 }
@@ -88,6 +91,7 @@ pub(crate) fn compile(draft: &AutoscalerDraft, require: Require<'_>, sink: &mut 
     }
     let (behavior, policy_drafts) = compile_behavior(&draft.behavior, &mut report);
     let schedules = compile_schedules(draft, &mut report);
+    let fallback = draft.fallback.value().and_then(|fallback| compile_fallback(fallback, &draft.knobs, &mut report));
     if draft.knobs.algorithm.value() == Some(&Algorithm::Average) {
         check_average_aggregation(&metrics, &mut report);
     }
@@ -109,6 +113,7 @@ pub(crate) fn compile(draft: &AutoscalerDraft, require: Require<'_>, sink: &mut 
         metrics,
         recommender: recommender.filter(|_| valid),
         schedules,
+        fallback,
     }
 }
 
@@ -475,6 +480,46 @@ fn compile_schedules(draft: &AutoscalerDraft, report: &mut Report<'_>) -> Vec<Sc
     schedules
 }
 
+/// What the autoscaler does once no metric has had a usable value for a while: `replicas`
+/// only with `action = "replicas"` (and there required), within `max_replicas`; `scale_down`
+/// only with a count.
+fn compile_fallback(draft: &FallbackDraft, knobs: &KnobsDraft, report: &mut Report<'_>) -> Option<FallbackRule> {
+    let action = draft.action.value().map_or("hold", String::as_str);
+    let replicas = if action == "replicas" {
+        report.required(&draft.replicas)
+    } else {
+        if draft.replicas.is_written() {
+            report
+                .at(&draft.replicas.origin, format!("only applies with {} = \"replicas\"", draft.action.origin.key()));
+        }
+        None
+    };
+    if let (Some(count), Some(max)) = (replicas, knobs.max_replicas.value()) {
+        if count > *max {
+            report.at(
+                &draft.replicas.origin,
+                format!("({count}) must not exceed {} ({max})", knobs.max_replicas.origin.key()),
+            );
+        }
+    }
+    let scale_down = draft.scale_down.value().copied().unwrap_or(false);
+    if scale_down && action != "replicas" {
+        let message =
+            format!("only applies with {} = \"replicas\": a count to scale down to", draft.action.origin.key());
+        report.at(&draft.scale_down.origin, message);
+    }
+    let action = match action {
+        "replicas" => FallbackAction::Replicas { replicas: replicas?, scale_down },
+        "last_good" => FallbackAction::LastGood,
+        _ => FallbackAction::Hold,
+    };
+    Some(FallbackRule {
+        after: draft.after.value().copied().unwrap_or(DEFAULT_AFTER),
+        recover_after: draft.recover_after.value().copied().unwrap_or(DEFAULT_RECOVER_AFTER),
+        action,
+    })
+}
+
 /// A window is weekly (days, start and end) or cron (an expression and a duration).
 fn compile_when(w: &ScheduleDraft, report: &mut Report<'_>) -> Option<When> {
     let weekly = w.days.is_written() || w.start.is_written() || w.end.is_written();
@@ -733,6 +778,7 @@ mod tests {
             recommender: Field::absent(at("spec.recommender")),
             schedules: Field::absent(at("metadata.annotations")),
             paused_until: Field::absent(at("metadata.annotations")),
+            fallback: Field::absent(at("metadata.annotations")),
         }
     }
 

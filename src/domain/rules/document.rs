@@ -13,8 +13,8 @@ use watermarkd_engine::{
 
 use super::backend::{positive_duration_at_most, string_map, MAX_TIMEOUT};
 use super::draft::{
-    AutoscalerDraft, BehaviorDraft, Field, Given, KnobsDraft, MetricDraft, Origin, PolicyDraft, RecommenderDraft,
-    ScalingRulesDraft, ScheduleDraft, TargetDraft,
+    AutoscalerDraft, BehaviorDraft, FallbackDraft, Field, Given, KnobsDraft, MetricDraft, Origin, PolicyDraft,
+    RecommenderDraft, ScalingRulesDraft, ScheduleDraft, TargetDraft,
 };
 use super::problem::{Sink, TableScope};
 use super::reader::Table;
@@ -58,6 +58,7 @@ const AUTOSCALER_KEYS: &[&str] = &[
     "recommender",
     "schedule",
     "paused_until",
+    "fallback",
 ];
 const TARGET_KEYS: &[&str] = &["api_version", "kind", "namespace", "name"];
 const METRIC_KEYS: &[&str] = &[
@@ -103,6 +104,7 @@ const SCHEDULE_KEYS: &[&str] = &[
     "ramp_in",
     "ramp_out",
 ];
+const FALLBACK_KEYS: &[&str] = &["after", "recover_after", "action", "replicas", "scale_down"];
 const BEHAVIOR_KEYS: &[&str] = &["scale_up", "scale_down"];
 const SCALING_RULES_KEYS: &[&str] = &["tolerance", "stabilization_window", "select_policy", "policies"];
 const POLICY_KEYS: &[&str] = &["type", "value", "period"];
@@ -156,6 +158,13 @@ pub(crate) fn read_autoscaler(node: &Node, source: Source, sink: &mut Sink) -> O
     let (knobs, behavior) = read_knobs(&mut table, sink);
     let schedules = read_schedules(&mut table, sink, "schedule");
     let paused_until = read(&mut table, sink, "paused_until", |t, s, k| parsed(t, s, k, parse_instant));
+    let fallback = match table.table(sink, "fallback") {
+        Some(mut fallback) => {
+            let draft = read_fallback(&mut fallback, sink);
+            table.field("fallback", Some(draft))
+        }
+        None => table.field("fallback", None),
+    };
     table.finish(sink, AUTOSCALER_KEYS);
     Some(AutoscalerDraft {
         label,
@@ -170,6 +179,7 @@ pub(crate) fn read_autoscaler(node: &Node, source: Source, sink: &mut Sink) -> O
         recommender,
         schedules,
         paused_until,
+        fallback,
     })
 }
 
@@ -558,3 +568,20 @@ pub(crate) fn parse_instant(text: &str) -> Result<watermarkd_engine::Timestamp, 
     let instant: jiff::Timestamp = text.trim().parse().map_err(|_| wrong())?;
     Ok(watermarkd_engine::Timestamp::from_unix_millis(instant.as_millisecond()))
 }
+
+/// `[autoscaler.fallback]` (or a WPA's `watermarkd.io/fallback` object).
+pub(crate) fn read_fallback(table: &mut Table<'_>, sink: &mut Sink) -> FallbackDraft {
+    let draft = FallbackDraft {
+        after: read(table, sink, "after", |t, s, k| t.duration_at_most(s, k, MAX_WINDOW)),
+        recover_after: read(table, sink, "recover_after", |t, s, k| t.duration_at_most(s, k, MAX_WINDOW)),
+        action: read(table, sink, "action", |t, s, k| {
+            t.choice(s, k, |a| ["hold", "replicas", "last_good"].contains(&a).then(|| a.to_string()), FALLBACK_ACTIONS)
+        }),
+        replicas: read(table, sink, "replicas", Table::replicas),
+        scale_down: read(table, sink, "scale_down", Table::flag),
+    };
+    table.finish(sink, FALLBACK_KEYS);
+    draft
+}
+
+pub(crate) const FALLBACK_ACTIONS: &str = "\"hold\", \"replicas\" or \"last_good\"";

@@ -111,6 +111,18 @@ pub(crate) struct AutoscalerDraft {
     pub schedules: Field<Vec<Field<ScheduleDraft>>>,
     /// Until when the autoscaler decides and reports without writing.
     pub paused_until: Field<Timestamp>,
+    pub fallback: Field<FallbackDraft>,
+}
+
+/// What to do once no metric has had a usable value for a while.
+#[derive(Clone, Debug)]
+pub(crate) struct FallbackDraft {
+    pub after: Field<Duration>,
+    pub recover_after: Field<Duration>,
+    /// `hold`, `replicas` or `last_good`.
+    pub action: Field<String>,
+    pub replicas: Field<u32>,
+    pub scale_down: Field<bool>,
 }
 
 /// One window of a schedule: weekly (`days`, `start`, `end`) or `cron` with a `duration`.

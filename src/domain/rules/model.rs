@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use watermarkd_engine::Rule;
 
+use crate::domain::fallback::FallbackRule;
 use crate::domain::schedule::Schedule;
 use crate::domain::sparse::Sparse;
 
@@ -149,6 +150,9 @@ pub struct Autoscaler {
     /// Until this instant it decides and reports as always, and writes nothing
     /// (`paused_until`, a WPA's `watermarkd.io/paused-until`); then it resumes by itself.
     pub paused_until: Option<watermarkd_engine::Timestamp>,
+    /// What it does once no metric has had a usable value for a while (`[autoscaler.fallback]`,
+    /// a WPA's `watermarkd.io/fallback`); without one it holds.
+    pub fallback: Option<Box<FallbackRule>>,
 }
 
 impl Autoscaler {

@@ -317,3 +317,25 @@ fn a_paused_autoscaler_decides_and_writes_nothing_until_its_pause_ends() {
     assert_eq!(needs, ["target", "scale 3 on 1"]);
     assert_eq!(done_outcome(end), Outcome::Scaled);
 }
+
+#[test]
+fn a_declared_fallback_is_entered_once_the_data_has_been_missing_long_enough() {
+    let mut cluster = FakeCluster::new();
+    let desired = desired("[autoscaler.fallback]\nafter = \"5m\"\naction = \"replicas\"\nreplicas = 6\n");
+    let mut memory = Memory::for_source(&Source::RulesFile);
+    // NaN is no usable value: held, as without a fallback, for the first five minutes.
+    let (needs, end) = cluster.evaluate(&desired, &mut memory, f64::NAN);
+    assert_eq!(needs, ["target", "persisted-state"]);
+    let first = done(end);
+    assert_eq!((first.outcome, first.fallback), (Outcome::Held, None));
+    cluster.now = cluster.now.plus(std::time::Duration::from_secs(300));
+    let (needs, end) = cluster.evaluate(&desired, &mut memory, f64::NAN);
+    assert_eq!(needs, ["target", "scale 6 on 1"]);
+    let entered = done(end);
+    assert_eq!(entered.outcome, Outcome::Scaled);
+    assert_eq!(
+        entered.fallback,
+        Some(fallback::Change::Entered { why: "no usable metric value for 5m: falling back to 6 replicas".into() })
+    );
+    assert!(entered.decision.reason.contains("falling back to 6 replicas"), "{}", entered.decision.reason);
+}

@@ -935,3 +935,19 @@ fn the_paused_until_annotation_pauses_a_wpa_until_an_instant() {
           \"2026-12-01T18:00:00Z\" (RFC 3339, with its offset)"]
     );
 }
+
+#[test]
+fn the_fallback_annotation_reads_as_a_rules_file_fallback() {
+    use crate::domain::fallback::FallbackAction;
+    let declared = mapped(&annotated("    watermarkd.io/fallback: '{\"after\": \"2m\", \"action\": \"last_good\"}'\n"));
+    let fallback = declared.autoscaler.fallback.as_deref().expect("a fallback");
+    assert_eq!((fallback.after, fallback.action), (Duration::from_secs(120), FallbackAction::LastGood));
+    let at = "metadata.annotations[\"watermarkd.io/fallback\"]";
+    assert_eq!(
+        problems(&annotated("    watermarkd.io/fallback: '{\"action\": \"panic\", \"when\": 1}'\n")),
+        [
+            format!("{at}.action (\"panic\") must be \"hold\", \"replicas\" or \"last_good\""),
+            format!("{at}.when is not a known key (known keys: after, recover_after, action, replicas, scale_down)"),
+        ]
+    );
+}

@@ -145,3 +145,50 @@ fn a_pause_is_an_instant_with_its_offset() {
         )]
     );
 }
+
+#[test]
+fn a_fallback_says_what_to_do_without_data_and_is_checked() {
+    use crate::domain::fallback::FallbackAction;
+    let declared = BILLING.replace(
+        "min_replicas = 4\n",
+        "min_replicas = 4\n[autoscaler.fallback]\nafter = \"10m\"\naction = \"replicas\"\nreplicas = 8\nscale_down = true\n",
+    );
+    let rules = parse(&format!("{BACKENDS}{declared}"));
+    let fallback = rules.autoscaler("billing").unwrap().fallback.as_deref().expect("a fallback");
+    assert_eq!(fallback.after, Duration::from_secs(600));
+    assert_eq!(fallback.recover_after, Duration::from_secs(120), "the default");
+    assert_eq!(fallback.action, FallbackAction::Replicas { replicas: 8, scale_down: true });
+
+    let wrong = BILLING.replace(
+        "min_replicas = 4\n",
+        "min_replicas = 4\n[autoscaler.fallback]\naction = \"last_good\"\nreplicas = 12\nscale_down = true\n",
+    );
+    let text = format!("{BACKENDS}{wrong}");
+    let billing = "autoscaler \"billing\"";
+    assert_eq!(
+        problems(&text),
+        [
+            format!(
+                "rules.toml:{}: {billing}: fallback.replicas only applies with action = \"replicas\"",
+                line_of(&text, "replicas = 12")
+            ),
+            format!(
+                "rules.toml:{}: {billing}: fallback.scale_down only applies with action = \"replicas\": a count to \
+                 scale down to",
+                line_of(&text, "scale_down = true")
+            ),
+        ]
+    );
+    let too_many = BILLING.replace(
+        "min_replicas = 4\n",
+        "min_replicas = 4\n[autoscaler.fallback]\naction = \"replicas\"\nreplicas = 12\n",
+    );
+    let text = format!("{BACKENDS}{too_many}");
+    assert_eq!(
+        problems(&text),
+        [format!(
+            "rules.toml:{}: {billing}: fallback.replicas (12) must not exceed max_replicas (9)",
+            line_of(&text, "replicas = 12")
+        )]
+    );
+}
