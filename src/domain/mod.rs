@@ -4,6 +4,7 @@
 
 pub mod crd;
 pub mod fallback;
+pub mod forecast;
 pub mod instant;
 pub mod rules;
 pub mod schedule;
