@@ -399,3 +399,40 @@ fn the_per_replica_load_model_lets_added_replicas_bring_the_metric_down() {
     let text = String::from_utf8(output.stdout).unwrap();
     assert!(text.contains("load model: per-replica"), "{text}");
 }
+
+/// config/ahead.toml on traces/ahead.csv (two weeks of a weekday curve with a steep morning
+/// ramp, new replicas ready after 2 minutes): the forecast at least halves the time above the
+/// high watermark for at most 10% more replica-hours than the same rule without it.
+#[test]
+fn the_forecast_meets_the_morning_ramp_at_most_half_as_late_for_at_most_a_tenth_more() {
+    let output = Command::new(env!("CARGO_BIN_EXE_watermarkd"))
+        .args(["simulate", "--rules"])
+        .arg(repo_path("config/ahead.toml"))
+        .args(["--autoscaler", "daily", "--trace", &trace_path("ahead"), "--readiness-lag", "2m", "--json"])
+        .output()
+        .expect("running watermarkd");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let report: Value = serde_json::from_slice(&output.stdout).expect("the JSON report");
+    let (with, without) = (&report["summary"], &report["without_ahead"]);
+    let above = |s: &Value| s["seconds_above_high_watermark"].as_f64().unwrap();
+    let hours = |s: &Value| s["replica_hours"].as_f64().unwrap();
+    assert!(above(without) > 3_600.0, "the reactive rule is late on the ramps: {without}");
+    assert!(
+        above(with) * 2.0 <= above(without),
+        "{} s above with the forecast, {} without",
+        above(with),
+        above(without)
+    );
+    assert!(
+        hours(with) <= hours(without) * 1.10,
+        "{} replica-hours with the forecast, {} without",
+        hours(with),
+        hours(without)
+    );
+    // The forecast raised the floor before the ramps: some scale up names it.
+    let events = report["events"].as_array().unwrap();
+    assert!(
+        events.iter().any(|e| e["reason"].as_str().is_some_and(|r| r.contains("raised by the forecast 10m ahead"))),
+        "no scale names the forecast"
+    );
+}

@@ -4,9 +4,10 @@
 //! The model is one a reviewer can follow on paper: **seasonal naive with a trend
 //! correction**. The forecast for `t + lead` is what the demand was one season earlier at that
 //! time of day (or week), the median over the last seasons the history holds (so one holiday
-//! does not decide), scaled by how the last hour compares with the same hour of those seasons
-//! (so growth carries over). A weekly season is used once the history holds two weeks, a daily
-//! one from two days; with less it says so and forecasts nothing.
+//! does not decide), scaled by how the last hour compares with the same hour a season earlier
+//! (so growth carries over). A weekly season is used once the history holds a week and a day;
+//! before, a daily one from two days, from past days of the same kind (weekday or weekend), so
+//! that a Monday is not forecast from a Sunday; with less it says so and forecasts nothing.
 //!
 //! Before its forecast is used, the model forecasts the last day from what it knew then, and
 //! its error there (the mean absolute error over the mean demand) must be at most
@@ -20,9 +21,10 @@
 //!
 //! Pure: the history is given, time is an argument.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
-use watermarkd_engine::{Algorithm, Rule, Timestamp};
+use watermarkd_engine::{Algorithm, Bounds, Reading, Rule, Timestamp};
 
 const DAY: Duration = Duration::from_secs(86_400);
 const WEEK: Duration = Duration::from_secs(7 * 86_400);
@@ -36,6 +38,11 @@ const TREND_BOUNDS: (f64, f64) = (0.5, 2.0);
 /// The self-check's span, and its step.
 const CHECK_SPAN: Duration = Duration::from_secs(86_400);
 const CHECK_STEP: Duration = Duration::from_secs(900);
+
+/// The largest error by default: 30% of the demand.
+pub const DEFAULT_MAX_ERROR: f64 = 0.3;
+/// By default a forecast at most doubles the replicas at once.
+pub const DEFAULT_MAX_FACTOR: f64 = 2.0;
 
 /// An autoscaler's forecast settings (`[autoscaler.forecast]`).
 #[derive(Clone, Debug, PartialEq)]
@@ -152,10 +159,10 @@ pub fn forecast(history: &History, now: Timestamp, lead: Duration, max_error: f6
     Forecast::Ready { at: now.plus(lead), demand, error, season }
 }
 
-/// Weekly from two weeks of history, daily from two days.
+/// Weekly once the history holds a week and a day, daily from two days.
 fn season_of(history: &History) -> Option<Duration> {
     let span = history.span();
-    if span >= WEEK * 2 {
+    if span >= WEEK + DAY {
         Some(WEEK)
     } else if span >= DAY * 2 {
         Some(DAY)
@@ -164,15 +171,33 @@ fn season_of(history: &History) -> Option<Duration> {
     }
 }
 
+/// How far back each of the past seasons of `target` lies: whole weeks for a weekly season;
+/// for a daily one, the last days of the same kind (a weekday for a weekday, a weekend day
+/// for a weekend day, in UTC), so that a Monday is not forecast from a Sunday.
+fn seasons_back(season: Duration, target: Timestamp) -> Vec<Duration> {
+    if season >= WEEK {
+        return (1..=SEASONS).filter_map(|k| season.checked_mul(k)).collect();
+    }
+    let weekend = |at: Timestamp| {
+        // 1970-01-01 was a Thursday: day 0 is Thursday, so Saturday and Sunday are 2 and 3.
+        let day = at.unix_millis().div_euclid(86_400_000).rem_euclid(7);
+        matches!(day, 2 | 3)
+    };
+    (1..=7u32)
+        .map(|k| DAY * k)
+        .filter(|back| weekend(minus(target, *back)) == weekend(target))
+        .take(SEASONS as usize)
+        .collect()
+}
+
 /// Seasonal naive with a trend correction, from what was known at `now`.
 fn predict(history: &History, now: Timestamp, lead: Duration, season: Duration) -> Option<f64> {
     let target = now.plus(lead);
-    let mut past: Vec<f64> = (1..=SEASONS)
-        .filter_map(|k| {
-            let back = season.checked_mul(k)?;
-            // Only what was already known at `now`.
-            (back > lead).then(|| history.around(minus(target, back))).flatten()
-        })
+    let mut past: Vec<f64> = seasons_back(season, target)
+        .into_iter()
+        // Only what was already known at `now`.
+        .filter(|back| *back > lead)
+        .filter_map(|back| history.around(minus(target, back)))
         .collect();
     if past.is_empty() {
         return None;
@@ -182,11 +207,12 @@ fn predict(history: &History, now: Timestamp, lead: Duration, season: Duration) 
     Some(seasonal * trend(history, now, season))
 }
 
-/// How the last hour compares with the same hour one season earlier, within bounds; 1 when
-/// either is unknown or zero.
+/// How the last hour compares with the same hour one season earlier (of the same kind of
+/// day), within bounds; 1 when either is unknown or zero.
 fn trend(history: &History, now: Timestamp, season: Duration) -> f64 {
+    let Some(back) = seasons_back(season, now).first().copied() else { return 1.0 };
     let recent = history.mean(minus(now, TREND_SPAN), now.plus(Duration::from_millis(1)));
-    let before = history.mean(minus(minus(now, season), TREND_SPAN), minus(now, season).plus(Duration::from_millis(1)));
+    let before = history.mean(minus(minus(now, back), TREND_SPAN), minus(now, back).plus(Duration::from_millis(1)));
     match (recent, before) {
         (Some(recent), Some(before)) if before > 0.0 => (recent / before).clamp(TREND_BOUNDS.0, TREND_BOUNDS.1),
         _ => 1.0,
@@ -213,6 +239,79 @@ fn recent_error(history: &History, now: Timestamp, lead: Duration, season: Durat
         return None;
     }
     Some(absolute / actual)
+}
+
+/// How long a forecast keeps its history: three weekly seasons and a day.
+pub const KEEP: Duration = Duration::from_secs(22 * 86_400);
+/// One sample per this long is kept: 6,336 over `KEEP`, about 100 kB a metric, whatever the
+/// evaluation interval. The model reads 10-minute windows, so nothing finer is needed.
+pub const SAMPLE_EVERY: Duration = Duration::from_secs(120);
+
+/// One autoscaler's forecast: a history per metric, fed one evaluation at a time.
+#[derive(Clone, Debug, Default)]
+pub struct Forecaster {
+    histories: Vec<History>,
+}
+
+impl Forecaster {
+    /// Notes the demand each metric's reading stands for at `now`.
+    pub fn observe(&mut self, rule: &Rule, readings: &[Reading], ready: u32, now: Timestamp) {
+        self.histories.resize_with(readings.len(), History::default);
+        for (history, reading) in self.histories.iter_mut().zip(readings) {
+            let due = history.samples.last().is_none_or(|(last, _)| now.since(*last) >= SAMPLE_EVERY);
+            if let (Reading::Value { value, at }, true) = (reading, due) {
+                history.push(*at, demand(rule, *value, ready));
+            }
+            history.trim(now, KEEP);
+        }
+    }
+
+    /// Each metric's forecast at `now`, and the highest floor they set.
+    pub fn floor(&self, rule: &Rule, forecast_rule: &ForecastRule, current: u32, now: Timestamp) -> Ahead {
+        let forecasts: Vec<Forecast> = self
+            .histories
+            .iter()
+            .map(|history| forecast(history, now, forecast_rule.lead_time, forecast_rule.max_error))
+            .collect();
+        let floor = forecasts
+            .iter()
+            .filter_map(|f| match f {
+                Forecast::Ready { demand, .. } => floor(rule, forecast_rule, *demand, current),
+                Forecast::Unable(_) => None,
+            })
+            .max();
+        Ahead { forecasts, floor }
+    }
+
+    /// `rule` with the forecast's floor, when it scales and the floor raises the rule's.
+    pub fn apply<'r>(
+        &self,
+        rule: Cow<'r, Rule>,
+        forecast_rule: &ForecastRule,
+        current: u32,
+        now: Timestamp,
+    ) -> Cow<'r, Rule> {
+        if forecast_rule.mode != ForecastMode::Scale {
+            return rule;
+        }
+        let Some(floor) = self.floor(&rule, forecast_rule, current, now).floor else { return rule };
+        if floor <= rule.min_running_replicas() {
+            return rule;
+        }
+        let lead = humantime::format_duration(forecast_rule.lead_time);
+        let max = rule.max_replicas();
+        let min_by = Some(format!("the forecast {lead} ahead"));
+        Cow::Owned(rule.within(Bounds { min: floor, max, min_by, max_by: None }))
+    }
+}
+
+/// What the forecasts said at one evaluation.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Ahead {
+    /// One per metric.
+    pub forecasts: Vec<Forecast>,
+    /// The highest floor they set, when one raises the rule's.
+    pub floor: Option<u32>,
 }
 
 /// The demand a reading stands for: the value itself under `average` (a total the engine

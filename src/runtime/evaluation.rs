@@ -299,8 +299,15 @@ impl<'a> Evaluation<'a> {
             status_replicas: Some(reading.status_replicas),
             ready_replicas: reading.ready_replicas,
         };
-        // A schedule's window sets the bounds of this decision; a pause keeps it from writing.
+        // A schedule's window sets the bounds of this decision, a forecast may raise its floor,
+        // and a pause keeps it from writing.
         let mut rule = schedule::rule_at(&self.rule, &self.desired.autoscaler.schedules, now);
+        if let Some(forecast) = self.desired.autoscaler.forecast.as_deref() {
+            let forecaster = memory.forecaster.get_or_insert_with(Box::default);
+            let ready = observed.ready_replicas.unwrap_or(observed.spec_replicas).min(observed.spec_replicas);
+            forecaster.observe(&self.rule, &self.readings, ready, now);
+            rule = forecaster.apply(rule, forecast, observed.spec_replicas, now);
+        }
         let pause = self.desired.autoscaler.pause_note(now);
         if pause.is_some() && !rule.dry_run() {
             rule = Cow::Owned(rule.into_owned().with_dry_run(true));

@@ -9,6 +9,7 @@ use watermarkd_engine::State;
 use super::source::Source;
 use crate::domain::crd::{WatermarkPodAutoscaler, WatermarkPodAutoscalerStatus};
 use crate::domain::fallback::FallbackMemory;
+use crate::domain::forecast::Forecaster;
 use crate::domain::rules::Autoscaler;
 use crate::domain::sparse::Sparse;
 use crate::domain::state;
@@ -38,6 +39,8 @@ pub struct Memory {
     /// Whether the data has been missing, for an autoscaler that declares a fallback (only
     /// those have one).
     pub(super) fallback: Option<Box<FallbackMemory>>,
+    /// The demand history of an autoscaler with a forecast (only those have one).
+    pub(super) forecaster: Option<Box<Forecaster>>,
 }
 
 /// What a shadow rule remembers between evaluations.
@@ -62,6 +65,7 @@ impl Memory {
             suspicion: state::Suspicion::default(),
             shadows: Sparse::default(),
             fallback: None,
+            forecaster: None,
         }
     }
 }

@@ -19,10 +19,10 @@ use std::time::Duration;
 use watermarkd_engine::Rule;
 
 pub(crate) use chart::{render_comparison_svg, render_svg, Against};
-pub use replay::{replay, replay_on_schedule, LoadModel, Replay};
+pub use replay::{replay, replay_ahead, LoadModel, Replay};
 pub(crate) use replay::{ReplayError, ReplayOptions};
 pub use report::Summary;
-pub(crate) use report::{summarize, write_text, JsonReport};
+pub(crate) use report::{summarize, write_ahead_comparison, write_text, JsonReport};
 pub(crate) use trace::{parse_timestamp, parse_trace, Trace, TraceError, TraceRow};
 
 use crate::domain::rules::{self, Autoscaler, RulesError};
@@ -145,7 +145,8 @@ pub fn simulate_autoscaler(
     trace: &Trace,
     options: ReplayOptions,
 ) -> Result<Simulation, ReplayError> {
-    let replay = replay_on_schedule(&autoscaler.rule, &autoscaler.schedules, trace, options)?;
+    let forecast = autoscaler.forecast.as_deref();
+    let replay = replay_ahead(&autoscaler.rule, &autoscaler.schedules, forecast, trace, options)?;
     let summary = summarize(&autoscaler.name, &replay);
     Ok(Simulation { replay, summary })
 }
@@ -179,6 +180,9 @@ pub fn run(args: &SimulateArgs, out: &mut impl Write) -> Result<(), SimulateErro
         load_model: args.load_model,
     };
     let simulation = simulate_autoscaler(autoscaler, &trace, options)?;
+    // What the schedule and the forecast change: the same rule without them, on the same trace.
+    let looks_ahead = !autoscaler.schedules.is_empty() || autoscaler.forecast.is_some();
+    let without = looks_ahead.then(|| simulate(&autoscaler.name, &autoscaler.rule, &trace, options)).transpose()?;
 
     if let Some(path) = &args.out {
         let svg = render_svg(&autoscaler.rule, &simulation.replay, &simulation.summary);
@@ -186,11 +190,18 @@ pub fn run(args: &SimulateArgs, out: &mut impl Write) -> Result<(), SimulateErro
             .map_err(|source| SimulateError::WriteChart { path: path.clone(), source })?;
     }
     if args.json {
-        let report = JsonReport { events: &simulation.replay.changes, summary: &simulation.summary };
+        let report = JsonReport {
+            events: &simulation.replay.changes,
+            summary: &simulation.summary,
+            without_ahead: without.as_ref().map(|w| &w.summary),
+        };
         serde_json::to_writer_pretty(&mut *out, &report)?;
         writeln!(out)?;
     } else {
         write_text(out, &simulation.replay, &simulation.summary)?;
+        if let Some(without) = &without {
+            write_ahead_comparison(out, &simulation.summary, &without.summary)?;
+        }
         if let Some(path) = &args.out {
             writeln!(out, "\nChart written to {}", path.display())?;
         }

@@ -12,6 +12,7 @@ use watermarkd_engine::{
 };
 
 use super::trace::{ReadingCursor, Trace};
+use crate::domain::forecast::{ForecastRule, Forecaster};
 use crate::domain::schedule::{self, Schedule};
 
 /// A replay longer than this many evaluations is almost certainly a wrong interval or a wrong
@@ -264,17 +265,19 @@ impl Workload {
 
 /// Evaluates the rule at `start`, `start + interval`, ... up to the trace's last timestamp.
 pub fn replay(rule: &Rule, trace: &Trace, options: ReplayOptions) -> Result<Replay, ReplayError> {
-    replay_on_schedule(rule, &[], trace, options)
+    replay_ahead(rule, &[], None, trace, options)
 }
 
-/// [`replay`], with `schedules` setting each decision's bounds at the trace's own times, as
-/// they would have in the daemon.
-pub fn replay_on_schedule(
+/// [`replay`], with `schedules` setting each decision's bounds at the trace's own times, and a
+/// forecast learning from the trace as it goes, as they would have in the daemon.
+pub fn replay_ahead(
     rule: &Rule,
     schedules: &[Schedule],
+    forecast: Option<&ForecastRule>,
     trace: &Trace,
     options: ReplayOptions,
 ) -> Result<Replay, ReplayError> {
+    let mut ahead = forecast.map(|f| (Forecaster::default(), f));
     let (Some(first), Some(last)) = (trace.rows.first(), trace.rows.last()) else {
         // `parse_trace` never returns an empty trace; an empty one has nothing to replay.
         return Ok(Replay {
@@ -333,7 +336,11 @@ pub fn replay_on_schedule(
         let ready = workload.ready_at(now).min(spec);
         let readings = modelled(cursor.readings_at(now), rule, options.load_model, ready);
         let target = Target { spec_replicas: spec, status_replicas: Some(spec), ready_replicas: Some(ready) };
-        let bounded = schedule::rule_at(rule, schedules, now);
+        let mut bounded = schedule::rule_at(rule, schedules, now);
+        if let Some((forecaster, forecast_rule)) = ahead.as_mut() {
+            forecaster.observe(rule, &readings, ready, now);
+            bounded = forecaster.apply(bounded, forecast_rule, spec, now);
+        }
         let mut decision = decide(&bounded, target, &readings, &state, now);
         state = std::mem::take(&mut decision.state);
         decision.state_if_not_written = State::default();
@@ -601,7 +608,7 @@ pub(crate) mod tests {
         let r = rule(|s| s.scale_down_limit_factor = Some(Decimal::from_int(50)));
         let rows: Vec<_> =
             (0..=4 * 60).map(|minute| (minute * 60, Some(if minute < 180 { 75.0 } else { 10.0 }), None)).collect();
-        let scheduled = replay_on_schedule(&r, &[window], &trace(&rows), options(60)).unwrap();
+        let scheduled = replay_ahead(&r, &[window], None, &trace(&rows), options(60)).unwrap();
         let changes: Vec<(i64, u32, u32)> =
             scheduled.changes.iter().map(|c| (c.at.unix_millis() / 1000 - T0, c.from, c.to)).collect();
         assert_eq!(changes.first(), Some(&(7200, 1, 8)), "{changes:?}");

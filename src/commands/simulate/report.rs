@@ -67,6 +67,23 @@ pub struct RestrictionCounts {
 pub struct JsonReport<'a> {
     pub events: &'a [ScaleChange],
     pub summary: &'a Summary,
+    /// The same rule without its schedule and forecast, when it has either.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub without_ahead: Option<&'a Summary>,
+}
+
+/// One line comparing a replay with its schedule and forecast against one without them.
+pub fn write_ahead_comparison(out: &mut impl Write, with: &Summary, without: &Summary) -> io::Result<()> {
+    let minutes = |s: &Summary| s.seconds_above_high_watermark / 60.0;
+    writeln!(
+        out,
+        "\nWith its schedule and forecast: {:.0} minutes above the high watermark, {:.1} replica-hours; \
+         without them: {:.0} minutes, {:.1} replica-hours.",
+        minutes(with),
+        with.replica_hours,
+        minutes(without),
+        without.replica_hours
+    )
 }
 
 pub fn summarize(autoscaler: &str, replay: &Replay) -> Summary {

@@ -265,6 +265,8 @@ pub fn map_wpa(
         schedules: mapper.schedules(annotations),
         paused_until: mapper.paused_until(annotations),
         fallback: mapper.fallback(annotations),
+        // A WPA has no forecast yet: it needs the metric's history read from its backend.
+        forecast: Field::absent(Origin::new("metadata.annotations", None)),
     };
     let Mapper { mut sink, unsupported, .. } = mapper;
     let compiled = compile(&draft, Require::Everything { backends: options.backends.as_ref() }, &mut sink);

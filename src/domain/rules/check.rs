@@ -8,6 +8,8 @@ use watermarkd_engine::{Algorithm, ConvergeTowards, Policy, PolicyKind, ScalingR
 
 use super::quantity::format_quantity;
 use super::Autoscaler;
+use crate::domain::fallback::FallbackAction;
+use crate::domain::forecast::ForecastMode;
 
 /// `billing: Deployment prod/billing, 4..9 replicas, every 15s, 1 metric (latency via dd:
 /// 150m..400m), watermark velocity up 50%/60s down 30%/300s`, plus whatever is not a default.
@@ -77,7 +79,40 @@ pub fn summary(autoscaler: &Autoscaler) -> String {
     if autoscaler.shadow {
         parts.push("shadow: compared with the active rule on its target, never written".into());
     }
+    parts.extend(ahead(autoscaler));
     parts.join(", ")
+}
+
+/// What looks ahead or stands in: schedules, a forecast, a fallback, a pause.
+fn ahead(autoscaler: &Autoscaler) -> Vec<String> {
+    let mut parts = Vec::new();
+    if !autoscaler.schedules.is_empty() {
+        let names: Vec<String> =
+            autoscaler.schedules.iter().map(|s| format!("{} (floor {})", s.name, s.min_replicas)).collect();
+        parts.push(format!("schedule: {}", names.join(", ")));
+    }
+    if let Some(forecast) = &autoscaler.forecast {
+        let mode = match forecast.mode {
+            ForecastMode::Observe => "observed only",
+            ForecastMode::Scale => "a floor",
+        };
+        parts.push(format!("forecast {}s ahead, {mode}", forecast.lead_time.as_secs()));
+    }
+    if let Some(fallback) = &autoscaler.fallback {
+        let action = match fallback.action {
+            FallbackAction::Hold => "hold".to_string(),
+            FallbackAction::Replicas { replicas, scale_down: false } => format!("at least {replicas}"),
+            FallbackAction::Replicas { replicas, scale_down: true } => format!("{replicas}"),
+            FallbackAction::LastGood => "the last good count".to_string(),
+        };
+        parts.push(format!("fallback after {}s without data: {action}", fallback.after.as_secs()));
+    }
+    if let Some(until) = autoscaler.paused_until {
+        let shown =
+            jiff::Timestamp::from_millisecond(until.unix_millis()).map_or_else(|_| "?".into(), |t| t.to_string());
+        parts.push(format!("paused until {shown}"));
+    }
+    parts
 }
 
 /// What is valid but will not do what its author probably means: today, scale to zero on

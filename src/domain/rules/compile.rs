@@ -12,8 +12,8 @@ use watermarkd_engine::{
 
 use super::backend::{url_scheme_problem, DEFAULT_TIMEOUT, HALF_MISSING};
 use super::draft::{
-    AutoscalerDraft, BehaviorDraft, FallbackDraft, Field, Given, KnobsDraft, MetricDraft, Origin, RecommenderDraft,
-    ScalingRulesDraft, ScheduleDraft, TargetDraft,
+    AutoscalerDraft, BehaviorDraft, FallbackDraft, Field, ForecastDraft, Given, KnobsDraft, MetricDraft, Origin,
+    RecommenderDraft, ScalingRulesDraft, ScheduleDraft, TargetDraft,
 };
 use super::problem::{Problem, Sink};
 use super::{
@@ -21,6 +21,7 @@ use super::{
     RESOURCE_BACKEND, RESOURCE_MAX_AGE,
 };
 use crate::domain::fallback::{FallbackAction, FallbackRule, DEFAULT_AFTER, DEFAULT_RECOVER_AFTER};
+use crate::domain::forecast::{ForecastMode, ForecastRule, DEFAULT_MAX_ERROR, DEFAULT_MAX_FACTOR};
 use crate::domain::schedule::{Schedule, When, Zone};
 use jiff::tz::TimeZone;
 
@@ -47,6 +48,7 @@ pub(crate) struct Compiled {
     pub recommender: Option<Recommender>,
     pub schedules: Vec<Schedule>,
     pub fallback: Option<FallbackRule>,
+    pub forecast: Option<ForecastRule>,
 }
 
 impl Compiled {
@@ -63,6 +65,7 @@ impl Compiled {
             schedules: self.schedules.into(),
             paused_until: draft.paused_until.cloned(),
             fallback: self.fallback.map(Box::new),
+            forecast: self.forecast.map(Box::new),
         })
     }
 }
@@ -92,6 +95,7 @@ pub(crate) fn compile(draft: &AutoscalerDraft, require: Require<'_>, sink: &mut 
     let (behavior, policy_drafts) = compile_behavior(&draft.behavior, &mut report);
     let schedules = compile_schedules(draft, &mut report);
     let fallback = draft.fallback.value().and_then(|fallback| compile_fallback(fallback, &draft.knobs, &mut report));
+    let forecast = draft.forecast.value().and_then(|forecast| compile_forecast(forecast, &mut report));
     if draft.knobs.algorithm.value() == Some(&Algorithm::Average) {
         check_average_aggregation(&metrics, &mut report);
     }
@@ -114,6 +118,7 @@ pub(crate) fn compile(draft: &AutoscalerDraft, require: Require<'_>, sink: &mut 
         recommender: recommender.filter(|_| valid),
         schedules,
         fallback,
+        forecast,
     }
 }
 
@@ -520,6 +525,28 @@ fn compile_fallback(draft: &FallbackDraft, knobs: &KnobsDraft, report: &mut Repo
     })
 }
 
+/// A forecast needs its lead time (how long new replicas take to be ready); it observes until
+/// told to scale; its error bound is a fraction, its factor at least 1.
+fn compile_forecast(draft: &ForecastDraft, report: &mut Report<'_>) -> Option<ForecastRule> {
+    let lead_time = report.required(&draft.lead_time);
+    if lead_time.is_some_and(|l| l.is_zero()) {
+        report.at(&draft.lead_time.origin, "must be longer than 0s: new replicas take time to be ready");
+    }
+    let max_error = draft.max_error.value().map_or(DEFAULT_MAX_ERROR, Decimal::to_f64);
+    if !(0.0..=1.0).contains(&max_error) || max_error == 0.0 {
+        report.at(&draft.max_error.origin, format!("({max_error}) must be a fraction above 0 and at most 1, e.g. 0.3"));
+    }
+    let max_factor = draft.max_factor.value().map_or(DEFAULT_MAX_FACTOR, Decimal::to_f64);
+    if !(1.0..=100.0).contains(&max_factor) {
+        report.at(&draft.max_factor.origin, format!("({max_factor}) must be from 1 to 100"));
+    }
+    let mode = match draft.mode.value().map(String::as_str) {
+        Some("scale") => ForecastMode::Scale,
+        _ => ForecastMode::Observe,
+    };
+    Some(ForecastRule { lead_time: lead_time.filter(|l| !l.is_zero())?, mode, max_error, max_factor })
+}
+
 /// A window is weekly (days, start and end) or cron (an expression and a duration).
 fn compile_when(w: &ScheduleDraft, report: &mut Report<'_>) -> Option<When> {
     let weekly = w.days.is_written() || w.start.is_written() || w.end.is_written();
@@ -779,6 +806,7 @@ mod tests {
             schedules: Field::absent(at("metadata.annotations")),
             paused_until: Field::absent(at("metadata.annotations")),
             fallback: Field::absent(at("metadata.annotations")),
+            forecast: Field::absent(at("metadata.annotations")),
         }
     }
 

@@ -13,8 +13,8 @@ use watermarkd_engine::{
 
 use super::backend::{positive_duration_at_most, string_map, MAX_TIMEOUT};
 use super::draft::{
-    AutoscalerDraft, BehaviorDraft, FallbackDraft, Field, Given, KnobsDraft, MetricDraft, Origin, PolicyDraft,
-    RecommenderDraft, ScalingRulesDraft, ScheduleDraft, TargetDraft,
+    AutoscalerDraft, BehaviorDraft, FallbackDraft, Field, ForecastDraft, Given, KnobsDraft, MetricDraft, Origin,
+    PolicyDraft, RecommenderDraft, ScalingRulesDraft, ScheduleDraft, TargetDraft,
 };
 use super::problem::{Sink, TableScope};
 use super::reader::Table;
@@ -59,6 +59,7 @@ const AUTOSCALER_KEYS: &[&str] = &[
     "schedule",
     "paused_until",
     "fallback",
+    "forecast",
 ];
 const TARGET_KEYS: &[&str] = &["api_version", "kind", "namespace", "name"];
 const METRIC_KEYS: &[&str] = &[
@@ -104,6 +105,7 @@ const SCHEDULE_KEYS: &[&str] = &[
     "ramp_in",
     "ramp_out",
 ];
+const FORECAST_KEYS: &[&str] = &["lead_time", "mode", "max_error", "max_factor"];
 const FALLBACK_KEYS: &[&str] = &["after", "recover_after", "action", "replicas", "scale_down"];
 const BEHAVIOR_KEYS: &[&str] = &["scale_up", "scale_down"];
 const SCALING_RULES_KEYS: &[&str] = &["tolerance", "stabilization_window", "select_policy", "policies"];
@@ -165,6 +167,13 @@ pub(crate) fn read_autoscaler(node: &Node, source: Source, sink: &mut Sink) -> O
         }
         None => table.field("fallback", None),
     };
+    let forecast = match table.table(sink, "forecast") {
+        Some(mut forecast) => {
+            let draft = read_forecast(&mut forecast, sink);
+            table.field("forecast", Some(draft))
+        }
+        None => table.field("forecast", None),
+    };
     table.finish(sink, AUTOSCALER_KEYS);
     Some(AutoscalerDraft {
         label,
@@ -180,6 +189,7 @@ pub(crate) fn read_autoscaler(node: &Node, source: Source, sink: &mut Sink) -> O
         schedules,
         paused_until,
         fallback,
+        forecast,
     })
 }
 
@@ -585,3 +595,17 @@ pub(crate) fn read_fallback(table: &mut Table<'_>, sink: &mut Sink) -> FallbackD
 }
 
 pub(crate) const FALLBACK_ACTIONS: &str = "\"hold\", \"replicas\" or \"last_good\"";
+
+/// `[autoscaler.forecast]`.
+fn read_forecast(table: &mut Table<'_>, sink: &mut Sink) -> ForecastDraft {
+    let draft = ForecastDraft {
+        lead_time: read(table, sink, "lead_time", |t, s, k| t.duration_at_most(s, k, MAX_RAMP)),
+        mode: read(table, sink, "mode", |t, s, k| {
+            t.choice(s, k, |m| ["observe", "scale"].contains(&m).then(|| m.to_string()), "\"observe\" or \"scale\"")
+        }),
+        max_error: read(table, sink, "max_error", Table::number),
+        max_factor: read(table, sink, "max_factor", Table::number),
+    };
+    table.finish(sink, FORECAST_KEYS);
+    draft
+}

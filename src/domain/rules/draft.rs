@@ -112,6 +112,17 @@ pub(crate) struct AutoscalerDraft {
     /// Until when the autoscaler decides and reports without writing.
     pub paused_until: Field<Timestamp>,
     pub fallback: Field<FallbackDraft>,
+    pub forecast: Field<ForecastDraft>,
+}
+
+/// A forecast of the autoscaler's own metric, as a floor ahead of demand.
+#[derive(Clone, Debug)]
+pub(crate) struct ForecastDraft {
+    pub lead_time: Field<Duration>,
+    /// `observe` or `scale`.
+    pub mode: Field<String>,
+    pub max_error: Field<Decimal>,
+    pub max_factor: Field<Decimal>,
 }
 
 /// What to do once no metric has had a usable value for a while.

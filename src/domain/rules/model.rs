@@ -9,6 +9,7 @@ use std::time::Duration;
 use watermarkd_engine::Rule;
 
 use crate::domain::fallback::FallbackRule;
+use crate::domain::forecast::ForecastRule;
 use crate::domain::schedule::Schedule;
 use crate::domain::sparse::Sparse;
 
@@ -153,6 +154,9 @@ pub struct Autoscaler {
     /// What it does once no metric has had a usable value for a while (`[autoscaler.fallback]`,
     /// a WPA's `watermarkd.io/fallback`); without one it holds.
     pub fallback: Option<Box<FallbackRule>>,
+    /// A forecast of its own metric that raises the floor ahead of demand
+    /// (`[autoscaler.forecast]`).
+    pub forecast: Option<Box<ForecastRule>>,
 }
 
 impl Autoscaler {

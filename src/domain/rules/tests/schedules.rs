@@ -192,3 +192,35 @@ fn a_fallback_says_what_to_do_without_data_and_is_checked() {
         )]
     );
 }
+
+#[test]
+fn a_forecast_needs_its_lead_time_and_sane_bounds() {
+    use crate::domain::forecast::ForecastMode;
+    let declared = format!("{BACKENDS}{BILLING}\n[autoscaler.forecast]\nlead_time = \"10m\"\n");
+    let rules = parse(&declared);
+    let forecast = rules.autoscaler("billing").unwrap().forecast.as_deref().expect("a forecast");
+    assert_eq!(forecast.lead_time, Duration::from_secs(600));
+    assert_eq!(forecast.mode, ForecastMode::Observe, "it observes until told to scale");
+    assert_eq!((forecast.max_error, forecast.max_factor), (0.3, 2.0));
+    let text =
+        format!("{BACKENDS}{BILLING}\n[autoscaler.forecast]\nmode = \"guess\"\nmax_error = 2\nmax_factor = 0.5\n");
+    let p = problems(&text);
+    let billing = "autoscaler \"billing\"";
+    for expected in [
+        format!("rules.toml:{}: {billing}: forecast.lead_time is required", line_of(&text, "[autoscaler.forecast]")),
+        format!(
+            "rules.toml:{}: {billing}: forecast.mode (\"guess\") must be \"observe\" or \"scale\"",
+            line_of(&text, "guess")
+        ),
+        format!(
+            "rules.toml:{}: {billing}: forecast.max_error (2) must be a fraction above 0 and at most 1, e.g. 0.3",
+            line_of(&text, "max_error")
+        ),
+        format!(
+            "rules.toml:{}: {billing}: forecast.max_factor (0.5) must be from 1 to 100",
+            line_of(&text, "max_factor")
+        ),
+    ] {
+        assert_has(&p, &expected);
+    }
+}
