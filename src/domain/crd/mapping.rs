@@ -20,7 +20,7 @@ use super::query::{DatadogMetricQueries, DEFAULT_AGGREGATOR, DEFAULT_ROLLUP_SECO
 use super::recommender_policy::RecommenderPolicy;
 use super::types::{Quantity, WatermarkPodAutoscaler, WatermarkPodAutoscalerSpec};
 use crate::domain::rules::draft::{
-    AutoscalerDraft, FallbackDraft, Field, Given, KnobsDraft, Origin, ScheduleDraft, TargetDraft,
+    AutoscalerDraft, FallbackDraft, Field, ForecastDraft, Given, KnobsDraft, Origin, ScheduleDraft, TargetDraft,
 };
 use crate::domain::rules::reader::Table;
 use crate::domain::rules::reader::{
@@ -28,7 +28,7 @@ use crate::domain::rules::reader::{
 };
 use crate::domain::rules::tree::{self, Kind};
 use crate::domain::rules::{compile, parse_quantity, Autoscaler, Backend, Problem, Require, Sink, ALGORITHMS};
-use crate::domain::rules::{parse_instant, read_fallback, read_schedule_list, TableScope};
+use crate::domain::rules::{parse_instant, read_fallback, read_forecast, read_schedule_list, TableScope};
 
 /// The namespace of an object read from a file without one (`kubectl apply` would put it in
 /// the context's namespace, `default` unless configured). Objects from the API always have one.
@@ -265,8 +265,7 @@ pub fn map_wpa(
         schedules: mapper.schedules(annotations),
         paused_until: mapper.paused_until(annotations),
         fallback: mapper.fallback(annotations),
-        // A WPA has no forecast yet: it needs the metric's history read from its backend.
-        forecast: Field::absent(Origin::new("metadata.annotations", None)),
+        forecast: mapper.forecast(annotations),
     };
     let Mapper { mut sink, unsupported, .. } = mapper;
     let compiled = compile(&draft, Require::Everything { backends: options.backends.as_ref() }, &mut sink);
@@ -375,30 +374,48 @@ impl Mapper {
 /// `[autoscaler.fallback]`.
 pub const FALLBACK_ANNOTATION: &str = "watermarkd.io/fallback";
 
+/// The annotation that gives a WPA a forecast: a JSON object with the keys of a rules file's
+/// `[autoscaler.forecast]`.
+pub const FORECAST_ANNOTATION: &str = "watermarkd.io/forecast";
+
 impl Mapper {
     /// The `watermarkd.io/fallback` annotation, read as a rules file's table is.
     fn fallback(&mut self, annotations: Option<&BTreeMap<String, String>>) -> Field<FallbackDraft> {
-        let path = annotation_key_path(FALLBACK_ANNOTATION);
-        let Some(text) = annotations.and_then(|a| a.get(FALLBACK_ANNOTATION)) else {
-            return Field::absent(Origin::new(path, None));
-        };
+        let example = "{\"after\": \"5m\", \"action\": \"replicas\", \"replicas\": 10}";
+        self.object_annotation(annotations, FALLBACK_ANNOTATION, example, read_fallback)
+    }
+
+    /// The `watermarkd.io/forecast` annotation, read as a rules file's table is.
+    fn forecast(&mut self, annotations: Option<&BTreeMap<String, String>>) -> Field<ForecastDraft> {
+        let example = "{\"lead_time\": \"10m\", \"mode\": \"scale\"}";
+        self.object_annotation(annotations, FORECAST_ANNOTATION, example, read_forecast)
+    }
+
+    /// An annotation holding one JSON object, read by `read` as a table of a rules file is,
+    /// each problem named by its path in the annotation.
+    fn object_annotation<T>(
+        &mut self,
+        annotations: Option<&BTreeMap<String, String>>,
+        key: &str,
+        example: &str,
+        read: fn(&mut Table<'_>, &mut Sink) -> T,
+    ) -> Field<T> {
+        let path = annotation_key_path(key);
+        let Some(text) = annotations.and_then(|a| a.get(key)) else { return Field::absent(Origin::new(path, None)) };
         let unreadable = |mapper: &mut Mapper, message: String| {
             mapper.problem(&path, message);
             Field { given: Given::Unreadable, origin: Origin::new(path.clone(), None) }
         };
         let object = match serde_json::from_str::<serde_json::Value>(text) {
             Ok(object @ serde_json::Value::Object(_)) => tree::from_json(&object),
-            Ok(_) => {
-                let example = "{\"after\": \"5m\", \"action\": \"replicas\", \"replicas\": 10}";
-                return unreadable(self, format!("must be a JSON object such as {example}"));
-            }
+            Ok(_) => return unreadable(self, format!("must be a JSON object such as {example}")),
             Err(err) => return unreadable(self, format!("is not valid JSON: {err}")),
         };
         let scope = TableScope { autoscaler: Some(self.id.clone()), label: path.clone(), separator: "." };
         let Some(mut table) = Table::new(&object, scope, &mut self.sink) else {
             return Field { given: Given::Unreadable, origin: Origin::new(path, None) };
         };
-        let draft = read_fallback(&mut table, &mut self.sink);
+        let draft = read(&mut table, &mut self.sink);
         Field { given: Given::Value(draft), origin: Origin::new(path, None) }
     }
 }

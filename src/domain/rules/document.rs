@@ -596,8 +596,8 @@ pub(crate) fn read_fallback(table: &mut Table<'_>, sink: &mut Sink) -> FallbackD
 
 pub(crate) const FALLBACK_ACTIONS: &str = "\"hold\", \"replicas\" or \"last_good\"";
 
-/// `[autoscaler.forecast]`.
-fn read_forecast(table: &mut Table<'_>, sink: &mut Sink) -> ForecastDraft {
+/// `[autoscaler.forecast]` (or a WPA's `watermarkd.io/forecast` object).
+pub(crate) fn read_forecast(table: &mut Table<'_>, sink: &mut Sink) -> ForecastDraft {
     let draft = ForecastDraft {
         lead_time: read(table, sink, "lead_time", |t, s, k| t.duration_at_most(s, k, MAX_RAMP)),
         mode: read(table, sink, "mode", |t, s, k| {

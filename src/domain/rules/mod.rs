@@ -27,7 +27,8 @@ pub(crate) use check::plural;
 pub use check::{summary, warnings};
 pub(crate) use compile::{compile, Require};
 pub(crate) use document::{
-    parse_instant, parse_reducer, read_fallback, read_schedule_list, ALGORITHMS, POD_AGGREGATIONS, REDUCERS, RESOURCES,
+    parse_instant, parse_reducer, read_fallback, read_forecast, read_schedule_list, ALGORITHMS, POD_AGGREGATIONS,
+    REDUCERS, RESOURCES,
 };
 pub use file::{load_rules, parse_rules, rule_from_json};
 pub use model::{

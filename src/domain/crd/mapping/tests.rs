@@ -951,3 +951,15 @@ fn the_fallback_annotation_reads_as_a_rules_file_fallback() {
         ]
     );
 }
+
+#[test]
+fn the_forecast_annotation_reads_as_a_rules_file_forecast() {
+    use crate::domain::forecast::ForecastMode;
+    let declared = mapped(&annotated("    watermarkd.io/forecast: '{\"lead_time\": \"10m\", \"mode\": \"scale\"}'\n"));
+    let forecast = declared.autoscaler.forecast.as_deref().expect("a forecast");
+    assert_eq!((forecast.lead_time, forecast.mode), (Duration::from_secs(600), ForecastMode::Scale));
+    assert_eq!(
+        problems(&annotated("    watermarkd.io/forecast: '[]'\n")),
+        ["metadata.annotations[\"watermarkd.io/forecast\"] must be a JSON object such as {\"lead_time\": \"10m\", \"mode\": \"scale\"}"]
+    );
+}
