@@ -155,7 +155,7 @@ fn autoscaler_text() -> String {
     let target = Target { spec_replicas: 2, status_replicas: Some(2), ready_replicas: Some(2) };
     let decision = decide(&rule, target, &[Reading::Value { value: 30.0, at: now }], &State::default(), now);
     metrics.admit(&labels);
-    metrics.observe(&labels, &rule, &decision, true, [("AbleToScale", true), ("ScalingLimited", false)]);
+    metrics.observe(&labels, &rule, &decision, true, [("AbleToScale", true), ("ScalingLimited", false)], None);
     metrics.observe_shadows(&labels, &[ShadowOutcome { name: "web-next".into(), replicas: 3, diverged: true }]);
     watermarkd::testing::render_all(&metrics)
 }

@@ -188,7 +188,7 @@ async fn every_datadog_controller_series_and_label_is_served() {
         let conditions = status.conditions.iter().map(|c| (c.type_.as_str(), c.status == "True"));
         // As the scheduler does for a running autoscaler, before its evaluations report.
         metrics.admit(&labels);
-        metrics.observe(&labels, &rule, &decision, true, conditions);
+        metrics.observe(&labels, &rule, &decision, true, conditions, None);
     }
 
     let stop = CancellationToken::new();

@@ -283,18 +283,13 @@ impl Forecaster {
         Ahead { forecasts, floor }
     }
 
-    /// `rule` with the forecast's floor, when it scales and the floor raises the rule's.
-    pub fn apply<'r>(
-        &self,
-        rule: Cow<'r, Rule>,
-        forecast_rule: &ForecastRule,
-        current: u32,
-        now: Timestamp,
-    ) -> Cow<'r, Rule> {
+    /// `rule` with the floor `ahead` says, when the forecast scales and the floor raises the
+    /// rule's.
+    pub fn apply<'r>(rule: Cow<'r, Rule>, forecast_rule: &ForecastRule, ahead: &Ahead) -> Cow<'r, Rule> {
         if forecast_rule.mode != ForecastMode::Scale {
             return rule;
         }
-        let Some(floor) = self.floor(&rule, forecast_rule, current, now).floor else { return rule };
+        let Some(floor) = ahead.floor else { return rule };
         if floor <= rule.min_running_replicas() {
             return rule;
         }

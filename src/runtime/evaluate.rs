@@ -89,7 +89,8 @@ pub async fn evaluate(
 /// later decision depends on.
 async fn report_done(shared: &Shared, desired: &Desired, memory: &mut Memory, rule: &Rule, done: Done) -> Outcome {
     let metrics = &shared.autoscaler_metrics;
-    metrics.observe(&desired.labels, rule, &done.decision, done.scaled, done.conditions.iter().copied());
+    let conditions = done.conditions.iter().copied();
+    metrics.observe(&desired.labels, rule, &done.decision, done.scaled, conditions, done.ahead.clone());
     if let Some(shadows) = &done.shadows {
         metrics.observe_shadows(&desired.labels, shadows);
     }

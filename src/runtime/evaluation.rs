@@ -20,10 +20,11 @@ use super::source::Desired;
 use crate::adapters::backend::{Observation, QueryError};
 use crate::adapters::state_store;
 use crate::adapters::state_store::{StateObjectError, Stored};
-use crate::adapters::telemetry::ShadowOutcome;
+use crate::adapters::telemetry::{AheadSeries, ShadowOutcome};
 use crate::adapters::workload::{ScaleReading, WorkloadError};
 use crate::domain::crd::{self, ScaleWrite, WatermarkPodAutoscaler, WatermarkPodAutoscalerStatus};
 use crate::domain::fallback;
+use crate::domain::forecast::{Forecast, Forecaster};
 use crate::domain::rules::TargetRef;
 use crate::domain::schedule;
 use crate::domain::sparse::Sparse;
@@ -116,6 +117,8 @@ pub struct Done {
     pub outcome: Outcome,
     /// The autoscaler entered or left fallback at this evaluation (an event says so).
     pub fallback: Option<fallback::Change>,
+    /// The series of its forecast, fallback and pause, when it has one of them.
+    pub ahead: Option<AheadSeries>,
 }
 
 #[derive(Debug)]
@@ -147,6 +150,8 @@ struct Pending {
     now: Timestamp,
     /// The autoscaler entered or left fallback at this evaluation.
     fallback: Option<fallback::Change>,
+    /// The series of its forecast, fallback and pause, when it has one of them.
+    ahead: Option<AheadSeries>,
 }
 
 /// One evaluation: its inputs, and how far it has got.
@@ -302,11 +307,25 @@ impl<'a> Evaluation<'a> {
         // A schedule's window sets the bounds of this decision, a forecast may raise its floor,
         // and a pause keeps it from writing.
         let mut rule = schedule::rule_at(&self.rule, &self.desired.autoscaler.schedules, now);
-        if let Some(forecast) = self.desired.autoscaler.forecast.as_deref() {
+        let autoscaler = &self.desired.autoscaler;
+        let mut ahead = AheadSeries::default();
+        if let Some(forecast) = autoscaler.forecast.as_deref() {
             let forecaster = memory.forecaster.get_or_insert_with(Box::default);
             let ready = observed.ready_replicas.unwrap_or(observed.spec_replicas).min(observed.spec_replicas);
             forecaster.observe(&self.rule, &self.readings, ready, now);
-            rule = forecaster.apply(rule, forecast, observed.spec_replicas, now);
+            let said = forecaster.floor(&rule, forecast, observed.spec_replicas, now);
+            ahead.forecast_demand = self
+                .rule
+                .metrics()
+                .iter()
+                .zip(&said.forecasts)
+                .filter_map(|(metric, forecast)| match forecast {
+                    Forecast::Ready { demand, .. } => Some((metric.name.clone(), *demand)),
+                    Forecast::Unable(_) => None,
+                })
+                .collect();
+            ahead.forecast_replicas = said.floor;
+            rule = Forecaster::apply(rule, forecast, &said);
         }
         let pause = self.desired.autoscaler.pause_note(now);
         if pause.is_some() && !rule.dry_run() {
@@ -316,6 +335,11 @@ impl<'a> Evaluation<'a> {
         if let Some(pause) = pause {
             decision.reason = format!("{pause}: {}", decision.reason);
         }
+        ahead.fallback_active =
+            autoscaler.fallback.as_ref().map(|_| memory.fallback.as_ref().is_some_and(|f| f.is_active()));
+        ahead.paused = autoscaler.paused_until.map(|_| autoscaler.paused_at(now));
+        let looks_ahead = autoscaler.forecast.is_some() || ahead.fallback_active.is_some() || ahead.paused.is_some();
+        let ahead = looks_ahead.then_some(ahead);
         for (i, why) in &self.partial {
             let kept = decision.metrics.get(*i).filter(|m| m.position == Position::Above);
             if let (Some(metric), true) = (kept, decision.action == Action::ScaleUp) {
@@ -326,7 +350,7 @@ impl<'a> Evaluation<'a> {
                 );
             }
         }
-        let pending = Pending { reading, decision, observed, current, now, fallback: change };
+        let pending = Pending { reading, decision, observed, current, now, fallback: change, ahead };
         if pending.decision.write {
             let need = Need::Scale(pending.decision.replicas, Box::new(pending.reading.clone()));
             return self.ask(Phase::Write(Box::new(pending)), need);
@@ -398,7 +422,7 @@ impl<'a> Evaluation<'a> {
         write: ScaleWrite,
         confirmed: Option<Timestamp>,
     ) -> Need {
-        let Pending { decision, observed, current, now, fallback, .. } = pending;
+        let Pending { decision, observed, current, now, fallback, ahead, .. } = pending;
         let mut next_state = match write {
             ScaleWrite::Failed(_) => decision.state_if_not_written.clone(),
             _ => decision.state.clone(),
@@ -442,6 +466,7 @@ impl<'a> Evaluation<'a> {
             deferred: self.deferred,
             outcome,
             fallback,
+            ahead,
         }))
     }
 }

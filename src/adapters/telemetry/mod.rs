@@ -7,7 +7,7 @@ mod http_client;
 pub mod logging;
 mod server;
 
-pub use autoscaler::{AutoscalerMetrics, LabelsAsTags, SeriesLabels, ShadowOutcome};
+pub use autoscaler::{AheadSeries, AutoscalerMetrics, LabelsAsTags, SeriesLabels, ShadowOutcome};
 pub use daemon::DaemonMetrics;
 pub use http_client::HttpClientMetrics;
 pub use server::{accept_backoff, serve, ListenerLimits, Readiness};

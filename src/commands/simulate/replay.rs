@@ -339,7 +339,8 @@ pub fn replay_ahead(
         let mut bounded = schedule::rule_at(rule, schedules, now);
         if let Some((forecaster, forecast_rule)) = ahead.as_mut() {
             forecaster.observe(rule, &readings, ready, now);
-            bounded = forecaster.apply(bounded, forecast_rule, spec, now);
+            let said = forecaster.floor(&bounded, forecast_rule, spec, now);
+            bounded = Forecaster::apply(bounded, forecast_rule, &said);
         }
         let mut decision = decide(&bounded, target, &readings, &state, now);
         state = std::mem::take(&mut decision.state);

@@ -11,6 +11,8 @@ pub struct Snapshot {
     records: Vec<Rendered>,
     /// Whether any autoscaler has a shadow rule (see [`shadow_family`]).
     shadows: bool,
+    /// Whether any autoscaler has a forecast, fallback or pause (see [`ahead_family`]).
+    ahead: bool,
 }
 
 /// A record with its label sets rendered for this scrape.
@@ -41,12 +43,16 @@ enum Family {
     ShadowReplicas,
     ShadowEvaluations,
     ShadowDivergence,
+    ForecastDemand,
+    ForecastReplicas,
+    FallbackActive,
+    Paused,
 }
 
 /// The families, in output order: what, name, type, help. The Datadog controller still
 /// exports the watermarks under their first, misspelled names (`..._watermak`) beside the
 /// correct ones; dashboards built on either keep working, so both are here.
-const FAMILIES: [(Family, &str, &str, &str); 21] = [
+const FAMILIES: [(Family, &str, &str, &str); 25] = [
     (Family::Value, "wpa_controller_value", "gauge", "The metric's value, as compared with the watermarks"),
     (
         Family::Age,
@@ -128,11 +134,35 @@ const FAMILIES: [(Family, &str, &str, &str); 21] = [
         "counter",
         "Evaluations in which the shadow rule would have set another replica count than the active rule",
     ),
+    (
+        Family::ForecastDemand,
+        "watermarkd_forecast_demand",
+        "gauge",
+        "The demand the forecast expects lead_time ahead, per metric (a total: the value times the ready replicas under absolute)",
+    ),
+    (
+        Family::ForecastReplicas,
+        "watermarkd_forecast_replicas",
+        "gauge",
+        "The floor the forecast sets (or, observing, would set) when it raises the rule's",
+    ),
+    (
+        Family::FallbackActive,
+        "watermarkd_fallback_active",
+        "gauge",
+        "1 while the autoscaler is in its declared fallback (no usable metric value for long enough)",
+    ),
+    (Family::Paused, "watermarkd_paused", "gauge", "1 while the autoscaler is paused (paused_until)"),
 ];
 
 /// Families only a shadow rule has: without one they are left out, headers included.
 fn shadow_family(family: Family) -> bool {
     matches!(family, Family::ShadowReplicas | Family::ShadowEvaluations | Family::ShadowDivergence)
+}
+
+/// Families only a forecast, fallback or pause has: left out without one, headers included.
+fn ahead_family(family: Family) -> bool {
+    matches!(family, Family::ForecastDemand | Family::ForecastReplicas | Family::FallbackActive | Family::Paused)
 }
 
 impl Snapshot {
@@ -144,7 +174,8 @@ impl Snapshot {
             .collect();
         records.sort_by(|a, b| a.labels.cmp(&b.labels));
         let shadows = records.iter().any(|r| !r.record.shadows.is_empty());
-        Snapshot { records, shadows }
+        let ahead = records.iter().any(|r| r.record.ahead.is_some());
+        Snapshot { records, shadows, ahead }
     }
 
     /// How many chunks [`Snapshot::render`] writes, each at most `per_chunk` autoscalers of one
@@ -163,7 +194,7 @@ impl Snapshot {
         }
         let (family, slice) = (index / slices, index % slices);
         let Some(&(family, name, kind, help)) = FAMILIES.get(family) else { return String::new() };
-        if shadow_family(family) && !self.shadows {
+        if (shadow_family(family) && !self.shadows) || (ahead_family(family) && !self.ahead) {
             return String::new();
         }
         let mut out = String::new();
@@ -252,6 +283,26 @@ fn write_samples(out: &mut String, family: Family, name: &str, rendered: &Render
         Family::ShadowDivergence => {
             for shadow in record.shadows.iter() {
                 line(out, name, labels, Some(("shadow", &shadow.name)), shadow.divergence_total);
+            }
+        }
+        Family::ForecastDemand => {
+            for (metric, demand) in record.ahead.iter().flat_map(|a| &a.forecast_demand) {
+                line(out, name, labels, Some(("metric_name", metric)), number(*demand));
+            }
+        }
+        Family::ForecastReplicas => {
+            if let Some(replicas) = record.ahead.as_ref().and_then(|a| a.forecast_replicas) {
+                line(out, name, labels, None, replicas);
+            }
+        }
+        Family::FallbackActive => {
+            if let Some(active) = record.ahead.as_ref().and_then(|a| a.fallback_active) {
+                line(out, name, labels, None, u8::from(active));
+            }
+        }
+        Family::Paused => {
+            if let Some(paused) = record.ahead.as_ref().and_then(|a| a.paused) {
+                line(out, name, labels, None, u8::from(paused));
             }
         }
     }

@@ -243,6 +243,22 @@ struct Record {
     /// Per [`CONDITIONS`] entry: its status as last set (`None`: never set).
     conditions: [Option<bool>; CONDITIONS.len()],
     shadows: Sparse<ShadowRecord>,
+    /// What looks ahead or stands in, for an autoscaler with a forecast, fallback or pause.
+    ahead: Option<Box<AheadSeries>>,
+}
+
+/// The series of what looks ahead or stands in: a forecast (also in `observe` mode, where it
+/// is reported and not used), a fallback, a pause. Each only for an autoscaler that has it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct AheadSeries {
+    /// Per metric (its escaped name), the demand forecast `lead_time` ahead, when there is one.
+    pub forecast_demand: Vec<(String, f64)>,
+    /// The floor the forecast sets (or would set, observing), when it raises the rule's.
+    pub forecast_replicas: Option<u32>,
+    /// `Some` for an autoscaler with a fallback: whether it is in it.
+    pub fallback_active: Option<bool>,
+    /// `Some` for an autoscaler with `paused_until`: whether it is paused.
+    pub paused: Option<bool>,
 }
 
 /// The previous conditions with these set; a condition not set this time keeps its status, as
@@ -346,6 +362,7 @@ impl AutoscalerMetrics {
         decision: &Decision,
         scaled: bool,
         set_conditions: impl IntoIterator<Item = (&'a str, bool)>,
+        ahead: Option<AheadSeries>,
     ) {
         let active = match decision.limit {
             Limit::UpscaleCapping => 1,
@@ -401,6 +418,12 @@ impl AutoscalerMetrics {
                 downscale_total: previous.map_or(0, |p| p.downscale_total) + removed,
                 conditions: conditions(previous, set_conditions),
                 shadows: previous.map(|p| p.shadows.clone()).unwrap_or_default(),
+                ahead: ahead.map(|mut a| {
+                    for (name, _) in &mut a.forecast_demand {
+                        *name = escape(name);
+                    }
+                    Box::new(a)
+                }),
             }
         });
     }
@@ -462,6 +485,10 @@ impl AutoscalerMetrics {
                     .map(|p| p.shadows.iter().map(|s| ShadowRecord { replicas: None, ..s.clone() }).collect::<Vec<_>>())
                     .unwrap_or_default()
                     .into(),
+                // Nothing was forecast either; the rest keeps what it last said.
+                ahead: previous
+                    .and_then(|p| p.ahead.clone())
+                    .map(|a| Box::new(AheadSeries { forecast_demand: Vec::new(), forecast_replicas: None, ..*a })),
             }
         });
     }
@@ -516,7 +543,14 @@ mod tests {
         let now = Timestamp::from_unix_millis(1_700_000_000_000);
         let high = [Reading::Value { value: 30.0, at: Timestamp::from_unix_millis(1_699_999_985_000) }];
         let decision = decide(&rule, target, &high, &State::default(), now);
-        metrics.observe(&labels("web"), &rule, &decision, true, [("AbleToScale", true), ("ScalingLimited", true)]);
+        metrics.observe(
+            &labels("web"),
+            &rule,
+            &decision,
+            true,
+            [("AbleToScale", true), ("ScalingLimited", true)],
+            None,
+        );
         let text = exported(&metrics);
         assert!(text.contains(&format!("wpa_controller_value{{{WEB},metric_name=\"load\"}} 30\n")), "{text}");
         assert!(text.contains(&format!("watermarkd_metric_age_seconds{{{WEB},metric_name=\"load\"}} 15\n")), "{text}");
@@ -534,7 +568,7 @@ mod tests {
         // No value: the value series goes (never 0), the watermarks stay.
         let none = [Reading::Unavailable { reason: "no data".into() }];
         let decision = decide(&rule, target, &none, &State::default(), now);
-        metrics.observe(&labels("web"), &rule, &decision, false, [("ScalingActive", false)]);
+        metrics.observe(&labels("web"), &rule, &decision, false, [("ScalingActive", false)], None);
         let text = exported(&metrics);
         assert!(!text.contains("wpa_controller_value{"), "{text}");
         assert!(!text.contains("watermarkd_metric_age_seconds{"), "{text}");
@@ -559,7 +593,7 @@ mod tests {
         let old = [Reading::Value { value: 30.0, at: Timestamp::from_unix_millis(1_700_000_000_000 - 40_000) }];
         let decision = decide(&rule_max_age, target, &old, &State::default(), now);
         assert_eq!(decision.metrics[0].value, Some(30.0), "the decision still says what was read");
-        metrics.observe(&labels("web"), &rule_max_age, &decision, false, []);
+        metrics.observe(&labels("web"), &rule_max_age, &decision, false, [], None);
         let text = exported(&metrics);
         assert!(!text.contains("wpa_controller_value{"), "{text}");
 
@@ -656,11 +690,11 @@ mod tests {
 
         // Not admitted: nothing is exported for it.
         let decision = decide(&rule, target, &high, &State::default(), now);
-        metrics.observe(&reporting, &rule, &decision, true, [("AbleToScale", true)]);
+        metrics.observe(&reporting, &rule, &decision, true, [("AbleToScale", true)], None);
         assert_eq!(exported(&metrics), "", "a report before the autoscaler is admitted is dropped");
 
         metrics.admit(&Arc::new(reporting.clone()));
-        metrics.observe(&reporting, &rule, &decision, true, [("AbleToScale", true)]);
+        metrics.observe(&reporting, &rule, &decision, true, [("AbleToScale", true)], None);
         let before = exported(&metrics);
         let per_autoscaler: Vec<&str> =
             lines_of(&before, "web").into_iter().filter(|l| !l.starts_with("wpa_controller_labels_info")).collect();
@@ -674,13 +708,13 @@ mod tests {
         metrics.remove(&reporting);
         metrics.admit(&Arc::new(dry.clone()));
         // An evaluation still under way with the old labels reports late: dropped.
-        metrics.observe(&reporting, &rule, &decision, true, [("AbleToScale", true)]);
+        metrics.observe(&reporting, &rule, &decision, true, [("AbleToScale", true)], None);
         metrics.observe_failure(&reporting, &rule);
         assert_eq!(exported(&metrics), "", "no series under the old label set; the new has not reported yet");
 
         let dry_rule = rule.clone().with_dry_run(true);
         let decision = decide(&dry_rule, target, &high, &State::default(), now);
-        metrics.observe(&dry, &dry_rule, &decision, true, [("AbleToScale", true), ("DryRun", true)]);
+        metrics.observe(&dry, &dry_rule, &decision, true, [("AbleToScale", true), ("DryRun", true)], None);
         let after = exported(&metrics);
         let lines = lines_of(&after, "web");
         let per_autoscaler: Vec<&&str> =
@@ -717,12 +751,12 @@ mod tests {
         let target = Target { spec_replicas: 2, status_replicas: Some(2), ready_replicas: Some(2) };
         let now = Timestamp::from_unix_millis(1_700_000_000_000);
         let decision = decide(&rule, target, &[Reading::Value { value: 7.0, at: now }], &State::default(), now);
-        metrics.observe(&labels("web"), &rule, &decision, false, []);
+        metrics.observe(&labels("web"), &rule, &decision, false, [], None);
         assert!(!exported(&metrics).contains("watermarkd_shadow"), "no shadow, no family: {}", exported(&metrics));
 
         let next = |replicas: u32, diverged: bool| ShadowOutcome { name: "web-next".into(), replicas, diverged };
         metrics.observe_shadows(&labels("web"), &[next(3, true)]);
-        metrics.observe(&labels("web"), &rule, &decision, false, []);
+        metrics.observe(&labels("web"), &rule, &decision, false, [], None);
         metrics.observe_shadows(&labels("web"), &[next(2, false)]);
         let text = exported(&metrics);
         assert!(text.contains(&format!("watermarkd_shadow_replicas{{{WEB},shadow=\"web-next\"}} 2\n")), "{text}");
@@ -746,8 +780,45 @@ mod tests {
         );
 
         // The shadow is removed from the rules: its series go with the next evaluation.
-        metrics.observe(&labels("web"), &rule, &decision, false, []);
+        metrics.observe(&labels("web"), &rule, &decision, false, [], None);
         metrics.observe_shadows(&labels("web"), &[]);
         assert!(!exported(&metrics).contains("watermarkd_shadow"), "{}", exported(&metrics));
+    }
+
+    #[test]
+    fn a_forecast_fallback_or_pause_has_series_only_where_there_is_one() {
+        let web = labels("web");
+        let metrics = admitted(AutoscalerMetrics::new(), &[&web]);
+        let rule = crate::domain::rules::rule_from_json(&serde_json::json!({
+            "min_replicas": 1, "max_replicas": 10, "metric": [{ "name": "rps", "high_watermark": 10 }]
+        }))
+        .unwrap();
+        let now = Timestamp::from_unix_millis(1_700_000_000_000);
+        let decision = decide(
+            &rule,
+            Target { spec_replicas: 2, status_replicas: Some(2), ready_replicas: Some(2) },
+            &[Reading::Value { value: 7.0, at: now }],
+            &State::default(),
+            now,
+        );
+        metrics.observe(&web, &rule, &decision, false, [], None);
+        assert!(!metrics.snapshot().render_all().contains("watermarkd_forecast"), "no family without a forecast");
+        let ahead = AheadSeries {
+            forecast_demand: vec![("rps".into(), 130.0)],
+            forecast_replicas: Some(13),
+            fallback_active: Some(false),
+            paused: None,
+        };
+        metrics.observe(&web, &rule, &decision, false, [], Some(ahead));
+        let text = metrics.snapshot().render_all();
+        for expected in [
+            "watermarkd_forecast_demand{",
+            ",metric_name=\"rps\"} 130",
+            "watermarkd_forecast_replicas{",
+            "watermarkd_fallback_active{",
+        ] {
+            assert!(text.contains(expected), "{expected} in:\n{text}");
+        }
+        assert!(!text.contains("watermarkd_paused{"), "no pause, no series:\n{text}");
     }
 }
