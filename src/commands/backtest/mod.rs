@@ -173,6 +173,9 @@ pub async fn run(
     bar.finish();
 
     let primary = replay(autoscaler, &history, args)?;
+    // What the schedule and the forecast change: the same rule without them, on the same history.
+    let looks_ahead = !autoscaler.schedules.is_empty() || autoscaler.forecast.is_some();
+    let without = looks_ahead.then(|| replay_plain(autoscaler, &history, args)).transpose()?;
     let secondary = match &against {
         Some((other, other_history)) => Some((other, replay(other, other_history, args)?)),
         None => None,
@@ -199,10 +202,17 @@ pub async fn run(
     let secondary = secondary.map(|(_, simulation)| simulation);
     let comparison = Comparison::new(&primary, secondary.as_ref(), &history);
     if args.json {
-        serde_json::to_writer_pretty(&mut *out, &comparison.json(&primary, secondary.as_ref()))?;
+        let mut report = comparison.json(&primary, secondary.as_ref());
+        if let (Some(without), Some(object)) = (&without, report.as_object_mut()) {
+            object.insert("without_ahead".into(), serde_json::json!({ "summary": &without.summary }));
+        }
+        serde_json::to_writer_pretty(&mut *out, &report)?;
         writeln!(out)?;
     } else {
         simulate::write_text(out, &primary.replay, &primary.summary)?;
+        if let Some(without) = &without {
+            simulate::write_ahead_comparison(out, &primary.summary, &without.summary)?;
+        }
         write_comparison(out, &comparison)?;
         if let Some(path) = &args.out {
             writeln!(out, "\nChart written to {}", path.display())?;
@@ -353,7 +363,7 @@ fn replicas_from_file(
 
 /// The history as a trace on the evaluation grid, replayed. Under the per-replica model each
 /// value becomes the demand it stood for: the value times the actual replicas then.
-fn replay(autoscaler: &Autoscaler, history: &History, args: &BacktestArgs) -> Result<Simulation, BacktestError> {
+fn history_trace(autoscaler: &Autoscaler, history: &History, args: &BacktestArgs) -> (Trace, ReplayOptions) {
     let per_replica = args.load_model == LoadModel::PerReplica
         && autoscaler.rule.algorithm() == watermarkd_engine::Algorithm::Absolute;
     let rows = history
@@ -381,5 +391,17 @@ fn replay(autoscaler: &Autoscaler, history: &History, args: &BacktestArgs) -> Re
         initial_replicas: initial,
         load_model: args.load_model,
     };
+    (trace, options)
+}
+
+/// The autoscaler replayed on its history, with its schedule and forecast.
+fn replay(autoscaler: &Autoscaler, history: &History, args: &BacktestArgs) -> Result<Simulation, BacktestError> {
+    let (trace, options) = history_trace(autoscaler, history, args);
     Ok(simulate::simulate_autoscaler(autoscaler, &trace, options)?)
+}
+
+/// Its rule alone on the same history: what the schedule and forecast are compared with.
+fn replay_plain(autoscaler: &Autoscaler, history: &History, args: &BacktestArgs) -> Result<Simulation, BacktestError> {
+    let (trace, options) = history_trace(autoscaler, history, args);
+    Ok(simulate::simulate(&autoscaler.name, &autoscaler.rule, &trace, options)?)
 }
