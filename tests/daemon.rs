@@ -455,6 +455,35 @@ async fn an_open_schedule_window_raises_the_floor_and_says_so() {
     assert!(daemon.terminate(Duration::from_secs(15)), "a clean exit on SIGTERM; log:\n{}", daemon.log());
 }
 
+/// A declared fallback on the real API server: a query that returns nothing is no data, and
+/// once it has been so for the fallback's `after`, the workload goes to the fallback's count and
+/// an Event says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_declared_fallback_goes_to_its_count_once_the_data_has_been_missing_long_enough() {
+    let cluster = KubeCluster::shared();
+    let setup = Setup::start("e2e-fallback", "web", 2, "load 7\n", |text| {
+        // A metric nobody exports: Prometheus answers with no series, which is no data.
+        let text = text.replace("query = 'load'", "query = 'absent_metric_of_this_test'");
+        format!("{text}\n[autoscaler.fallback]\nafter = \"3s\"\naction = \"replicas\"\nreplicas = 5\n")
+    })
+    .await;
+    assert!(setup.valid_rules.contains("absent_metric_of_this_test"), "{}", setup.valid_rules);
+    let ns = setup.ns.clone();
+    let mut daemon = DaemonProcess::start(&setup.args(&["--no-leader-election"]), &[]);
+    daemon.wait_ready(STARTUP).await;
+    reaches(cluster, &ns, "web", 5, Duration::from_secs(30)).await;
+    let said = eventually!(Duration::from_secs(20), "a FallbackEntered Event", {
+        let events = events_about(cluster, &ns, "web").await;
+        match events.iter().find(|e| e.reason.as_deref() == Some("FallbackEntered")) {
+            Some(event) => Ok(event.note.clone().unwrap_or_default()),
+            None => Err(format!("{:?}", events.iter().map(|e| &e.reason).collect::<Vec<_>>())),
+        }
+    });
+    assert_eq!(said, "no usable metric value for 3s: falling back to 5 replicas");
+    assert_eq!(daemon.sample("watermarkd_fallback_active", &[("wpa_name", "web")]).await, Some(1.0));
+    assert!(daemon.terminate(Duration::from_secs(15)), "a clean exit on SIGTERM; log:\n{}", daemon.log());
+}
+
 /// Holds `replicas` on the Deployment for `seconds`, failing at the first other count.
 async fn stays_at(cluster: &KubeCluster, ns: &str, name: &str, replicas: i64, seconds: u64) {
     for _ in 0..seconds * 2 {
