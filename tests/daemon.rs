@@ -484,6 +484,37 @@ async fn a_declared_fallback_goes_to_its_count_once_the_data_has_been_missing_lo
     assert!(daemon.terminate(Duration::from_secs(15)), "a clean exit on SIGTERM; log:\n{}", daemon.log());
 }
 
+/// A forecast asks its backend for its history once when it starts; a Prometheus with only
+/// minutes of data cannot give two days, so it says so and the autoscaler scales on as always.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forecast_reads_its_history_from_the_backend_and_without_one_scales_as_always() {
+    let cluster = KubeCluster::shared();
+    // 30 at 2 replicas, average: 15 each, above [5, 10]: the rule scales up.
+    let setup = Setup::start("e2e-forecast", "web", 2, "load 30\n", |text| {
+        let text = text.replace("algorithm = \"absolute\"", "algorithm = \"average\"");
+        format!("{text}\n[autoscaler.forecast]\nlead_time = \"5m\"\nmode = \"scale\"\n")
+    })
+    .await;
+    let ns = setup.ns.clone();
+    let mut daemon = DaemonProcess::start(&setup.args(&["--no-leader-election"]), &[]);
+    daemon.wait_ready(STARTUP).await;
+    eventually!(Duration::from_secs(30), "the history asked of Prometheus", {
+        let log = daemon.log();
+        if log.contains("the forecast could not read its history") || log.contains("the forecast read its history") {
+            Ok(())
+        } else {
+            Err("not yet".to_string())
+        }
+    });
+    eventually!(Duration::from_secs(30), "a scale up on the metric alone", {
+        match spec_replicas(cluster, "Deployment", &ns, "web").await {
+            n if n > 2 => Ok(n),
+            n => Err(format!("{n} replicas")),
+        }
+    });
+    assert!(daemon.terminate(Duration::from_secs(15)), "a clean exit on SIGTERM; log:\n{}", daemon.log());
+}
+
 /// Holds `replicas` on the Deployment for `seconds`, failing at the first other count.
 async fn stays_at(cluster: &KubeCluster, ns: &str, name: &str, replicas: i64, seconds: u64) {
     for _ in 0..seconds * 2 {

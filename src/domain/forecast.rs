@@ -247,13 +247,54 @@ pub const KEEP: Duration = Duration::from_secs(22 * 86_400);
 /// evaluation interval. The model reads 10-minute windows, so nothing finer is needed.
 pub const SAMPLE_EVERY: Duration = Duration::from_secs(120);
 
-/// One autoscaler's forecast: a history per metric, fed one evaluation at a time.
+/// One autoscaler's forecast: a history per metric, read once from the backend when it
+/// starts, then fed one evaluation at a time.
 #[derive(Clone, Debug, Default)]
 pub struct Forecaster {
     histories: Vec<History>,
+    backfill: Backfill,
+}
+
+/// Whether the history has been asked of the backend.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Backfill {
+    #[default]
+    Wanted,
+    Asked,
 }
 
 impl Forecaster {
+    /// Whether the history should be read from the backend now: once, at the first asking.
+    /// Only under `average` is the metric itself the demand; under `absolute` the demand is the
+    /// metric times the replicas of each past moment, which the backend does not hold, so the
+    /// history is what the daemon sees.
+    pub fn wants_backfill(&mut self, rule: &Rule) -> bool {
+        let wanted = self.backfill == Backfill::Wanted && rule.algorithm() == Algorithm::Average;
+        self.backfill = Backfill::Asked;
+        wanted
+    }
+
+    /// The span to read: `KEEP` back from `now`, one sample per `SAMPLE_EVERY`.
+    pub fn backfill_span(now: Timestamp) -> (Timestamp, Timestamp, Duration) {
+        (minus(now, KEEP), now, SAMPLE_EVERY)
+    }
+
+    /// Takes metric `index`'s past values, read from its backend, under what was seen since.
+    pub fn backfill(&mut self, index: usize, values: Vec<(Timestamp, f64)>) {
+        if self.histories.len() <= index {
+            self.histories.resize_with(index + 1, History::default);
+        }
+        let Some(history) = self.histories.get_mut(index) else { return };
+        let seen = std::mem::take(history);
+        let first_seen = seen.samples.first().map(|(at, _)| *at);
+        let mut merged =
+            History::new(values.into_iter().filter(|(at, _)| first_seen.is_none_or(|f| *at < f)).collect());
+        for (at, demand) in seen.samples {
+            merged.push(at, demand);
+        }
+        *history = merged;
+    }
+
     /// Notes the demand each metric's reading stands for at `now`.
     pub fn observe(&mut self, rule: &Rule, readings: &[Reading], ready: u32, now: Timestamp) {
         self.histories.resize_with(readings.len(), History::default);
@@ -447,5 +488,25 @@ mod tests {
         let absolute = rule("absolute");
         assert_eq!(demand(&absolute, 80.0, 5), 400.0);
         assert_eq!(demand(&average, 80.0, 5), 80.0);
+    }
+
+    #[test]
+    fn a_backfill_comes_once_under_average_and_goes_under_what_was_seen() {
+        let rule = |algorithm: &str| {
+            crate::domain::rules::rule_from_json(&serde_json::json!({
+                "max_replicas": 30, "algorithm": algorithm, "metric": [{ "name": "rps", "high_watermark": 100 }]
+            }))
+            .unwrap()
+        };
+        let mut forecaster = Forecaster::default();
+        assert!(!forecaster.wants_backfill(&rule("absolute")), "the backend has no past replicas");
+        let mut forecaster = Forecaster::default();
+        assert!(forecaster.wants_backfill(&rule("average")));
+        assert!(!forecaster.wants_backfill(&rule("average")), "once");
+        let average = rule("average");
+        forecaster.observe(&average, &[Reading::Value { value: 50.0, at: t(1_000) }], 1, t(1_000));
+        forecaster.backfill(0, vec![(t(0), 10.0), (t(600), 20.0), (t(1_000), 99.0), (t(1_200), 99.0)]);
+        let history = &forecaster.histories[0];
+        assert_eq!(history.samples, [(t(0), 10.0), (t(600), 20.0), (t(1_000), 50.0)]);
     }
 }

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedMutexGuard, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
@@ -15,9 +15,11 @@ use super::scheduler::{Due, Job};
 use super::source::Desired;
 use super::Shared;
 use crate::adapters::backend::recommender::WorkloadState;
-use crate::adapters::backend::{MetricBackend, MetricQuery, Observation, QueryError};
+use crate::adapters::backend::{HistorySpan, MetricBackend, MetricQuery, Observation, QueryError};
 use crate::adapters::resource::ResourceQuery;
+use crate::domain::forecast::Forecaster;
 use crate::domain::rules::{Autoscaler, MetricSource};
+use watermarkd_engine::Reading;
 
 /// Cycles of at least this many autoscalers ask for their memory to be handed back when they
 /// end.
@@ -161,8 +163,11 @@ fn deadline(started: Instant, intervals: impl Iterator<Item = Duration>) -> Inst
 
 /// Runs one cycle to its end: queries, then every decision.
 pub async fn run(shared: Arc<Shared>, permits: Arc<Semaphore>, due: Due) {
-    let Due { jobs, backends } = due;
+    let Due { mut jobs, backends } = due;
     let now = shared.clock.now();
+    for job in &mut jobs {
+        backfill_forecast(job, &backends, now);
+    }
     let (plan, answers) = Plan::new(jobs.iter().map(|j| &*j.desired));
     let deadline =
         deadline(Instant::now(), jobs.iter().map(|j| j.desired.autoscaler.interval(shared.default_interval)));
@@ -193,6 +198,62 @@ pub async fn run(shared: Arc<Shared>, permits: Arc<Semaphore>, due: Due) {
         });
     }
     decide_as_answered(shared, permits, jobs, answers, queries).await;
+}
+
+/// Reads the history a forecast learns from, from the autoscaler's backends, once and in the
+/// background: its evaluations go on meanwhile, and the forecast takes the history when it
+/// comes (what it saw itself in between is kept).
+fn backfill_forecast(
+    job: &mut Job,
+    backends: &BTreeMap<String, Arc<MetricBackend>>,
+    now: watermarkd_engine::Timestamp,
+) {
+    let autoscaler = &job.desired.autoscaler;
+    if autoscaler.forecast.is_none() {
+        return;
+    }
+    let forecaster = job.memory.forecaster.get_or_insert_with(Box::default);
+    if !forecaster.wants_backfill(&autoscaler.rule) {
+        return;
+    }
+    let (start, end, step) = Forecaster::backfill_span(now);
+    let span = HistorySpan { start, end, step };
+    let reads: Vec<(usize, Arc<MetricBackend>, MetricQuery)> = autoscaler
+        .metrics
+        .iter()
+        .enumerate()
+        .filter_map(|(index, source)| {
+            let backend = Arc::clone(backends.get(&source.backend)?);
+            Some((index, backend, MetricQuery { query: source.query.clone(), reducer: source.reducer }))
+        })
+        .collect();
+    let memory = Arc::clone(OwnedMutexGuard::mutex(&job.memory));
+    let name = Arc::clone(&autoscaler.name);
+    tokio::spawn(async move {
+        for (index, backend, query) in reads {
+            match backend.history(&query, span, &|_: usize| {}).await {
+                Ok(read) => {
+                    let values: Vec<_> = read
+                        .into_iter()
+                        .filter_map(|(_, observation)| match observation.reading {
+                            Reading::Value { value, at } => Some((at, value)),
+                            Reading::Unavailable { .. } | Reading::Replicas { .. } => None,
+                        })
+                        .collect();
+                    let count = values.len();
+                    if let Some(forecaster) = memory.lock().await.forecaster.as_mut() {
+                        forecaster.backfill(index, values);
+                    }
+                    tracing::info!(autoscaler = %name, metric = index, points = count, "the forecast read its history");
+                }
+                Err(err) => tracing::warn!(
+                    autoscaler = %name,
+                    error = %err,
+                    "the forecast could not read its history; it learns from the evaluations instead"
+                ),
+            }
+        }
+    });
 }
 
 /// What every query of one cycle is asked with.

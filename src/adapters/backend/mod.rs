@@ -246,7 +246,7 @@ impl MetricBackend {
         &self,
         query: &MetricQuery,
         span: HistorySpan,
-        progress: &dyn Fn(usize),
+        progress: &(impl Fn(usize) + ?Sized),
     ) -> Result<Vec<(Timestamp, Observation)>, HistoryError> {
         let (name, read) = match self {
             MetricBackend::Datadog(c) => (c.name(), c.history(query, span, progress).await?),

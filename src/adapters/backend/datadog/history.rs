@@ -33,7 +33,7 @@ impl DatadogClient {
         &self,
         query: &MetricQuery,
         span: HistorySpan,
-        progress: &dyn Fn(usize),
+        progress: &(impl Fn(usize) + ?Sized),
     ) -> Result<Vec<(Timestamp, Observation)>, HistoryError> {
         let inner = &self.inner;
         let failed = |error: QueryError| HistoryError::Query {

@@ -325,7 +325,7 @@ impl PrometheusClient {
         &self,
         query: &MetricQuery,
         span: HistorySpan,
-        progress: &dyn Fn(usize),
+        progress: &(impl Fn(usize) + ?Sized),
     ) -> Result<Vec<(Timestamp, Observation)>, HistoryError> {
         let inner = &self.inner;
         let steps = span.steps();
