@@ -131,6 +131,17 @@ async fn query_shows_what_prometheus_answers_now() {
     let (code, out) = watermarkd_query(&config, Some("nope"));
     assert_eq!(code, 2, "{out}");
     assert!(out.contains("no autoscaler named \"nope\"") && out.contains("queue, ghost"), "{out}");
+
+    // A forecast reads its history as the daemon would, and says it has too little of it.
+    let forecast = rules(&prometheus.url()).replacen(
+        "max_replicas = 10\n",
+        "max_replicas = 10\nalgorithm = \"average\"\n[autoscaler.forecast]\nlead_time = \"10m\"\n",
+        1,
+    );
+    std::fs::write(&config, forecast).unwrap();
+    let (_, out) = watermarkd_query(&config, Some("queue"));
+    assert!(out.contains("  forecast 10m ahead for depth (observed only): "), "{out}");
+    assert!(out.contains("no history") || out.contains("too little history"), "{out}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,11 +7,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use watermarkd_engine::{Decimal, Reading, Timestamp};
+use watermarkd_engine::{Algorithm, Decimal, Reading, Timestamp};
 
 use crate::adapters::backend::datadog::RateLimitSnapshot;
-use crate::adapters::backend::{BackendError, MetricBackend, MetricQuery, Observation, QueryBackend, QueryPlan};
+use crate::adapters::backend::{
+    BackendError, HistorySpan, MetricBackend, MetricQuery, Observation, QueryBackend, QueryPlan,
+};
 use crate::adapters::telemetry::BackendMetrics;
+use crate::domain::forecast::{floor as forecast_floor, forecast, Forecast, ForecastMode, Forecaster, History};
 use crate::domain::rules::{self, Autoscaler, RulesError, RulesFile};
 
 #[derive(Debug, clap::Args)]
@@ -74,6 +77,7 @@ pub async fn run(args: &QueryArgs, out: &mut impl Write) -> Result<bool, QueryCo
             all_ok &= matches!(answer.observation.reading, Reading::Value { .. });
             write_answer(out, answer, now)?;
         }
+        write_forecast(out, &rules, autoscaler, now).await?;
     }
     if selected.is_empty() {
         writeln!(out, "{}: no autoscalers", args.rules.display())?;
@@ -93,6 +97,64 @@ pub async fn run(args: &QueryArgs, out: &mut impl Write) -> Result<bool, QueryCo
         writeln!(out)?;
     }
     Ok(all_ok)
+}
+
+/// What the autoscaler's forecast says now, from the history its backends hold (as the daemon
+/// reads it when the autoscaler starts).
+async fn write_forecast(
+    out: &mut impl Write,
+    rules: &RulesFile,
+    autoscaler: &Autoscaler,
+    now: Timestamp,
+) -> Result<(), QueryCommandError> {
+    let Some(ahead) = autoscaler.forecast.as_deref() else { return Ok(()) };
+    let lead = humantime::format_duration(ahead.lead_time);
+    let mode = match ahead.mode {
+        ForecastMode::Observe => "observed only",
+        ForecastMode::Scale => "a floor",
+    };
+    if autoscaler.rule.algorithm() != Algorithm::Average {
+        writeln!(
+            out,
+            "  forecast {lead} ahead ({mode}): under absolute the demand needs the past replicas, so the daemon learns \
+             it from its own evaluations; nothing to read here"
+        )?;
+        return Ok(());
+    }
+    let metrics = Arc::new(BackendMetrics::detached());
+    let (start, end, step) = Forecaster::backfill_span(now);
+    for source in &autoscaler.metrics {
+        let Some(config) = rules.backends.get(&source.backend) else { continue };
+        let backend = MetricBackend::new(&source.backend, config, Arc::clone(&metrics))?;
+        let query = MetricQuery { query: source.query.clone(), reducer: source.reducer };
+        let said = match backend.history(&query, HistorySpan { start, end, step }, &|_: usize| {}).await {
+            Err(err) => format!("no history: {err}"),
+            Ok(read) => {
+                let values = read
+                    .into_iter()
+                    .filter_map(|(_, o)| match o.reading {
+                        Reading::Value { value, at } => Some((at, value)),
+                        Reading::Unavailable { .. } | Reading::Replicas { .. } => None,
+                    })
+                    .collect();
+                match forecast(&History::new(values), now, ahead.lead_time, ahead.max_error) {
+                    Forecast::Ready { demand, error, .. } => {
+                        let needs = match forecast_floor(&autoscaler.rule, ahead, demand, u32::MAX) {
+                            Some(replicas) => format!("a floor of {replicas} replicas"),
+                            None => "no more than the rule's own floor".into(),
+                        };
+                        format!(
+                            "{demand:.1} expected, {needs} (the last day's forecasts were off by {:.0}%)",
+                            error * 100.0
+                        )
+                    }
+                    Forecast::Unable(why) => why,
+                }
+            }
+        };
+        writeln!(out, "  forecast {lead} ahead for {} ({mode}): {said}", source.name)?;
+    }
+    Ok(())
 }
 
 fn select<'a>(rules: &'a RulesFile, args: &QueryArgs) -> Result<Vec<&'a Autoscaler>, QueryCommandError> {
