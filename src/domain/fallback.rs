@@ -111,9 +111,12 @@ impl FallbackMemory {
     /// usable, and, while the data is back but not yet for long, that count as a floor.
     pub fn apply<'r>(&self, rule: &FallbackRule, engine: Cow<'r, Rule>) -> Cow<'r, Rule> {
         let Some(active) = &self.active else { return engine };
-        let Some(replicas) = active.replicas else { return engine };
-        let scale_down = matches!(rule.action, FallbackAction::Replicas { scale_down: true, .. });
         let because = self.because(rule);
+        // Holding is falling back to no count: the decisions still say they are in fallback.
+        let Some(replicas) = active.replicas else {
+            return Cow::Owned(engine.into_owned().falling_back(Fallback { replicas: 0, scale_down: false, because }));
+        };
+        let scale_down = matches!(rule.action, FallbackAction::Replicas { scale_down: true, .. });
         let mut engine = engine.into_owned().falling_back(Fallback { replicas, scale_down, because });
         let floor = replicas.min(engine.max_replicas());
         if active.good_since.is_some() && !scale_down && floor > engine.min_replicas() {
@@ -248,6 +251,16 @@ mod tests {
             entered,
             Some(Change::Entered { why: "no usable metric value for 5m: holding the replicas".into() })
         );
-        assert!(matches!(memory.apply(&hold, Cow::Borrowed(&engine)), Cow::Borrowed(_)));
+        let holding = memory.apply(&hold, Cow::Borrowed(&engine));
+        let missing = Reading::Unavailable { reason: "timeout".into() };
+        let target = Target { spec_replicas: 4, status_replicas: Some(4), ready_replicas: Some(4) };
+        let decision = decide(&holding, target, &[missing], &State::default(), at(300));
+        assert_eq!(decision.replicas, 4);
+        assert_eq!(decision.fallback.as_deref(), Some("no usable metric value for 5m: holding the replicas"));
+        assert!(
+            decision.reason.ends_with("(no usable metric value for 5m: holding the replicas): holding 4 replicas"),
+            "{}",
+            decision.reason
+        );
     }
 }

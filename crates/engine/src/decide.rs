@@ -78,6 +78,8 @@ pub(crate) fn decide_running(
         write: false,
         dry_run: rule.dry_run(),
         reason: String::new(),
+        bounds_by: rule.bounds_by().cloned(),
+        fallback: None,
         state: state.clone(),
         state_if_not_written: state.clone(),
     };
@@ -152,6 +154,9 @@ pub(crate) fn decide_running(
             decision.guard = Some(guard);
             decision.limit = Limit::of_guard(guard);
             let verdict = guard_verdict(guard, rule, spec, ready, &decision.metrics);
+            if guard == Guard::NoData && decision.metrics.iter().all(|m| m.position == Position::Unavailable) {
+                decision.fallback = rule.fallback().map(|f| f.because.clone());
+            }
             (replicas, action_for(spec, replicas), verdict)
         }
         None => {
@@ -730,6 +735,9 @@ fn guard_verdict(guard: Guard, rule: &Rule, spec: u32, ready: u32, metrics: &[Me
         Guard::NoData => {
             let all_missing = metrics.iter().all(|m| m.position == Position::Unavailable);
             if let (Some(fallback), Some(to), true) = (rule.fallback(), fallback_target(rule, spec), all_missing) {
+                if to == spec {
+                    return format!("no metric data ({}): holding {spec} replicas", fallback.because);
+                }
                 return format!("no metric data ({}): falling back to {to} replicas", fallback.because);
             }
             if metrics.iter().all(|m| m.position == Position::Unavailable) {

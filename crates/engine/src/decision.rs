@@ -164,6 +164,12 @@ pub struct Decision {
     pub dry_run: bool,
     /// One sentence a person can act on.
     pub reason: String,
+    /// What set this decision's bounds, when not the rule itself (a schedule, a forecast).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bounds_by: Option<crate::rule::BoundsBy>,
+    /// Why a declared fallback decided, when one did (no metric had a usable value).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fallback: Option<String>,
     /// The state after this evaluation, as if a scale it decided had been written.
     #[serde(rename = "new_state")]
     pub state: State,

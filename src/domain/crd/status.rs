@@ -221,12 +221,13 @@ fn scaling_active(decision: &Decision) -> Update {
             "ScalingDisabled",
             "scaling is disabled since the replica count of the target is zero",
         ),
-        Some(Guard::NoData) if unavailable.len() == decision.metrics.len() => Update::new(
-            SCALING_ACTIVE,
-            false,
-            "FailedGetExternalMetric",
-            format!("the WPA was unable to compute the replica count: {}", unavailable.join("; ")),
-        ),
+        Some(Guard::NoData) if unavailable.len() == decision.metrics.len() => {
+            let mut message = format!("the WPA was unable to compute the replica count: {}", unavailable.join("; "));
+            if let Some(fallback) = &decision.fallback {
+                message.push_str(&format!("; in fallback: {fallback}"));
+            }
+            Update::new(SCALING_ACTIVE, false, "FailedGetExternalMetric", message)
+        }
         Some(Guard::MinAvailable | Guard::NoReadyReplicas) => {
             Update::new(SCALING_ACTIVE, false, "NotEnoughReadyReplicas", decision.reason.clone())
         }
@@ -248,9 +249,13 @@ fn scaling_limited(decision: &Decision) -> Option<Update> {
         (Some(Guard::AboveMax), _) => {
             limited("TooManyReplicas", "the current replica count is above the maximum replica count")
         }
-        (Some(Guard::BelowMin), _) => {
-            limited("TooFewReplicas", "the current replica count is below the minimum replica count")
-        }
+        (Some(Guard::BelowMin), _) => match decision.bounds_by.as_ref().and_then(|b| b.min_by.as_deref()) {
+            Some(by) => limited(
+                "TooFewReplicas",
+                &format!("the current replica count is below the minimum replica count, raised by {by}"),
+            ),
+            None => limited("TooFewReplicas", "the current replica count is below the minimum replica count"),
+        },
         _ if decision.normalized.is_none() => None,
         (_, Limit::WithinRange) => Some(Update::new(
             SCALING_LIMITED,

@@ -376,3 +376,33 @@ fn the_conditions_are_those_a_fresh_status_shows() {
     // AbleToScale is set three times on a failed write; the last setting is the one left.
     assert!(super::conditions(&up, &failed).contains(&(ABLE_TO_SCALE, false)));
 }
+
+#[test]
+fn a_floor_raised_by_a_schedule_and_a_fallback_say_so_in_the_status() {
+    let wpa = wpa("");
+    let rule = rule(&wpa);
+    let now = t(0);
+    let office = watermarkd_engine::Bounds {
+        min: 8,
+        max: rule.max_replicas(),
+        min_by: Some("schedule \"office\" (open)".into()),
+        max_by: None,
+    };
+    let raised = decide(&rule.within(office), target(4), &[value(0.3, now)], &State::default(), now);
+    let status = next_status(None, &wpa.spec, &raised, &ScaleWrite::Succeeded, now);
+    assert_eq!(
+        status.condition(SCALING_LIMITED).and_then(|c| c.message.as_deref()),
+        Some("the current replica count is below the minimum replica count, raised by schedule \"office\" (open)")
+    );
+    let fallback = watermarkd_engine::Fallback {
+        replicas: 6,
+        scale_down: false,
+        because: "no usable metric value for 5m: falling back to 6 replicas".into(),
+    };
+    let missing = Reading::Unavailable { reason: "timeout".into() };
+    let fell = decide(&rule.falling_back(fallback), target(4), &[missing], &State::default(), now);
+    assert_eq!(fell.replicas, 6);
+    let status = next_status(None, &wpa.spec, &fell, &ScaleWrite::Succeeded, now);
+    let message = status.condition(SCALING_ACTIVE).and_then(|c| c.message.clone()).unwrap_or_default();
+    assert!(message.ends_with("; in fallback: no usable metric value for 5m: falling back to 6 replicas"), "{message}");
+}
