@@ -12,7 +12,7 @@
 use std::borrow::Cow;
 use std::time::Duration;
 
-use watermarkd_engine::{Bounds, Fallback, Rule, Timestamp};
+use watermarkd_engine::{Bounds, Decision, Fallback, Position, Rule, Timestamp};
 
 /// The default time every metric must be missing before fallback.
 pub const DEFAULT_AFTER: Duration = Duration::from_secs(300);
@@ -134,6 +134,26 @@ impl FallbackMemory {
             (_, None) => "holding the replicas (no count was decided on good data yet)".to_string(),
         };
         format!("no usable metric value for {}: {target}", shown(rule.after))
+    }
+
+    /// Decides under the declared fallback: whether any metric was usable moves it in or out
+    /// of fallback, and a decision made as that changed is made again under the new state.
+    /// `decide` is the engine's decision on this evaluation's readings with a given rule.
+    pub fn decide(
+        &mut self,
+        declared: &FallbackRule,
+        rule: &Rule,
+        now: Timestamp,
+        decide: impl Fn(&Rule) -> Decision,
+    ) -> (Decision, Option<Change>) {
+        let mut decision = decide(&self.apply(declared, Cow::Borrowed(rule)));
+        let any_usable = decision.metrics.iter().any(|m| m.position != Position::Unavailable);
+        let change = self.observe(declared, any_usable, now);
+        if change.is_some() {
+            decision = decide(&self.apply(declared, Cow::Borrowed(rule)));
+        }
+        self.decided(any_usable, decision.replicas);
+        (decision, change)
     }
 
     /// When it entered fallback, if it is in it.

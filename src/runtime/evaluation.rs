@@ -371,15 +371,7 @@ impl<'a> Evaluation<'a> {
     ) -> (Decision, Option<fallback::Change>) {
         let decide = |rule: &Rule| decide_on_partial_data(rule, observed, &self.readings, &self.partial, current, now);
         let Some(declared) = self.desired.autoscaler.fallback.as_deref() else { return (decide(&rule), None) };
-        let remembered = memory.fallback.get_or_insert_with(Box::default);
-        let mut decision = decide(&remembered.apply(declared, Cow::Borrowed(&rule)));
-        let any_usable = decision.metrics.iter().any(|m| m.position != Position::Unavailable);
-        let change = remembered.observe(declared, any_usable, now);
-        if change.is_some() {
-            decision = decide(&remembered.apply(declared, Cow::Borrowed(&rule)));
-        }
-        remembered.decided(any_usable, decision.replicas);
-        (decision, change)
+        memory.fallback.get_or_insert_with(Box::default).decide(declared, &rule, now, decide)
     }
 
     fn written(

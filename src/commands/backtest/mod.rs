@@ -174,7 +174,7 @@ pub async fn run(
 
     let primary = replay(autoscaler, &history, args)?;
     // What the schedule and the forecast change: the same rule without them, on the same history.
-    let looks_ahead = !autoscaler.schedules.is_empty() || autoscaler.forecast.is_some();
+    let looks_ahead = simulate::Ahead::of(autoscaler).is_some();
     let without = looks_ahead.then(|| replay_plain(autoscaler, &history, args)).transpose()?;
     let secondary = match &against {
         Some((other, other_history)) => Some((other, replay(other, other_history, args)?)),

@@ -19,7 +19,7 @@ use std::time::Duration;
 use watermarkd_engine::Rule;
 
 pub(crate) use chart::{render_comparison_svg, render_svg, Against};
-pub use replay::{replay, replay_ahead, LoadModel, Replay};
+pub use replay::{replay, replay_ahead, Ahead, LoadModel, Replay};
 pub(crate) use replay::{ReplayError, ReplayOptions};
 pub use report::Summary;
 pub(crate) use report::{summarize, write_ahead_comparison, write_text, JsonReport};
@@ -145,8 +145,7 @@ pub fn simulate_autoscaler(
     trace: &Trace,
     options: ReplayOptions,
 ) -> Result<Simulation, ReplayError> {
-    let forecast = autoscaler.forecast.as_deref();
-    let replay = replay_ahead(&autoscaler.rule, &autoscaler.schedules, forecast, trace, options)?;
+    let replay = replay_ahead(&autoscaler.rule, Ahead::of(autoscaler), trace, options)?;
     let summary = summarize(&autoscaler.name, &replay);
     Ok(Simulation { replay, summary })
 }
@@ -181,7 +180,7 @@ pub fn run(args: &SimulateArgs, out: &mut impl Write) -> Result<(), SimulateErro
     };
     let simulation = simulate_autoscaler(autoscaler, &trace, options)?;
     // What the schedule and the forecast change: the same rule without them, on the same trace.
-    let looks_ahead = !autoscaler.schedules.is_empty() || autoscaler.forecast.is_some();
+    let looks_ahead = Ahead::of(autoscaler).is_some();
     let without = looks_ahead.then(|| simulate(&autoscaler.name, &autoscaler.rule, &trace, options)).transpose()?;
 
     if let Some(path) = &args.out {

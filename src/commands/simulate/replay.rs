@@ -12,6 +12,7 @@ use watermarkd_engine::{
 };
 
 use super::trace::{ReadingCursor, Trace};
+use crate::domain::fallback::{FallbackMemory, FallbackRule};
 use crate::domain::forecast::{ForecastRule, Forecaster};
 use crate::domain::schedule::{self, Schedule};
 
@@ -265,19 +266,45 @@ impl Workload {
 
 /// Evaluates the rule at `start`, `start + interval`, ... up to the trace's last timestamp.
 pub fn replay(rule: &Rule, trace: &Trace, options: ReplayOptions) -> Result<Replay, ReplayError> {
-    replay_ahead(rule, &[], None, trace, options)
+    replay_ahead(rule, Ahead::default(), trace, options)
 }
 
-/// [`replay`], with `schedules` setting each decision's bounds at the trace's own times, and a
-/// forecast learning from the trace as it goes, as they would have in the daemon.
+/// What an autoscaler has besides its rule, replayed with it: a schedule, a forecast, a
+/// fallback. (A pause only keeps it from writing, and a replay shows what it would do anyway.)
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Ahead<'a> {
+    pub schedules: &'a [Schedule],
+    pub forecast: Option<&'a ForecastRule>,
+    pub fallback: Option<&'a FallbackRule>,
+}
+
+impl<'a> Ahead<'a> {
+    pub fn of(autoscaler: &'a crate::domain::rules::Autoscaler) -> Self {
+        Ahead {
+            schedules: &autoscaler.schedules,
+            forecast: autoscaler.forecast.as_deref(),
+            fallback: autoscaler.fallback.as_deref(),
+        }
+    }
+
+    /// Whether there is anything besides the rule.
+    pub fn is_some(&self) -> bool {
+        !self.schedules.is_empty() || self.forecast.is_some() || self.fallback.is_some()
+    }
+}
+
+/// [`replay`], with a schedule setting each decision's bounds at the trace's own times, a
+/// forecast learning from the trace as it goes, and a fallback counting the trace's gaps, as
+/// they would have in the daemon.
 pub fn replay_ahead(
     rule: &Rule,
-    schedules: &[Schedule],
-    forecast: Option<&ForecastRule>,
+    with: Ahead<'_>,
     trace: &Trace,
     options: ReplayOptions,
 ) -> Result<Replay, ReplayError> {
-    let mut ahead = forecast.map(|f| (Forecaster::default(), f));
+    let mut ahead = with.forecast.map(|f| (Forecaster::default(), f));
+    let mut fallback = with.fallback.map(|f| (FallbackMemory::default(), f));
+    let schedules = with.schedules;
     let (Some(first), Some(last)) = (trace.rows.first(), trace.rows.last()) else {
         // `parse_trace` never returns an empty trace; an empty one has nothing to replay.
         return Ok(Replay {
@@ -342,7 +369,11 @@ pub fn replay_ahead(
             let said = forecaster.floor(&bounded, forecast_rule, spec, now);
             bounded = Forecaster::apply(bounded, forecast_rule, &said);
         }
-        let mut decision = decide(&bounded, target, &readings, &state, now);
+        let decide_with = |rule: &Rule| decide(rule, target, &readings, &state, now);
+        let mut decision = match fallback.as_mut() {
+            Some((memory, declared)) => memory.decide(declared, &bounded, now, decide_with).0,
+            None => decide_with(&bounded),
+        };
         state = std::mem::take(&mut decision.state);
         decision.state_if_not_written = State::default();
 
@@ -609,7 +640,9 @@ pub(crate) mod tests {
         let r = rule(|s| s.scale_down_limit_factor = Some(Decimal::from_int(50)));
         let rows: Vec<_> =
             (0..=4 * 60).map(|minute| (minute * 60, Some(if minute < 180 { 75.0 } else { 10.0 }), None)).collect();
-        let scheduled = replay_ahead(&r, &[window], None, &trace(&rows), options(60)).unwrap();
+        let windows = [window];
+        let with = Ahead { schedules: &windows, ..Ahead::default() };
+        let scheduled = replay_ahead(&r, with, &trace(&rows), options(60)).unwrap();
         let changes: Vec<(i64, u32, u32)> =
             scheduled.changes.iter().map(|c| (c.at.unix_millis() / 1000 - T0, c.from, c.to)).collect();
         assert_eq!(changes.first(), Some(&(7200, 1, 8)), "{changes:?}");
@@ -621,5 +654,26 @@ pub(crate) mod tests {
         // Without the schedule nothing happens at 02:00.
         let plain = replay(&r, &trace(&rows), options(60)).unwrap();
         assert!(plain.changes.iter().all(|c| c.at.unix_millis() / 1000 - T0 >= 10_800), "{:?}", plain.changes);
+    }
+
+    #[test]
+    fn a_fallback_counts_the_gaps_of_the_trace() {
+        use crate::domain::fallback::{FallbackAction, FallbackRule};
+        let declared = FallbackRule {
+            after: Duration::from_secs(300),
+            recover_after: Duration::from_secs(120),
+            action: FallbackAction::Replicas { replicas: 6, scale_down: false },
+        };
+        // In the band at one replica, then ten minutes without data, then in the band again.
+        let rows: Vec<_> =
+            (0..=30).map(|minute| (minute * 60, (!(10..20).contains(&minute)).then_some(75.0), None)).collect();
+        let with = Ahead { fallback: Some(&declared), ..Ahead::default() };
+        let replay = replay_ahead(&rule(|_| {}), with, &trace(&rows), options(60)).unwrap();
+        let changes: Vec<(i64, u32, u32)> =
+            replay.changes.iter().map(|c| (c.at.unix_millis() / 1000 - T0, c.from, c.to)).collect();
+        assert_eq!(changes.first(), Some(&(900, 1, 6)), "five minutes into the gap: {changes:?}");
+        assert!(replay.changes[0].reason.contains("falling back to 6 replicas"), "{}", replay.changes[0].reason);
+        // Without the fallback the gap holds.
+        assert!(super::replay(&rule(|_| {}), &trace(&rows), options(60)).unwrap().changes.is_empty());
     }
 }

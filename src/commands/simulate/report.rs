@@ -72,13 +72,13 @@ pub struct JsonReport<'a> {
     pub without_ahead: Option<&'a Summary>,
 }
 
-/// One line comparing a replay with its schedule and forecast against one without them.
+/// One line comparing a replay with its schedule, forecast and fallback against one without them.
 pub fn write_ahead_comparison(out: &mut impl Write, with: &Summary, without: &Summary) -> io::Result<()> {
     let minutes = |s: &Summary| s.seconds_above_high_watermark / 60.0;
     writeln!(
         out,
-        "\nWith its schedule and forecast: {:.0} minutes above the high watermark, {:.1} replica-hours; \
-         without them: {:.0} minutes, {:.1} replica-hours.",
+        "\nWith its schedule, forecast and fallback: {:.0} minutes above the high watermark, {:.1} \
+         replica-hours; without them: {:.0} minutes, {:.1} replica-hours.",
         minutes(with),
         with.replica_hours,
         minutes(without),
