@@ -7,14 +7,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use watermarkd_engine::{Algorithm, Decimal, Reading, Timestamp};
+use watermarkd_engine::{Decimal, Reading, Timestamp};
 
 use crate::adapters::backend::datadog::RateLimitSnapshot;
 use crate::adapters::backend::{
-    BackendError, HistorySpan, MetricBackend, MetricQuery, Observation, QueryBackend, QueryPlan,
+    demand_history, BackendError, MetricBackend, MetricQuery, Observation, QueryBackend, QueryPlan,
 };
 use crate::adapters::telemetry::BackendMetrics;
-use crate::domain::forecast::{floor as forecast_floor, forecast, Forecast, ForecastMode, Forecaster, History};
+use crate::domain::forecast::{floor as forecast_floor, forecast, Forecast, ForecastMode, History};
 use crate::domain::rules::{self, Autoscaler, RulesError, RulesFile};
 
 #[derive(Debug, clap::Args)]
@@ -113,44 +113,31 @@ async fn write_forecast(
         ForecastMode::Observe => "observed only",
         ForecastMode::Scale => "a floor",
     };
-    if autoscaler.rule.algorithm() != Algorithm::Average {
-        writeln!(
-            out,
-            "  forecast {lead} ahead ({mode}): under absolute the demand needs the past replicas, so the daemon learns \
-             it from its own evaluations; nothing to read here"
-        )?;
-        return Ok(());
-    }
     let metrics = Arc::new(BackendMetrics::detached());
-    let (start, end, step) = Forecaster::backfill_span(now);
+    let mut backends = BTreeMap::new();
     for source in &autoscaler.metrics {
-        let Some(config) = rules.backends.get(&source.backend) else { continue };
-        let backend = MetricBackend::new(&source.backend, config, Arc::clone(&metrics))?;
-        let query = MetricQuery { query: source.query.clone(), reducer: source.reducer };
-        let said = match backend.history(&query, HistorySpan { start, end, step }, &|_: usize| {}).await {
+        if let (Some(config), false) = (rules.backends.get(&source.backend), backends.contains_key(&source.backend)) {
+            let backend = MetricBackend::new(&source.backend, config, Arc::clone(&metrics))?;
+            backends.insert(source.backend.clone(), Arc::new(backend));
+        }
+    }
+    let read = demand_history(autoscaler, |name| backends.get(name).cloned(), now).await;
+    for (source, demand) in autoscaler.metrics.iter().zip(read) {
+        let said = match demand {
             Err(err) => format!("no history: {err}"),
-            Ok(read) => {
-                let values = read
-                    .into_iter()
-                    .filter_map(|(_, o)| match o.reading {
-                        Reading::Value { value, at } => Some((at, value)),
-                        Reading::Unavailable { .. } | Reading::Replicas { .. } => None,
-                    })
-                    .collect();
-                match forecast(&History::new(values), now, ahead.lead_time, ahead.max_error) {
-                    Forecast::Ready { demand, error, .. } => {
-                        let needs = match forecast_floor(&autoscaler.rule, ahead, demand, u32::MAX) {
-                            Some(replicas) => format!("a floor of {replicas} replicas"),
-                            None => "no more than the rule's own floor".into(),
-                        };
-                        format!(
-                            "{demand:.1} expected, {needs} (the last day's forecasts were off by {:.0}%)",
-                            error * 100.0
-                        )
-                    }
-                    Forecast::Unable(why) => why,
+            Ok(demand) => match forecast(&History::new(demand), now, ahead.lead_time, ahead.max_error) {
+                Forecast::Ready { demand, error, .. } => {
+                    let needs = match forecast_floor(&autoscaler.rule, ahead, demand, u32::MAX) {
+                        Some(replicas) => format!("a floor of {replicas} replicas"),
+                        None => "no more than the rule's own floor".into(),
+                    };
+                    format!(
+                        "{demand:.1} expected, {needs} (the last day's forecasts were off by {:.0}%)",
+                        error * 100.0
+                    )
                 }
-            }
+                Forecast::Unable(why) => why,
+            },
         };
         writeln!(out, "  forecast {lead} ahead for {} ({mode}): {said}", source.name)?;
     }

@@ -265,11 +265,8 @@ enum Backfill {
 
 impl Forecaster {
     /// Whether the history should be read from the backend now: once, at the first asking.
-    /// Only under `average` is the metric itself the demand; under `absolute` the demand is the
-    /// metric times the replicas of each past moment, which the backend does not hold, so the
-    /// history is what the daemon sees.
-    pub fn wants_backfill(&mut self, rule: &Rule) -> bool {
-        let wanted = self.backfill == Backfill::Wanted && rule.algorithm() == Algorithm::Average;
+    pub fn wants_backfill(&mut self) -> bool {
+        let wanted = self.backfill == Backfill::Wanted;
         self.backfill = Backfill::Asked;
         wanted
     }
@@ -279,7 +276,7 @@ impl Forecaster {
         (minus(now, KEEP), now, SAMPLE_EVERY)
     }
 
-    /// Takes metric `index`'s past values, read from its backend, under what was seen since.
+    /// Takes metric `index`'s past demand, read from its backend, under what was seen since.
     pub fn backfill(&mut self, index: usize, values: Vec<(Timestamp, f64)>) {
         if self.histories.len() <= index {
             self.histories.resize_with(index + 1, History::default);
@@ -339,6 +336,26 @@ impl Forecaster {
         let min_by = Some(format!("the forecast {lead} ahead"));
         Cow::Owned(rule.within(Bounds { min: floor, max, min_by, max_by: None }))
     }
+}
+
+/// The demand of past moments from a metric's history and, under `absolute`, the replicas at
+/// the same steps (the metric is per replica then; a step without its replicas is left out).
+pub fn past_demand(
+    rule: &Rule,
+    values: &[(Timestamp, Option<f64>)],
+    replicas: &[Option<u32>],
+) -> Vec<(Timestamp, f64)> {
+    values
+        .iter()
+        .enumerate()
+        .filter_map(|(step, (at, value))| {
+            let value = (*value)?;
+            match rule.algorithm() {
+                Algorithm::Average => Some((*at, value)),
+                Algorithm::Absolute => Some((*at, demand(rule, value, (*replicas.get(step)?)?))),
+            }
+        })
+        .collect()
 }
 
 /// What the forecasts said at one evaluation.
@@ -491,7 +508,7 @@ mod tests {
     }
 
     #[test]
-    fn a_backfill_comes_once_under_average_and_goes_under_what_was_seen() {
+    fn a_backfill_comes_once_and_goes_under_what_was_seen() {
         let rule = |algorithm: &str| {
             crate::domain::rules::rule_from_json(&serde_json::json!({
                 "max_replicas": 30, "algorithm": algorithm, "metric": [{ "name": "rps", "high_watermark": 100 }]
@@ -499,10 +516,13 @@ mod tests {
             .unwrap()
         };
         let mut forecaster = Forecaster::default();
-        assert!(!forecaster.wants_backfill(&rule("absolute")), "the backend has no past replicas");
-        let mut forecaster = Forecaster::default();
-        assert!(forecaster.wants_backfill(&rule("average")));
-        assert!(!forecaster.wants_backfill(&rule("average")), "once");
+        assert!(forecaster.wants_backfill());
+        assert!(!forecaster.wants_backfill(), "once");
+        // Under absolute the past demand is the value times the replicas of its step.
+        let absolute = rule("absolute");
+        let values = [(t(0), Some(10.0)), (t(120), None), (t(240), Some(30.0)), (t(360), Some(5.0))];
+        assert_eq!(past_demand(&absolute, &values, &[Some(2), Some(2), Some(3), None]), [(t(0), 20.0), (t(240), 90.0)]);
+        assert_eq!(past_demand(&rule("average"), &values, &[]), [(t(0), 10.0), (t(240), 30.0), (t(360), 5.0)]);
         let average = rule("average");
         forecaster.observe(&average, &[Reading::Value { value: 50.0, at: t(1_000) }], 1, t(1_000));
         forecaster.backfill(0, vec![(t(0), 10.0), (t(600), 20.0), (t(1_000), 99.0), (t(1_200), 99.0)]);

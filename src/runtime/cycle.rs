@@ -15,11 +15,10 @@ use super::scheduler::{Due, Job};
 use super::source::Desired;
 use super::Shared;
 use crate::adapters::backend::recommender::WorkloadState;
-use crate::adapters::backend::{HistorySpan, MetricBackend, MetricQuery, Observation, QueryError};
+use crate::adapters::backend::{demand_history, MetricBackend, MetricQuery, Observation, QueryError};
 use crate::adapters::resource::ResourceQuery;
-use crate::domain::forecast::Forecaster;
+
 use crate::domain::rules::{Autoscaler, MetricSource};
-use watermarkd_engine::Reading;
 
 /// Cycles of at least this many autoscalers ask for their memory to be handed back when they
 /// end.
@@ -202,7 +201,8 @@ pub async fn run(shared: Arc<Shared>, permits: Arc<Semaphore>, due: Due) {
 
 /// Reads the history a forecast learns from, from the autoscaler's backends, once and in the
 /// background: its evaluations go on meanwhile, and the forecast takes the history when it
-/// comes (what it saw itself in between is kept).
+/// comes (what it saw itself in between is kept). Under `absolute` the metric is per replica,
+/// so the replicas watermarkd set are read too, from the first metric's backend.
 fn backfill_forecast(
     job: &mut Job,
     backends: &BTreeMap<String, Arc<MetricBackend>>,
@@ -212,42 +212,25 @@ fn backfill_forecast(
     if autoscaler.forecast.is_none() {
         return;
     }
-    let forecaster = job.memory.forecaster.get_or_insert_with(Box::default);
-    if !forecaster.wants_backfill(&autoscaler.rule) {
+    if !job.memory.forecaster.get_or_insert_with(Box::default).wants_backfill() {
         return;
     }
-    let (start, end, step) = Forecaster::backfill_span(now);
-    let span = HistorySpan { start, end, step };
-    let reads: Vec<(usize, Arc<MetricBackend>, MetricQuery)> = autoscaler
-        .metrics
-        .iter()
-        .enumerate()
-        .filter_map(|(index, source)| {
-            let backend = Arc::clone(backends.get(&source.backend)?);
-            Some((index, backend, MetricQuery { query: source.query.clone(), reducer: source.reducer }))
-        })
-        .collect();
+    let backends = backends.clone();
     let memory = Arc::clone(OwnedMutexGuard::mutex(&job.memory));
-    let name = Arc::clone(&autoscaler.name);
+    let autoscaler = autoscaler.clone();
     tokio::spawn(async move {
-        for (index, backend, query) in reads {
-            match backend.history(&query, span, &|_: usize| {}).await {
-                Ok(read) => {
-                    let values: Vec<_> = read
-                        .into_iter()
-                        .filter_map(|(_, observation)| match observation.reading {
-                            Reading::Value { value, at } => Some((at, value)),
-                            Reading::Unavailable { .. } | Reading::Replicas { .. } => None,
-                        })
-                        .collect();
-                    let count = values.len();
+        let read = demand_history(&autoscaler, |name| backends.get(name).cloned(), now).await;
+        for (index, demand) in read.into_iter().enumerate() {
+            match demand {
+                Ok(demand) => {
+                    let count = demand.len();
                     if let Some(forecaster) = memory.lock().await.forecaster.as_mut() {
-                        forecaster.backfill(index, values);
+                        forecaster.backfill(index, demand);
                     }
-                    tracing::info!(autoscaler = %name, metric = index, points = count, "the forecast read its history");
+                    tracing::info!(autoscaler = %autoscaler.name, metric = index, points = count, "the forecast read its history");
                 }
                 Err(err) => tracing::warn!(
-                    autoscaler = %name,
+                    autoscaler = %autoscaler.name,
                     error = %err,
                     "the forecast could not read its history; it learns from the evaluations instead"
                 ),

@@ -26,12 +26,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
-use watermarkd_engine::{Reading, Timestamp};
+use watermarkd_engine::{Algorithm, Reading, Timestamp};
 
 pub use plan::{PlanPart, PlannedFetch, QueryPlan};
 
 use crate::adapters::telemetry::BackendMetrics;
-use crate::domain::rules::{self, Reducer};
+use crate::domain::forecast::{past_demand, Forecaster};
+use crate::domain::rules::{self, Autoscaler, Reducer};
 
 pub(crate) use secret::SecretError;
 pub(crate) use secret::CHECK_EVERY as SECRET_CHECK_EVERY;
@@ -240,6 +241,20 @@ impl MetricBackend {
 }
 
 impl MetricBackend {
+    /// The query that reads, on this backend, the replicas watermarkd set for an autoscaler
+    /// (its own exported `wpa_controller_replicas_scaling_effective`, as the Datadog agent or
+    /// Prometheus scraped it): the past replicas a per-replica metric was measured at.
+    pub fn replicas_query(&self, autoscaler: &str, namespace: &str) -> String {
+        match self {
+            MetricBackend::Prometheus(_) => format!(
+                "max(wpa_controller_replicas_scaling_effective{{wpa_name=\"{autoscaler}\",wpa_namespace=\"{namespace}\"}})"
+            ),
+            MetricBackend::Datadog(_) => format!(
+                "max:watermarkpodautoscaler.wpa_controller_replicas_scaling_effective{{wpa_name:{autoscaler},wpa_namespace:{namespace}}}"
+            ),
+        }
+    }
+
     /// What a live evaluation would have read at each step of `span` (see each client's
     /// `history`).
     pub async fn history(
@@ -317,4 +332,57 @@ pub(crate) fn distinct_texts(queries: &[MetricQuery]) -> (Vec<&str>, Vec<usize>)
         })
         .collect();
     (texts, slots)
+}
+
+/// The past demand of each of an autoscaler's metrics, as its forecast learns from it: each
+/// metric's history on its backend over [`Forecaster::backfill_span`] and, under `absolute`
+/// (a per-replica metric), the replicas watermarkd set then, from the first metric's backend.
+/// `backend` finds a backend by name. One result per metric, in order.
+pub async fn demand_history(
+    autoscaler: &Autoscaler,
+    backend: impl Fn(&str) -> Option<Arc<MetricBackend>>,
+    now: Timestamp,
+) -> Vec<Result<Vec<(Timestamp, f64)>, HistoryError>> {
+    let (start, end, step) = Forecaster::backfill_span(now);
+    let span = HistorySpan { start, end, step };
+    let value_of = |o: &Observation| match o.reading {
+        Reading::Value { value, .. } => Some(value),
+        Reading::Unavailable { .. } | Reading::Replicas { .. } => None,
+    };
+    let mut past_replicas: Result<Vec<Option<u32>>, HistoryError> = Ok(Vec::new());
+    let first = autoscaler.metrics.first().and_then(|m| backend(&m.backend));
+    if let (Algorithm::Absolute, Some(first)) = (autoscaler.rule.algorithm(), first) {
+        let query =
+            MetricQuery { query: first.replicas_query(&autoscaler.name, &autoscaler.target.namespace), reducer: None };
+        past_replicas = first
+            .history(&query, span, &|_: usize| {})
+            .await
+            .map(|read| read.iter().map(|(_, o)| value_of(o).map(|v| v.round().max(0.0) as u32)).collect());
+    }
+    let mut out = Vec::with_capacity(autoscaler.metrics.len());
+    for source in &autoscaler.metrics {
+        let Some(client) = backend(&source.backend) else {
+            out.push(Err(HistoryError::Query {
+                backend: source.backend.clone(),
+                query: source.query.clone(),
+                error: QueryError::Configuration("the backend is not set up".into()),
+            }));
+            continue;
+        };
+        let query = MetricQuery { query: source.query.clone(), reducer: source.reducer };
+        let read = match (&past_replicas, client.history(&query, span, &|_: usize| {}).await) {
+            (Err(err), _) => Err(HistoryError::Query {
+                backend: source.backend.clone(),
+                query: source.query.clone(),
+                error: QueryError::Configuration(format!("the past replicas could not be read: {err}")),
+            }),
+            (Ok(_), Err(err)) => Err(err),
+            (Ok(replicas), Ok(read)) => {
+                let values: Vec<_> = read.iter().map(|(at, o)| (*at, value_of(o))).collect();
+                Ok(past_demand(&autoscaler.rule, &values, replicas))
+            }
+        };
+        out.push(read);
+    }
+    out
 }

@@ -319,17 +319,7 @@ async fn read_replicas(
 
 /// The effective replicas the daemon exports for this autoscaler, as its backend spells it.
 fn default_replicas_query(client: &MetricBackend, autoscaler: &Autoscaler) -> String {
-    let namespace = &autoscaler.target.namespace;
-    match client {
-        MetricBackend::Prometheus(_) => format!(
-            "max(wpa_controller_replicas_scaling_effective{{wpa_name=\"{}\",wpa_namespace=\"{namespace}\"}})",
-            autoscaler.name
-        ),
-        MetricBackend::Datadog(_) => format!(
-            "max:watermarkpodautoscaler.wpa_controller_replicas_scaling_effective{{wpa_name:{},wpa_namespace:{namespace}}}",
-            autoscaler.name
-        ),
-    }
+    client.replicas_query(&autoscaler.name, &autoscaler.target.namespace)
 }
 
 fn replicas_of(observation: &Observation) -> Option<u32> {
