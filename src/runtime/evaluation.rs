@@ -24,7 +24,7 @@ use crate::adapters::telemetry::{AheadSeries, ShadowOutcome};
 use crate::adapters::workload::{ScaleReading, WorkloadError};
 use crate::domain::crd::{self, ScaleWrite, WatermarkPodAutoscaler, WatermarkPodAutoscalerStatus};
 use crate::domain::fallback;
-use crate::domain::forecast::{Forecast, Forecaster};
+use crate::domain::forecast::{Ahead, Forecast, ForecastMode, ForecastRule, Forecaster};
 use crate::domain::rules::TargetRef;
 use crate::domain::schedule;
 use crate::domain::sparse::Sparse;
@@ -325,6 +325,7 @@ impl<'a> Evaluation<'a> {
                 })
                 .collect();
             ahead.forecast_replicas = said.floor;
+            ahead.forecast_says = Some(forecast_says(&self.rule, forecast, &said));
             rule = Forecaster::apply(rule, forecast, &said);
         }
         let pause = self.desired.autoscaler.pause_note(now);
@@ -517,7 +518,11 @@ pub fn to_persist<'m>(
         }
         Persisted::Status { wpa, status, written_at } => {
             let previous = status.as_deref().cloned().or_else(|| wpa.status.clone());
-            let next = crd::next_status(previous.as_ref(), &wpa.spec, decision, &done.write, now);
+            let mut next = crd::next_status(previous.as_ref(), &wpa.spec, decision, &done.write, now);
+            if let Some(ahead) = &done.ahead {
+                let forecast = ahead.forecast_says.as_ref().map(|says| says.as_deref().map_err(String::as_str));
+                crd::with_ahead(&mut next, forecast, ahead.fallback_active, now);
+            }
             if !crd::status_changed(previous.as_ref(), &next) {
                 return None;
             }
@@ -533,6 +538,29 @@ pub fn to_persist<'m>(
             Some(Persist::Status { wpa, next: Box::new(next), status, written_at })
         }
     }
+}
+
+/// What a forecast says, in a sentence for a WPA's status: per metric what it expects, and the
+/// floor; or, when no metric could be forecast, why.
+fn forecast_says(rule: &Rule, forecast: &ForecastRule, said: &Ahead) -> Result<String, String> {
+    let lead = humantime::format_duration(forecast.lead_time);
+    let mut expects = Vec::new();
+    let mut unable = Vec::new();
+    for (metric, forecast) in rule.metrics().iter().zip(&said.forecasts) {
+        match forecast {
+            Forecast::Ready { demand, .. } => expects.push(format!("{} {demand:.1}", metric.name)),
+            Forecast::Unable(why) => unable.push(format!("{}: {why}", metric.name)),
+        }
+    }
+    if expects.is_empty() {
+        return Err(unable.join("; "));
+    }
+    let floor = said.floor.map_or_else(|| "no floor above the rule's".into(), |f| format!("a floor of {f} replicas"));
+    let mode = match forecast.mode {
+        ForecastMode::Observe => " (observed only)",
+        ForecastMode::Scale => "",
+    };
+    Ok(format!("expects {} in {lead}: {floor}{mode}", expects.join(", ")))
 }
 
 /// Where a rules-file autoscaler's persisted state was found.

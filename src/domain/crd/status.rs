@@ -31,6 +31,10 @@ pub const DRY_RUN: &str = "DryRun";
 /// The reason of `ScalingActive` = False on a WPA whose target another autoscaler scales (and
 /// of the Warning event that says so).
 pub const TARGET_CONFLICT: &str = "TargetConflict";
+/// watermarkd's own: what the forecast says (`watermarkd.io/forecast`), and whether the WPA is in
+/// its declared fallback (`watermarkd.io/fallback`). Only on a WPA that has one.
+pub const FORECAST: &str = "Forecast";
+pub const FALLBACK: &str = "Fallback";
 
 /// What became of the scale write the decision asked for.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -63,6 +67,29 @@ fn status_word(status: bool) -> &'static str {
     } else {
         "False"
     }
+}
+
+/// Adds what looks ahead to a status: the `Forecast` condition (True with what it expects, or
+/// False with why it cannot forecast) and the `Fallback` condition (True while in fallback),
+/// each only when the WPA has one. `lastConditionType` stays the Datadog controller's last.
+pub fn with_ahead(
+    status: &mut WatermarkPodAutoscalerStatus,
+    forecast: Option<Result<&str, &str>>,
+    fallback: Option<bool>,
+    now: Timestamp,
+) {
+    let last = (status.last_condition_type.take(), status.last_condition_state.take());
+    match forecast {
+        Some(Ok(says)) => set_condition(status, FORECAST, true, "Forecasting", says, now),
+        Some(Err(why)) => set_condition(status, FORECAST, false, "NotForecasting", why, now),
+        None => {}
+    }
+    match fallback {
+        Some(true) => set_condition(status, FALLBACK, true, "NoUsableMetric", "in its declared fallback", now),
+        Some(false) => set_condition(status, FALLBACK, false, "MetricsUsable", "not in fallback", now),
+        None => {}
+    }
+    (status.last_condition_type, status.last_condition_state) = last;
 }
 
 /// Sets one condition as the Datadog controller's `setCondition` does: `lastTransitionTime`

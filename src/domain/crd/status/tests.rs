@@ -406,3 +406,28 @@ fn a_floor_raised_by_a_schedule_and_a_fallback_say_so_in_the_status() {
     let message = status.condition(SCALING_ACTIVE).and_then(|c| c.message.clone()).unwrap_or_default();
     assert!(message.ends_with("; in fallback: no usable metric value for 5m: falling back to 6 replicas"), "{message}");
 }
+
+#[test]
+fn a_forecast_and_a_fallback_have_conditions_of_their_own_that_leave_the_last_condition_alone() {
+    let wpa = wpa("");
+    let rule = rule(&wpa);
+    let now = t(0);
+    let decision = decide(&rule, target(4), &[value(0.3, now)], &State::default(), now);
+    let mut status = next_status(None, &wpa.spec, &decision, &ScaleWrite::NotAttempted, now);
+    let last = (status.last_condition_type.clone(), status.last_condition_state.clone());
+    with_ahead(
+        &mut status,
+        Some(Ok("expects latency 0.5 in 10m: a floor of 6 replicas (observed only)")),
+        Some(false),
+        now,
+    );
+    assert_eq!(
+        status.condition(FORECAST).map(|c| (c.status.as_str(), c.message.as_deref())),
+        Some(("True", Some("expects latency 0.5 in 10m: a floor of 6 replicas (observed only)")))
+    );
+    assert_eq!(status.condition(FALLBACK).map(|c| c.status.as_str()), Some("False"));
+    assert_eq!((status.last_condition_type.clone(), status.last_condition_state.clone()), last);
+    with_ahead(&mut status, Some(Err("latency: too little history")), Some(true), t(60));
+    assert_eq!(status.condition(FORECAST).map(|c| c.reason.as_deref()), Some(Some("NotForecasting")));
+    assert_eq!(status.condition(FALLBACK).and_then(|c| c.last_transition_time), Some(t(60)));
+}
