@@ -238,3 +238,39 @@ async fn a_small_budget_makes_the_backtest_wait_not_fail() {
     let spent: Vec<u64> = fake.log().iter().map(|r| r.window).collect();
     assert!(spent.first() < spent.last(), "all in one budget window: {:?}", fake.log());
 }
+
+/// A forecast's history on Datadog: the past latency times the replicas watermarkd set then
+/// (the rule is `absolute`), asked a day per request from the budget the live queries share.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forecast_reads_its_history_a_day_per_request_and_multiplies_by_the_past_replicas() {
+    use std::sync::Arc;
+    use watermarkd::adapters::backend::{demand_history, MetricBackend};
+    use watermarkd::adapters::telemetry::BackendMetrics;
+    use watermarkd::domain::rules::{parse_rules, Backend, SecretSource};
+
+    let fake = fake(ROOMY).await;
+    let keys = tempfile::tempdir().unwrap();
+    std::fs::write(keys.path().join("api"), API_KEY).unwrap();
+    std::fs::write(keys.path().join("app"), APP_KEY).unwrap();
+    let mut rules = parse_rules(&rules(&fake.url, "0.5"), "rules.toml").unwrap();
+    let Some(Backend::Datadog(config)) = rules.backends.get_mut("dd") else { panic!("a datadog backend") };
+    config.api_key = SecretSource::File(keys.path().join("api"));
+    config.app_key = SecretSource::File(keys.path().join("app"));
+    let client =
+        Arc::new(MetricBackend::new("dd", &rules.backends["dd"], Arc::new(BackendMetrics::detached())).unwrap());
+    let web = rules.autoscaler("web").unwrap();
+    let now = watermarkd_engine::Timestamp::from_unix_millis(UNTIL * 1000);
+    let read = demand_history(web, |_| Some(Arc::clone(&client)), now).await;
+    let [Ok(demand)] = read.as_slice() else { panic!("{read:?}") };
+    // The fake's series start an hour before START: only the last hours have points.
+    let normal = demand.iter().filter(|(at, _)| at.unix_millis() / 1000 < START + SPIKE.0).map(|(_, d)| *d);
+    let normal: Vec<f64> = normal.collect();
+    assert!(!normal.is_empty(), "{demand:?}");
+    assert!(normal.iter().all(|d| (d - 0.6).abs() < 1e-9), "0.2 s times 3 replicas: {normal:?}");
+    // 22 days, a day per request, for each of the two series; an hour each would be 528.
+    for query in [LATENCY, REPLICAS] {
+        let asked = windows(&fake, query);
+        assert!(asked.len() <= 23, "{} requests for {query}", asked.len());
+        assert!(asked.iter().all(|(from, to)| to - from <= 86_400), "{asked:?}");
+    }
+}

@@ -147,7 +147,12 @@ pub async fn run(
     if args.since < interval {
         return Err(BacktestError::TooShort(humantime::format_duration(args.since).to_string()));
     }
-    let span = HistorySpan { start: Timestamp::from_unix_millis(end.unix_millis() - since_ms), end, step: interval };
+    let span = HistorySpan {
+        start: Timestamp::from_unix_millis(end.unix_millis() - since_ms),
+        end,
+        step: interval,
+        for_forecast: false,
+    };
     let metrics = Arc::new(BackendMetrics::detached());
     let bar = ProgressBar::new(err, err_is_terminal);
 
