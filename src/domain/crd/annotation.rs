@@ -267,7 +267,7 @@ mod tests {
         assert_eq!(latency.entry, 0);
         assert_eq!(latency.backend.value().map(String::as_str), Some("prom"));
         assert_eq!(latency.max_age.value(), Some(&Duration::from_secs(120)));
-        assert_eq!(latency.max_age.origin.field, "metadata.annotations[\"watermarkd.io/queries\"][0].maxAge");
+        assert_eq!(latency.max_age.origin.field(), "metadata.annotations[\"watermarkd.io/queries\"][0].maxAge");
         let requests = &overrides.by_metric[&0];
         assert_eq!(requests.entry, 1);
         assert_eq!(requests.query.value().map(String::as_str), Some("sum(rate(r[1m]))"));

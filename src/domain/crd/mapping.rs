@@ -462,7 +462,7 @@ impl Mapper {
         match read(value) {
             Ok(value) => Field { given: Given::Value(value), origin },
             Err(message) => {
-                self.problem(&origin.field, message);
+                self.problem(&origin.field(), message);
                 Field { given: Given::Unreadable, origin }
             }
         }

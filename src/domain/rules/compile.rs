@@ -133,7 +133,7 @@ impl Report<'_> {
         self.sink.problems.push(Problem {
             line: origin.line,
             autoscaler: self.autoscaler.map(str::to_string),
-            field: origin.field.to_string(),
+            field: origin.field().into_owned(),
             message: message.into(),
         });
     }

@@ -142,7 +142,7 @@ pub(crate) fn read_autoscaler(node: &Node, source: Source, sink: &mut Sink) -> O
     let label = name.value().cloned();
     if let Some(label) = &label {
         // From here on every problem names the autoscaler instead of its position.
-        table.scope = TableScope { autoscaler: Some(label.clone()), ..TableScope::default() };
+        table.set_scope(TableScope { autoscaler: Some(label.clone()), ..TableScope::default() });
     }
     let target = read_target(&mut table, sink);
     let interval = read(&mut table, sink, "interval", |table, sink, key| {
@@ -197,7 +197,7 @@ pub(crate) fn read_autoscaler(node: &Node, source: Source, sink: &mut Sink) -> O
 fn read<'a, T>(
     table: &mut Table<'a>,
     sink: &mut Sink,
-    key: &str,
+    key: &'static str,
     read: impl FnOnce(&mut Table<'a>, &mut Sink, &str) -> Option<T>,
 ) -> Field<T> {
     let value = read(table, sink, key);
@@ -218,10 +218,10 @@ fn read_target(table: &mut Table<'_>, sink: &mut Sink) -> Field<TargetDraft> {
 
 /// Every scalar knob of the rule, and `behavior`, in the order the rules file documents them.
 fn read_knobs(table: &mut Table<'_>, sink: &mut Sink) -> (KnobsDraft, Field<BehaviorDraft>) {
-    let number = |table: &mut Table<'_>, sink: &mut Sink, key: &str| read(table, sink, key, Table::number);
-    let duration = |table: &mut Table<'_>, sink: &mut Sink, key: &str| read(table, sink, key, Table::duration);
-    let replicas = |table: &mut Table<'_>, sink: &mut Sink, key: &str| read(table, sink, key, Table::replicas);
-    let flag = |table: &mut Table<'_>, sink: &mut Sink, key: &str| read(table, sink, key, Table::flag);
+    let number = |table: &mut Table<'_>, sink: &mut Sink, key: &'static str| read(table, sink, key, Table::number);
+    let duration = |table: &mut Table<'_>, sink: &mut Sink, key: &'static str| read(table, sink, key, Table::duration);
+    let replicas = |table: &mut Table<'_>, sink: &mut Sink, key: &'static str| read(table, sink, key, Table::replicas);
+    let flag = |table: &mut Table<'_>, sink: &mut Sink, key: &'static str| read(table, sink, key, Table::flag);
     let min_replicas = replicas(table, sink, "min_replicas");
     let max_replicas = replicas(table, sink, "max_replicas");
     let algorithm = read(table, sink, "algorithm", |t, s, k| t.choice(s, k, Algorithm::parse, ALGORITHMS));
@@ -263,8 +263,8 @@ fn read_knobs(table: &mut Table<'_>, sink: &mut Sink) -> (KnobsDraft, Field<Beha
 /// `[autoscaler.recommender]`.
 fn read_recommender(table: &mut Table<'_>, sink: &mut Sink) -> Field<RecommenderDraft> {
     let Some(mut rec) = table.table(sink, "recommender") else { return table.field("recommender", None) };
-    let text = |rec: &mut Table<'_>, sink: &mut Sink, key: &str| read(rec, sink, key, Table::text);
-    let path = |rec: &mut Table<'_>, sink: &mut Sink, key: &str| {
+    let text = |rec: &mut Table<'_>, sink: &mut Sink, key: &'static str| read(rec, sink, key, Table::text);
+    let path = |rec: &mut Table<'_>, sink: &mut Sink, key: &'static str| {
         read(rec, sink, key, |rec, sink, key| rec.text(sink, key).map(PathBuf::from))
     };
     let draft = RecommenderDraft {
@@ -309,7 +309,7 @@ fn read_metric(node: &Node, index: usize, parent: &TableScope, source: Source, s
     // The name is read first so that problems with the other keys can name the metric.
     let name = metric.text(sink, "name");
     if let Some(name) = &name {
-        metric.scope = named_metric_scope(parent, &positional, name);
+        metric.set_scope(named_metric_scope(parent, &positional, name));
     }
     let query = metric.text(sink, "query");
     let resource = metric.choice(sink, "resource", ResourceName::parse, RESOURCES);
@@ -320,7 +320,7 @@ fn read_metric(node: &Node, index: usize, parent: &TableScope, source: Source, s
     let mut name_line = node.line;
     if let Some((key, label)) = &named_by {
         name_line = metric.line_of(key);
-        metric.scope = named_metric_scope(parent, &positional, label);
+        metric.set_scope(named_metric_scope(parent, &positional, label));
     }
     let unnamed = !(metric.has("name") || metric.has("query") || metric.has("resource"));
     if unnamed {
@@ -335,7 +335,9 @@ fn read_metric(node: &Node, index: usize, parent: &TableScope, source: Source, s
         };
         sink.report_table(&positional, node.line, message);
     }
-    let name = Field { origin: Origin::new(metric.scope.field("name"), name_line), ..metric.field("name", name) };
+    let mut name = metric.field("name", name);
+    // Named where its name comes from: `name`, else the query or the resource.
+    name.origin.line = name_line;
     let query = metric.field("query", query);
     let resource = metric.field("resource", resource);
     let backend = read(&mut metric, sink, "backend", Table::text);
@@ -451,7 +453,7 @@ fn read_behavior(table: &mut Table<'_>, sink: &mut Sink) -> Field<BehaviorDraft>
     table.field("behavior", Some(draft))
 }
 
-fn read_scaling_rules(behavior: &mut Table<'_>, sink: &mut Sink, key: &str) -> Field<ScalingRulesDraft> {
+fn read_scaling_rules(behavior: &mut Table<'_>, sink: &mut Sink, key: &'static str) -> Field<ScalingRulesDraft> {
     let Some(mut rules) = behavior.table(sink, key) else { return behavior.field(key, None) };
     let draft = ScalingRulesDraft {
         tolerance: read(&mut rules, sink, "tolerance", Table::number),
@@ -496,7 +498,11 @@ fn read_policies(rules: &mut Table<'_>, sink: &mut Sink) -> Field<Vec<Field<Poli
 
 /// The windows of a schedule under `key` (`[[autoscaler.schedule]]`, or a WPA annotation's
 /// list): each read for its shape, its values checked by the schedule's own parsers.
-pub(crate) fn read_schedules(table: &mut Table<'_>, sink: &mut Sink, key: &str) -> Field<Vec<Field<ScheduleDraft>>> {
+pub(crate) fn read_schedules(
+    table: &mut Table<'_>,
+    sink: &mut Sink,
+    key: &'static str,
+) -> Field<Vec<Field<ScheduleDraft>>> {
     let hint = "[[autoscaler.schedule]] sections in TOML";
     let Some(nodes) = table.list(sink, key, hint) else { return table.field(key, None) };
     let schedules = read_schedule_list(nodes, &table.scope, key, sink);

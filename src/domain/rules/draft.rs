@@ -12,6 +12,7 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use watermarkd_engine::{Algorithm, ConvergeTowards, Decimal, PolicyKind, SelectPolicy, Timestamp};
@@ -21,24 +22,47 @@ use crate::domain::schedule::{Cron, Zone};
 use jiff::civil::Time;
 
 /// Where a value was written, as problems name it.
+///
+/// Every field of every draft has one, so it is cheap: a rules file's field is its table's
+/// shared prefix (`metric "latency": `) and its key, a literal; the whole name is only
+/// written out when a problem names it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Origin {
-    /// The field as its source spells it: `max_replicas`, `metric "latency": low_watermark`,
-    /// `spec.metrics[0].external.lowWatermark`. For an absent field, where it would be written.
-    pub field: Cow<'static, str>,
+    /// What precedes the key, shared by the fields of one table; `None` when `key` is the
+    /// whole name.
+    prefix: Option<Arc<str>>,
+    key: Cow<'static, str>,
     /// 1-based line in the rules file: the key's, or its table's when the key is absent.
     pub line: Option<usize>,
 }
 
 impl Origin {
+    /// The field named `field` as a whole: `max_replicas`, `spec.metrics[0].external.lowWatermark`.
     pub fn new(field: impl Into<Cow<'static, str>>, line: Option<usize>) -> Self {
-        Origin { field: field.into(), line }
+        Origin { prefix: None, key: field.into(), line }
+    }
+
+    /// The field `key` of a table whose fields are named `{prefix}{key}`.
+    pub fn within(prefix: Option<Arc<str>>, key: &'static str, line: Option<usize>) -> Self {
+        Origin { prefix, key: Cow::Borrowed(key), line }
+    }
+
+    /// The field as its source spells it: `max_replicas`, `metric "latency": low_watermark`,
+    /// `spec.metrics[0].external.lowWatermark`. For an absent field, where it would be written.
+    pub fn field(&self) -> Cow<'_, str> {
+        match &self.prefix {
+            Some(prefix) => Cow::Owned(format!("{prefix}{}", self.key)),
+            None => Cow::Borrowed(&self.key),
+        }
     }
 
     /// The field's own key, as a message naming it beside another spells it (`max_replicas`,
     /// `maxReplicas`).
     pub fn key(&self) -> &str {
-        self.field.rsplit(['.', ' ']).next().unwrap_or(&self.field)
+        match &self.prefix {
+            Some(_) => &self.key,
+            None => self.key.rsplit(['.', ' ']).next().unwrap_or(&self.key),
+        }
     }
 }
 
@@ -320,5 +344,10 @@ mod tests {
         assert_eq!(Origin::new("metric \"a.b\": high_watermark", None).key(), "high_watermark");
         assert_eq!(Origin::new("spec.metrics[0].external.highWatermark", None).key(), "highWatermark");
         assert_eq!(Origin::new("autoscaler[2].max_replicas", None).key(), "max_replicas");
+        let within = Origin::within(Some(Arc::from("metric \"a.b\": ")), "low_watermark", Some(4));
+        assert_eq!(
+            (within.field(), within.key()),
+            (Cow::Owned("metric \"a.b\": low_watermark".into()), "low_watermark")
+        );
     }
 }

@@ -2,6 +2,7 @@
 //! the key's line) and returns `None`, so that extraction goes on and finds the other problems
 //! too. Keys that nobody read are reported as unknown by `finish`.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use watermarkd_engine::Decimal;
@@ -16,13 +17,23 @@ pub(crate) struct Table<'a> {
     used: Vec<bool>,
     pub line: Option<usize>,
     pub scope: TableScope,
+    /// `scope`'s label and separator, shared by the origins of this table's fields; made at
+    /// the first one (a scope that changes, as a metric's when its name is read, is set
+    /// before any).
+    prefix: std::cell::OnceCell<Arc<str>>,
 }
 
 impl<'a> Table<'a> {
     /// Reads `node` as a table, or reports that it is not one.
     pub fn new(node: &'a Node, scope: TableScope, sink: &mut Sink) -> Option<Self> {
         match node.entries() {
-            Some(entries) => Some(Table { entries, used: vec![false; entries.len()], line: node.line, scope }),
+            Some(entries) => Some(Table {
+                entries,
+                used: vec![false; entries.len()],
+                line: node.line,
+                scope,
+                prefix: std::cell::OnceCell::new(),
+            }),
             None => {
                 sink.report_table(&scope, node.line, format!("must be a table, not {}", node.kind.describe()));
                 None
@@ -58,14 +69,29 @@ impl<'a> Table<'a> {
         self.position(key).and_then(|i| entries.get(i))
     }
 
+    /// Names this table's fields from now on as `scope` does.
+    pub fn set_scope(&mut self, scope: TableScope) {
+        self.scope = scope;
+        self.prefix = std::cell::OnceCell::new();
+    }
+
     /// Where `key` is written, or would be: its line, else the table's.
-    pub fn origin(&self, key: &str) -> Origin {
-        Origin::new(self.scope.field(key), self.line_of(key))
+    pub fn origin(&self, key: &'static str) -> Origin {
+        Origin::within(self.prefix(), key, self.line_of(key))
+    }
+
+    /// What precedes a key in the names of this table's fields, made once per table.
+    fn prefix(&self) -> Option<Arc<str>> {
+        if self.scope.label.is_empty() {
+            return None;
+        }
+        let prefix = self.prefix.get_or_init(|| Arc::from(format!("{}{}", self.scope.label, self.scope.separator)));
+        Some(Arc::clone(prefix))
     }
 
     /// What a read of `key` returned, as a draft's field: unreadable when the key is written
     /// but the read failed (and reported why).
-    pub fn field<T>(&self, key: &str, value: Option<T>) -> Field<T> {
+    pub fn field<T>(&self, key: &'static str, value: Option<T>) -> Field<T> {
         let given = match value {
             Some(value) => Given::Value(value),
             None if self.has(key) => Given::Unreadable,
@@ -192,7 +218,13 @@ impl<'a> Table<'a> {
         let entry = self.take(key)?;
         let scope = self.scope.child(key);
         match entry.value.entries() {
-            Some(entries) => Some(Table { entries, used: vec![false; entries.len()], line: entry.value.line, scope }),
+            Some(entries) => Some(Table {
+                entries,
+                used: vec![false; entries.len()],
+                line: entry.value.line,
+                scope,
+                prefix: std::cell::OnceCell::new(),
+            }),
             None => {
                 self.type_error(sink, entry, "a table");
                 None

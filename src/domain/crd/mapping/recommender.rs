@@ -77,7 +77,7 @@ impl Mapper {
         match policy.tls_file(path) {
             Ok(resolved) => Field { given: Given::Value(resolved), origin },
             Err(why) => {
-                self.problem(&origin.field, why);
+                self.problem(&origin.field(), why);
                 // A stand-in keeps compiling from also calling the other half of a client
                 // certificate missing; with this problem the WPA does not run.
                 Field { given: Given::Value(PathBuf::from(path)), origin }
