@@ -327,10 +327,8 @@ impl Forecaster {
         if forecast_rule.mode != ForecastMode::Scale {
             return rule;
         }
+        // `floor` only sets one that raises the rule's.
         let Some(floor) = ahead.floor else { return rule };
-        if floor <= rule.min_running_replicas() {
-            return rule;
-        }
         let lead = humantime::format_duration(forecast_rule.lead_time);
         let max = rule.max_replicas();
         let min_by = Some(format!("the forecast {lead} ahead"));

@@ -119,6 +119,8 @@ pub struct Done {
     pub fallback: Option<fallback::Change>,
     /// The series of its forecast, fallback and pause, when it has one of them.
     pub ahead: Option<AheadSeries>,
+    /// What its forecast says (`Ok`), or why it cannot forecast (`Err`): for a WPA's status.
+    pub forecast_says: Option<Result<String, String>>,
 }
 
 #[derive(Debug)]
@@ -152,6 +154,8 @@ struct Pending {
     fallback: Option<fallback::Change>,
     /// The series of its forecast, fallback and pause, when it has one of them.
     ahead: Option<AheadSeries>,
+    /// What its forecast says (`Ok`), or why it cannot forecast (`Err`), when it has one.
+    forecast_says: Option<Result<String, String>>,
 }
 
 /// One evaluation: its inputs, and how far it has got.
@@ -309,6 +313,8 @@ impl<'a> Evaluation<'a> {
         let mut rule = schedule::rule_at(&self.rule, &self.desired.autoscaler.schedules, now);
         let autoscaler = &self.desired.autoscaler;
         let mut ahead = AheadSeries::default();
+        // What the forecast says, for a WPA's status.
+        let mut says = None;
         if let Some(forecast) = autoscaler.forecast.as_deref() {
             let forecaster = memory.forecaster.get_or_insert_with(Box::default);
             let ready = observed.ready_replicas.unwrap_or(observed.spec_replicas).min(observed.spec_replicas);
@@ -325,7 +331,7 @@ impl<'a> Evaluation<'a> {
                 })
                 .collect();
             ahead.forecast_replicas = said.floor;
-            ahead.forecast_says = Some(forecast_says(&self.rule, forecast, &said));
+            says = Some(forecast_says(&self.rule, forecast, &said));
             rule = Forecaster::apply(rule, forecast, &said);
         }
         let pause = self.desired.autoscaler.pause_note(now);
@@ -351,7 +357,8 @@ impl<'a> Evaluation<'a> {
                 );
             }
         }
-        let pending = Pending { reading, decision, observed, current, now, fallback: change, ahead };
+        let pending =
+            Pending { reading, decision, observed, current, now, fallback: change, ahead, forecast_says: says };
         if pending.decision.write {
             let need = Need::Scale(pending.decision.replicas, Box::new(pending.reading.clone()));
             return self.ask(Phase::Write(Box::new(pending)), need);
@@ -415,7 +422,7 @@ impl<'a> Evaluation<'a> {
         write: ScaleWrite,
         confirmed: Option<Timestamp>,
     ) -> Need {
-        let Pending { decision, observed, current, now, fallback, ahead, .. } = pending;
+        let Pending { decision, observed, current, now, fallback, ahead, forecast_says, .. } = pending;
         let mut next_state = match write {
             ScaleWrite::Failed(_) => decision.state_if_not_written.clone(),
             _ => decision.state.clone(),
@@ -460,6 +467,7 @@ impl<'a> Evaluation<'a> {
             outcome,
             fallback,
             ahead,
+            forecast_says,
         }))
     }
 }
@@ -520,7 +528,7 @@ pub fn to_persist<'m>(
             let previous = status.as_deref().cloned().or_else(|| wpa.status.clone());
             let mut next = crd::next_status(previous.as_ref(), &wpa.spec, decision, &done.write, now);
             if let Some(ahead) = &done.ahead {
-                let forecast = ahead.forecast_says.as_ref().map(|says| says.as_deref().map_err(String::as_str));
+                let forecast = done.forecast_says.as_ref().map(|says| says.as_deref().map_err(String::as_str));
                 crd::with_ahead(&mut next, forecast, ahead.fallback_active, now);
             }
             if !crd::status_changed(previous.as_ref(), &next) {

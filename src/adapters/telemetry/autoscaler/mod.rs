@@ -259,9 +259,6 @@ pub struct AheadSeries {
     pub fallback_active: Option<bool>,
     /// `Some` for an autoscaler with `paused_until`: whether it is paused.
     pub paused: Option<bool>,
-    /// What the forecast says in a sentence (`Ok`), or why it cannot forecast (`Err`): for a
-    /// WPA's status, not a series.
-    pub forecast_says: Option<Result<String, String>>,
 }
 
 /// The previous conditions with these set; a condition not set this time keeps its status, as
@@ -811,7 +808,6 @@ mod tests {
             forecast_replicas: Some(13),
             fallback_active: Some(false),
             paused: None,
-            forecast_says: None,
         };
         metrics.observe(&web, &rule, &decision, false, [], Some(ahead));
         let text = metrics.snapshot().render_all();
