@@ -1,6 +1,6 @@
-//! A query's history for a backtest: `GET /api/v1/query` over consecutive windows, paced like
-//! the daemon's own requests (the organisation's budget is shared with it), and read back as
-//! what a live evaluation would have used at each step.
+//! A query's history for a backtest or a forecast: `GET /api/v1/query` over consecutive
+//! windows, paced with the daemon's own requests (the organisation's budget is shared with
+//! them), and read back as what a live evaluation would have used at each step.
 
 use std::time::Duration;
 
@@ -72,7 +72,11 @@ impl DatadogClient {
         let mut from = first;
         while from < last {
             let to = (from + window).min(last);
-            inner.admitted().await;
+            if span.for_forecast {
+                inner.admitted_in_background().await;
+            } else {
+                inner.admitted().await;
+            }
             let url = format!("{}?from={from}&to={to}&query={encoded}", inner.v1_endpoint());
             let started = Instant::now();
             let answer = inner
@@ -115,6 +119,19 @@ impl Inner {
                 Admission::Go | Admission::Learn | Admission::Part { .. } | Admission::Probe { .. } => return,
                 Admission::Deferred { .. } => ADMISSION_POLL,
                 Admission::RateLimited { reset_in_seconds } => Duration::from_secs(reset_in_seconds.max(1)),
+            };
+            tokio::time::sleep(wait).await;
+        }
+    }
+
+    /// Waits until the pacer lets one background request go: a forecast's history in the
+    /// daemon takes only what its live cycles leave (see `Pacer::admit_background`), so
+    /// thousands of forecasts starting at once delay their own history, never a live query.
+    async fn admitted_in_background(&self) {
+        loop {
+            let wait = match lock(&self.pacer).admit_background(Instant::now()) {
+                Ok(()) => return,
+                Err(wait) => wait.max(ADMISSION_POLL),
             };
             tokio::time::sleep(wait).await;
         }

@@ -37,6 +37,11 @@ pub const PROBE_AFTER: Duration = Duration::from_secs(60);
 /// gone: a spacing that hovers around the requested interval admits two asks in a row now and
 /// then, which is not "fits again".
 const CALM_ASKS: u32 = 4;
+/// How long the live asks are counted before their rate is taken as what the live cycles need.
+const LIVE_RATE_WINDOW: Duration = Duration::from_secs(30);
+/// How long a background request waits before asking again when it may not go and no better
+/// moment is known.
+pub const BACKGROUND_RETRY: Duration = Duration::from_secs(30);
 /// The budget as the client sees it now (for `watermarkd query` and logs).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RateLimitSnapshot {
@@ -133,6 +138,14 @@ pub struct Pacer {
     last_ask: Option<Instant>,
     /// Each namespace's own credit, for its share of the budget (`namespace_share`).
     namespaces: HashMap<String, NamespaceCredit>,
+    /// What the live cycles ask for: requests per second, measured over `LIVE_RATE_WINDOW`
+    /// (`None` until a whole window has passed since the pacer started), and the current
+    /// window's count.
+    live_rate: Option<f64>,
+    live_asked: u64,
+    live_since: Option<Instant>,
+    /// When the next background request may go.
+    background_not_before: Instant,
 }
 
 pub fn reserve(limit: u64) -> u64 {
@@ -173,6 +186,10 @@ impl Pacer {
             credit: Duration::ZERO,
             last_ask: None,
             namespaces: HashMap::new(),
+            live_rate: None,
+            live_asked: 0,
+            live_since: Some(now),
+            background_not_before: now,
         }
     }
 
@@ -240,6 +257,7 @@ impl Pacer {
         }
         let elapsed = self.last_ask.map(|at| now.saturating_duration_since(at));
         self.last_ask = Some(now);
+        self.count_live(now, n);
         self.oversized = n > self.limit.saturating_sub(reserve(self.limit));
         let decision = if self.oversized { self.spread(now, n, elapsed) } else { self.plan(now, n).map(|()| n) };
         match decision {
@@ -357,6 +375,61 @@ impl Pacer {
         self.next_cycle_not_before = Some(now + spacing);
         self.last_spacing = spacing;
         self.remaining -= n;
+        Ok(())
+    }
+
+    /// Counts what the live cycles ask for (admitted or not: it is what they need), and turns
+    /// each whole `LIVE_RATE_WINDOW` into a rate. A higher rate is taken at once, a lower one
+    /// halfway, so a quiet minute does not open the budget to background reads.
+    fn count_live(&mut self, now: Instant, n: u64) {
+        let since = *self.live_since.get_or_insert(now);
+        self.live_asked = self.live_asked.saturating_add(n);
+        let elapsed = now.saturating_duration_since(since);
+        if elapsed >= LIVE_RATE_WINDOW {
+            let measured = self.live_asked as f64 / elapsed.as_secs_f64();
+            self.live_rate = Some(match self.live_rate {
+                Some(old) if old > measured => (old + measured) / 2.0,
+                _ => measured,
+            });
+            self.live_asked = 0;
+            self.live_since = Some(now);
+        }
+    }
+
+    /// May one background request (a forecast's history, which nothing waits for) go now?
+    /// Only from what the live cycles will not need: the usable budget left in the window
+    /// (beyond the reserve and the other users' expected share), minus the live rate until the
+    /// reset, of which a background request takes half at a time, spread evenly over what is
+    /// left of the window, so the live cycles keep room to grow. Nothing goes before the live
+    /// rate is known (a whole `LIVE_RATE_WINDOW` after the start), while the live cycles are
+    /// stretched, or after a 429.
+    /// Ok: debited, send it; Err: ask again after that long.
+    pub fn admit_background(&mut self, now: Instant) -> Result<(), Duration> {
+        if let Some(seconds) = self.blocked(now) {
+            return Err(Duration::from_secs(seconds));
+        }
+        self.roll(now);
+        if self.live_rate.is_none() {
+            // A first window without a single live ask: there is no live traffic to leave room
+            // for (a backtest, or a daemon whose queries all go elsewhere).
+            self.count_live(now, 0);
+        }
+        let Some(live_rate) = self.live_rate else { return Err(BACKGROUND_RETRY) };
+        if self.oversized || self.stretched > 0 {
+            return Err(BACKGROUND_RETRY);
+        }
+        if now < self.background_not_before {
+            return Err(self.background_not_before - now);
+        }
+        let (cost, _) = self.request_cost(now);
+        let until_reset = self.reset_at.saturating_duration_since(now).max(Duration::from_secs(1));
+        let usable = until_reset.as_secs_f64() / cost.as_secs_f64().max(1e-9);
+        let spare = (usable - live_rate * until_reset.as_secs_f64()) / 2.0;
+        if spare < 1.0 {
+            return Err(until_reset.min(BACKGROUND_RETRY));
+        }
+        self.remaining = self.remaining.saturating_sub(1);
+        self.background_not_before = now + until_reset.div_f64(spare);
         Ok(())
     }
 
@@ -526,6 +599,67 @@ mod tests {
         assert_eq!(pacer.admit(t0, 28), Admission::Go);
         pacer.observe(t0 + Duration::from_millis(200), &headers(1_000_000, 999_971, 3_000), true);
         assert_eq!(pacer.admit(t0 + Duration::from_secs(15), 29), Admission::Go, "paced from the real budget");
+    }
+
+    /// Two hours, second by second: live cycles of `live` requests every 30 s, and a
+    /// background reader that asks whenever it was told to. Returns, per hour, the live asks
+    /// not admitted at once and the background requests sent.
+    fn live_and_background(live: u64) -> Vec<(u64, u64)> {
+        let t0 = Instant::now();
+        let mut p = Pacer::new(t0);
+        let mut hours = vec![(0, 0); 2];
+        let mut background_at = t0;
+        for second in 0..7_200u64 {
+            let now = t0 + Duration::from_secs(second);
+            let hour = usize::try_from(second / 3_600).unwrap();
+            if second % 3_600 == 0 {
+                // Each window's first answer: the whole budget, an hour to go.
+                p.observe(now, &headers(1_600, 1_600, 3_600), true);
+            }
+            if second % 30 == 0 && p.admit(now, live) != Admission::Go {
+                hours[hour].0 += 1;
+            }
+            if now >= background_at {
+                match p.admit_background(now) {
+                    Ok(()) => hours[hour].1 += 1,
+                    Err(wait) => background_at = now + wait,
+                }
+            }
+        }
+        hours
+    }
+
+    #[test]
+    fn background_requests_take_only_what_the_live_cycles_leave() {
+        // 10 requests every 30 s is 1,200 of the 1,520 usable an hour.
+        let hours = live_and_background(10);
+        assert_eq!(hours[0].0 + hours[1].0, 0, "every live cycle went at once: {hours:?}");
+        let (_, background) = hours[1];
+        assert!(background >= 100, "the spare budget went to the background: {hours:?}");
+        assert!(1_200 + background <= 1_520, "nothing beyond the reserve: {hours:?}");
+        // A live load that takes the whole budget leaves nothing to the background.
+        let hours = live_and_background(13);
+        assert_eq!(hours[1].1, 0, "{hours:?}");
+    }
+
+    #[test]
+    fn background_requests_wait_for_the_live_rate_and_after_a_429() {
+        let t0 = Instant::now();
+        let mut p = Pacer::new(t0);
+        p.observe(t0, &headers(1_600, 1_600, 3_600), true);
+        assert!(p.admit_background(t0).is_err(), "the live rate is not known yet");
+        assert_eq!(p.admit(t0, 1), Admission::Go);
+        assert_eq!(p.admit(t0 + Duration::from_secs(30), 1), Admission::Go);
+        let later = t0 + Duration::from_secs(31);
+        assert_eq!(p.admit_background(later), Ok(()));
+        p.rate_limited(later, Duration::from_secs(40));
+        let blocked = p.admit_background(later + Duration::from_secs(30)).unwrap_err();
+        assert_eq!(blocked, Duration::from_secs(10), "until the 429's reset");
+
+        // Without any live ask, the first window's end says there is no live traffic.
+        let mut p = Pacer::new(t0);
+        assert!(p.admit_background(t0 + Duration::from_secs(29)).is_err());
+        assert_eq!(p.admit_background(t0 + Duration::from_secs(30)), Ok(()));
     }
 
     #[test]
