@@ -10,3 +10,4 @@ pub mod rules;
 pub mod schedule;
 pub mod sparse;
 pub mod state;
+pub mod status;

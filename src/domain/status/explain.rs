@@ -1,0 +1,335 @@
+//! A decision in plain sentences, for `watermarkd status` and the status page: what was done,
+//! where each metric stood against its band, what it asked for, and each limit, window or
+//! delay that kept the replicas from it. Worded from the decision and the rule it was made
+//! with (the schedule's or forecast's bounds already applied), so that the sentence names the
+//! setting an operator would change.
+
+use std::time::Duration;
+
+use watermarkd_engine::{Action, Decision, Guard, Limit, MetricOutcome, Position, Rule, Velocity};
+
+/// What the decision alone does not say.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Context<'a> {
+    /// The autoscaler is paused until this time (RFC 3339): it decided, and wrote nothing.
+    pub paused_until: Option<&'a str>,
+    /// Whether the scale was written (or would have been, in a dry run or a pause).
+    pub scaled: bool,
+}
+
+/// A number as a person reads it: four significant digits at most, no trailing zeros.
+pub fn number(value: f64) -> String {
+    if !value.is_finite() {
+        return value.to_string();
+    }
+    if value == 0.0 {
+        return "0".into();
+    }
+    let magnitude = value.abs().log10().floor() as i32;
+    let decimals = usize::try_from((3 - magnitude).clamp(0, 6)).unwrap_or(0);
+    let text = format!("{value:.decimals$}");
+    if text.contains('.') {
+        text.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        text
+    }
+}
+
+/// Seconds as `3m 12s` (whole seconds, rounded up: "0s left" would be wrong while it is not).
+pub fn span(seconds: f64) -> String {
+    let whole = if seconds.is_finite() && seconds > 0.0 { seconds.ceil() as u64 } else { 0 };
+    humantime::format_duration(Duration::from_secs(whole)).to_string()
+}
+
+/// The headline: what this evaluation did with the replicas.
+pub fn headline(decision: &Decision, context: Context<'_>) -> String {
+    let (spec, to) = (decision.spec_replicas, decision.replicas);
+    let done = match decision.action {
+        Action::Hold => return format!("held at {spec}"),
+        Action::ScaleUp => format!("scale up from {spec} to {to}"),
+        Action::ScaleDown => format!("scale down from {spec} to {to}"),
+    };
+    if let Some(until) = context.paused_until {
+        format!("would {done}, but paused until {until}")
+    } else if decision.dry_run {
+        format!("would {done} (dry run: nothing written)")
+    } else if context.scaled {
+        let done = done.replacen("scale up", "scaled up", 1).replacen("scale down", "scaled down", 1);
+        done.to_string()
+    } else {
+        format!("tried to {done}, and the write did not happen")
+    }
+}
+
+/// Where one metric stood: "usage 0.81 is inside [0.6, 0.9]". The band named is the
+/// watermarks; the tolerance around them is named only when it decided (a value outside the
+/// watermarks that the tolerance still counts as inside).
+pub fn metric_sentence(metric: &MetricOutcome, ready: u32, per_replica: bool) -> String {
+    let name = &metric.name;
+    let Some(usage) = metric.usage.filter(|_| metric.position != Position::Unavailable) else {
+        let why = metric.note.as_deref().unwrap_or("no reading");
+        return format!("{name} has no usable value: {why}");
+    };
+    let what = match (per_replica, metric.value) {
+        (true, Some(value)) => {
+            format!("{name} per replica {} ({} over {ready} ready)", number(usage), number(value))
+        }
+        _ => format!("{name} {}", number(usage)),
+    };
+    let band = format!("[{}, {}]", number(metric.low_watermark), number(metric.high_watermark));
+    let position = match metric.position {
+        Position::Above => format!("is above {band}"),
+        Position::Below => format!("is below {band}"),
+        Position::Inside | Position::Unavailable if usage > metric.high_watermark || usage < metric.low_watermark => {
+            format!(
+                "is outside {band} but inside the tolerance [{}, {}]",
+                number(metric.band_low),
+                number(metric.band_high)
+            )
+        }
+        Position::Inside | Position::Unavailable => format!("is inside {band}"),
+    };
+    let age = metric.age_seconds.map(|a| format!(", {} old", span(a))).unwrap_or_default();
+    let asks = match (metric.position, metric.proposal) {
+        (Position::Above | Position::Below, Some(p)) => format!(", asks for {p}"),
+        _ => String::new(),
+    };
+    let note = metric.note.as_deref().map(|n| format!(" ({n})")).unwrap_or_default();
+    format!("{what} {position}{age}{asks}{note}")
+}
+
+/// What limited the proposal, in the rule's own words.
+fn limited_by(rule: &Rule, limit: Limit) -> String {
+    let bound = |by: Option<&str>, name: &str, value: u32, verb: &str| match by {
+        Some(by) => format!("{name} {value} ({verb} by {by})"),
+        None => format!("{name} {value}"),
+    };
+    let bounds = rule.bounds_by();
+    match (limit, rule.velocity()) {
+        (Limit::UpscaleCapping, Velocity::Watermark(w)) => {
+            format!("scale_up_limit_factor {}%", number(w.scale_up_limit_factor.to_f64()))
+        }
+        (Limit::DownscaleCapping, Velocity::Watermark(w)) => {
+            format!("scale_down_limit_factor {}%", number(w.scale_down_limit_factor.to_f64()))
+        }
+        (Limit::UpscaleCapping, Velocity::Behavior(_)) => "the scale-up policies".into(),
+        (Limit::DownscaleCapping, Velocity::Behavior(_)) => "the scale-down policies".into(),
+        (Limit::TooFew, _) => {
+            bound(bounds.and_then(|b| b.min_by.as_deref()), "min_replicas", rule.min_replicas(), "raised")
+        }
+        (Limit::TooMany, _) => {
+            bound(bounds.and_then(|b| b.max_by.as_deref()), "max_replicas", rule.max_replicas(), "lowered")
+        }
+        (Limit::NotReady, _) => "unready replicas (never below the ready count while some are not ready)".into(),
+        _ => "the rule's bounds".into(),
+    }
+}
+
+/// The forbidden window of a direction, as configured (behavior rules have none).
+fn window(rule: &Rule, up: bool) -> Option<Duration> {
+    match rule.velocity() {
+        Velocity::Watermark(w) if up => Some(w.upscale_forbidden_window),
+        Velocity::Watermark(w) => Some(w.downscale_forbidden_window),
+        Velocity::Behavior(_) => None,
+    }
+}
+
+/// Why a guard decided instead of the metrics.
+fn guard_sentence(guard: Guard, decision: &Decision, rule: &Rule) -> String {
+    let spec = decision.spec_replicas;
+    match guard {
+        Guard::Paused => "spec.replicas is 0: a person paused the workload, so nothing is changed".into(),
+        Guard::AtZero => "the workload is at zero; a metric above its activation wakes it".into(),
+        Guard::NoData => match &decision.fallback {
+            Some(because) => format!("no metric has a usable value ({because}): the fallback decides"),
+            None if decision.metrics.iter().all(|m| m.position == Position::Unavailable) => {
+                format!("no metric has a usable value: holding {spec} (missing data is never read as 0)")
+            }
+            None => format!("spec {spec} is outside the bounds, and not every metric is available: holding"),
+        },
+        Guard::AboveMax => format!("spec {spec} is above max_replicas {}", rule.max_replicas()),
+        Guard::BelowMin => format!("spec {spec} is below min_replicas {}", rule.min_running_replicas()),
+        Guard::MinAvailable => format!(
+            "only {} of {spec} replicas are ready, under min_available_replica_percentage {}%: holding",
+            decision.ready_replicas,
+            rule.min_available_replica_percentage()
+        ),
+        Guard::NoReadyReplicas => "no replica is ready: holding".into(),
+    }
+}
+
+/// Every sentence of one decision, the headline first.
+pub fn explain(decision: &Decision, rule: &Rule, context: Context<'_>) -> Vec<String> {
+    let mut out = Vec::new();
+    let why = match decision.guard {
+        Some(guard) => guard_sentence(guard, decision, rule),
+        None => decision_sentence(decision, rule),
+    };
+    out.push(format!("{}: {why}", headline(decision, context)));
+    let per_replica = matches!(rule.algorithm(), watermarkd_engine::Algorithm::Average);
+    for metric in &decision.metrics {
+        out.push(metric_sentence(metric, decision.ready_replicas, per_replica));
+    }
+    if let Some(s) = decision.stabilization.filter(|s| Some(s.stabilized) != decision.proposal) {
+        out.push(format!(
+            "stabilized to {}: the recent recommendations range from {} to {}",
+            s.stabilized, s.lower, s.upper
+        ));
+    }
+    out.extend(hold_sentences(decision, rule));
+    if let Some(by) = rule.bounds_by() {
+        if let Some(min_by) = &by.min_by {
+            out.push(format!("min_replicas is {} now, set by {min_by}", rule.min_replicas()));
+        }
+        if let Some(max_by) = &by.max_by {
+            out.push(format!("max_replicas is {} now, set by {max_by}", rule.max_replicas()));
+        }
+    }
+    out
+}
+
+/// The velocity model's part: the proposal, and the limit that changed it.
+fn decision_sentence(decision: &Decision, rule: &Rule) -> String {
+    let spec = decision.spec_replicas;
+    let (Some(proposal), Some(normalized)) = (decision.proposal, decision.normalized) else {
+        return format!("nothing to propose: holding {spec}");
+    };
+    let stabilized = decision.stabilization.map_or(proposal, |s| s.stabilized);
+    if normalized != stabilized {
+        return format!("wanted {stabilized}, limited to {normalized} by {}", limited_by(rule, decision.limit));
+    }
+    let inside = decision.metrics.iter().all(|m| matches!(m.position, Position::Inside | Position::Unavailable));
+    match (decision.converging, inside, normalized == spec) {
+        (true, _, _) => format!("converging one step to {normalized}"),
+        (false, true, true) => "every metric is inside its band".into(),
+        (false, _, true) => format!("the metrics ask for {spec}, as many as run"),
+        (false, _, false) => format!("the metrics ask for {normalized}"),
+    }
+}
+
+/// A move the metrics asked for and a window or delay held back.
+fn hold_sentences(decision: &Decision, rule: &Rule) -> Vec<String> {
+    let mut out = Vec::new();
+    if decision.action != Action::Hold || decision.guard.is_some() {
+        return out;
+    }
+    let Some(normalized) = decision.normalized else { return out };
+    let t = &decision.timing;
+    let spec = decision.spec_replicas;
+    if normalized > spec {
+        if t.upscale_window_seconds_left > 0.0 {
+            let configured = window(rule, true).map(|w| format!(" {}", span(w.as_secs_f64()))).unwrap_or_default();
+            out.push(format!(
+                "no scale up: upscale_forbidden_window{configured} has {} left",
+                span(t.upscale_window_seconds_left)
+            ));
+        } else if t.upscale_delay_seconds_left > 0.0 {
+            out.push(format!(
+                "no scale up yet: the metric must stay above the high watermark {} more (upscale_delay_above_watermark {})",
+                span(t.upscale_delay_seconds_left),
+                span(rule.upscale_delay_above_watermark().as_secs_f64())
+            ));
+        }
+    } else if normalized < spec {
+        if t.downscale_window_seconds_left > 0.0 {
+            let configured = window(rule, false).map(|w| format!(" {}", span(w.as_secs_f64()))).unwrap_or_default();
+            out.push(format!(
+                "no scale down: downscale_forbidden_window{configured} has {} left",
+                span(t.downscale_window_seconds_left)
+            ));
+        } else if t.downscale_delay_seconds_left > 0.0 {
+            out.push(format!(
+                "no scale down yet: the metric must stay below the low watermark {} more (downscale_delay_below_watermark {})",
+                span(t.downscale_delay_seconds_left),
+                span(rule.downscale_delay_below_watermark().as_secs_f64())
+            ));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use watermarkd_engine::{decide, Reading, State, Target, Timestamp};
+
+    fn rule(extra: serde_json::Value) -> Rule {
+        let mut spec = json!({
+            "min_replicas": 1, "max_replicas": 30, "algorithm": "average",
+            "metric": [{ "name": "usage", "query": "q", "high_watermark": 0.9, "low_watermark": 0.6 }]
+        });
+        if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
+            spec.extend(extra.clone());
+        }
+        crate::domain::rules::rule_from_json(&spec).expect("rule")
+    }
+
+    const NOW: i64 = 1_700_000_000_000;
+
+    fn decision(rule: &Rule, spec: u32, total: f64, state: &State) -> Decision {
+        let target = Target { spec_replicas: spec, status_replicas: Some(spec), ready_replicas: Some(spec) };
+        let reading = [Reading::Value { value: total, at: Timestamp::from_unix_millis(NOW - 10_000) }];
+        decide(rule, target, &reading, state, Timestamp::from_unix_millis(NOW))
+    }
+
+    fn sentences(rule: &Rule, spec: u32, total: f64, state: &State) -> Vec<String> {
+        explain(&decision(rule, spec, total, state), rule, Context { scaled: true, ..Context::default() })
+    }
+
+    #[test]
+    fn a_hold_inside_the_band_names_the_value_and_the_band() {
+        // 12 replicas at 0.75 each.
+        let said = sentences(&rule(json!({})), 12, 9.0, &State::default());
+        assert_eq!(said[0], "held at 12: every metric is inside its band", "{said:?}");
+        assert_eq!(said[1], "usage per replica 0.75 (9 over 12 ready) is inside [0.6, 0.9], 10s old", "{said:?}");
+    }
+
+    #[test]
+    fn a_capped_scale_up_names_the_factor() {
+        // 2 replicas at 1.8 each ask for 4; a 50% factor allows 3.
+        let rule = rule(json!({ "scale_up_limit_factor": 50 }));
+        let said = sentences(&rule, 2, 3.6, &State::default());
+        assert_eq!(said[0], "scaled up from 2 to 3: wanted 4, limited to 3 by scale_up_limit_factor 50%", "{said:?}");
+        assert!(said[1].ends_with("is above [0.6, 0.9], 10s old, asks for 4"), "{said:?}");
+    }
+
+    #[test]
+    fn a_forbidden_window_says_how_long_is_left() {
+        let rule = rule(json!({ "downscale_forbidden_window": "5m" }));
+        let state = State { last_scale_time: Some(Timestamp::from_unix_millis(NOW - 108_000)), ..State::default() };
+        let said = sentences(&rule, 10, 1.0, &state);
+        assert!(said[0].starts_with("held at 10: "), "{said:?}");
+        assert!(said.contains(&"no scale down: downscale_forbidden_window 5m has 3m 12s left".to_string()), "{said:?}");
+    }
+
+    #[test]
+    fn missing_data_is_said_never_read_as_zero() {
+        let rule = rule(json!({}));
+        let target = Target { spec_replicas: 4, status_replicas: Some(4), ready_replicas: Some(4) };
+        let none = [Reading::Unavailable { reason: "no data in the last 5m".into() }];
+        let d = decide(&rule, target, &none, &State::default(), Timestamp::from_unix_millis(NOW));
+        let said = explain(&d, &rule, Context::default());
+        assert_eq!(said[0], "held at 4: no metric has a usable value: holding 4 (missing data is never read as 0)");
+        assert_eq!(said[1], "usage has no usable value: no data in the last 5m");
+    }
+
+    #[test]
+    fn a_dry_run_and_a_pause_say_what_would_have_been_done() {
+        let rule = rule(json!({ "dry_run": true }));
+        let d = decision(&rule, 2, 3.6, &State::default());
+        let said = explain(&d, &rule, Context::default());
+        assert!(said[0].starts_with("would scale up from 2 to 3 (dry run"), "{said:?}");
+        let paused = Context { paused_until: Some("2026-12-01T08:00:00Z"), scaled: false };
+        assert!(headline(&d, paused).ends_with("but paused until 2026-12-01T08:00:00Z"));
+    }
+
+    #[test]
+    fn numbers_and_spans_read_as_a_person_writes_them() {
+        assert_eq!(number(0.8100000001), "0.81");
+        assert_eq!(number(1234.5678), "1235");
+        assert_eq!(number(0.000012345), "0.000012");
+        assert_eq!(span(191.2), "3m 12s");
+        assert_eq!(span(f64::NAN), "0s");
+    }
+}
