@@ -44,6 +44,7 @@ async fn listen(limits: ListenerLimits) -> Listener {
         prometheus::Registry::new(),
         Arc::new(AutoscalerMetrics::new()),
         readiness,
+        None,
         stop.clone(),
     )
     .await

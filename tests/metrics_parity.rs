@@ -201,10 +201,17 @@ async fn every_datadog_controller_series_and_label_is_served() {
     http.response("https://recommender.test/recommend", "POST", 200, 0.05);
     http.error("https://recommender.test/recommend");
     let _waiting = http.in_flight("https://recommender.test/recommend");
-    let (bound, _server) =
-        serve(address, ListenerLimits::default(), registry, Arc::clone(&metrics), Arc::new(Readiness::default()), stop)
-            .await
-            .expect("serve");
+    let (bound, _server) = serve(
+        address,
+        ListenerLimits::default(),
+        registry,
+        Arc::clone(&metrics),
+        Arc::new(Readiness::default()),
+        None,
+        stop,
+    )
+    .await
+    .expect("serve");
     let text = get_metrics(bound).await;
 
     let mut types: BTreeMap<String, String> = BTreeMap::new();

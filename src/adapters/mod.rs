@@ -7,5 +7,6 @@ pub mod events;
 pub mod lease;
 pub mod resource;
 pub mod state_store;
+pub mod status;
 pub mod telemetry;
 pub mod workload;

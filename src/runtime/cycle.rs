@@ -165,7 +165,7 @@ pub async fn run(shared: Arc<Shared>, permits: Arc<Semaphore>, due: Due) {
     let Due { mut jobs, backends } = due;
     let now = shared.clock.now();
     for job in &mut jobs {
-        backfill_forecast(job, &backends, now);
+        backfill_forecast(job, &backends, &shared.history_reads, now);
     }
     let (plan, answers) = Plan::new(jobs.iter().map(|j| &*j.desired));
     let deadline =
@@ -206,6 +206,7 @@ pub async fn run(shared: Arc<Shared>, permits: Arc<Semaphore>, due: Due) {
 fn backfill_forecast(
     job: &mut Job,
     backends: &BTreeMap<String, Arc<MetricBackend>>,
+    history_reads: &Arc<Semaphore>,
     now: watermarkd_engine::Timestamp,
 ) {
     let autoscaler = &job.desired.autoscaler;
@@ -218,7 +219,10 @@ fn backfill_forecast(
     let backends = backends.clone();
     let memory = Arc::clone(OwnedMutexGuard::mutex(&job.memory));
     let autoscaler = autoscaler.clone();
+    let history_reads = Arc::clone(history_reads);
     tokio::spawn(async move {
+        // Only a closed semaphore fails, and this one is never closed.
+        let Ok(_reading) = history_reads.acquire_owned().await else { return };
         let read = demand_history(&autoscaler, |name| backends.get(name).cloned(), now).await;
         for (index, demand) in read.into_iter().enumerate() {
             match demand {

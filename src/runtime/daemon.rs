@@ -29,14 +29,16 @@ use super::systemd::Notifier;
 use super::wpa_index::{Rejection, Scope, WpaIndex};
 use super::{cycle, health, rules_file, wpa, RunError};
 use crate::adapters::backend::recommender::RecommenderClients;
+use crate::adapters::backend::RotatingSecret;
 use crate::adapters::events::EventPublisher;
 use crate::adapters::lease::{Authority, LeaderElector, Role};
 use crate::adapters::resource::ResourceMetrics;
 use crate::adapters::state_store::StateConfigMaps;
+use crate::adapters::status::{Access, Board, StatusApi, TokenReviewer};
 use crate::adapters::telemetry::{AutoscalerMetrics, BackendMetrics, DaemonMetrics, HttpClientMetrics, Readiness};
 use crate::adapters::workload::Workloads;
 use crate::domain::rules::{self, RulesFile};
-use crate::runtime::settings::Settings;
+use crate::runtime::settings::{Settings, StatusSettings};
 
 /// How long the evaluations in flight may take to finish once the daemon stops.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
@@ -89,13 +91,14 @@ impl Daemon {
             crate::adapters::workload::connect(settings.kubeconfig.as_deref(), settings.context.as_deref()).await?;
         // Cancelled first, by `stop`: everything but the Lease ends with it.
         let stopping = lifetime.child_token();
-        let server = telemetry.serve(&settings, stopping.clone()).await?;
+        let server = telemetry.serve(&settings, &client, stopping.clone()).await?;
         let (mut leadership, authority) = Leadership::start(&settings, &client, lifetime.clone());
         let shared = share(&settings, client, &telemetry, recommenders, authority, stopping);
         let mut scheduler = Scheduler::new(
             settings.default_interval,
             Arc::clone(&telemetry.backends),
             Arc::clone(&telemetry.autoscalers),
+            Arc::clone(&telemetry.board),
             telemetry.daemon.clone(),
         );
         let sources = Sources::start(&settings, rules, &shared, &mut scheduler);
@@ -198,6 +201,8 @@ struct Telemetry {
     registry: Registry,
     backends: Arc<BackendMetrics>,
     autoscalers: Arc<AutoscalerMetrics>,
+    /// What the status API and page show.
+    board: Arc<Board>,
     daemon: DaemonMetrics,
     readiness: Arc<Readiness>,
 }
@@ -208,22 +213,46 @@ impl Telemetry {
         let backends = Arc::new(BackendMetrics::new(&registry)?);
         let autoscalers = Arc::new(AutoscalerMetrics::with_labels_as_tags(settings.labels_as_tags.clone()));
         let daemon = DaemonMetrics::new(&registry)?;
-        Ok(Telemetry { registry, backends, autoscalers, daemon, readiness: Arc::default() })
+        let board = Arc::new(Board::new(settings.status.history));
+        Ok(Telemetry { registry, backends, autoscalers, board, daemon, readiness: Arc::default() })
+    }
+
+    /// The status API and page, unless the settings turn them off.
+    fn status(&self, settings: &StatusSettings, client: &kube::Client) -> Result<Option<Arc<StatusApi>>, RunError> {
+        if !settings.enabled {
+            return Ok(None);
+        }
+        let token = settings.token.as_ref().map(RotatingSecret::load).transpose().map_err(RunError::StatusToken)?;
+        let reviewer = settings.token_review.then(|| TokenReviewer::new(client.clone()));
+        let access = Access::new(token, reviewer, settings.open_on_loopback);
+        Ok(Some(Arc::new(StatusApi { board: Arc::clone(&self.board), backends: Arc::clone(&self.backends), access })))
     }
 
     /// Binds the listener (so a taken port fails the start) and serves until `stop`.
-    async fn serve(&self, settings: &Settings, stop: CancellationToken) -> Result<JoinHandle<()>, RunError> {
+    async fn serve(
+        &self,
+        settings: &Settings,
+        client: &kube::Client,
+        stop: CancellationToken,
+    ) -> Result<JoinHandle<()>, RunError> {
+        let status = self.status(&settings.status, client)?;
+        let serving = if status.is_some() {
+            "/metrics, /healthz, /readyz and the status API and page (/api/v1, /ui)"
+        } else {
+            "/metrics, /healthz and /readyz"
+        };
         let (bound, server) = crate::adapters::telemetry::serve(
             settings.listen,
             settings.listen_limits,
             self.registry.clone(),
             Arc::clone(&self.autoscalers),
             Arc::clone(&self.readiness),
+            status,
             stop,
         )
         .await
         .map_err(|error| RunError::Listen { address: settings.listen.to_string(), error })?;
-        tracing::info!(listen = %bound, "serving /metrics, /healthz and /readyz");
+        tracing::info!(listen = %bound, "serving {serving}");
         Ok(server)
     }
 }
@@ -243,6 +272,7 @@ fn share(
         states: StateConfigMaps::new(client.clone(), &settings.lease.namespace),
         events: Some(events),
         autoscaler_metrics: Arc::clone(&telemetry.autoscalers),
+        board: Arc::clone(&telemetry.board),
         daemon: telemetry.daemon.clone(),
         resources: ResourceMetrics::new(client.clone(), Arc::clone(&telemetry.backends)),
         recommenders,
@@ -254,6 +284,7 @@ fn share(
         authority,
         stopping,
         trim: Trim::default(),
+        history_reads: Arc::new(Semaphore::new(super::shared::HISTORY_READS)),
         client,
     })
 }

@@ -14,6 +14,7 @@ use super::source::Desired;
 use super::Shared;
 use crate::adapters::backend::Observation;
 use crate::adapters::state_store;
+use crate::adapters::status::Extras;
 use crate::adapters::workload::WorkloadError;
 use crate::domain::rules::TargetRef;
 use watermarkd_engine::Rule;
@@ -100,6 +101,9 @@ async fn report_done(shared: &Shared, desired: &Desired, memory: &mut Memory, ru
         report::fallback_event(shared, desired, change).await;
     }
     memory.failing = None;
+    let extras =
+        Extras { scaled: done.scaled, ahead: done.ahead, forecast_says: done.forecast_says, shadows: done.shadows };
+    shared.board.record(&desired.key.to_string(), rule, done.decision, extras);
     done.outcome
 }
 
@@ -180,6 +184,7 @@ fn state_unreadable(shared: &Shared, desired: &Desired, memory: &mut Memory, err
     let autoscaler = &desired.autoscaler;
     shared.autoscaler_metrics.observe_failure(&desired.labels, &autoscaler.rule);
     let message = err.to_string();
+    shared.board.failed(&desired.key.to_string(), shared.clock.now(), &message);
     if memory.failing.as_deref() != Some(message.as_str()) {
         tracing::warn!(
             autoscaler = %autoscaler.name,
@@ -195,6 +200,7 @@ async fn target_failed(shared: &Shared, desired: &Desired, memory: &mut Memory, 
     let autoscaler = &desired.autoscaler;
     shared.autoscaler_metrics.observe_failure(&desired.labels, &autoscaler.rule);
     let message = err.to_string();
+    shared.board.failed(&desired.key.to_string(), shared.clock.now(), &message);
     if memory.failing.as_deref() != Some(message.as_str()) {
         tracing::warn!(autoscaler = %autoscaler.name, workload = %describe(&autoscaler.target), error = %message, "cannot read the target");
     }

@@ -56,6 +56,8 @@ pub enum RunError {
     Listen { address: String, error: std::io::Error },
     #[error("signal handler: {0}")]
     Signal(std::io::Error),
+    #[error("status token: {0}")]
+    StatusToken(crate::adapters::backend::SecretError),
 }
 
 /// Runs until SIGTERM or SIGINT.

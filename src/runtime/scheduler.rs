@@ -16,6 +16,7 @@ use super::memory::Memory;
 use super::schedule;
 use super::source::{AutoscalerKey, Desired, Source, SourceKind};
 use crate::adapters::backend::MetricBackend;
+use crate::adapters::status::Board;
 use crate::adapters::telemetry::{AutoscalerMetrics, BackendMetrics, DaemonMetrics};
 use crate::domain::crd::WatermarkPodAutoscaler;
 use crate::domain::rules::{self, Recommender, RulesFile, TargetRef};
@@ -65,6 +66,8 @@ pub struct Scheduler {
     default_interval: Duration,
     backend_metrics: Arc<BackendMetrics>,
     autoscaler_metrics: Arc<AutoscalerMetrics>,
+    /// The status board: an autoscaler is on it while it runs.
+    board: Arc<Board>,
     daemon: DaemonMetrics,
 }
 
@@ -73,6 +76,7 @@ impl Scheduler {
         default_interval: Duration,
         backend_metrics: Arc<BackendMetrics>,
         autoscaler_metrics: Arc<AutoscalerMetrics>,
+        board: Arc<Board>,
         daemon: DaemonMetrics,
     ) -> Scheduler {
         Scheduler {
@@ -82,6 +86,7 @@ impl Scheduler {
             default_interval,
             backend_metrics,
             autoscaler_metrics,
+            board,
             daemon,
         }
     }
@@ -145,6 +150,7 @@ impl Scheduler {
                     // Unchanged: same state and schedule; the object may carry a newer status,
                     // or new labels (labels-as-tags), whose series start over under them.
                     self.autoscaler_metrics.relabel(&entry.desired.labels, &next.labels);
+                    self.board.admit(next.identity(self.default_interval));
                     entry.desired = Arc::new(next);
                 }
                 Some(next) => {
@@ -156,6 +162,7 @@ impl Scheduler {
                     // A flip of the rule's dry_run lands here: the `dry_run` label changes with
                     // it, and the series start over under the new label set.
                     self.autoscaler_metrics.relabel(&entry.desired.labels, &next.labels);
+                    self.board.admit(next.identity(self.default_interval));
                     let interval = next.autoscaler.interval(self.default_interval);
                     entry.due = first_due(self.epoch, now, key, interval, uses_datadog(&self.backends, &next));
                     entry.interval = interval;
@@ -169,12 +176,14 @@ impl Scheduler {
                 tracing::info!(autoscaler = %entry.desired.autoscaler.name, "autoscaler removed");
                 changes.unfollow.push(entry.desired.autoscaler.target.clone());
                 self.autoscaler_metrics.remove(&entry.desired.labels);
+                self.board.remove(&key.to_string());
             }
         }
         for (key, next) in wanted {
             tracing::info!(autoscaler = %next.autoscaler.name, workload = %next.autoscaler.target.name, "autoscaler started");
             changes.follow.push(next.autoscaler.target.clone());
             self.autoscaler_metrics.admit(&next.labels);
+            self.board.admit(next.identity(self.default_interval));
             let interval = next.autoscaler.interval(self.default_interval);
             let due = first_due(self.epoch, now, &key, interval, uses_datadog(&self.backends, &next));
             let memory = Arc::new(Mutex::new(Memory::for_source(&next.source)));
@@ -274,6 +283,7 @@ app_key_env = "HOME"
             Duration::from_secs(15),
             Arc::new(BackendMetrics::new(&registry).expect("metrics")),
             Arc::new(AutoscalerMetrics::new()),
+            Arc::new(Board::new(Duration::from_secs(3600))),
             daemon.clone(),
         );
         let desired = rules.autoscalers.into_iter().map(|a| Desired::from_rules_file(a, false)).collect();

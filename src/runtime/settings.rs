@@ -13,7 +13,7 @@ use crate::adapters::lease::{self, LeaseSettings};
 use crate::adapters::telemetry::logging::LogFormat;
 use crate::adapters::telemetry::{LabelsAsTags, ListenerLimits};
 use crate::domain::crd::{check_tls_dir, AllowedUrl, RecommenderPolicy, ALLOWED_URLS_SETTING, TLS_DIR_SETTING};
-use crate::domain::rules::DEFAULT_INTERVAL;
+use crate::domain::rules::{SecretSource, DEFAULT_INTERVAL};
 
 /// Where the settings file is looked for when `--settings` is not given.
 pub const DEFAULT_SETTINGS_FILE: &str = "/etc/watermarkd/watermarkd.toml";
@@ -32,6 +32,9 @@ const DEFAULT_RELOAD_POLL: Duration = Duration::from_secs(1);
 const DEFAULT_BACKEND: &str = "datadog";
 /// The shortest `default_interval`.
 const MIN_DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
+/// How much history the status board keeps of each autoscaler, and the most it may.
+const DEFAULT_STATUS_HISTORY: Duration = Duration::from_secs(3_600);
+const MAX_STATUS_HISTORY: Duration = Duration::from_secs(86_400);
 
 #[derive(Debug, thiserror::Error)]
 pub enum SettingsError {
@@ -83,6 +86,35 @@ pub struct Settings {
     /// files must be in (`recommender_tls_dir`); by default none. Rules-file autoscalers are
     /// the operator's own and not limited by it.
     pub recommender_policy: RecommenderPolicy,
+    /// The status API and page on the listener (`[status]`).
+    pub status: StatusSettings,
+}
+
+/// The status API and page (docs/status.md): whether they are served, how much history each
+/// autoscaler keeps, and who may read them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StatusSettings {
+    pub enabled: bool,
+    /// Kept per autoscaler, at its interval (0: no history, only the last decision).
+    pub history: Duration,
+    /// A bearer token every reader must send (`token_file` or `token_env`).
+    pub token: Option<SecretSource>,
+    /// Also accept any token the API server's TokenReview says is valid.
+    pub token_review: bool,
+    /// Let connections from a loopback address in without a token (`kubectl port-forward`).
+    pub open_on_loopback: bool,
+}
+
+impl Default for StatusSettings {
+    fn default() -> Self {
+        StatusSettings {
+            enabled: true,
+            history: DEFAULT_STATUS_HISTORY,
+            token: None,
+            token_review: false,
+            open_on_loopback: true,
+        }
+    }
 }
 
 /// The file/environment layer. Every field is optional so that a layer only says what it sets.
@@ -110,6 +142,52 @@ struct Layer {
     recommender_allowed_urls: Option<StringList>,
     recommender_tls_dir: Option<PathBuf>,
     lease: Option<LeaseLayer>,
+    status: Option<StatusLayer>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StatusLayer {
+    enabled: Option<bool>,
+    history: Option<String>,
+    token_file: Option<PathBuf>,
+    token_env: Option<String>,
+    token_review: Option<bool>,
+    open_on_loopback: Option<bool>,
+}
+
+impl StatusLayer {
+    fn merge(self) -> Result<StatusSettings, SettingsError> {
+        let defaults = StatusSettings::default();
+        let history = duration("status.history", self.history, defaults.history)?;
+        if history > MAX_STATUS_HISTORY {
+            return Err(SettingsError::Invalid(format!(
+                "status.history: {} is more than {}",
+                humantime::format_duration(history),
+                humantime::format_duration(MAX_STATUS_HISTORY)
+            )));
+        }
+        let token = match (self.token_file, self.token_env) {
+            (Some(_), Some(_)) => {
+                return Err(SettingsError::Invalid(
+                    "status: token_file and token_env cannot both be set; choose one".into(),
+                ))
+            }
+            (Some(path), None) => Some(SecretSource::File(path)),
+            (None, Some(variable)) if variable.trim().is_empty() => {
+                return Err(SettingsError::Invalid("status.token_env: the variable name is empty".into()))
+            }
+            (None, Some(variable)) => Some(SecretSource::Env(variable)),
+            (None, None) => None,
+        };
+        Ok(StatusSettings {
+            enabled: self.enabled.unwrap_or(defaults.enabled),
+            history,
+            token,
+            token_review: self.token_review.unwrap_or(defaults.token_review),
+            open_on_loopback: self.open_on_loopback.unwrap_or(defaults.open_on_loopback),
+        })
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -287,6 +365,7 @@ impl Settings {
         let crd = args.crd || layer.crd.unwrap_or(false);
         let reload_poll = duration("reload_poll", layer.reload_poll, DEFAULT_RELOAD_POLL)?;
         let rules = rules(args.rules.clone().or(layer.rules), crd)?;
+        let status = layer.status.unwrap_or_default().merge()?;
         Ok(Settings {
             rules,
             crd,
@@ -306,6 +385,7 @@ impl Settings {
             lease,
             labels_as_tags,
             recommender_policy,
+            status,
         })
     }
 }

@@ -4,6 +4,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use watermarkd_engine::Timestamp;
@@ -14,6 +15,7 @@ use crate::adapters::events::EventPublisher;
 use crate::adapters::lease::Authority;
 use crate::adapters::resource::ResourceMetrics;
 use crate::adapters::state_store::StateConfigMaps;
+use crate::adapters::status::Board;
 use crate::adapters::telemetry::{AutoscalerMetrics, DaemonMetrics};
 use crate::adapters::workload::Workloads;
 
@@ -42,6 +44,8 @@ pub struct Shared {
     pub states: StateConfigMaps,
     pub events: Option<EventPublisher>,
     pub autoscaler_metrics: Arc<AutoscalerMetrics>,
+    /// What the status API and page show of each autoscaler.
+    pub board: Arc<Board>,
     pub daemon: DaemonMetrics,
     /// HTTP clients of the replica recommenders.
     pub recommenders: RecommenderClients,
@@ -60,7 +64,13 @@ pub struct Shared {
     pub stopping: CancellationToken,
     /// Asks the health loop that trims the allocator to do it now.
     pub trim: Trim,
+    /// Forecasts reading their history now, at most `HISTORY_READS` at a time: thousands
+    /// starting together read one after another instead of all at once.
+    pub history_reads: Arc<Semaphore>,
 }
+
+/// Forecast histories read at the same time (see `Shared::history_reads`).
+pub const HISTORY_READS: usize = 2;
 
 impl Shared {
     pub fn is_leader(&self) -> bool {

@@ -9,7 +9,9 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
+use crate::adapters::status::{Identity, TargetView};
 use crate::adapters::telemetry::SeriesLabels;
 use crate::domain::crd::WatermarkPodAutoscaler;
 use crate::domain::rules::{intern, Autoscaler};
@@ -107,6 +109,33 @@ pub struct Shadow {
     /// Its name in the `shadow` label: the rules-file autoscaler's name, or the WPA's name.
     pub name: Arc<str>,
     pub autoscaler: Autoscaler,
+}
+
+/// Who this autoscaler is on the status board.
+impl Desired {
+    pub fn identity(&self, default_interval: Duration) -> Identity {
+        let autoscaler = &self.autoscaler;
+        let target = &autoscaler.target;
+        let mut backends: Vec<String> = autoscaler.metrics.iter().map(|m| m.backend.clone()).collect();
+        backends.sort();
+        backends.dedup();
+        Identity {
+            id: self.key.to_string().into(),
+            name: Arc::clone(&autoscaler.name),
+            namespace: self.key.namespace().map_or_else(|| Arc::clone(&target.namespace), Arc::from),
+            source: self.key.source().label(),
+            target: TargetView {
+                kind: Arc::clone(&target.kind),
+                namespace: Arc::clone(&target.namespace),
+                name: Arc::clone(&target.name),
+            },
+            interval_seconds: autoscaler.interval(default_interval).as_secs(),
+            dry_run: self.labels.dry_run,
+            paused_until: autoscaler.paused_until.map(|t| t.to_string()),
+            backends,
+            shadows: self.shadows.iter().map(|s| Arc::clone(&s.name)).collect(),
+        }
+    }
 }
 
 impl Desired {

@@ -36,7 +36,7 @@ use crate::domain::rules::{self, Autoscaler, Reducer};
 
 pub(crate) use secret::SecretError;
 pub(crate) use secret::CHECK_EVERY as SECRET_CHECK_EVERY;
-pub use secret::{FileStamp, Secret};
+pub use secret::{FileStamp, RotatingSecret, Secret};
 
 /// One metric query, as an autoscaler's metric names it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

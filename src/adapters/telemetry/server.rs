@@ -1,4 +1,5 @@
-//! `/metrics`, `/healthz` and `/readyz` on one small HTTP/1 listener.
+//! `/metrics`, `/healthz` and `/readyz` on one small HTTP/1 listener, and the status API and
+//! page (`crate::adapters::status`) when they are on.
 //!
 //! # Limits
 //! The listener answers whoever connects (in a pod it binds all interfaces, to be scraped), so it
@@ -40,6 +41,8 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use super::AutoscalerMetrics;
+use crate::adapters::status::http::{handles, Answer};
+use crate::adapters::status::StatusApi;
 
 type Body = BoxBody<Bytes, Infallible>;
 
@@ -135,6 +138,7 @@ pub async fn serve(
     registry: Registry,
     autoscalers: Arc<AutoscalerMetrics>,
     readiness: Arc<Readiness>,
+    status: Option<Arc<StatusApi>>,
     stop: CancellationToken,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let listener = TcpListener::bind(address).await?;
@@ -148,7 +152,7 @@ pub async fn serve(
         loop {
             let stream = tokio::select! {
                 accepted = listener.accept() => match accepted {
-                    Ok((stream, _)) => stream,
+                    Ok(accepted) => accepted,
                     Err(err) => {
                         let delay = accept_backoff(backoff);
                         backoff = Some(delay);
@@ -162,6 +166,7 @@ pub async fn serve(
                 () = stop.cancelled() => return,
             };
             backoff = None;
+            let (stream, peer) = stream;
             let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
                 if !refusing {
                     tracing::warn!(
@@ -180,10 +185,20 @@ pub async fn serve(
             let registry = registry.clone();
             let readiness = Arc::clone(&readiness);
             let autoscalers = Arc::clone(&autoscalers);
+            let status = status.clone();
             tokio::spawn(async move {
-                let service = service_fn(move |request| {
-                    let response = respond(&request, &registry, &autoscalers, &readiness);
-                    async move { Ok::<_, Infallible>(response) }
+                let service = service_fn(move |request: Request<hyper::body::Incoming>| {
+                    let status = status.clone().filter(|_| handles(request.uri().path()) && is_read(&request));
+                    let response = match status {
+                        None => Ok(respond(&request, &registry, &autoscalers, &readiness)),
+                        Some(status) => Err((status, request)),
+                    };
+                    async move {
+                        Ok::<_, Infallible>(match response {
+                            Ok(response) => response,
+                            Err((status, request)) => answer_status(&status, &request, peer).await,
+                        })
+                    }
                 });
                 serve_connection(stream, service, limits).await;
                 drop(slot);
@@ -234,6 +249,31 @@ fn with_body(status: StatusCode, body: Body, content_type: &str) -> Response<Bod
     response
 }
 
+fn is_read<B>(request: &Request<B>) -> bool {
+    request.method() == hyper::Method::GET || request.method() == hyper::Method::HEAD
+}
+
+/// A status request, answered by the status service.
+async fn answer_status<B>(status: &StatusApi, request: &Request<B>, peer: SocketAddr) -> Response<Body> {
+    let authorization = request.headers().get(hyper::header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    let uri = request.uri();
+    let answer = status.answer(uri.path(), uri.query(), peer.ip(), authorization).await;
+    status_response(answer)
+}
+
+fn status_response(answer: Answer) -> Response<Body> {
+    let code = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut response = text(code, answer.body, answer.content_type);
+    let headers = response.headers_mut();
+    let fixed = Answer::security_headers().into_iter().map(|(name, value)| (name, value.to_string()));
+    for (name, value) in fixed.chain(answer.headers) {
+        if let Ok(value) = hyper::header::HeaderValue::from_str(&value) {
+            headers.insert(name, value);
+        }
+    }
+    response
+}
+
 fn respond<B>(
     request: &Request<B>,
     registry: &Registry,
@@ -274,7 +314,7 @@ fn respond<B>(
                 text(StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {}\n", missing.join(", ")), "text/plain")
             }
         }
-        _ => text(StatusCode::NOT_FOUND, "not found: try /metrics, /healthz or /readyz\n", "text/plain"),
+        _ => text(StatusCode::NOT_FOUND, "not found: try /metrics, /healthz, /readyz or /ui\n", "text/plain"),
     }
 }
 

@@ -1,0 +1,732 @@
+//! The status board: what every running autoscaler last decided and its recent history, for
+//! the status API, `watermarkd status` and the page. A synchronous store, fed by the
+//! evaluations (`record`, `failed`) and by the scheduler (`admit`, `remove`), read by the
+//! listener. Reads copy out what they show under the lock and format it after.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use serde::Serialize;
+use watermarkd_engine::{Action, Decision, Guard, Limit, Position, Rule, Timestamp};
+
+use crate::adapters::telemetry::{AheadSeries, ShadowOutcome};
+use crate::domain::status::explain::{self, Context};
+use crate::domain::status::history::{Bands, History, Marks, Sample, BLOCK};
+
+/// The most samples one autoscaler keeps, whatever its interval and the history asked for.
+pub const MAX_SAMPLES: u16 = 2_880;
+
+/// Who an autoscaler is, as the scheduler runs it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Identity {
+    /// `file/NAME` or `crd/NAMESPACE/NAME`: the API's path to it.
+    pub id: Arc<str>,
+    pub name: Arc<str>,
+    /// The WPA's namespace; for a rules-file autoscaler, its target's.
+    pub namespace: Arc<str>,
+    /// `file` or `crd`.
+    pub source: &'static str,
+    pub target: TargetView,
+    pub interval_seconds: u64,
+    pub dry_run: bool,
+    /// RFC 3339, when the rule pauses it until then.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub paused_until: Option<String>,
+    /// The backends its metrics are read from.
+    pub backends: Vec<String>,
+    /// The names of the shadow rules evaluated with it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub shadows: Vec<Arc<str>>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TargetView {
+    pub kind: Arc<str>,
+    pub namespace: Arc<str>,
+    pub name: Arc<str>,
+}
+
+/// One metric at the last evaluation.
+#[derive(Clone, Debug, Serialize)]
+pub struct MetricNow {
+    pub name: String,
+    /// The value read, when there was a usable one.
+    pub value: Option<f64>,
+    /// What was compared with the watermarks (the value, or per ready replica).
+    pub usage: Option<f64>,
+    pub low_watermark: f64,
+    pub high_watermark: f64,
+    /// `above`, `below`, `inside` or `unavailable`.
+    pub position: Position,
+    pub proposal: Option<u32>,
+    pub age_seconds: Option<f64>,
+    /// Why it did not count, when it did not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// What a shadow rule would have done at the last evaluation.
+#[derive(Clone, Debug, Serialize)]
+pub struct ShadowNow {
+    pub name: Arc<str>,
+    pub replicas: u32,
+    pub diverged: bool,
+}
+
+/// The last decision, as shown.
+#[derive(Clone, Debug, Serialize)]
+pub struct Last {
+    pub at: Timestamp,
+    pub spec_replicas: u32,
+    pub ready_replicas: u32,
+    /// The replicas decided.
+    pub replicas: u32,
+    pub action: Action,
+    /// Whether the scale was written (or would have been, in a dry run).
+    pub scaled: bool,
+    /// What the metrics asked for, before limits.
+    pub proposal: Option<u32>,
+    /// What bounded the proposal (`within_range`: nothing).
+    pub limit: Limit,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub guard: Option<Guard>,
+    pub min_replicas: u32,
+    pub max_replicas: u32,
+    pub metrics: Vec<MetricNow>,
+    /// Seconds left of the forbidden window or delay that holds a move, each way (0: none).
+    pub upscale_blocked_seconds: f64,
+    pub downscale_blocked_seconds: f64,
+    /// The engine's one-line reason, as in Events and the WPA status.
+    pub reason: String,
+    /// The same decision in plain sentences, the headline first.
+    pub explanation: Vec<String>,
+    pub paused: bool,
+    /// `Some` for an autoscaler with a fallback: whether it is in it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fallback_active: Option<bool>,
+    /// The floor its forecast sets (or would set, observing).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub forecast_replicas: Option<u32>,
+    /// What its forecast says, or why it cannot forecast.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub forecast: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub shadows: Vec<ShadowNow>,
+}
+
+/// What an evaluation adds besides its decision.
+#[derive(Clone, Debug, Default)]
+pub struct Extras {
+    pub scaled: bool,
+    pub ahead: Option<AheadSeries>,
+    pub forecast_says: Option<Result<String, String>>,
+    pub shadows: Option<Vec<ShadowOutcome>>,
+}
+
+/// One autoscaler's state, in one word, for the table and its filter. The first that applies,
+/// in this order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum State {
+    /// The last evaluation could not decide (the target or the state was unreadable).
+    Failing,
+    /// Not evaluated yet.
+    Pending,
+    /// No metric had a usable value.
+    NoData,
+    /// The declared fallback decides.
+    Fallback,
+    /// Paused until a time: decides, writes nothing.
+    Paused,
+    /// A limit, window or delay kept the replicas from what the metrics asked for.
+    Limited,
+    /// The last evaluation changed the replicas.
+    Scaling,
+    /// Held, every metric readable, nothing limiting.
+    Ok,
+}
+
+impl State {
+    pub const ALL: [State; 8] = [
+        State::Failing,
+        State::Pending,
+        State::NoData,
+        State::Fallback,
+        State::Paused,
+        State::Limited,
+        State::Scaling,
+        State::Ok,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Failing => "failing",
+            State::Pending => "pending",
+            State::NoData => "no_data",
+            State::Fallback => "fallback",
+            State::Paused => "paused",
+            State::Limited => "limited",
+            State::Scaling => "scaling",
+            State::Ok => "ok",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<State> {
+        State::ALL.into_iter().find(|s| s.as_str() == text)
+    }
+}
+
+/// Whether the replicas were kept from what the metrics asked for: a limit, or a window or
+/// delay holding a move.
+fn restricted(decision: &Decision) -> bool {
+    let limited = !matches!(decision.limit, Limit::WithinRange | Limit::NoData | Limit::Paused | Limit::ScaledToZero);
+    let held = decision.action == Action::Hold && decision.normalized.is_some_and(|n| n != decision.spec_replicas);
+    limited || held
+}
+
+fn state_of(last: Option<&Last>, failing: bool) -> State {
+    let Some(last) = last else { return if failing { State::Failing } else { State::Pending } };
+    if failing {
+        State::Failing
+    } else if last.metrics.iter().all(|m| m.position == Position::Unavailable) && last.fallback_active != Some(true) {
+        State::NoData
+    } else if last.fallback_active == Some(true) {
+        State::Fallback
+    } else if last.paused {
+        State::Paused
+    } else if last.limit != Limit::WithinRange && last.guard.is_none()
+        || last.upscale_blocked_seconds > 0.0 && last.proposal.is_some_and(|p| p > last.spec_replicas)
+        || last.downscale_blocked_seconds > 0.0 && last.proposal.is_some_and(|p| p < last.spec_replicas)
+    {
+        State::Limited
+    } else if last.action != Action::Hold {
+        State::Scaling
+    } else {
+        State::Ok
+    }
+}
+
+/// One row of the table.
+#[derive(Clone, Debug, Serialize)]
+pub struct Summary {
+    #[serde(flatten)]
+    pub identity: Arc<Identity>,
+    pub state: State,
+    pub spec_replicas: Option<u32>,
+    pub ready_replicas: Option<u32>,
+    pub min_replicas: Option<u32>,
+    pub max_replicas: Option<u32>,
+    /// The metric that set the proposal (or the first), against its band.
+    pub metric: Option<MetricNow>,
+    /// The last evaluation's time and headline.
+    pub evaluated_at: Option<Timestamp>,
+    pub why: Option<String>,
+    /// The last time the replicas changed within the history: (when, from, to).
+    pub last_scale: Option<ScaleEvent>,
+    /// Why the last evaluation could not decide, while it cannot.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failing: Option<String>,
+}
+
+/// A change of the replicas, from the history.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ScaleEvent {
+    /// Unix seconds.
+    pub at: i64,
+    pub from: u32,
+    pub to: u32,
+    /// Whether it was only decided (a dry run or a pause), not written.
+    pub written: bool,
+}
+
+/// One autoscaler in full.
+#[derive(Clone, Debug, Serialize)]
+pub struct Detail {
+    #[serde(flatten)]
+    pub summary: Summary,
+    pub last: Option<Arc<Last>>,
+    pub history: HistoryView,
+}
+
+/// The history as the API gives it.
+#[derive(Clone, Debug, Serialize)]
+pub struct HistoryView {
+    /// The metrics' names, in the order of each sample's `values`.
+    pub metrics: Vec<String>,
+    pub samples: Vec<SampleView>,
+    pub events: Vec<ScaleEvent>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SampleView {
+    /// Unix seconds.
+    pub at: i64,
+    pub values: Vec<Option<f32>>,
+    /// Each metric's watermarks then: [low, high].
+    pub watermarks: Vec<[f32; 2]>,
+    pub proposed: Option<u32>,
+    pub replicas: u32,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub marks: Vec<&'static str>,
+}
+
+struct Entry {
+    identity: Arc<Identity>,
+    last: Option<Arc<Last>>,
+    failing: Option<Box<str>>,
+    history: History,
+}
+
+/// A page of the table: which rows, of how many.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ListQuery {
+    /// Words that must all appear in the name, namespace or target (any case).
+    pub search: String,
+    pub state: Option<State>,
+    pub offset: usize,
+    pub limit: usize,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ListPage {
+    /// Autoscalers running.
+    pub total: usize,
+    /// Of those, the ones the search and the state filter keep.
+    pub matched: usize,
+    pub offset: usize,
+    /// How many are in each state (all of them, whatever the filter).
+    pub states: Vec<(State, usize)>,
+    pub autoscalers: Vec<Summary>,
+}
+
+/// The board. See the module comment.
+pub struct Board {
+    entries: Mutex<HashMap<Arc<str>, Entry>>,
+    /// How much history each autoscaler keeps (0: none).
+    history: Duration,
+}
+
+impl Board {
+    pub fn new(history: Duration) -> Board {
+        Board { entries: Mutex::default(), history }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, Entry>> {
+        self.entries.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The samples that cover `history` at `interval` (at least one block, at most
+    /// `MAX_SAMPLES`).
+    fn capacity(&self, interval_seconds: u64) -> u16 {
+        let samples = self.history.as_secs().div_ceil(interval_seconds.max(1)) + 1;
+        u16::try_from(samples).unwrap_or(u16::MAX).clamp(BLOCK, MAX_SAMPLES)
+    }
+
+    /// An autoscaler runs, or runs with a new rule: its history stays (a watermark change is
+    /// recorded as such), its last decision stays until the next.
+    pub fn admit(&self, identity: Identity) {
+        let capacity = self.capacity(identity.interval_seconds);
+        let keep = !self.history.is_zero();
+        let mut entries = self.lock();
+        let id = Arc::clone(&identity.id);
+        let identity = Arc::new(identity);
+        match entries.get_mut(&id) {
+            Some(entry) => entry.identity = identity,
+            None => {
+                let history = if keep { History::new(capacity) } else { History::default() };
+                entries.insert(id, Entry { identity, last: None, failing: None, history });
+            }
+        }
+    }
+
+    /// An autoscaler stopped: everything about it goes.
+    pub fn remove(&self, id: &str) {
+        self.lock().remove(id);
+    }
+
+    /// One decision. `rule` is the one it was made with (a schedule's or forecast's bounds
+    /// applied).
+    pub fn record(&self, id: &str, rule: &Rule, decision: Decision, extras: Extras) {
+        let paused_until = self.lock().get(id).and_then(|e| e.identity.paused_until.clone());
+        let paused = extras.ahead.as_ref().and_then(|a| a.paused) == Some(true);
+        let context = Context { paused_until: paused_until.as_deref().filter(|_| paused), scaled: extras.scaled };
+        let explanation = explain::explain(&decision, rule, context);
+        let marks = Marks::empty()
+            .with(Marks::SCALED_UP, decision.action == Action::ScaleUp && (extras.scaled || paused))
+            .with(Marks::SCALED_DOWN, decision.action == Action::ScaleDown && (extras.scaled || paused))
+            .with(Marks::RESTRICTED, restricted(&decision))
+            .with(Marks::FALLBACK, decision.fallback.is_some())
+            .with(Marks::PAUSED, paused)
+            .with(Marks::NO_DATA, decision.metrics.iter().all(|m| m.position == Position::Unavailable));
+        let sample = Sample {
+            at: decision.now.unix_millis().div_euclid(1000),
+            values: decision.metrics.iter().map(|m| usable(m).map(|v| v as f32)).collect(),
+            proposed: decision.proposal,
+            replicas: decision.replicas,
+            marks,
+        };
+        let watermarks: Vec<(f32, f32)> =
+            decision.metrics.iter().map(|m| (m.low_watermark as f32, m.high_watermark as f32)).collect();
+        let t = decision.timing;
+        let last = Last {
+            at: decision.now,
+            spec_replicas: decision.spec_replicas,
+            ready_replicas: decision.ready_replicas,
+            replicas: decision.replicas,
+            action: decision.action,
+            scaled: extras.scaled,
+            proposal: decision.proposal,
+            limit: decision.limit,
+            guard: decision.guard,
+            min_replicas: rule.min_replicas(),
+            max_replicas: rule.max_replicas(),
+            upscale_blocked_seconds: t.upscale_window_seconds_left.max(t.upscale_delay_seconds_left).max(0.0),
+            downscale_blocked_seconds: t.downscale_window_seconds_left.max(t.downscale_delay_seconds_left).max(0.0),
+            explanation,
+            paused,
+            fallback_active: extras.ahead.as_ref().and_then(|a| a.fallback_active),
+            forecast_replicas: extras.ahead.as_ref().and_then(|a| a.forecast_replicas),
+            forecast: extras.forecast_says.map(|says| says.unwrap_or_else(|why| why)),
+            shadows: extras
+                .shadows
+                .unwrap_or_default()
+                .into_iter()
+                .map(|s| ShadowNow { name: s.name, replicas: s.replicas, diverged: s.diverged })
+                .collect(),
+            metrics: decision
+                .metrics
+                .into_iter()
+                .map(|m| MetricNow {
+                    value: usable(&m),
+                    usage: m.usage.filter(|u| u.is_finite() && m.position != Position::Unavailable),
+                    age_seconds: m.age_seconds.filter(|a| a.is_finite()),
+                    name: m.name,
+                    low_watermark: m.low_watermark,
+                    high_watermark: m.high_watermark,
+                    position: m.position,
+                    proposal: m.proposal,
+                    note: m.note,
+                })
+                .collect(),
+            reason: decision.reason,
+        };
+        let mut entries = self.lock();
+        let Some(entry) = entries.get_mut(id) else { return };
+        if entry.history.keeps() {
+            entry.history.push(sample, &watermarks);
+        }
+        entry.last = Some(Arc::new(last));
+        entry.failing = None;
+    }
+
+    /// An evaluation that could not decide.
+    pub fn failed(&self, id: &str, at: Timestamp, message: &str) {
+        let mut entries = self.lock();
+        let Some(entry) = entries.get_mut(id) else { return };
+        if entry.history.keeps() {
+            if let Some(last) = &entry.last {
+                let sample = Sample {
+                    at: at.unix_millis().div_euclid(1000),
+                    values: vec![None; last.metrics.len()],
+                    proposed: None,
+                    replicas: last.replicas,
+                    marks: Marks::FAILED,
+                };
+                let watermarks: Vec<(f32, f32)> =
+                    last.metrics.iter().map(|m| (m.low_watermark as f32, m.high_watermark as f32)).collect();
+                entry.history.push(sample, &watermarks);
+            }
+        }
+        entry.failing = Some(message.into());
+    }
+
+    /// Every autoscaler's history bytes, added up: what the benchmark reports.
+    pub fn history_bytes(&self) -> usize {
+        self.lock().values().map(|e| e.history.heap_bytes()).sum()
+    }
+
+    /// Per backend: the autoscalers reading from it, and how many of them have no usable
+    /// value at all.
+    pub fn backend_counts(&self) -> Vec<(String, usize, usize)> {
+        let mut counts: std::collections::BTreeMap<String, (usize, usize)> = std::collections::BTreeMap::new();
+        for entry in self.lock().values() {
+            let no_data = state_of(entry.last.as_deref(), entry.failing.is_some()) == State::NoData;
+            for backend in &entry.identity.backends {
+                let count = counts.entry(backend.clone()).or_default();
+                count.0 += 1;
+                count.1 += usize::from(no_data);
+            }
+        }
+        counts.into_iter().map(|(name, (all, without))| (name, all, without)).collect()
+    }
+
+    /// A page of the table, sorted by id.
+    pub fn list(&self, query: &ListQuery) -> ListPage {
+        let words: Vec<String> = query.search.split_whitespace().map(str::to_lowercase).collect();
+        let entries = self.lock();
+        let mut counts = [0usize; State::ALL.len()];
+        let mut kept: Vec<(&Arc<str>, &Entry, State)> = Vec::new();
+        for (id, entry) in entries.iter() {
+            let state = state_of(entry.last.as_deref(), entry.failing.is_some());
+            if let Some(count) = State::ALL.iter().position(|s| *s == state).and_then(|i| counts.get_mut(i)) {
+                *count += 1;
+            }
+            if query.state.is_some_and(|s| s != state) || !matches(&entry.identity, &words) {
+                continue;
+            }
+            kept.push((id, entry, state));
+        }
+        let total = entries.len();
+        let matched = kept.len();
+        kept.sort_by(|a, b| a.0.cmp(b.0));
+        let autoscalers = kept
+            .into_iter()
+            .skip(query.offset)
+            .take(query.limit)
+            .map(|(_, entry, state)| summary(entry, state, scale_events(entry).pop()))
+            .collect();
+        drop(entries);
+        ListPage {
+            total,
+            matched,
+            offset: query.offset,
+            states: State::ALL.into_iter().zip(counts).collect(),
+            autoscalers,
+        }
+    }
+
+    /// One autoscaler in full, by id.
+    pub fn detail(&self, id: &str) -> Option<Detail> {
+        let entries = self.lock();
+        let entry = entries.get(id)?;
+        let samples = entry.history.samples();
+        let bands: Vec<Bands> = entry.history.bands().to_vec();
+        let state = state_of(entry.last.as_deref(), entry.failing.is_some());
+        let events = scale_events_of(&samples, entry.identity.dry_run);
+        let summary = summary(entry, state, events.last().cloned());
+        let last = entry.last.clone();
+        drop(entries);
+        let metrics = last.as_ref().map(|l| l.metrics.iter().map(|m| m.name.clone()).collect()).unwrap_or_default();
+        let samples = samples
+            .into_iter()
+            .map(|s| {
+                let watermarks = bands
+                    .iter()
+                    .rev()
+                    .find(|b| b.at <= s.at)
+                    .or(bands.first())
+                    .map(|b| b.watermarks.iter().map(|(l, h)| [*l, *h]).collect())
+                    .unwrap_or_default();
+                SampleView {
+                    at: s.at,
+                    values: s.values,
+                    watermarks,
+                    proposed: s.proposed,
+                    replicas: s.replicas,
+                    marks: s.marks.names(),
+                }
+            })
+            .collect();
+        Some(Detail { summary, last, history: HistoryView { metrics, samples, events } })
+    }
+}
+
+/// A metric's value when the decision could use it (a stale or refused one is not shown as
+/// the current value).
+fn usable(metric: &watermarkd_engine::MetricOutcome) -> Option<f64> {
+    metric.value.filter(|v| v.is_finite() && metric.position != Position::Unavailable)
+}
+
+fn matches(identity: &Identity, words: &[String]) -> bool {
+    words.iter().all(|word| {
+        [&identity.id, &identity.name, &identity.namespace, &identity.target.name, &identity.target.kind]
+            .iter()
+            .any(|field| field.to_lowercase().contains(word.as_str()))
+    })
+}
+
+fn summary(entry: &Entry, state: State, last_scale: Option<ScaleEvent>) -> Summary {
+    let last = entry.last.as_deref();
+    let metric = last.and_then(|l| {
+        let deciding = l.metrics.iter().filter(|m| m.proposal.is_some()).max_by_key(|m| m.proposal);
+        deciding.or(l.metrics.first()).cloned()
+    });
+    Summary {
+        identity: Arc::clone(&entry.identity),
+        state,
+        spec_replicas: last.map(|l| l.replicas),
+        ready_replicas: last.map(|l| l.ready_replicas),
+        min_replicas: last.map(|l| l.min_replicas),
+        max_replicas: last.map(|l| l.max_replicas),
+        metric,
+        evaluated_at: last.map(|l| l.at),
+        why: last.and_then(|l| l.explanation.first().cloned()),
+        last_scale,
+        failing: entry.failing.as_deref().map(str::to_string),
+    }
+}
+
+fn scale_events(entry: &Entry) -> Vec<ScaleEvent> {
+    scale_events_of(&entry.history.samples(), entry.identity.dry_run)
+}
+
+/// The changes of the replicas from one sample to the next. One decided in a pause or a dry
+/// run was not written.
+fn scale_events_of(samples: &[Sample], dry_run: bool) -> Vec<ScaleEvent> {
+    samples
+        .windows(2)
+        .filter_map(|pair| match pair {
+            [before, after] if before.replicas != after.replicas => Some(ScaleEvent {
+                at: after.at,
+                from: before.replicas,
+                to: after.replicas,
+                written: !dry_run && !after.marks.contains(Marks::PAUSED),
+            }),
+            _ => None,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use watermarkd_engine::{decide, Reading, State as EngineState, Target};
+
+    fn identity(name: &str, interval_seconds: u64) -> Identity {
+        Identity {
+            id: format!("file/{name}").into(),
+            name: name.into(),
+            namespace: "prod".into(),
+            source: "file",
+            target: TargetView { kind: "Deployment".into(), namespace: "prod".into(), name: name.into() },
+            interval_seconds,
+            dry_run: false,
+            paused_until: None,
+            backends: vec!["prom".into()],
+            shadows: Vec::new(),
+        }
+    }
+
+    fn rule() -> Rule {
+        crate::domain::rules::rule_from_json(&json!({
+            "min_replicas": 1, "max_replicas": 20, "algorithm": "absolute",
+            "upscale_forbidden_window": "0s", "downscale_forbidden_window": "0s",
+            "metric": [{ "name": "load", "query": "q", "high_watermark": 10, "low_watermark": 5 }]
+        }))
+        .unwrap()
+    }
+
+    /// One evaluation of `name` at second `at` with `spec` replicas and this reading.
+    fn evaluate(board: &Board, name: &str, at: i64, spec: u32, reading: Option<f64>) {
+        let now = Timestamp::from_unix_millis(at * 1000);
+        let reading = match reading {
+            Some(value) => Reading::Value { value, at: now },
+            None => Reading::Unavailable { reason: "no data".into() },
+        };
+        let target = Target { spec_replicas: spec, status_replicas: Some(spec), ready_replicas: Some(spec) };
+        let decision = decide(&rule(), target, &[reading], &EngineState::default(), now);
+        let scaled = decision.action != Action::Hold;
+        board.record(&format!("file/{name}"), &rule(), decision, Extras { scaled, ..Extras::default() });
+    }
+
+    #[test]
+    fn the_table_says_each_autoscalers_state_and_filters_and_pages() {
+        let board = Board::new(Duration::from_secs(3600));
+        for name in ["a-busy", "b-calm", "c-quiet", "d-new", "e-up"] {
+            board.admit(identity(name, 15));
+        }
+        // 30 asks for 6 and the default 50% limit allows 3; 12 asks for 3.
+        evaluate(&board, "a-busy", 1_000, 2, Some(30.0));
+        evaluate(&board, "b-calm", 1_000, 2, Some(7.0));
+        evaluate(&board, "c-quiet", 1_000, 2, None);
+        evaluate(&board, "e-up", 1_000, 2, Some(12.0));
+        let all = board.list(&ListQuery { limit: 10, ..ListQuery::default() });
+        let states: Vec<(&str, State)> = all.autoscalers.iter().map(|s| (s.identity.name.as_ref(), s.state)).collect();
+        assert_eq!(
+            states,
+            [
+                ("a-busy", State::Limited),
+                ("b-calm", State::Ok),
+                ("c-quiet", State::NoData),
+                ("d-new", State::Pending),
+                ("e-up", State::Scaling)
+            ]
+        );
+        assert!(all.autoscalers[2].metric.as_ref().is_some_and(|m| m.value.is_none()), "no value, never 0");
+        let quiet = board.list(&ListQuery { state: Some(State::NoData), limit: 10, ..ListQuery::default() });
+        assert_eq!((quiet.matched, quiet.total), (1, 5));
+        let searched = board.list(&ListQuery { search: "CALM prod".into(), limit: 10, ..ListQuery::default() });
+        assert_eq!(searched.autoscalers.len(), 1);
+        let page = board.list(&ListQuery { offset: 4, limit: 2, ..ListQuery::default() });
+        assert_eq!((page.matched, page.autoscalers.len()), (5, 1));
+        board.remove("file/d-new");
+        assert_eq!(board.list(&ListQuery { limit: 10, ..ListQuery::default() }).total, 4);
+    }
+
+    #[test]
+    fn the_history_keeps_an_hour_at_the_interval_and_the_scale_events() {
+        let board = Board::new(Duration::from_secs(3600));
+        board.admit(identity("web", 15));
+        let mut spec = 2;
+        for i in 0..400 {
+            let value = if (100..110).contains(&i) { 30.0 } else { 7.0 };
+            evaluate(&board, "web", 1_000 + i * 15, spec, Some(value));
+            if value > 10.0 {
+                spec = 6.min(spec + 1);
+            }
+        }
+        let detail = board.detail("file/web").unwrap();
+        let samples = &detail.history.samples;
+        assert!(samples.len() >= 241 && samples.len() < 241 + usize::from(BLOCK), "{}", samples.len());
+        assert_eq!(samples.last().unwrap().at, 1_000 + 399 * 15);
+        assert_eq!(samples[0].watermarks, vec![[5.0, 10.0]]);
+        // The scale-up happened before the hour kept: not an event any more.
+        assert!(detail.history.events.is_empty(), "{:?}", detail.history.events);
+        assert_eq!(detail.summary.last_scale, None);
+        assert!(board.history_bytes() < 241 * 6, "{} bytes", board.history_bytes());
+
+        board.admit(identity("fresh", 15));
+        evaluate(&board, "fresh", 1_000, 2, Some(7.0));
+        evaluate(&board, "fresh", 1_015, 2, Some(30.0));
+        evaluate(&board, "fresh", 1_030, 3, Some(30.0));
+        let events = board.detail("file/fresh").unwrap().history.events;
+        assert_eq!(
+            events,
+            [
+                ScaleEvent { at: 1_015, from: 2, to: 3, written: true },
+                ScaleEvent { at: 1_030, from: 3, to: 4, written: true }
+            ]
+        );
+    }
+
+    #[test]
+    fn a_failed_evaluation_is_failing_until_the_next_decision() {
+        let board = Board::new(Duration::from_secs(3600));
+        board.admit(identity("web", 15));
+        evaluate(&board, "web", 1_000, 2, Some(7.0));
+        board.failed("file/web", Timestamp::from_unix_millis(1_015_000), "cannot read the target: forbidden");
+        let row = board.list(&ListQuery { limit: 1, ..ListQuery::default() }).autoscalers.remove(0);
+        assert_eq!((row.state, row.failing.as_deref()), (State::Failing, Some("cannot read the target: forbidden")));
+        let detail = board.detail("file/web").unwrap();
+        assert_eq!(detail.history.samples.last().unwrap().marks, vec!["failed"]);
+        evaluate(&board, "web", 1_030, 2, Some(7.0));
+        assert_eq!(board.detail("file/web").unwrap().summary.state, State::Ok);
+        // Reports for an autoscaler that is not on the board are dropped.
+        board.failed("file/gone", Timestamp::from_unix_millis(0), "x");
+        evaluate(&board, "gone", 1_000, 2, Some(7.0));
+        assert!(board.detail("file/gone").is_none());
+    }
+
+    #[test]
+    fn without_history_only_the_last_decision_is_kept() {
+        let board = Board::new(Duration::ZERO);
+        board.admit(identity("web", 15));
+        evaluate(&board, "web", 1_000, 2, Some(7.0));
+        let detail = board.detail("file/web").unwrap();
+        assert!(detail.history.samples.is_empty());
+        assert!(detail.last.is_some());
+        assert_eq!(board.history_bytes(), 0);
+    }
+}

@@ -1,0 +1,378 @@
+//! The status API and page on the daemon's listener, read-only (the listener answers only GET
+//! and HEAD). Routing is a function of the path, the query and the board; only the access
+//! check waits on anything.
+//!
+//! - `GET /api/v1/autoscalers?q=&state=&offset=&limit=`: a page of the table (JSON).
+//! - `GET /api/v1/autoscalers/{id}`: one autoscaler in full, its history included.
+//! - `GET /api/v1/backends`: each backend's requests by outcome and rate budget.
+//! - `GET /` and `/ui`: the table page; `/ui/table`: its rows alone (what the script swaps).
+//! - `GET /ui/autoscaler/{id}`: one autoscaler's page; `?fragment=1`: its content alone.
+//! - `GET /ui/app.js`, `/ui/style.css`: the page's only other resources.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use prometheus::core::Collector;
+use serde::Serialize;
+use watermarkd_engine::Timestamp;
+
+use super::access::{Access, Refusal};
+use super::board::{Board, ListQuery, State};
+use super::page::{self, PAGE_ROWS};
+use crate::adapters::telemetry::BackendMetrics;
+
+/// The most rows one API page gives.
+pub const MAX_LIMIT: usize = 1_000;
+
+const JS: &str = include_str!("app.js");
+const CSS: &str = include_str!("style.css");
+
+/// An answer, before the listener puts it on the wire.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    pub status: u16,
+    pub content_type: &'static str,
+    pub body: Vec<u8>,
+    /// Besides the security headers every answer gets.
+    pub headers: Vec<(&'static str, String)>,
+}
+
+impl Answer {
+    fn new(status: u16, content_type: &'static str, body: impl Into<Vec<u8>>) -> Answer {
+        Answer { status, content_type, body: body.into(), headers: Vec::new() }
+    }
+
+    fn json(status: u16, value: &impl Serialize) -> Answer {
+        match serde_json::to_vec(value) {
+            Ok(body) => Answer::new(status, "application/json", body),
+            Err(err) => Answer::new(500, "text/plain; charset=utf-8", format!("cannot write the answer: {err}\n")),
+        }
+    }
+
+    fn html(status: u16, body: String) -> Answer {
+        Answer::new(status, "text/html; charset=utf-8", body)
+    }
+
+    /// What every status answer carries: nothing of it may be framed, sniffed, cached or
+    /// loaded from elsewhere.
+    pub fn security_headers() -> [(&'static str, &'static str); 5] {
+        [
+            (
+                "content-security-policy",
+                "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; \
+                 form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+            ),
+            ("x-content-type-options", "nosniff"),
+            ("referrer-policy", "no-referrer"),
+            ("x-frame-options", "DENY"),
+            ("cache-control", "no-store"),
+        ]
+    }
+}
+
+/// The status service: the board, the backends' counters, and who may read.
+pub struct StatusApi {
+    pub board: Arc<Board>,
+    pub backends: Arc<BackendMetrics>,
+    pub access: Access,
+}
+
+/// Whether `path` is the status service's (the listener's other paths stay as they are).
+pub fn handles(path: &str) -> bool {
+    path == "/" || path == "/ui" || path.starts_with("/ui/") || path == "/api/v1" || path.starts_with("/api/v1/")
+}
+
+impl StatusApi {
+    /// Answers a request for one of [`handles`]'s paths.
+    pub async fn answer(&self, path: &str, query: Option<&str>, peer: IpAddr, authorization: Option<&str>) -> Answer {
+        if let Err(refusal) = self.access.check(peer, authorization).await {
+            return refused(path, &refusal);
+        }
+        let now = Timestamp::from_system_time(std::time::SystemTime::now());
+        route(&self.board, &self.backends, path, &Query::parse(query.unwrap_or("")), now)
+    }
+}
+
+fn refused(path: &str, refusal: &Refusal) -> Answer {
+    let status = match refusal {
+        Refusal::Unchecked(_) => 503,
+        Refusal::NoToken | Refusal::BadToken => 401,
+    };
+    let mut answer = if path.starts_with("/api/") {
+        Answer::json(status, &serde_json::json!({ "error": refusal.to_string() }))
+    } else {
+        Answer::html(status, page::message_page("watermarkd: not allowed", &refusal.to_string()))
+    };
+    if status == 401 {
+        answer.headers.push(("www-authenticate", "Bearer realm=\"watermarkd\"".into()));
+    }
+    answer
+}
+
+/// A query string's parameters, percent-decoded (`+` is a space).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Query(Vec<(String, String)>);
+
+impl Query {
+    pub fn parse(text: &str) -> Query {
+        Query(
+            text.split('&')
+                .filter(|pair| !pair.is_empty())
+                .map(|pair| {
+                    let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+                    (decode(key), decode(value))
+                })
+                .collect(),
+        )
+    }
+
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.0.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+    }
+}
+
+fn decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while let Some(&byte) = bytes.get(i) {
+        let hex = |at: usize| bytes.get(at).and_then(|b| char::from(*b).to_digit(16));
+        match byte {
+            b'+' => out.push(b' '),
+            b'%' => match (hex(i + 1), hex(i + 2)) {
+                (Some(high), Some(low)) => {
+                    out.push(u8::try_from(high * 16 + low).unwrap_or(b'?'));
+                    i += 2;
+                }
+                _ => out.push(b'%'),
+            },
+            other => out.push(other),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// What the table was asked for, or why the question is wrong.
+fn list_query(query: &Query, default_limit: usize) -> Result<ListQuery, String> {
+    let state = match query.get("state").filter(|s| !s.is_empty()) {
+        None => None,
+        Some(text) => Some(State::parse(text).ok_or_else(|| {
+            let known: Vec<&str> = State::ALL.iter().map(|s| s.as_str()).collect();
+            format!("state: {text:?} is not one of {}", known.join(", "))
+        })?),
+    };
+    let number = |key: &str, default: usize| match query.get(key).filter(|v| !v.is_empty()) {
+        None => Ok(default),
+        Some(text) => text.parse::<usize>().map_err(|_| format!("{key}: {text:?} is not a whole number")),
+    };
+    let limit = number("limit", default_limit)?;
+    if limit == 0 || limit > MAX_LIMIT {
+        return Err(format!("limit: {limit} is not between 1 and {MAX_LIMIT}"));
+    }
+    Ok(ListQuery {
+        search: query.get("q").unwrap_or("").trim().to_string(),
+        state,
+        offset: number("offset", 0)?,
+        limit,
+    })
+}
+
+/// Routes one request. `now` dates the page's "ago"s.
+pub fn route(board: &Board, backends: &BackendMetrics, path: &str, query: &Query, now: Timestamp) -> Answer {
+    let seconds = now.unix_millis().div_euclid(1000);
+    let api_error = |status: u16, message: String| Answer::json(status, &serde_json::json!({ "error": message }));
+    match path {
+        "/api/v1" | "/api/v1/" => Answer::json(
+            200,
+            &serde_json::json!({
+                "autoscalers": "/api/v1/autoscalers",
+                "autoscaler": "/api/v1/autoscalers/{id}",
+                "backends": "/api/v1/backends",
+            }),
+        ),
+        "/api/v1/autoscalers" => match list_query(query, PAGE_ROWS) {
+            Ok(list) => Answer::json(200, &board.list(&list)),
+            Err(message) => api_error(400, message),
+        },
+        "/api/v1/backends" => Answer::json(200, &backends_view(backends, board)),
+        "/" | "/ui" | "/ui/" | "/ui/table" => match list_query(query, PAGE_ROWS) {
+            Ok(list) => {
+                let page = board.list(&list);
+                if path == "/ui/table" {
+                    Answer::html(200, page::table_rows(&page, &list, seconds))
+                } else {
+                    Answer::html(200, page::table_page(&page, &list, seconds))
+                }
+            }
+            Err(message) => Answer::html(400, page::message_page("watermarkd: bad request", &message)),
+        },
+        "/ui/app.js" => Answer::new(200, "text/javascript; charset=utf-8", JS),
+        "/ui/style.css" => Answer::new(200, "text/css; charset=utf-8", CSS),
+        _ => {
+            if let Some(id) = path.strip_prefix("/api/v1/autoscalers/") {
+                return match board.detail(&decode(id)) {
+                    Some(detail) => Answer::json(200, &detail),
+                    None => api_error(404, format!("no autoscaler {:?} runs here", decode(id))),
+                };
+            }
+            if let Some(id) = path.strip_prefix("/ui/autoscaler/") {
+                return match board.detail(&decode(id)) {
+                    Some(detail) if query.get("fragment").is_some() => {
+                        Answer::html(200, page::detail_fragment(&detail, seconds))
+                    }
+                    Some(detail) => Answer::html(200, page::detail_page(&detail, seconds)),
+                    None => Answer::html(
+                        404,
+                        page::message_page(
+                            "watermarkd: not found",
+                            &format!("no autoscaler {:?} runs here", decode(id)),
+                        ),
+                    ),
+                };
+            }
+            if path.starts_with("/api/") {
+                api_error(404, format!("no such path: {path}; try /api/v1"))
+            } else {
+                Answer::html(404, page::message_page("watermarkd: not found", &format!("no such page: {path}")))
+            }
+        }
+    }
+}
+
+/// One backend as `/api/v1/backends` shows it.
+#[derive(Debug, Default, Serialize)]
+struct BackendView {
+    name: String,
+    /// Requests since the start, by outcome (`ok`, `timeout`, `rate_limited`, ...).
+    requests: std::collections::BTreeMap<String, u64>,
+    /// Datadog's rate-limit headers as last seen: `limit`, `remaining`, `reset_seconds`.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    rate_limit: std::collections::BTreeMap<String, i64>,
+    /// The cycle spacing the budget imposes (0: every requested cycle runs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stretched_interval_seconds: Option<i64>,
+    /// Autoscalers reading from it, and of those the ones without any usable value.
+    autoscalers: usize,
+    autoscalers_without_data: usize,
+}
+
+/// Each backend's counters, read from the series the daemon exports.
+fn backends_view(metrics: &BackendMetrics, board: &Board) -> Vec<BackendView> {
+    let mut views: std::collections::BTreeMap<String, BackendView> = std::collections::BTreeMap::new();
+    fn view<'v>(views: &'v mut std::collections::BTreeMap<String, BackendView>, name: &str) -> &'v mut BackendView {
+        views
+            .entry(name.to_string())
+            .or_insert_with(|| BackendView { name: name.to_string(), ..BackendView::default() })
+    }
+    let label = |m: &prometheus::proto::Metric, name: &str| {
+        m.get_label().iter().find(|l| l.name() == name).map(|l| l.value().to_string()).unwrap_or_default()
+    };
+    for family in metrics.requests.collect() {
+        for m in family.get_metric() {
+            let count = m.get_counter().get_value() as u64;
+            view(&mut views, &label(m, "backend")).requests.insert(label(m, "outcome"), count);
+        }
+    }
+    for family in metrics.rate_limit.collect() {
+        for m in family.get_metric() {
+            view(&mut views, &label(m, "backend"))
+                .rate_limit
+                .insert(label(m, "field"), m.get_gauge().get_value() as i64);
+        }
+    }
+    for family in metrics.stretched_interval_seconds.collect() {
+        for m in family.get_metric() {
+            view(&mut views, &label(m, "backend")).stretched_interval_seconds = Some(m.get_gauge().get_value() as i64);
+        }
+    }
+    for (backend, autoscalers, without_data) in board.backend_counts() {
+        let v = view(&mut views, &backend);
+        v.autoscalers = autoscalers;
+        v.autoscalers_without_data = without_data;
+    }
+    views.into_values().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::adapters::status::board::{Extras, Identity, TargetView};
+    use prometheus::Registry;
+    use serde_json::json;
+    use watermarkd_engine::{decide, Reading, State as EngineState, Target};
+
+    fn board_with(name: &str, note: &str) -> Board {
+        let board = Board::new(std::time::Duration::from_secs(3600));
+        board.admit(Identity {
+            id: format!("file/{name}").into(),
+            name: name.into(),
+            namespace: "prod".into(),
+            source: "file",
+            target: TargetView { kind: "Deployment".into(), namespace: "prod".into(), name: name.into() },
+            interval_seconds: 15,
+            dry_run: false,
+            paused_until: None,
+            backends: vec!["prom".into()],
+            shadows: Vec::new(),
+        });
+        let rule = crate::domain::rules::rule_from_json(&json!({
+            "min_replicas": 1, "max_replicas": 20, "algorithm": "absolute",
+            "metric": [{ "name": "load", "query": "q", "high_watermark": 10, "low_watermark": 5 }]
+        }))
+        .unwrap();
+        let target = Target { spec_replicas: 2, status_replicas: Some(2), ready_replicas: Some(2) };
+        let now = Timestamp::from_unix_millis(1_700_000_000_000);
+        let reading = [Reading::Unavailable { reason: note.into() }];
+        let decision = decide(&rule, target, &reading, &EngineState::default(), now);
+        board.record(&format!("file/{name}"), &rule, decision, Extras::default());
+        board
+    }
+
+    fn ask(board: &Board, path: &str, query: &str) -> Answer {
+        let metrics = BackendMetrics::new(&Registry::new()).unwrap();
+        route(board, &metrics, path, &Query::parse(query), Timestamp::from_unix_millis(1_700_000_060_000))
+    }
+
+    #[test]
+    fn query_strings_are_decoded_and_bad_ones_named() {
+        let query = Query::parse("q=web+api%2Fv1&state=&x=%zz&limit=5");
+        assert_eq!(query.get("q"), Some("web api/v1"));
+        assert_eq!(query.get("x"), Some("%zz"));
+        assert_eq!(list_query(&query, 100).unwrap().limit, 5);
+        let bad = |text: &str| list_query(&Query::parse(text), 100).unwrap_err();
+        assert_eq!(bad("limit=0"), "limit: 0 is not between 1 and 1000");
+        assert_eq!(bad("offset=-1"), "offset: \"-1\" is not a whole number");
+        assert!(bad("state=asleep").starts_with("state: \"asleep\" is not one of failing, pending"));
+    }
+
+    #[test]
+    fn text_from_an_answer_cannot_become_markup() {
+        let board = board_with("web", "<script>alert(1)</script> & \"quotes\"");
+        for (path, query) in [("/ui", ""), ("/ui/table", ""), ("/ui/autoscaler/file/web", ""), ("/ui", "q=\"><i>x")] {
+            let answer = ask(&board, path, query);
+            let page = String::from_utf8(answer.body).unwrap();
+            assert!(!page.contains("<script>alert") && !page.contains("<i>x"), "{path}: {page}");
+        }
+        let page = String::from_utf8(ask(&board, "/ui/autoscaler/file/web", "").body).unwrap();
+        assert!(page.contains("&lt;script&gt;alert(1)&lt;/script&gt; &amp; &quot;quotes&quot;"), "{page}");
+    }
+
+    #[test]
+    fn every_path_answers_what_it_is_or_says_what_is_not_there() {
+        let board = board_with("web", "no data");
+        let detail = ask(&board, "/api/v1/autoscalers/file%2Fweb", "");
+        assert_eq!((detail.status, detail.content_type), (200, "application/json"));
+        let missing = ask(&board, "/api/v1/autoscalers/file/nope", "");
+        assert_eq!(missing.status, 404);
+        assert!(String::from_utf8(missing.body).unwrap().contains("no autoscaler \\\"file/nope\\\" runs here"));
+        assert_eq!(ask(&board, "/api/v2/autoscalers", "").status, 404);
+        assert_eq!(ask(&board, "/ui/nothing", "").status, 404);
+        assert_eq!(ask(&board, "/api/v1/autoscalers", "limit=5000").status, 400);
+        let js = ask(&board, "/ui/app.js", "");
+        assert_eq!(js.content_type, "text/javascript; charset=utf-8");
+        let fragment = String::from_utf8(ask(&board, "/ui/autoscaler/file/web", "fragment=1").body).unwrap();
+        assert!(!fragment.contains("<html"), "only the part the script swaps");
+        assert!(handles("/") && handles("/ui") && handles("/api/v1/backends") && !handles("/metrics"));
+    }
+}

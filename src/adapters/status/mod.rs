@@ -1,0 +1,12 @@
+//! "Why did it (not) scale?": the status board every evaluation reports to (`board`), the
+//! read-only JSON API and the page the daemon's listener serves from it (`http`, `page`),
+//! and who may read them (`access`). Documented in docs/status.md.
+
+pub mod access;
+pub mod board;
+pub mod http;
+pub mod page;
+
+pub use access::{Access, TokenReviewer};
+pub use board::{Board, Extras, Identity, ListQuery, State, TargetView};
+pub use http::StatusApi;
