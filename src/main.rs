@@ -41,6 +41,12 @@ enum Command {
     ///
     /// Exits 1 when any metric has no usable value.
     Query(watermarkd::commands::query::QueryArgs),
+    /// Show what a running daemon's autoscalers are doing and why, from its status API.
+    ///
+    /// Without NAME, a table of every autoscaler; with one, the explanation of its last
+    /// decision in plain sentences and its recent scale events. Exits 1 when an autoscaler
+    /// shown is failing or has no data. See docs/status.md.
+    Status(watermarkd::commands::status::StatusArgs),
     /// Print the WatermarkPodAutoscaler CustomResourceDefinition (YAML) that CRD mode reads.
     ///
     /// It accepts exactly the objects the Datadog controller's CRD accepts, so either can be
@@ -121,6 +127,14 @@ fn run() -> anyhow::Result<ExitCode> {
         Command::Query(args) => {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
             if runtime.block_on(watermarkd::commands::query::run(&args, &mut out))? {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }
+        Command::Status(args) => {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            if runtime.block_on(watermarkd::commands::status::run(&args, &mut out))? {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::from(1)

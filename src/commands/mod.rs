@@ -8,3 +8,4 @@ pub mod decide;
 pub mod query;
 pub mod rbac;
 pub mod simulate;
+pub mod status;
