@@ -1,0 +1,387 @@
+//! The status API, `watermarkd status` and the status page, against a running daemon, a real
+//! kube-apiserver and a real Prometheus: what they say of an autoscaler that scales up, one
+//! inside its band and one without data, and who may read them.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "test code: clippy.toml lets #[test] functions unwrap, index and print, and the helpers beside them do the same"
+)]
+
+#[macro_use]
+#[path = "support/eventually.rs"]
+mod eventually;
+#[path = "support/daemon_process.rs"]
+mod daemon_process;
+#[path = "support/kube_cluster.rs"]
+mod kube_cluster;
+#[path = "support/prometheus_server.rs"]
+mod prometheus_server;
+#[path = "support/webdriver.rs"]
+mod webdriver;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use daemon_process::{write, DaemonProcess};
+use kube_cluster::{KubeCluster, ADMIN_TOKEN};
+use prometheus_server::{Exporter, PrometheusServer};
+use serde_json::Value;
+use webdriver::Browser;
+
+const STARTUP: Duration = Duration::from_secs(30);
+const TOKEN: &str = "status-test-token";
+
+/// Three autoscalers: `busy` above its band (scales up), `calm` inside it, `quiet` on a
+/// metric that does not exist.
+struct Setup {
+    exporter: Exporter,
+    _prometheus: PrometheusServer,
+    dir: tempfile::TempDir,
+    config: String,
+    kubeconfig: String,
+    ns: String,
+}
+
+impl Setup {
+    async fn start(prefix: &str) -> Setup {
+        let cluster = KubeCluster::shared();
+        let ns = cluster.unique_namespace(prefix).await;
+        for name in ["busy", "calm", "quiet"] {
+            cluster.create_deployment(&ns, name, 2).await;
+            cluster.set_workload_status("Deployment", &ns, name, 2, 2).await;
+        }
+        let exporter = Exporter::start("load_busy 30\nload_calm 7\n").await;
+        let prometheus = PrometheusServer::start(&exporter.target()).await;
+        let dir = tempfile::tempdir().unwrap();
+        let mut rules = format!("[backend.prom]\ntype = \"prometheus\"\nurl = \"{}\"\n", prometheus.url());
+        for (name, query) in [("busy", "load_busy"), ("calm", "load_calm"), ("quiet", "load_absent")] {
+            rules.push_str(&format!(
+                "\n[[autoscaler]]\nname = \"{name}\"\ntarget = {{ kind = \"Deployment\", namespace = \"{ns}\", name = \"{name}\" }}\n\
+                 interval = \"1s\"\nmin_replicas = 1\nmax_replicas = 6\nalgorithm = \"absolute\"\n\
+                 upscale_forbidden_window = \"1s\"\ndownscale_forbidden_window = \"1h\"\n\
+                 [[autoscaler.metric]]\nname = \"load\"\nbackend = \"prom\"\nquery = '{query}'\nhigh_watermark = 10\nlow_watermark = 5\n"
+            ));
+        }
+        let config = dir.path().join("rules.toml");
+        write(&config, &rules);
+        let kubeconfig = dir.path().join("kubeconfig");
+        cluster.write_kubeconfig(&kubeconfig, ADMIN_TOKEN);
+        Setup {
+            exporter,
+            _prometheus: prometheus,
+            config: config.display().to_string(),
+            kubeconfig: kubeconfig.display().to_string(),
+            dir,
+            ns,
+        }
+    }
+
+    fn daemon(&self, env: &[(&str, &str)]) -> DaemonProcess {
+        DaemonProcess::start(
+            &["--config", &self.config, "--kubeconfig", &self.kubeconfig, "--lease-namespace", &self.ns],
+            env,
+        )
+    }
+
+    fn token_file(&self) -> String {
+        let path = self.dir.path().join("token");
+        std::fs::write(&path, format!("{TOKEN}\n")).unwrap();
+        path.display().to_string()
+    }
+}
+
+/// GET `path` from the daemon, with the token when given: (status, headers, body).
+async fn get(listen: &str, path: &str, token: Option<&str>) -> (u16, reqwest::header::HeaderMap, String) {
+    let mut request = reqwest::Client::new().get(format!("http://{listen}{path}"));
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    let answer = request.send().await.unwrap_or_else(|e| panic!("GET {path}: {e}"));
+    let status = answer.status().as_u16();
+    let headers = answer.headers().clone();
+    (status, headers, answer.text().await.unwrap())
+}
+
+async fn json(listen: &str, path: &str, token: Option<&str>) -> Result<Value, String> {
+    let (status, _, body) = get(listen, path, token).await;
+    if status != 200 {
+        return Err(format!("{status}: {body}"));
+    }
+    serde_json::from_str(&body).map_err(|e| format!("{e}: {body}"))
+}
+
+fn row<'a>(list: &'a Value, name: &str) -> &'a Value {
+    list["autoscalers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == name)
+        .unwrap_or_else(|| panic!("{name} in {list}"))
+}
+
+/// Waits until every autoscaler was evaluated and `busy` scaled up at least once.
+async fn settled(listen: &str, token: Option<&str>) -> Value {
+    eventually!(
+        STARTUP,
+        "every autoscaler evaluated, busy scaled",
+        async {
+            let list = json(listen, "/api/v1/autoscalers", token).await?;
+            let states: Vec<&str> =
+                list["autoscalers"].as_array().unwrap().iter().filter_map(|r| r["state"].as_str()).collect();
+            let busy_scaled = list["autoscalers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|r| r["name"] == "busy" && !r["last_scale"].is_null());
+            if states.len() == 3 && !states.contains(&"pending") && busy_scaled {
+                Ok(list)
+            } else {
+                Err(list.to_string())
+            }
+        }
+        .await
+    )
+}
+
+fn status_command(listen: &str, args: &[&str]) -> (i32, String, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_watermarkd"))
+        .arg("status")
+        .args(["--url", &format!("http://{listen}")])
+        .args(args)
+        .env_remove("WATERMARKD_STATUS_TOKEN")
+        .output()
+        .expect("run watermarkd status");
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_the_command_and_the_page_explain_every_autoscaler_to_a_token_holder() {
+    let setup = Setup::start("status-api").await;
+    let token_file = setup.token_file();
+    let daemon = setup.daemon(&[
+        ("WATERMARKD__STATUS__TOKEN_FILE", token_file.as_str()),
+        ("WATERMARKD__STATUS__OPEN_ON_LOOPBACK", "false"),
+    ]);
+    let listen = daemon.listen.clone();
+    let list = settled(&listen, Some(TOKEN)).await;
+
+    // The table: each autoscaler's state, replicas and metric against its band.
+    assert_eq!(list["total"], 3, "{list}");
+    let busy = row(&list, "busy");
+    assert_eq!(busy["target"]["name"], "busy");
+    assert_eq!(busy["metric"]["position"], "above", "{busy}");
+    assert_eq!(busy["metric"]["value"], 30.0, "{busy}");
+    assert_eq!(busy["last_scale"]["from"], 2, "{busy}");
+    let calm = row(&list, "calm");
+    assert_eq!(calm["state"], "ok", "{calm}");
+    assert_eq!(calm["metric"]["position"], "inside", "{calm}");
+    assert_eq!(calm["why"], "held at 2: every metric is inside its band", "{calm}");
+    let quiet = row(&list, "quiet");
+    assert_eq!(quiet["state"], "no_data", "{quiet}");
+    assert!(quiet["metric"]["value"].is_null(), "missing data is no value, never 0: {quiet}");
+
+    // Search, filter and paging.
+    let only = json(&listen, "/api/v1/autoscalers?state=no_data", Some(TOKEN)).await.unwrap();
+    assert_eq!(only["matched"], 1, "{only}");
+    assert_eq!(only["autoscalers"][0]["name"], "quiet");
+    let searched = json(&listen, "/api/v1/autoscalers?q=CAL", Some(TOKEN)).await.unwrap();
+    assert_eq!(searched["autoscalers"].as_array().unwrap().len(), 1, "{searched}");
+    let paged = json(&listen, "/api/v1/autoscalers?limit=2&offset=2", Some(TOKEN)).await.unwrap();
+    assert_eq!((paged["matched"].as_u64(), paged["autoscalers"][0]["name"].as_str()), (Some(3), Some("quiet")));
+    let (status, _, body) = get(&listen, "/api/v1/autoscalers?state=sleepy", Some(TOKEN)).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("state: \\\"sleepy\\\" is not one of"), "{body}");
+
+    // One autoscaler in full: the explanation, the history with its band, the scale events.
+    let detail = json(&listen, "/api/v1/autoscalers/file/busy", Some(TOKEN)).await.unwrap();
+    let explanation: Vec<&str> =
+        detail["last"]["explanation"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    assert!(explanation.iter().any(|s| s.starts_with("load 30 is above [5, 10]")), "{explanation:?}");
+    let samples = detail["history"]["samples"].as_array().unwrap();
+    assert!(samples.len() >= 2, "{detail}");
+    assert_eq!(samples[0]["watermarks"][0], serde_json::json!([5.0, 10.0]));
+    assert_eq!(samples.last().unwrap()["values"][0], 30.0);
+    assert!(!detail["history"]["events"].as_array().unwrap().is_empty(), "{detail}");
+    let quiet = json(&listen, "/api/v1/autoscalers/file/quiet", Some(TOKEN)).await.unwrap();
+    assert!(quiet["last"]["explanation"][0].as_str().unwrap().contains("missing data is never read as 0"), "{quiet}");
+    let (status, _, body) = get(&listen, "/api/v1/autoscalers/file/nosuch", Some(TOKEN)).await;
+    assert_eq!(status, 404, "{body}");
+
+    // Backends: the requests by outcome, and who reads from them.
+    let backends = json(&listen, "/api/v1/backends", Some(TOKEN)).await.unwrap();
+    let prom = backends.as_array().unwrap().iter().find(|b| b["name"] == "prom").expect("prom");
+    assert_eq!((prom["autoscalers"].as_u64(), prom["autoscalers_without_data"].as_u64()), (Some(3), Some(1)), "{prom}");
+    assert!(prom["requests"]["ok"].as_u64().unwrap() > 0, "{prom}");
+
+    // Without the token nothing is said; /metrics and the probes are as before.
+    let (status, headers, body) = get(&listen, "/api/v1/autoscalers", None).await;
+    assert_eq!(status, 401, "{body}");
+    assert_eq!(headers["www-authenticate"], "Bearer realm=\"watermarkd\"");
+    assert!(!body.contains("busy"), "{body}");
+    assert_eq!(get(&listen, "/api/v1/autoscalers", Some("wrong")).await.0, 401);
+    assert_eq!(get(&listen, "/ui", None).await.0, 401);
+    assert_eq!(get(&listen, "/metrics", None).await.0, 200);
+    assert_eq!(get(&listen, "/readyz", None).await.0, 200);
+    let posted = reqwest::Client::new()
+        .post(format!("http://{listen}/api/v1/autoscalers"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(posted.status().as_u16(), 405, "read-only");
+
+    // The page: a table a browser without JavaScript reads, and the chart, from this daemon only.
+    let (status, headers, page) = get(&listen, "/ui?q=busy", Some(TOKEN)).await;
+    assert_eq!(status, 200);
+    assert!(headers["content-security-policy"].to_str().unwrap().contains("default-src 'none'"));
+    assert!(page.contains("<a href=\"/ui/autoscaler/file/busy\">busy</a>"), "{page}");
+    assert!(!page.contains(">calm<"), "the search keeps busy only: {page}");
+    assert!(!page.contains("http://") && !page.contains("https://"), "no external resource: {page}");
+    let (_, _, page) = get(&listen, "/ui/autoscaler/file/busy", Some(TOKEN)).await;
+    assert!(page.contains("<svg class=\"chart\""), "{page}");
+    assert!(page.contains("<polyline class=\"value\" points=\""), "{page}");
+    assert!(page.contains("load 30 is above [5, 10]"), "{page}");
+
+    // The command: the table, one autoscaler's explanation, JSON for scripts.
+    let (code, out, err) = status_command(&listen, &["--token-file", &token_file]);
+    assert_eq!(code, 1, "quiet has no data: {out}{err}");
+    assert!(out.lines().next().unwrap().starts_with("NAME"), "{out}");
+    for expected in ["busy", "calm", "quiet", "no_data", "load 7 [5, 10]", "3 of 3 autoscalers"] {
+        assert!(out.contains(expected), "{expected:?} in {out}");
+    }
+    let (code, out, err) = status_command(&listen, &["--token-file", &token_file, "calm"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("held at 2: every metric is inside its band"), "{out}");
+    assert!(out.contains("load 7 is inside [5, 10]"), "{out}");
+    let (code, out, _) = status_command(&listen, &["--token-file", &token_file, "--output", "json", "busy"]);
+    assert_eq!(code, 0);
+    let parsed: Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(parsed["id"], "file/busy");
+    let (code, _, err) = status_command(&listen, &["--token-file", &token_file, "nosuch"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("no autoscaler \"nosuch\" runs there"), "{err}");
+    let (code, _, err) = status_command(&listen, &[]);
+    assert_eq!(code, 2);
+    assert!(err.contains("answered 401"), "{err}");
+    assert!(!daemon.log().contains(TOKEN), "the token is never logged");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_the_api_server_accepts_lets_a_reader_in() {
+    let setup = Setup::start("status-review").await;
+    let daemon = setup
+        .daemon(&[("WATERMARKD__STATUS__TOKEN_REVIEW", "true"), ("WATERMARKD__STATUS__OPEN_ON_LOOPBACK", "false")]);
+    let listen = daemon.listen.clone();
+    settled(&listen, Some(ADMIN_TOKEN)).await;
+    let (status, _, body) = get(&listen, "/api/v1/autoscalers", Some("not-a-cluster-token")).await;
+    assert_eq!(status, 401, "{body}");
+    assert_eq!(get(&listen, "/api/v1/autoscalers", None).await.0, 401);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_status_service_can_be_turned_off() {
+    let setup = Setup::start("status-off").await;
+    let daemon = setup.daemon(&[("WATERMARKD__STATUS__ENABLED", "false")]);
+    let listen = daemon.listen.clone();
+    eventually!(
+        STARTUP,
+        "ready",
+        async {
+            let (status, _, body) = get(&listen, "/readyz", None).await;
+            if status == 200 {
+                Ok(())
+            } else {
+                Err(body)
+            }
+        }
+        .await
+    );
+    assert_eq!(get(&listen, "/api/v1/autoscalers", None).await.0, 404);
+    assert_eq!(get(&listen, "/ui", None).await.0, 404);
+    let _ = Path::new(&setup.config);
+}
+
+/// Where the page's screenshots are kept: the test's artifacts, beside the build.
+fn artifact(name: &str) -> std::path::PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-artifacts");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+/// The page in a real browser: the table lists the autoscalers and their values, the search
+/// filters it as one types, the values update by themselves, and an autoscaler's chart draws.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_works_in_a_headless_browser() {
+    let setup = Setup::start("status-page").await;
+    let daemon = setup.daemon(&[]);
+    let listen = daemon.listen.clone();
+    settled(&listen, None).await;
+    let browser = Browser::start().await;
+    browser.open(&format!("http://{listen}/ui")).await;
+
+    let rows = browser.find_all("table.autoscalers tbody tr").await;
+    assert_eq!(rows.len(), 3);
+    let mut texts = Vec::new();
+    for row in &rows {
+        texts.push(browser.text(row).await);
+    }
+    let calm = texts.iter().find(|t| t.starts_with("calm")).unwrap_or_else(|| panic!("{texts:?}"));
+    assert!(calm.contains("load 7") && calm.contains("held at 2"), "{calm}");
+    assert_eq!(browser.run("return document.documentElement.classList.contains('live')").await, true, "app.js ran");
+
+    // The values update without a reload.
+    setup.exporter.set("load_busy 30\nload_calm 8\n");
+    eventually!(
+        Duration::from_secs(30),
+        "calm's new value on the page",
+        async {
+            let text = browser.run("return document.getElementById('rows').innerText").await;
+            let text = text.as_str().unwrap_or("").to_string();
+            if text.contains("load 8") {
+                Ok(())
+            } else {
+                Err(text)
+            }
+        }
+        .await
+    );
+
+    // Searching as one types.
+    let search = browser.find_all("form#filter input[type=search]").await;
+    browser.type_into(&search[0], "cal").await;
+    eventually!(
+        Duration::from_secs(10),
+        "one row left",
+        async {
+            let rows = browser.find_all("table.autoscalers tbody tr").await;
+            if rows.len() == 1 {
+                Ok(())
+            } else {
+                Err(format!("{} rows", rows.len()))
+            }
+        }
+        .await
+    );
+    std::fs::write(artifact("status-table.png"), browser.screenshot().await).unwrap();
+
+    // One autoscaler: its explanation and its chart.
+    browser.open(&format!("http://{listen}/ui/autoscaler/file/busy")).await;
+    let explanation = browser.find_all("ol.explanation li").await;
+    assert!(browser.text(&explanation[1]).await.starts_with("load 30 is above [5, 10]"));
+    let drawn = browser
+        .run("return [...document.querySelectorAll('svg.chart polyline.value')].map(p => p.getBBox().width)")
+        .await;
+    assert!(drawn[0].as_f64().unwrap() > 100.0, "the value's line spans the chart: {drawn}");
+    let screenshot = browser.screenshot().await;
+    assert!(screenshot.starts_with(b"\x89PNG") && screenshot.len() > 10_000, "a real screenshot");
+    std::fs::write(artifact("status-autoscaler.png"), screenshot).unwrap();
+}
