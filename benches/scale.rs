@@ -11,6 +11,9 @@
 //!                                               # default 1,600 requests/hour
 //!     cargo bench --bench scale -- 10000 fold   # 10,000 over 100 shapes, large budget
 //!     cargo bench --bench scale -- 1000 prometheus  # 1,000 over 10 shapes on a real Prometheus
+//!     cargo bench --bench scale -- 1000 forecast    # 1,000 over 10 shapes, each with a forecast
+//!                                                   # reading its history, on 5,000 requests/hour
+//!     cargo bench --bench scale -- 1000 forecast-off  # the same without the forecasts
 //!
 //! Without `fold`, every autoscaler's query is a shape of its own (a metric of its own), which
 //! no folding can join: the worst case, as every query was sent before folding.
@@ -62,7 +65,7 @@ fn query(i: usize, shapes: Option<usize>) -> String {
     }
 }
 
-fn rules(n: usize, namespace: &str, datadog: &str, shapes: Option<usize>) -> String {
+fn rules(n: usize, namespace: &str, datadog: &str, shapes: Option<usize>, forecast: bool) -> String {
     let mut text = format!(
         "[backend.dd]\ntype = \"datadog\"\nurl = \"{datadog}\"\napi_key_env = \"DD_API_KEY\"\napp_key_env = \"DD_APP_KEY\"\n"
     );
@@ -73,6 +76,9 @@ fn rules(n: usize, namespace: &str, datadog: &str, shapes: Option<usize>) -> Str
              [[autoscaler.metric]]\nbackend = \"dd\"\nquery = \"{}\"\nhigh_watermark = 1000\nlow_watermark = 10\n",
             query(i, shapes)
         ));
+        if forecast {
+            text.push_str("[autoscaler.forecast]\nlead_time = \"10m\"\n");
+        }
     }
     text
 }
@@ -308,6 +314,9 @@ struct Case {
     budget: Option<Budget>,
     /// How many query shapes the autoscalers share (`query`); `None`: each its own.
     shapes: Option<usize>,
+    /// Whether every autoscaler has a forecast, which reads 22 days of its metric and of its
+    /// past replicas when it starts, from what the live queries leave of the budget.
+    forecast: bool,
 }
 
 /// In the folding case: autoscalers whose value asks for more replicas (5,000 against a high
@@ -321,7 +330,7 @@ fn without_data(i: usize) -> bool {
 }
 
 async fn scenario(case: Case) {
-    let Case { n, budget, shapes } = case;
+    let Case { n, budget, shapes, forecast } = case;
     let label = match budget {
         Some(b) => format!("Datadog budget {} requests per {}s", b.limit, b.period.as_secs()),
         None => "large Datadog budget".to_string(),
@@ -330,7 +339,8 @@ async fn scenario(case: Case) {
         Some(k) => format!("{k} query shapes, folded"),
         None => "every query its own shape".to_string(),
     };
-    println!("\n== {n} autoscalers, interval 15s, {label}, {shaped} ==");
+    let forecasts = if forecast { ", each with a forecast" } else { "" };
+    println!("\n== {n} autoscalers, interval 15s, {label}, {shaped}{forecasts} ==");
     let cluster = KubeCluster::start().await;
     let namespace = cluster.unique_namespace("bench").await;
     let started = Instant::now();
@@ -363,7 +373,7 @@ async fn scenario(case: Case) {
 
     let dir = tempfile::tempdir().expect("temp dir");
     let config = dir.path().join("rules.toml");
-    std::fs::write(&config, rules(n, &namespace, &datadog.url, shapes)).expect("rules");
+    std::fs::write(&config, rules(n, &namespace, &datadog.url, shapes, forecast)).expect("rules");
     let kubeconfig = dir.path().join("kubeconfig");
     cluster.write_kubeconfig(&kubeconfig, ADMIN_TOKEN);
     let listen =
@@ -418,6 +428,9 @@ async fn scenario(case: Case) {
     // The large budget's windows are an hour, longer than the measurement: no whole window.
     let period = budget.map_or(Duration::from_secs(3600), |b| b.period);
     println!("{}", spread_report(&case, &datadog, measured_from, measured_to, period));
+    if forecast {
+        history_report(&datadog, measured_from, measured_to, n);
+    }
     if shapes.is_some() {
         folding_report(&cluster, &namespace, n, &listen).await;
         return;
@@ -468,7 +481,38 @@ async fn scenario(case: Case) {
 /// 1,000 autoscalers over 10 shapes on the default budget; 10,000 over 100 on a large one.
 fn fold_case(n: usize) -> Case {
     let budget = (n <= 1_000).then(Budget::default);
-    Case { n, budget, shapes: Some((n / 100).max(1)) }
+    Case { n, budget, shapes: Some((n / 100).max(1)), forecast: false }
+}
+
+/// A budget the folded live queries of 1,000 autoscalers (10 requests per 15 s, 2,400 an
+/// hour) use about half of: the rest is what forecasts may read their history from.
+const FORECAST_BUDGET: Budget = Budget { limit: 5_000, period: Duration::from_secs(3600), offset: Duration::ZERO };
+
+/// The forecast case: N autoscalers over N/100 folded shapes on `FORECAST_BUDGET`, with or
+/// without a forecast each.
+fn forecast_case(n: usize, forecast: bool) -> Case {
+    Case { n, budget: Some(FORECAST_BUDGET), shapes: Some((n / 100).max(1)), forecast }
+}
+
+/// The history requests (a day per request) among the measured ones, their rate, and how long
+/// the whole history of `n` forecasts (22 days of the metric and of the past replicas each)
+/// takes at that rate.
+fn history_report(datadog: &FakeDatadog, from: Duration, to: Duration, n: usize) {
+    let log = datadog.log();
+    let measured = log.iter().filter(|r| r.at >= from && r.at <= to && r.status != 429);
+    let (history, live): (Vec<_>, Vec<_>) =
+        measured.partition(|r| matches!((r.from, r.to), (Some(f), Some(t)) if t - f > 3_600));
+    let hours = (to - from).as_secs_f64() / 3600.0;
+    let per_hour = history.len() as f64 / hours;
+    let needed = n as f64 * 2.0 * 23.0;
+    println!(
+        "forecast history: {} requests ({per_hour:.0} an hour) beside {} live ({:.0} an hour); \
+         all {n} histories ({needed:.0} requests) at that rate: {:.1} h",
+        history.len(),
+        live.len(),
+        live.len() as f64 / hours,
+        needed / per_hour.max(1e-9)
+    );
 }
 
 /// After the measured cycles of the folding case: every autoscaler at the replicas its own
@@ -583,21 +627,24 @@ fn main() {
             Some(n) => {
                 let n: usize = n.parse().expect("the number of autoscalers");
                 let case = match args.get(1).map(String::as_str) {
-                    Some("budget") => Case { n, budget: Some(Budget::default()), shapes: None },
-                    Some("spread") => Case { n, budget: Some(SPREAD_BUDGET), shapes: None },
+                    Some("budget") => Case { n, budget: Some(Budget::default()), shapes: None, forecast: false },
+                    Some("spread") => Case { n, budget: Some(SPREAD_BUDGET), shapes: None, forecast: false },
                     Some("fold") => fold_case(n),
+                    Some("forecast") => forecast_case(n, true),
+                    Some("forecast-off") => forecast_case(n, false),
                     Some("prometheus") => return prometheus_scenario(n, (n / 100).max(1)).await,
-                    _ => Case { n, budget: None, shapes: None },
+                    _ => Case { n, budget: None, shapes: None, forecast: false },
                 };
                 scenario(case).await;
             }
             None => {
-                scenario(Case { n: 1_000, budget: None, shapes: None }).await;
-                scenario(Case { n: 10_000, budget: None, shapes: None }).await;
-                scenario(Case { n: 1_000, budget: Some(Budget::default()), shapes: None }).await;
-                scenario(Case { n: 1_000, budget: Some(SPREAD_BUDGET), shapes: None }).await;
+                scenario(Case { n: 1_000, budget: None, shapes: None, forecast: false }).await;
+                scenario(Case { n: 10_000, budget: None, shapes: None, forecast: false }).await;
+                scenario(Case { n: 1_000, budget: Some(Budget::default()), shapes: None, forecast: false }).await;
+                scenario(Case { n: 1_000, budget: Some(SPREAD_BUDGET), shapes: None, forecast: false }).await;
                 scenario(fold_case(1_000)).await;
                 scenario(fold_case(10_000)).await;
+                scenario(forecast_case(1_000, true)).await;
                 prometheus_scenario(1_000, 10).await;
             }
         }
