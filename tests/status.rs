@@ -82,10 +82,22 @@ impl Setup {
     }
 
     fn daemon(&self, env: &[(&str, &str)]) -> DaemonProcess {
-        DaemonProcess::start(
-            &["--config", &self.config, "--kubeconfig", &self.kubeconfig, "--lease-namespace", &self.ns],
-            env,
-        )
+        self.daemon_as("status-a", env)
+    }
+
+    /// A daemon with this Lease identity (every daemon of a setup shares its Lease).
+    fn daemon_as(&self, identity: &str, env: &[(&str, &str)]) -> DaemonProcess {
+        let args = [
+            "--config",
+            &self.config,
+            "--kubeconfig",
+            &self.kubeconfig,
+            "--lease-namespace",
+            &self.ns,
+            "--identity",
+            identity,
+        ];
+        DaemonProcess::start(&args, env)
     }
 
     fn token_file(&self) -> String {
@@ -310,6 +322,35 @@ async fn the_status_service_can_be_turned_off() {
     let _ = Path::new(&setup.config);
 }
 
+/// Only the leader decides: a follower's API and page say who does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_says_which_daemon_leads() {
+    let setup = Setup::start("status-follow").await;
+    let leader = setup.daemon_as("status-a", &[]);
+    settled(&leader.listen, None).await;
+    let follower = setup.daemon_as("status-b", &[]);
+    let list = eventually!(
+        STARTUP,
+        "the follower knows the leader",
+        async {
+            let list = json(&follower.listen, "/api/v1/autoscalers", None).await?;
+            if list["daemon"]["leader"] == false {
+                Ok(list)
+            } else {
+                Err(list.to_string())
+            }
+        }
+        .await
+    );
+    assert_eq!(list["daemon"]["leader_identity"], "status-a", "{list}");
+    let leading = json(&leader.listen, "/api/v1/autoscalers", None).await.unwrap();
+    assert_eq!(leading["daemon"]["leader"], true, "{leading}");
+    let (_, _, page) = get(&follower.listen, "/ui", None).await;
+    assert!(page.contains("This daemon follows; status-a leads and decides."), "{page}");
+    let (code, _, err) = status_command(&follower.listen, &[]);
+    assert!(err.contains("this daemon follows; status-a leads"), "{code}: {err}");
+}
+
 /// Where the page's screenshots are kept: the test's artifacts, beside the build.
 fn artifact(name: &str) -> std::path::PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-artifacts");
@@ -355,6 +396,8 @@ async fn the_page_works_in_a_headless_browser() {
         .await
     );
 
+    std::fs::write(artifact("status-table.png"), browser.screenshot().await).unwrap();
+
     // Searching as one types.
     let search = browser.find_all("form#filter input[type=search]").await;
     browser.type_into(&search[0], "cal").await;
@@ -371,7 +414,6 @@ async fn the_page_works_in_a_headless_browser() {
         }
         .await
     );
-    std::fs::write(artifact("status-table.png"), browser.screenshot().await).unwrap();
 
     // One autoscaler: its explanation and its chart.
     browser.open(&format!("http://{listen}/ui/autoscaler/file/busy")).await;

@@ -167,6 +167,13 @@ pub async fn run(args: &StatusArgs, out: &mut impl Write) -> Result<bool, Status
     match &args.name {
         None => {
             let list = api.list(args.state.as_deref()).await?;
+            if list["daemon"]["leader"] == Value::Bool(false) {
+                let holder = list["daemon"]["leader_identity"].as_str().unwrap_or("another daemon");
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "watermarkd status: this daemon follows; {holder} leads and decides (ask it instead)"
+                );
+            }
             match args.output {
                 Output::Json => writeln!(out, "{}", serde_json::to_string_pretty(&list).unwrap_or_default())?,
                 Output::Text => write_table(&list, out)?,

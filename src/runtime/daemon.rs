@@ -34,7 +34,7 @@ use crate::adapters::events::EventPublisher;
 use crate::adapters::lease::{Authority, LeaderElector, Role};
 use crate::adapters::resource::ResourceMetrics;
 use crate::adapters::state_store::StateConfigMaps;
-use crate::adapters::status::{Access, Board, StatusApi, TokenReviewer};
+use crate::adapters::status::{self, Access, Board, StatusApi, TokenReviewer};
 use crate::adapters::telemetry::{AutoscalerMetrics, BackendMetrics, DaemonMetrics, HttpClientMetrics, Readiness};
 use crate::adapters::workload::Workloads;
 use crate::domain::rules::{self, RulesFile};
@@ -457,5 +457,10 @@ fn observe_role(shared: &Shared, readiness: &Readiness, role: &Role) {
         tracing::info!(?role, "following: another daemon scales");
     }
     shared.daemon.leader.set(i64::from(leader));
+    shared.board.set_leadership(match role {
+        Role::Unknown => status::Leadership::default(),
+        Role::Leader => status::Leadership { leader: Some(true), leader_identity: None },
+        Role::Follower { holder } => status::Leadership { leader: Some(false), leader_identity: holder.clone() },
+    });
     readiness.leader_known.store(*role != Role::Unknown, Ordering::Release);
 }

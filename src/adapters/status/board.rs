@@ -97,10 +97,8 @@ pub struct Last {
     /// Seconds left of the forbidden window or delay that holds a move, each way (0: none).
     pub upscale_blocked_seconds: f64,
     pub downscale_blocked_seconds: f64,
-    /// The engine's one-line reason, as in Events and the WPA status.
-    pub reason: String,
-    /// The same decision in plain sentences, the headline first.
-    pub explanation: Vec<String>,
+    /// The decision in plain sentences, the headline first.
+    pub explanation: Sentences,
     pub paused: bool,
     /// `Some` for an autoscaler with a fallback: whether it is in it.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -113,6 +111,32 @@ pub struct Last {
     pub forecast: Option<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub shadows: Vec<ShadowNow>,
+}
+
+/// Sentences kept as one text, a line each, and given as a list: one allocation per decision
+/// instead of one per sentence.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Sentences(Box<str>);
+
+impl Sentences {
+    pub fn new(sentences: &[String]) -> Sentences {
+        let lines: Vec<String> = sentences.iter().map(|s| s.replace(['\n', '\r'], " ")).collect();
+        Sentences(lines.join("\n").into())
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &str> {
+        self.0.split('\n').filter(|s| !s.is_empty())
+    }
+
+    pub fn first(&self) -> Option<&str> {
+        self.iter().next()
+    }
+}
+
+impl Serialize for Sentences {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.iter())
+    }
 }
 
 /// What an evaluation adds besides its decision.
@@ -169,6 +193,21 @@ impl State {
             State::Limited => "limited",
             State::Scaling => "scaling",
             State::Ok => "ok",
+        }
+    }
+
+    /// The table's order: what needs a look first. Failing and without data, then a fallback
+    /// deciding, limits holding replicas back, pauses, moves, not yet evaluated, and calm last.
+    pub fn urgency(self) -> u8 {
+        match self {
+            State::Failing => 0,
+            State::NoData => 1,
+            State::Fallback => 2,
+            State::Limited => 3,
+            State::Paused => 4,
+            State::Scaling => 5,
+            State::Pending => 6,
+            State::Ok => 7,
         }
     }
 
@@ -284,12 +323,27 @@ pub struct ListQuery {
     /// Words that must all appear in the name, namespace or target (any case).
     pub search: String,
     pub state: Option<State>,
+    /// By id alone, instead of the most urgent first.
+    pub by_id: bool,
     pub offset: usize,
     pub limit: usize,
 }
 
+/// Whether this daemon decides: only the leader evaluates, so a follower's board has nothing
+/// to say but who leads.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Leadership {
+    /// `None` until the first look at the Lease.
+    pub leader: Option<bool>,
+    /// The daemon holding the Lease, when another does and it is known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub leader_identity: Option<String>,
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct ListPage {
+    /// Whether this daemon is the one deciding.
+    pub daemon: Leadership,
     /// Autoscalers running.
     pub total: usize,
     /// Of those, the ones the search and the state filter keep.
@@ -303,13 +357,23 @@ pub struct ListPage {
 /// The board. See the module comment.
 pub struct Board {
     entries: Mutex<HashMap<Arc<str>, Entry>>,
+    leadership: Mutex<Leadership>,
     /// How much history each autoscaler keeps (0: none).
     history: Duration,
 }
 
 impl Board {
     pub fn new(history: Duration) -> Board {
-        Board { entries: Mutex::default(), history }
+        Board { entries: Mutex::default(), leadership: Mutex::default(), history }
+    }
+
+    /// This daemon leads (it decides), or follows the named holder of the Lease.
+    pub fn set_leadership(&self, leadership: Leadership) {
+        *self.leadership.lock().unwrap_or_else(PoisonError::into_inner) = leadership;
+    }
+
+    pub fn leadership(&self) -> Leadership {
+        self.leadership.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, Entry>> {
@@ -383,7 +447,7 @@ impl Board {
             max_replicas: rule.max_replicas(),
             upscale_blocked_seconds: t.upscale_window_seconds_left.max(t.upscale_delay_seconds_left).max(0.0),
             downscale_blocked_seconds: t.downscale_window_seconds_left.max(t.downscale_delay_seconds_left).max(0.0),
-            explanation,
+            explanation: Sentences::new(&explanation),
             paused,
             fallback_active: extras.ahead.as_ref().and_then(|a| a.fallback_active),
             forecast_replicas: extras.ahead.as_ref().and_then(|a| a.forecast_replicas),
@@ -409,7 +473,6 @@ impl Board {
                     note: m.note,
                 })
                 .collect(),
-            reason: decision.reason,
         };
         let mut entries = self.lock();
         let Some(entry) = entries.get_mut(id) else { return };
@@ -461,7 +524,8 @@ impl Board {
         counts.into_iter().map(|(name, (all, without))| (name, all, without)).collect()
     }
 
-    /// A page of the table, sorted by id.
+    /// A page of the table: the most urgent states first (see [`State::urgency`]), each by id;
+    /// or by id alone.
     pub fn list(&self, query: &ListQuery) -> ListPage {
         let words: Vec<String> = query.search.split_whitespace().map(str::to_lowercase).collect();
         let entries = self.lock();
@@ -479,7 +543,11 @@ impl Board {
         }
         let total = entries.len();
         let matched = kept.len();
-        kept.sort_by(|a, b| a.0.cmp(b.0));
+        if query.by_id {
+            kept.sort_by(|a, b| a.0.cmp(b.0));
+        } else {
+            kept.sort_by(|a, b| a.2.urgency().cmp(&b.2.urgency()).then_with(|| a.0.cmp(b.0)));
+        }
         let autoscalers = kept
             .into_iter()
             .skip(query.offset)
@@ -488,6 +556,7 @@ impl Board {
             .collect();
         drop(entries);
         ListPage {
+            daemon: self.leadership(),
             total,
             matched,
             offset: query.offset,
@@ -561,7 +630,7 @@ fn summary(entry: &Entry, state: State, last_scale: Option<ScaleEvent>) -> Summa
         max_replicas: last.map(|l| l.max_replicas),
         metric,
         evaluated_at: last.map(|l| l.at),
-        why: last.and_then(|l| l.explanation.first().cloned()),
+        why: last.and_then(|l| l.explanation.first().map(str::to_string)),
         last_scale,
         failing: entry.failing.as_deref().map(str::to_string),
     }
@@ -647,14 +716,18 @@ mod tests {
         assert_eq!(
             states,
             [
-                ("a-busy", State::Limited),
-                ("b-calm", State::Ok),
                 ("c-quiet", State::NoData),
+                ("a-busy", State::Limited),
+                ("e-up", State::Scaling),
                 ("d-new", State::Pending),
-                ("e-up", State::Scaling)
-            ]
+                ("b-calm", State::Ok)
+            ],
+            "what needs a look first"
         );
-        assert!(all.autoscalers[2].metric.as_ref().is_some_and(|m| m.value.is_none()), "no value, never 0");
+        let by_id = board.list(&ListQuery { by_id: true, limit: 10, ..ListQuery::default() });
+        let names: Vec<&str> = by_id.autoscalers.iter().map(|s| s.identity.name.as_ref()).collect();
+        assert_eq!(names, ["a-busy", "b-calm", "c-quiet", "d-new", "e-up"]);
+        assert!(all.autoscalers[0].metric.as_ref().is_some_and(|m| m.value.is_none()), "no value, never 0");
         let quiet = board.list(&ListQuery { state: Some(State::NoData), limit: 10, ..ListQuery::default() });
         assert_eq!((quiet.matched, quiet.total), (1, 5));
         let searched = board.list(&ListQuery { search: "CALM prod".into(), limit: 10, ..ListQuery::default() });

@@ -170,12 +170,13 @@ fn list_query(query: &Query, default_limit: usize) -> Result<ListQuery, String> 
     if limit == 0 || limit > MAX_LIMIT {
         return Err(format!("limit: {limit} is not between 1 and {MAX_LIMIT}"));
     }
-    Ok(ListQuery {
-        search: query.get("q").unwrap_or("").trim().to_string(),
-        state,
-        offset: number("offset", 0)?,
-        limit,
-    })
+    let by_id = match query.get("sort").filter(|s| !s.is_empty()) {
+        None | Some("urgency") => false,
+        Some("id") => true,
+        Some(other) => return Err(format!("sort: {other:?} is not urgency or id")),
+    };
+    let search = query.get("q").unwrap_or("").trim().to_string();
+    Ok(ListQuery { search, state, by_id, offset: number("offset", 0)?, limit })
 }
 
 /// Routes one request. `now` dates the page's "ago"s.

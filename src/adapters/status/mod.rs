@@ -8,5 +8,5 @@ pub mod http;
 pub mod page;
 
 pub use access::{Access, TokenReviewer};
-pub use board::{Board, Extras, Identity, ListQuery, State, TargetView};
+pub use board::{Board, Extras, Identity, Leadership, ListQuery, State, TargetView};
 pub use http::StatusApi;

@@ -5,7 +5,7 @@
 
 use std::fmt::Write;
 
-use super::board::{Detail, ListPage, ListQuery, MetricNow, SampleView, ScaleEvent, State, Summary};
+use super::board::{Detail, Leadership, ListPage, ListQuery, MetricNow, SampleView, ScaleEvent, State, Summary};
 use crate::domain::status::explain::{number, span};
 
 /// Rows per page of the table.
@@ -57,12 +57,7 @@ fn ago(now: i64, at: i64) -> String {
 
 /// The table page: the filter form and the rows.
 pub fn table_page(page: &ListPage, query: &ListQuery, now: i64) -> String {
-    let mut body = String::from("<header><h1><a href=\"/ui\">watermarkd</a></h1>");
-    body.push_str("<nav class=\"states\">");
-    for (state, count) in page.states.iter().filter(|(_, c)| *c > 0) {
-        let _ = write!(body, "<a class=\"state {0}\" href=\"/ui?state={0}\">{0} <b>{count}</b></a>", state.as_str());
-    }
-    body.push_str("</nav></header><main>");
+    let mut body = String::from("<header><h1><a href=\"/ui\">watermarkd</a></h1></header><main>");
     let _ = write!(
         body,
         "<form id=\"filter\" method=\"get\" action=\"/ui\"><input type=\"search\" name=\"q\" value=\"{}\" \
@@ -75,10 +70,27 @@ pub fn table_page(page: &ListPage, query: &ListQuery, now: i64) -> String {
         let _ = write!(body, "<option value=\"{0}\"{selected}>{0}</option>", state.as_str());
     }
     body.push_str("</select><button type=\"submit\">filter</button></form>");
+    if let Some(note) = following(&page.daemon) {
+        let _ = write!(body, "<p class=\"following\">{}</p>", escape(&note));
+    }
     let _ = write!(body, "<div id=\"rows\" data-fragment=\"{}\">", escape(&table_link("/ui/table", query, 0)));
     body.push_str(&table_rows(page, query, now));
     body.push_str("</div></main>");
     document("watermarkd", &body)
+}
+
+/// What a follower's page says first: its autoscalers are evaluated by the leader.
+pub fn following(daemon: &Leadership) -> Option<String> {
+    match (daemon.leader, &daemon.leader_identity) {
+        (Some(false), Some(holder)) => Some(format!(
+            "This daemon follows; {holder} leads and decides. Its autoscalers show here as pending: \
+             port-forward to {holder} to see their decisions."
+        )),
+        (Some(false), None) => {
+            Some("This daemon follows and decides nothing; port-forward to the one holding the Lease.".into())
+        }
+        _ => None,
+    }
 }
 
 /// The link to the table with this search and filter, at `offset`.
@@ -95,7 +107,12 @@ fn table_link(path: &str, query: &ListQuery, offset: usize) -> String {
 
 /// The rows, the count and the pager: what `app.js` swaps in place.
 pub fn table_rows(page: &ListPage, query: &ListQuery, now: i64) -> String {
-    let mut out = String::new();
+    // The counts by state, refreshed with the rows: each a link to its filter.
+    let mut out = String::from("<nav class=\"states\">");
+    for (state, count) in page.states.iter().filter(|(_, c)| *c > 0) {
+        let _ = write!(out, "<a class=\"state {0}\" href=\"/ui?state={0}\">{0} <b>{count}</b></a>", state.as_str());
+    }
+    out.push_str("</nav>");
     let shown = page.autoscalers.len();
     let _ = write!(
         out,
@@ -230,7 +247,7 @@ pub fn detail_fragment(detail: &Detail, now: i64) -> String {
                 span(id.interval_seconds as f64),
             );
             out.push_str("</section><section><h2>Why</h2><ol class=\"explanation\">");
-            for sentence in &last.explanation {
+            for sentence in last.explanation.iter() {
                 let _ = write!(out, "<li>{}</li>", escape(sentence));
             }
             out.push_str("</ol>");

@@ -202,6 +202,9 @@ fn decision_sentence(decision: &Decision, rule: &Rule) -> String {
     match (decision.converging, inside, normalized == spec) {
         (true, _, _) => format!("converging one step to {normalized}"),
         (false, true, true) => "every metric is inside its band".into(),
+        (false, _, true) if decision.ready_replicas < spec => {
+            format!("the metrics ask for {spec}, as many as run ({} of them ready yet)", decision.ready_replicas)
+        }
         (false, _, true) => format!("the metrics ask for {spec}, as many as run"),
         (false, _, false) => format!("the metrics ask for {normalized}"),
     }

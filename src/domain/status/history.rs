@@ -155,6 +155,15 @@ impl History {
         let metrics = u8::try_from(sample.values.len()).unwrap_or(u8::MAX);
         let values = sample.values.get(..usize::from(metrics)).unwrap_or(&sample.values);
         let open = self.blocks.back().filter(|b| b.samples < BLOCK && b.metrics == metrics).is_some();
+        // Grown by an eighth at a time, not doubled: a full ring's buffer stays near its need
+        // instead of up to twice it (the ring's length only moves by a block).
+        let largest = 1 + 10 + 1 + 4 * values.len() + 10;
+        if self.bytes.capacity() - self.bytes.len() < largest {
+            self.bytes.reserve_exact(largest.max(self.bytes.len() / 8));
+        }
+        if !open && self.blocks.len() == self.blocks.capacity() {
+            self.blocks.reserve_exact(1);
+        }
         let start = self.bytes.len();
         match (&self.last, open) {
             (Some(last), true) => encode_after(&mut self.bytes, last, &sample, values),
@@ -187,10 +196,6 @@ impl History {
         if let Some(oldest) = self.oldest_time() {
             let in_force = self.bands.iter().rposition(|b| b.at <= oldest).unwrap_or(0);
             self.bands.drain(..in_force);
-        }
-        // A full ring stops growing: give back what the vector grew into beyond its need.
-        if self.bytes.capacity() > self.bytes.len() * 2 && self.bytes.capacity() > 64 {
-            self.bytes.shrink_to(self.bytes.len() + self.bytes.len() / 4);
         }
     }
 
