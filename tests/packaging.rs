@@ -64,7 +64,7 @@ const MANIFESTS: [&str; 8] = [
 ];
 
 /// The top-level keys of the settings file (`watermarkd run --settings`); it rejects others.
-const SETTINGS_KEYS: [&str; 18] = [
+const SETTINGS_KEYS: [&str; 19] = [
     "rules",
     "labels_as_tags",
     "crd",
@@ -83,7 +83,10 @@ const SETTINGS_KEYS: [&str; 18] = [
     "reload_poll",
     "default_backend",
     "lease",
+    "status",
 ];
+/// The keys of its `[status]` table (`token_file` and `token_env` exclude each other).
+const STATUS_KEYS: [&str; 6] = ["enabled", "history", "token_file", "token_env", "token_review", "open_on_loopback"];
 /// The keys of its `[lease]` table.
 const LEASE_KEYS: [&str; 7] =
     ["enabled", "name", "namespace", "identity", "duration", "renew_deadline", "retry_period"];
@@ -214,6 +217,19 @@ fn check_settings(text: &str, what: &str) -> toml::Table {
                         "enabled" => assert!(value.is_bool(), "{what}: lease.enabled must be true or false"),
                         "duration" | "renew_deadline" | "retry_period" => duration(&format!("lease.{key}"), value),
                         _ => assert!(value.as_str().is_some_and(|s| !s.is_empty()), "{what}: lease.{key}"),
+                    }
+                }
+            }
+            "status" => {
+                let status = value.as_table().unwrap_or_else(|| panic!("{what}: status must be a table"));
+                for (key, value) in status {
+                    assert!(STATUS_KEYS.contains(&key.as_str()), "{what}: unknown key status.{key}");
+                    match key.as_str() {
+                        "enabled" | "token_review" | "open_on_loopback" => {
+                            assert!(value.is_bool(), "{what}: status.{key} must be true or false")
+                        }
+                        "history" => duration("status.history", value),
+                        _ => assert!(value.as_str().is_some_and(|s| !s.is_empty()), "{what}: status.{key}"),
                     }
                 }
             }
@@ -807,6 +823,11 @@ fn sample_value(key: &str) -> &'static str {
         "duration" => "\"15s\"",
         "renew_deadline" => "\"10s\"",
         "retry_period" => "\"2s\"",
+        "history" => "\"1h\"",
+        "token_file" => "\"/etc/watermarkd/status-token\"",
+        "token_env" => "\"WATERMARKD_STATUS_TOKEN\"",
+        "token_review" => "false",
+        "open_on_loopback" => "true",
         other => panic!("no sample value for the settings key {other}: add one"),
     }
 }
@@ -816,13 +837,20 @@ fn sample_value(key: &str) -> &'static str {
 #[test]
 fn every_settings_key_is_accepted_and_documented() {
     let mut text = String::new();
-    for key in SETTINGS_KEYS.iter().filter(|k| **k != "lease") {
+    for key in SETTINGS_KEYS.iter().filter(|k| !["lease", "status"].contains(k)) {
         text.push_str(&format!("{key} = {}\n", sample_value(key)));
     }
     text.push_str("[lease]\n");
     for key in LEASE_KEYS {
         text.push_str(&format!("{key} = {}\n", sample_value(key)));
     }
+    // The token comes from a file or a variable, not both: each in a file of its own.
+    let status = |skip: &str| {
+        let keys = STATUS_KEYS.iter().filter(|k| **k != skip);
+        keys.map(|key| format!("{key} = {}\n", sample_value(key))).collect::<String>()
+    };
+    let with_variable = format!("{text}[status]\n{}", status("token_file"));
+    text.push_str(&format!("[status]\n{}", status("token_env")));
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("watermarkd.toml");
     let load = |text: &str| {
@@ -830,8 +858,10 @@ fn every_settings_key_is_accepted_and_documented() {
         let args = RunArgs { settings: Some(path.clone()), ..RunArgs::default() };
         Settings::load(&args, &Environment::default())
     };
-    if let Err(err) = load(&text) {
-        panic!("the daemon refuses a settings file with every key of SETTINGS_KEYS: {err}\n{text}");
+    for text in [&text, &with_variable] {
+        if let Err(err) = load(text) {
+            panic!("the daemon refuses a settings file with every key of SETTINGS_KEYS: {err}\n{text}");
+        }
     }
     let err = load(&format!("{text}unknown_key = 1\n")).expect_err("an unknown key in [lease] is refused");
     assert!(err.to_string().contains("unknown_key"), "the error names the key: {err}");
@@ -842,7 +872,7 @@ fn every_settings_key_is_accepted_and_documented() {
     let readme = read("README.md");
     let first_cells: Vec<&str> =
         readme.lines().filter(|l| l.starts_with("| `")).filter_map(|l| l.split('|').nth(1)).map(str::trim).collect();
-    for key in SETTINGS_KEYS.iter().filter(|k| **k != "lease") {
+    for key in SETTINGS_KEYS.iter().filter(|k| !["lease", "status"].contains(k)) {
         let named = format!("`{key}`");
         assert!(first_cells.iter().any(|c| c.split(", ").any(|k| k == named)), "README.md: no settings row for {key}");
     }
@@ -853,19 +883,30 @@ fn every_settings_key_is_accepted_and_documented() {
         };
         assert!(first_cells.iter().any(in_lease_row), "README.md: no settings row for [lease] {key}");
     }
+    for key in STATUS_KEYS {
+        let in_status_row = |c: &&str| {
+            c.starts_with("`[status] ")
+                && c.split(", ").any(|k| k.trim_matches('`').trim_start_matches("[status] ") == key)
+        };
+        assert!(first_cells.iter().any(in_status_row), "README.md: no settings row for [status] {key}");
+    }
 
     // The sample settings file: each key set or shown commented out, in its table.
     let what = "packaging/etc/watermarkd/watermarkd.toml";
     let sample = read(what);
-    let (top, lease) = sample.split_once("\n[lease]\n").unwrap_or_else(|| panic!("{what}: no [lease] table"));
+    let (top, rest) = sample.split_once("\n[lease]\n").unwrap_or_else(|| panic!("{what}: no [lease] table"));
+    let (lease, status) = rest.split_once("\n[status]\n").unwrap_or_else(|| panic!("{what}: no [status] table"));
     let shown = |part: &str, key: &str| {
         part.lines().any(|l| {
             let l = l.trim_start_matches('#').trim_start();
             l.strip_prefix(key).is_some_and(|rest| rest.trim_start().starts_with('='))
         })
     };
-    for key in SETTINGS_KEYS.iter().filter(|k| **k != "lease") {
+    for key in SETTINGS_KEYS.iter().filter(|k| !["lease", "status"].contains(k)) {
         assert!(shown(top, key), "{what} does not document {key}");
+    }
+    for key in STATUS_KEYS {
+        assert!(shown(status, key), "{what} does not document status.{key}");
     }
     for key in LEASE_KEYS {
         assert!(shown(lease, key), "{what} does not document lease.{key}");
