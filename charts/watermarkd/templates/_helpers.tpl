@@ -78,10 +78,29 @@ helm.sh/chart: {{ include "watermarkd.chart" . }}
 {{- define "watermarkd.rulesPath" -}}/etc/watermarkd/rules.toml{{- end -}}
 
 {{/*
-The settings as (TOML key, TOML value) pairs, "lease." keys for the [lease] table; values are
-TOML literals (strings as JSON strings, which TOML reads the same). Rendered as watermarkd.toml,
-or as WATERMARKD__* variables when the rules come from an existing ConfigMap. Keys left out keep
-the daemon's defaults; the Lease namespace and identity come from POD_NAMESPACE and POD_NAME.
+The status API's own token (status.token.existingSecret): the Secret's key, mounted as the file
+"token" of this directory (a directory, never subPath, so that a new token reaches the pod).
+*/}}
+{{- define "watermarkd.statusTokenDir" -}}/etc/watermarkd-status{{- end -}}
+{{- define "watermarkd.statusTokenPath" -}}{{ include "watermarkd.statusTokenDir" . }}/token{{- end -}}
+
+{{/* "true" when the pods mount the status token Secret (the status API on, a Secret named). */}}
+{{- define "watermarkd.statusToken" -}}
+{{- if and .Values.status.enabled .Values.status.token.existingSecret -}}true{{- end -}}
+{{- end -}}
+
+{{/* "true" when the status API accepts TokenReview-authenticated tokens, which needs RBAC. */}}
+{{- define "watermarkd.statusTokenReview" -}}
+{{- if and .Values.status.enabled .Values.status.tokenReview -}}true{{- end -}}
+{{- end -}}
+
+{{/*
+The settings as (TOML key, TOML value) pairs, "lease." keys for the [lease] table and "status."
+keys for the [status] table; values are TOML literals (strings as JSON strings, which TOML reads
+the same). Rendered as watermarkd.toml, or as WATERMARKD__* variables when the rules come from
+an existing ConfigMap. Keys left out keep the daemon's defaults; the Lease namespace and identity
+come from POD_NAMESPACE and POD_NAME. A switch whose value is the daemon's default is left out
+too, so the default values render no [status] table at all.
 */}}
 {{- define "watermarkd.settingsPairs" -}}
 {{- $s := .Values.settings -}}
@@ -105,18 +124,30 @@ the daemon's defaults; the Lease namespace and identity come from POD_NAMESPACE 
 {{- with $le.leaseDuration }}{{ $pairs = append $pairs (list "lease.duration" (toJson .)) }}{{ end -}}
 {{- with $le.renewDeadline }}{{ $pairs = append $pairs (list "lease.renew_deadline" (toJson .)) }}{{ end -}}
 {{- with $le.retryPeriod }}{{ $pairs = append $pairs (list "lease.retry_period" (toJson .)) }}{{ end -}}
+{{- $st := .Values.status -}}
+{{- if not $st.enabled }}
+{{- $pairs = append $pairs (list "status.enabled" "false") -}}
+{{- else }}
+{{- with $st.history }}{{ $pairs = append $pairs (list "status.history" (toJson .)) }}{{ end -}}
+{{- if include "watermarkd.statusToken" . }}{{ $pairs = append $pairs (list "status.token_file" (include "watermarkd.statusTokenPath" . | toJson)) }}{{ end -}}
+{{- if $st.tokenReview }}{{ $pairs = append $pairs (list "status.token_review" "true") }}{{ end -}}
+{{- if not $st.openOnLoopback }}{{ $pairs = append $pairs (list "status.open_on_loopback" "false") }}{{ end -}}
+{{- end }}
 {{- toJson $pairs -}}
 {{- end -}}
 
 {{/* watermarkd.toml. */}}
 {{- define "watermarkd.settingsToml" -}}
 # Settings of `watermarkd run`, rendered from the chart's values (settings, crd,
-# watchNamespaces, leaderElection). The Lease namespace and identity come from POD_NAMESPACE
-# and POD_NAME; everything not set here keeps its default.
+# watchNamespaces, leaderElection, status). The Lease namespace and identity come from
+# POD_NAMESPACE and POD_NAME; everything not set here keeps its default.
 {{- $lease := list }}
+{{- $status := list }}
 {{- range (include "watermarkd.settingsPairs" . | fromJsonArray) }}
 {{- if hasPrefix "lease." (index . 0) }}
 {{- $lease = append $lease . }}
+{{- else if hasPrefix "status." (index . 0) }}
+{{- $status = append $status . }}
 {{- else }}
 {{ index . 0 }} = {{ index . 1 }}
 {{- end }}
@@ -127,11 +158,20 @@ the daemon's defaults; the Lease namespace and identity come from POD_NAMESPACE 
 {{- range $lease }}
 {{ index . 0 | trimPrefix "lease." }} = {{ index . 1 }}
 {{- end }}
+{{- if $status }}
+
+# The status API and page on the listener (/api/v1, /ui).
+[status]
+{{- range $status }}
+{{ index . 0 | trimPrefix "status." }} = {{ index . 1 }}
+{{- end }}
+{{- end }}
 {{- end -}}
 
 {{/*
-The same settings as environment variables (`__` separates the [lease] table): TOML strings
-lose their quotes, lists become comma-separated.
+The same settings as environment variables (`__` separates the [lease] and [status] tables,
+e.g. WATERMARKD__STATUS__TOKEN_REVIEW): TOML strings lose their quotes, lists become
+comma-separated.
 */}}
 {{- define "watermarkd.settingsEnv" -}}
 {{- range (include "watermarkd.settingsPairs" . | fromJsonArray) }}
