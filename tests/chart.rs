@@ -6,10 +6,11 @@
 //! objects parse as their Kubernetes types with nothing lost and carry the recommended labels;
 //! the values reach the Deployment, the settings (read back with the daemon's own settings
 //! loader) and the RBAC, which is exactly `watermarkd::commands::rbac::PERMISSIONS` (without the CRD-mode
-//! entries when CRD mode is off); the chart never renders a Secret; the schema refuses bad
-//! values naming the field; deploy/ is the chart rendered with its defaults. On the API server,
-//! `helm install` succeeds and the ServiceAccount may make exactly the table's calls, and
-//! `helm uninstall` removes everything but the CRD. The ServiceMonitor is only rendered, not
+//! entries when CRD mode is off; with status.tokenReview, plus the creation of TokenReviews in a
+//! ClusterRole of its own); the status token Secret is mounted where the settings say; the chart
+//! never renders a Secret; the schema refuses bad values naming the field; deploy/ is the chart
+//! rendered with its defaults. On the API server, `helm install` succeeds and the ServiceAccount
+//! may make exactly the table's calls, and `helm uninstall` removes everything but the CRD. The ServiceMonitor is only rendered, not
 //! installed: the test API server has no Prometheus Operator CRDs.
 
 #![allow(
@@ -39,11 +40,16 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::Api;
 use manifest_checks::{assert_same_grants, grants_of_rules, grants_of_table, kind_of, sorted_unique, typed, Grant};
 use watermarkd::commands::rbac::PERMISSIONS;
-use watermarkd::runtime::settings::{Environment, RunArgs, Settings};
+use watermarkd::domain::rules::SecretSource;
+use watermarkd::runtime::settings::{Environment, RunArgs, Settings, StatusSettings};
 
 const CHART: &str = "charts/watermarkd";
 const RELEASE: &str = "watermarkd";
 const NAMESPACE: &str = "watermarkd";
+/// Where the chart mounts the status API's token (status.token.existingSecret), and the file
+/// token_file names.
+const STATUS_TOKEN_DIR: &str = "/etc/watermarkd-status";
+const STATUS_TOKEN_FILE: &str = "/etc/watermarkd-status/token";
 /// The values files of ci/, each linted and rendered.
 const CI_VALUES: [&str; 2] = ["ci/everything-values.yaml", "ci/crd-namespaces-values.yaml"];
 const EVERYTHING: &str = "ci/everything-values.yaml";
@@ -138,6 +144,23 @@ fn one<T: serde::de::DeserializeOwned + serde::Serialize>(objects: &[serde_yaml_
     let found = of_kind(objects, kind);
     assert_eq!(found.len(), 1, "exactly one {kind}");
     typed(kind, &found[0])
+}
+
+/// The object of `kind` named `name`, if rendered.
+fn named<T: serde::de::DeserializeOwned + serde::Serialize>(
+    objects: &[serde_yaml_ng::Value],
+    kind: &str,
+    name: &str,
+) -> Option<T> {
+    of_kind(objects, kind)
+        .iter()
+        .find(|o| o["metadata"]["name"].as_str() == Some(name))
+        .map(|o| typed(&format!("{kind} {name}"), o))
+}
+
+/// The one grant status.tokenReview adds: checking readers' tokens with the API server.
+fn token_review_grant() -> Grant {
+    (false, "authentication.k8s.io".into(), "tokenreviews".into(), "create".into())
 }
 
 fn crd_of(object: &serde_yaml_ng::Value) -> CustomResourceDefinition {
@@ -538,6 +561,17 @@ fn an_existing_configmap_replaces_ours_and_the_settings_move_to_the_environment(
     );
     assert!(policy.url_problem("http://reco.team-a/admin").is_some());
     assert_eq!(policy.tls_dir(), Some(std::path::Path::new("/etc/watermarkd-tls")));
+    // [status] through WATERMARKD__STATUS__* variables.
+    assert_eq!(
+        settings.status,
+        StatusSettings {
+            enabled: true,
+            history: std::time::Duration::from_secs(30 * 60),
+            token: Some(SecretSource::File(STATUS_TOKEN_FILE.into())),
+            token_review: true,
+            open_on_loopback: false,
+        }
+    );
 }
 
 #[test]
@@ -563,6 +597,13 @@ fn secrets_come_only_from_existing_secrets() {
     let volume =
         pod_spec(&deployment).volumes.unwrap_or_default().into_iter().find(|v| v.name == mount.name).expect("volume");
     assert_eq!(volume.secret.and_then(|s| s.secret_name).as_deref(), Some("prom-tls"));
+    let mount = mount_at(&c, STATUS_TOKEN_DIR);
+    let volume =
+        pod_spec(&deployment).volumes.unwrap_or_default().into_iter().find(|v| v.name == mount.name).expect("volume");
+    let secret = volume.secret.expect("a Secret volume");
+    assert_eq!(secret.secret_name.as_deref(), Some("wmd-status"));
+    let items: Vec<(String, String)> = secret.items.unwrap_or_default().into_iter().map(|i| (i.key, i.path)).collect();
+    assert_eq!(items, [("bearer".to_string(), "token".to_string())], "status.token.key, as the file token");
 
     let defaults = env_of(&container(&one(&render(&[]), "Deployment")));
     let source = defaults
@@ -636,7 +677,8 @@ fn rbac_is_exactly_the_table_and_crd_mode_alone_brings_the_datadoghq_rules() {
     assert!(without.iter().all(|(_, group, _, _)| group != "datadoghq.com"));
     assert!(rendered_grants(&render(&["--set", "rbac.create=false"]), "rbac.create=false").is_empty());
 
-    // Custom scale targets: the verbs the README asks for, for that kind only.
+    // Custom scale targets: the verbs the README asks for, for that kind only (and the
+    // TokenReviews of status.tokenReview, also on in that file).
     let granted = rendered_grants(&render(&["-f", EVERYTHING]), EVERYTHING);
     let mut wanted = table(false);
     for (resource, verb) in
@@ -644,11 +686,12 @@ fn rbac_is_exactly_the_table_and_crd_mode_alone_brings_the_datadoghq_rules() {
     {
         wanted.insert((false, "argoproj.io".into(), resource.into(), verb.into()));
     }
-    assert_same_grants(&granted, &wanted, "the chart with customScaleTargets");
+    wanted.insert(token_review_grant());
+    assert_same_grants(&granted, &wanted, "the chart with customScaleTargets and status.tokenReview");
 
     // The bindings give the roles, named after the release, to the chart's ServiceAccount.
     let objects = render(&["-f", EVERYTHING]);
-    let binding: ClusterRoleBinding = one(&objects, "ClusterRoleBinding");
+    let binding: ClusterRoleBinding = named(&objects, "ClusterRoleBinding", "wmd").expect("ClusterRoleBinding wmd");
     assert_eq!(binding.role_ref.name, "wmd");
     let subjects = binding.subjects.unwrap_or_default();
     assert_eq!(subjects.len(), 1);
@@ -656,6 +699,119 @@ fn rbac_is_exactly_the_table_and_crd_mode_alone_brings_the_datadoghq_rules() {
     let binding: RoleBinding = one(&objects, "RoleBinding");
     assert_eq!(binding.role_ref.name, "wmd-namespaced");
     assert_eq!(binding.subjects.unwrap_or_default()[0].name, "wmd-sa");
+}
+
+#[test]
+fn the_status_token_is_a_mounted_secret_and_token_review_a_cluster_role_of_its_own() {
+    let objects = render(&["--set", "status.tokenReview=true", "--set", "status.token.existingSecret=wmd-status"]);
+
+    // (a) One ClusterRole more, granting exactly create on TokenReviews, bound to the chart's
+    // ServiceAccount; the other roles stay exactly the table.
+    let role: ClusterRole = named(&objects, "ClusterRole", "watermarkd-tokenreview").expect("the tokenreview role");
+    let granted = sorted_unique(grants_of_rules(&role.rules.unwrap_or_default(), false, "tokenreview"), "tokenreview");
+    assert_eq!(granted, BTreeSet::from([token_review_grant()]), "the tokenreview role grants exactly that");
+    let mut wanted = table(true);
+    wanted.insert(token_review_grant());
+    assert_same_grants(&rendered_grants(&objects, "tokenReview"), &wanted, "the chart with status.tokenReview");
+    let baseline: ClusterRole = named(&objects, "ClusterRole", RELEASE).expect("the baseline role");
+    let baseline = sorted_unique(grants_of_rules(&baseline.rules.unwrap_or_default(), false, "baseline"), "baseline");
+    assert!(!baseline.contains(&token_review_grant()), "TokenReviews stay out of the baseline ClusterRole");
+    let binding: ClusterRoleBinding =
+        named(&objects, "ClusterRoleBinding", "watermarkd-tokenreview").expect("the tokenreview binding");
+    assert_eq!(
+        (binding.role_ref.api_group.as_str(), binding.role_ref.kind.as_str(), binding.role_ref.name.as_str()),
+        ("rbac.authorization.k8s.io", "ClusterRole", "watermarkd-tokenreview")
+    );
+    let account: ServiceAccount = one(&objects, "ServiceAccount");
+    let subjects: Vec<(String, String, Option<String>)> =
+        binding.subjects.unwrap_or_default().into_iter().map(|s| (s.kind, s.name, s.namespace)).collect();
+    assert_eq!(
+        subjects,
+        [("ServiceAccount".to_string(), account.metadata.name.clone().expect("a name"), Some(NAMESPACE.to_string()))]
+    );
+
+    // (b) watermarkd.toml has a [status] table with only what was set, and the daemon reads it.
+    let configmap: ConfigMap = one(&objects, "ConfigMap");
+    let text = configmap.data.unwrap_or_default().get("watermarkd.toml").cloned().expect("watermarkd.toml");
+    let file: toml::Table = toml::from_str(&text).unwrap_or_else(|e| panic!("watermarkd.toml: {e}\n{text}"));
+    let status = file.get("status").and_then(|s| s.as_table()).cloned().expect("a [status] table");
+    let expected: toml::Table =
+        toml::from_str(&format!("token_review = true\ntoken_file = {STATUS_TOKEN_FILE:?}")).expect("expected table");
+    assert_eq!(status, expected, "[status] in\n{text}");
+    let settings = daemon_settings(&objects);
+    assert_eq!(
+        settings.status,
+        StatusSettings {
+            token: Some(SecretSource::File(STATUS_TOKEN_FILE.into())),
+            token_review: true,
+            ..StatusSettings::default()
+        }
+    );
+    // The Secret is mounted read-only, as a directory (a new token reaches the pod), with its
+    // key as the file token_file names.
+    let deployment: Deployment = one(&objects, "Deployment");
+    let c = container(&deployment);
+    let mount = mount_at(&c, STATUS_TOKEN_DIR);
+    assert_eq!(mount.read_only, Some(true));
+    assert_eq!(mount.sub_path, None, "a directory mount, so that a new token reaches the pod");
+    let volume =
+        pod_spec(&deployment).volumes.unwrap_or_default().into_iter().find(|v| v.name == mount.name).expect("volume");
+    let secret = volume.secret.expect("a Secret volume");
+    assert_eq!(secret.secret_name.as_deref(), Some("wmd-status"));
+    assert_eq!(secret.optional, Some(false), "no Secret, no start: never an API left open");
+    let items: Vec<(String, String)> = secret.items.unwrap_or_default().into_iter().map(|i| (i.key, i.path)).collect();
+    assert_eq!(items, [("token".to_string(), "token".to_string())]);
+    assert_eq!(Path::new(STATUS_TOKEN_DIR).join(&items[0].1), Path::new(STATUS_TOKEN_FILE));
+    let env = env_of(&c);
+    assert!(!env.keys().any(|k| k.starts_with("WATERMARKD__STATUS")), "the settings file carries [status]");
+
+    // (c) The defaults: no tokenreview role, no [status] table, no token mount; the daemon's
+    // own defaults apply.
+    let defaults = render(&[]);
+    let review_objects = |objects: &[serde_yaml_ng::Value]| -> usize {
+        objects.iter().filter(|o| o["metadata"]["name"].as_str().is_some_and(|n| n.ends_with("-tokenreview"))).count()
+    };
+    assert_eq!(review_objects(&defaults), 0, "no tokenreview role or binding by default");
+    let configmap: ConfigMap = one(&defaults, "ConfigMap");
+    let text = configmap.data.unwrap_or_default().get("watermarkd.toml").cloned().expect("watermarkd.toml");
+    let file: toml::Table = toml::from_str(&text).expect("watermarkd.toml");
+    assert!(!file.contains_key("status") && !text.contains("[status]"), "no [status] table by default:\n{text}");
+    assert_eq!(daemon_settings(&defaults).status, StatusSettings::default());
+    let c = container(&one(&defaults, "Deployment"));
+    assert!(c.volume_mounts.unwrap_or_default().iter().all(|m| m.mount_path != STATUS_TOKEN_DIR));
+
+    // Without rbac.create there is no role at all; with the API off, no role and no mount, and
+    // the daemon is told it is off.
+    let no_rbac = render(&["--set", "status.tokenReview=true", "--set", "rbac.create=false"]);
+    assert_eq!(review_objects(&no_rbac), 0);
+    let off = render(&[
+        "--set",
+        "status.enabled=false",
+        "--set",
+        "status.tokenReview=true",
+        "--set",
+        "status.token.existingSecret=wmd-status",
+    ]);
+    assert_eq!(review_objects(&off), 0, "no TokenReviews while the status API is off");
+    let c = container(&one(&off, "Deployment"));
+    assert!(c.volume_mounts.unwrap_or_default().iter().all(|m| m.mount_path != STATUS_TOKEN_DIR));
+    assert_eq!(daemon_settings(&off).status, StatusSettings { enabled: false, ..StatusSettings::default() });
+
+    // The other keys: history and openOnLoopback, through the file and the environment.
+    let set = ["--set", "status.history=6h", "--set", "status.openOnLoopback=false"];
+    let mut existing = set.to_vec();
+    existing.extend(["--set", "rules.existingConfigMap=my-rules"]);
+    for objects in [render(&set), render(&existing)] {
+        let status = daemon_settings(&objects).status;
+        assert_eq!(
+            status,
+            StatusSettings {
+                history: std::time::Duration::from_secs(6 * 3_600),
+                open_on_loopback: false,
+                ..StatusSettings::default()
+            }
+        );
+    }
 }
 
 #[test]
@@ -668,6 +824,9 @@ fn bad_values_are_refused_naming_the_field() {
         ("image.digest=latest", "image.digest"),
         ("settings.defaultInterval=soon", "settings.defaultInterval"),
         ("envFromSecrets[0].name=X", "secretName"),
+        ("status.history=soon", "status.history"),
+        ("status.tokenReveiw=true", "tokenReveiw"),
+        ("status.token.existingSecret=Not_A_Name", "status.token.existingSecret"),
     ] {
         let output = helm(&["template", RELEASE, CHART, "--set", set]);
         let text = printed(&output);
@@ -709,8 +868,17 @@ async fn helm_install_grants_exactly_the_table_and_uninstall_keeps_only_the_crd(
     let namespace = cluster.unique_namespace("chart-crd").await;
     let crd_mode = install(&kubeconfig, "wmd-crd", &namespace, &[&format!("watchNamespaces={{{watched}}}")]);
     let account = cluster.client_as(&format!("system:serviceaccount:{namespace}:wmd-crd-watermarkd"));
-    let wrong =
-        manifest_checks::access_problems(&account, &table(true), &namespace, &[&watched, "prod"], "default", &[]).await;
+    // TokenReviews are not part of the defaults (status.tokenReview is off).
+    let token_reviews = [("authentication.k8s.io", "tokenreviews")];
+    let wrong = manifest_checks::access_problems(
+        &account,
+        &table(true),
+        &namespace,
+        &[&watched, "prod"],
+        "default",
+        &token_reviews,
+    )
+    .await;
     assert!(wrong.is_empty(), "the chart (CRD mode) on a real API server:\n{}", wrong.join("\n"));
     let pdbs: Api<kube::api::DynamicObject> = Api::namespaced_with(
         cluster.client(),
@@ -722,17 +890,24 @@ async fn helm_install_grants_exactly_the_table_and_uninstall_keeps_only_the_crd(
     );
     pdbs.get("wmd-crd-watermarkd").await.expect("the PodDisruptionBudget");
 
-    // Rules file only, next to it: a second release, no CRD of its own, no datadoghq.com access.
+    // Rules file only, next to it: a second release, no CRD of its own, no datadoghq.com access;
+    // status.tokenReview on, which adds exactly the creation of TokenReviews.
     let other = cluster.unique_namespace("chart-rules").await;
-    let rules_only = install(&kubeconfig, "wmd-rules", &other, &["crd.enabled=false", "crd.install=false"]);
+    let rules_only = install(
+        &kubeconfig,
+        "wmd-rules",
+        &other,
+        &["crd.enabled=false", "crd.install=false", "status.tokenReview=true"],
+    );
     let account = cluster.client_as(&format!("system:serviceaccount:{other}:wmd-rules-watermarkd"));
     let datadoghq: Vec<(&str, &str)> = PERMISSIONS
         .iter()
         .filter(|p| p.crd_mode_only)
         .flat_map(|p| p.resources.iter().map(|r| (p.api_group, *r)))
         .collect();
-    let wrong =
-        manifest_checks::access_problems(&account, &table(false), &other, &["prod"], &namespace, &datadoghq).await;
+    let mut wanted = table(false);
+    wanted.insert(token_review_grant());
+    let wrong = manifest_checks::access_problems(&account, &wanted, &other, &["prod"], &namespace, &datadoghq).await;
     assert!(wrong.is_empty(), "the chart (rules file only) on a real API server:\n{}", wrong.join("\n"));
 
     // Uninstall: every object goes but the CRD, and with it any WPA objects.
@@ -752,7 +927,9 @@ async fn helm_install_grants_exactly_the_table_and_uninstall_keeps_only_the_crd(
     let roles: Api<ClusterRole> = Api::all(cluster.client());
     for installed in [&crd_mode, &rules_only] {
         let name = format!("{}-watermarkd", installed.release);
-        assert!(roles.get_opt(&name).await.expect("get ClusterRole").is_none(), "ClusterRole {name} left behind");
+        for role in [name.clone(), format!("{name}-tokenreview")] {
+            assert!(roles.get_opt(&role).await.expect("get ClusterRole").is_none(), "ClusterRole {role} left behind");
+        }
         let deployments: Api<Deployment> = Api::namespaced(cluster.client(), &installed.namespace);
         assert!(
             deployments.list(&Default::default()).await.expect("list").items.is_empty(),
