@@ -272,7 +272,7 @@ pub fn detail_fragment(detail: &Detail, now: i64) -> String {
         }
     }
     let metrics = &detail.history.metrics;
-    out.push_str("<section><h2>The last hour</h2>");
+    out.push_str("<section><h2>Recent evaluations</h2>");
     if detail.history.samples.is_empty() {
         out.push_str("<p>no history yet</p>");
     }
