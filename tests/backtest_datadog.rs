@@ -246,6 +246,7 @@ async fn a_forecast_reads_its_history_a_day_per_request_and_multiplies_by_the_pa
     use std::sync::Arc;
     use watermarkd::adapters::backend::{demand_history, MetricBackend};
     use watermarkd::adapters::telemetry::BackendMetrics;
+    use watermarkd::domain::forecast::Forecaster;
     use watermarkd::domain::rules::{parse_rules, Backend, SecretSource};
 
     let fake = fake(ROOMY).await;
@@ -260,7 +261,7 @@ async fn a_forecast_reads_its_history_a_day_per_request_and_multiplies_by_the_pa
         Arc::new(MetricBackend::new("dd", &rules.backends["dd"], Arc::new(BackendMetrics::detached())).unwrap());
     let web = rules.autoscaler("web").unwrap();
     let now = watermarkd_engine::Timestamp::from_unix_millis(UNTIL * 1000);
-    let read = demand_history(web, |_| Some(Arc::clone(&client)), now).await;
+    let read = demand_history(web, |_| Some(Arc::clone(&client)), Forecaster::backfill_span(now)).await;
     let [Ok(demand)] = read.as_slice() else { panic!("{read:?}") };
     // The fake's series start an hour before START: only the last hours have points.
     let normal = demand.iter().filter(|(at, _)| at.unix_millis() / 1000 < START + SPIKE.0).map(|(_, d)| *d);

@@ -14,7 +14,7 @@ use crate::adapters::backend::{
     demand_history, BackendError, MetricBackend, MetricQuery, Observation, QueryBackend, QueryPlan,
 };
 use crate::adapters::telemetry::BackendMetrics;
-use crate::domain::forecast::{floor as forecast_floor, forecast, Forecast, ForecastMode, History};
+use crate::domain::forecast::{floor as forecast_floor, forecast, Forecast, ForecastMode, Forecaster, History};
 use crate::domain::rules::{self, Autoscaler, RulesError, RulesFile};
 
 #[derive(Debug, clap::Args)]
@@ -121,7 +121,7 @@ async fn write_forecast(
             backends.insert(source.backend.clone(), Arc::new(backend));
         }
     }
-    let read = demand_history(autoscaler, |name| backends.get(name).cloned(), now).await;
+    let read = demand_history(autoscaler, |name| backends.get(name).cloned(), Forecaster::backfill_span(now)).await;
     for (source, demand) in autoscaler.metrics.iter().zip(read) {
         let said = match demand {
             Err(err) => format!("no history: {err}"),

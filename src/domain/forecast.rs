@@ -247,49 +247,66 @@ pub const KEEP: Duration = Duration::from_secs(22 * 86_400);
 /// evaluation interval. The model reads 10-minute windows, so nothing finer is needed.
 pub const SAMPLE_EVERY: Duration = Duration::from_secs(120);
 
-/// One autoscaler's forecast: a history per metric, read once from the backend when it
-/// starts, then fed one evaluation at a time.
+/// How often the history is read again from the backend, from where the last read ended: a
+/// daemon that did not lead, or did not run, evaluated nothing meanwhile, and the backend has
+/// what it missed.
+pub const REFRESH_EVERY: Duration = Duration::from_secs(86_400);
+
+/// One autoscaler's forecast: a history per metric, read from the backend when it starts and
+/// again each `REFRESH_EVERY` for what came since, and fed one evaluation at a time.
 #[derive(Clone, Debug, Default)]
 pub struct Forecaster {
     histories: Vec<History>,
     backfill: Backfill,
 }
 
-/// Whether the history has been asked of the backend.
+/// What has been asked of the backend.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 enum Backfill {
     #[default]
     Wanted,
-    Asked,
+    /// The history up to this time.
+    Asked { until: Timestamp },
 }
 
 impl Forecaster {
-    /// Whether the history should be read from the backend now: once, at the first asking.
-    pub fn wants_backfill(&mut self) -> bool {
-        let wanted = self.backfill == Backfill::Wanted;
-        self.backfill = Backfill::Asked;
-        wanted
+    /// The span of history to read from the backend now, if any: `KEEP` at the first asking,
+    /// then, once `REFRESH_EVERY` has passed, what came since the last read.
+    pub fn wants_backfill(&mut self, now: Timestamp) -> Option<(Timestamp, Timestamp)> {
+        let from = match self.backfill {
+            Backfill::Wanted => minus(now, KEEP),
+            Backfill::Asked { until } if now.since(until) >= REFRESH_EVERY => until,
+            Backfill::Asked { .. } => return None,
+        };
+        self.backfill = Backfill::Asked { until: now };
+        Some((from, now))
     }
 
-    /// The span to read: `KEEP` back from `now`, one sample per `SAMPLE_EVERY`.
-    pub fn backfill_span(now: Timestamp) -> (Timestamp, Timestamp, Duration) {
-        (minus(now, KEEP), now, SAMPLE_EVERY)
+    /// The whole span a forecast keeps: `KEEP` back from `now`.
+    pub fn backfill_span(now: Timestamp) -> (Timestamp, Timestamp) {
+        (minus(now, KEEP), now)
     }
 
-    /// Takes metric `index`'s past demand, read from its backend, under what was seen since.
+    /// Takes metric `index`'s past demand, read from its backend, into the holes of what the
+    /// evaluations saw: a value is taken where no evaluation's sample lies within half a
+    /// `SAMPLE_EVERY` of it (what the daemon saw itself wins).
     pub fn backfill(&mut self, index: usize, values: Vec<(Timestamp, f64)>) {
         if self.histories.len() <= index {
             self.histories.resize_with(index + 1, History::default);
         }
         let Some(history) = self.histories.get_mut(index) else { return };
-        let seen = std::mem::take(history);
-        let first_seen = seen.samples.first().map(|(at, _)| *at);
-        let mut merged =
-            History::new(values.into_iter().filter(|(at, _)| first_seen.is_none_or(|f| *at < f)).collect());
-        for (at, demand) in seen.samples {
-            merged.push(at, demand);
-        }
-        *history = merged;
+        let mut seen = std::mem::take(history).samples;
+        let near = SAMPLE_EVERY / 2;
+        let missing: Vec<(Timestamp, f64)> = values
+            .into_iter()
+            .filter(|(at, _)| {
+                let next = seen.partition_point(|(s, _)| s < at);
+                let close = |i: usize| seen.get(i).is_some_and(|(s, _)| s.since(*at).max(at.since(*s)) < near);
+                !close(next) && !(next > 0 && close(next - 1))
+            })
+            .collect();
+        seen.extend(missing);
+        *history = History::new(seen);
     }
 
     /// Notes the demand each metric's reading stands for at `now`.
@@ -514,8 +531,10 @@ mod tests {
             .unwrap()
         };
         let mut forecaster = Forecaster::default();
-        assert!(forecaster.wants_backfill());
-        assert!(!forecaster.wants_backfill(), "once");
+        assert_eq!(forecaster.wants_backfill(t(86_400 * 30)), Some((t(86_400 * 8), t(86_400 * 30))), "KEEP back");
+        assert_eq!(forecaster.wants_backfill(t(86_400 * 30 + 60)), None, "once");
+        assert_eq!(forecaster.wants_backfill(t(86_400 * 31)), Some((t(86_400 * 30), t(86_400 * 31))), "a day on");
+        let mut forecaster = Forecaster::default();
         // Under absolute the past demand is the value times the replicas of its step.
         let absolute = rule("absolute");
         let values = [(t(0), Some(10.0)), (t(120), None), (t(240), Some(30.0)), (t(360), Some(5.0))];
@@ -523,8 +542,14 @@ mod tests {
         assert_eq!(past_demand(&rule("average"), &values, &[]), [(t(0), 10.0), (t(240), 30.0), (t(360), 5.0)]);
         let average = rule("average");
         forecaster.observe(&average, &[Reading::Value { value: 50.0, at: t(1_000) }], 1, t(1_000));
-        forecaster.backfill(0, vec![(t(0), 10.0), (t(600), 20.0), (t(1_000), 99.0), (t(1_200), 99.0)]);
+        forecaster.observe(&average, &[Reading::Value { value: 60.0, at: t(1_600) }], 1, t(1_600));
+        // The backend fills what the evaluations missed: before them, and the hole between.
+        let read = [(0, 10.0), (600, 20.0), (1_030, 99.0), (1_200, 40.0), (1_400, 45.0), (1_580, 99.0)];
+        forecaster.backfill(0, read.iter().map(|(at, v)| (t(*at), *v)).collect());
         let history = &forecaster.histories[0];
-        assert_eq!(history.samples, [(t(0), 10.0), (t(600), 20.0), (t(1_000), 50.0)]);
+        assert_eq!(
+            history.samples,
+            [(t(0), 10.0), (t(600), 20.0), (t(1_000), 50.0), (t(1_200), 40.0), (t(1_400), 45.0), (t(1_600), 60.0)]
+        );
     }
 }

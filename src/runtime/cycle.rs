@@ -199,10 +199,12 @@ pub async fn run(shared: Arc<Shared>, permits: Arc<Semaphore>, due: Due) {
     decide_as_answered(shared, permits, jobs, answers, queries).await;
 }
 
-/// Reads the history a forecast learns from, from the autoscaler's backends, once and in the
-/// background: its evaluations go on meanwhile, and the forecast takes the history when it
-/// comes (what it saw itself in between is kept). Under `absolute` the metric is per replica,
-/// so the replicas watermarkd set are read too, from the first metric's backend.
+/// Reads the history a forecast learns from, from the autoscaler's backends, in the
+/// background: all of it when the autoscaler starts, then each day what came since (see
+/// `Forecaster::wants_backfill`). Its evaluations go on meanwhile, and the forecast takes the
+/// history into its holes when it comes (what it saw itself is kept). Under `absolute` the
+/// metric is per replica, so the replicas watermarkd set are read too, from the first metric's
+/// backend.
 fn backfill_forecast(
     job: &mut Job,
     backends: &BTreeMap<String, Arc<MetricBackend>>,
@@ -213,9 +215,7 @@ fn backfill_forecast(
     if autoscaler.forecast.is_none() {
         return;
     }
-    if !job.memory.forecaster.get_or_insert_with(Box::default).wants_backfill() {
-        return;
-    }
+    let Some(span) = job.memory.forecaster.get_or_insert_with(Box::default).wants_backfill(now) else { return };
     let backends = backends.clone();
     let memory = Arc::clone(OwnedMutexGuard::mutex(&job.memory));
     let autoscaler = autoscaler.clone();
@@ -223,7 +223,7 @@ fn backfill_forecast(
     tokio::spawn(async move {
         // Only a closed semaphore fails, and this one is never closed.
         let Ok(_reading) = history_reads.acquire_owned().await else { return };
-        let read = demand_history(&autoscaler, |name| backends.get(name).cloned(), now).await;
+        let read = demand_history(&autoscaler, |name| backends.get(name).cloned(), span).await;
         for (index, demand) in read.into_iter().enumerate() {
             match demand {
                 Ok(demand) => {

@@ -31,7 +31,7 @@ use watermarkd_engine::{Algorithm, Reading, Timestamp};
 pub use plan::{PlanPart, PlannedFetch, QueryPlan};
 
 use crate::adapters::telemetry::BackendMetrics;
-use crate::domain::forecast::{past_demand, Forecaster};
+use crate::domain::forecast::past_demand;
 use crate::domain::rules::{self, Autoscaler, Reducer};
 
 pub(crate) use secret::SecretError;
@@ -339,16 +339,18 @@ pub(crate) fn distinct_texts(queries: &[MetricQuery]) -> (Vec<&str>, Vec<usize>)
     (texts, slots)
 }
 
-/// The past demand of each of an autoscaler's metrics, as its forecast learns from it: each
-/// metric's history on its backend over [`Forecaster::backfill_span`] and, under `absolute`
-/// (a per-replica metric), the replicas watermarkd set then, from the first metric's backend.
-/// `backend` finds a backend by name. One result per metric, in order.
+/// The past demand of each of an autoscaler's metrics over `[start, end]`, as its forecast
+/// learns from it (the span `Forecaster::wants_backfill` asks for, or the whole of
+/// `Forecaster::backfill_span`): each metric's history on its backend, a sample per
+/// `forecast::SAMPLE_EVERY`, and, under `absolute` (a per-replica metric), the replicas
+/// watermarkd set then, from the first metric's backend. `backend` finds a backend by name.
+/// One result per metric, in order.
 pub async fn demand_history(
     autoscaler: &Autoscaler,
     backend: impl Fn(&str) -> Option<Arc<MetricBackend>>,
-    now: Timestamp,
+    (start, end): (Timestamp, Timestamp),
 ) -> Vec<Result<Vec<(Timestamp, f64)>, HistoryError>> {
-    let (start, end, step) = Forecaster::backfill_span(now);
+    let step = crate::domain::forecast::SAMPLE_EVERY;
     let span = HistorySpan { start, end, step, for_forecast: true };
     let value_of = |o: &Observation| match o.reading {
         Reading::Value { value, .. } => Some(value),
