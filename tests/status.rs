@@ -201,13 +201,16 @@ async fn the_api_the_command_and_the_page_explain_every_autoscaler_to_a_token_ho
     assert_eq!(quiet["state"], "no_data", "{quiet}");
     assert!(quiet["metric"]["value"].is_null(), "missing data is no value, never 0: {quiet}");
 
+    // What needs a look first: the autoscaler without data heads the table.
+    assert_eq!(list["autoscalers"][0]["name"], "quiet", "{list}");
+
     // Search, filter and paging.
     let only = json(&listen, "/api/v1/autoscalers?state=no_data", Some(TOKEN)).await.unwrap();
     assert_eq!(only["matched"], 1, "{only}");
     assert_eq!(only["autoscalers"][0]["name"], "quiet");
     let searched = json(&listen, "/api/v1/autoscalers?q=CAL", Some(TOKEN)).await.unwrap();
     assert_eq!(searched["autoscalers"].as_array().unwrap().len(), 1, "{searched}");
-    let paged = json(&listen, "/api/v1/autoscalers?limit=2&offset=2", Some(TOKEN)).await.unwrap();
+    let paged = json(&listen, "/api/v1/autoscalers?limit=2&offset=2&sort=id", Some(TOKEN)).await.unwrap();
     assert_eq!((paged["matched"].as_u64(), paged["autoscalers"][0]["name"].as_str()), (Some(3), Some("quiet")));
     let (status, _, body) = get(&listen, "/api/v1/autoscalers?state=sleepy", Some(TOKEN)).await;
     assert_eq!(status, 400, "{body}");
