@@ -6,6 +6,7 @@ pub mod crd;
 pub mod fallback;
 pub mod forecast;
 pub mod instant;
+pub mod markup;
 pub mod rules;
 pub mod schedule;
 pub mod sparse;

@@ -20,7 +20,7 @@ mod zero;
 pub use decision::{Action, Decision, Guard, Limit, MetricOutcome, Position, Stabilization, Timing};
 pub use history::{BUCKETS_PER_WINDOW, MAX_SCALE_EVENTS};
 pub use input::{Reading, Recommendation, ScaleEvent, State, Target, ZeroState};
-pub use number::{Decimal, ParseDecimalError};
+pub use number::{human, Decimal, ParseDecimalError};
 pub use rule::{
     Algorithm, Behavior, BehaviorSpec, Bounds, BoundsBy, ConvergeTowards, Fallback, MetricRule, MetricSpec, Policy,
     PolicyKind, Relation, Rule, RuleError, RuleSpec, ScaleToZero, ScalingRules, ScalingRulesSpec, SelectPolicy,

@@ -346,7 +346,7 @@ impl serde::Serialize for Decimal {
 }
 
 /// A number as a person would write it: about four significant digits, no trailing zeros.
-pub(crate) fn human(v: f64) -> String {
+pub fn human(v: f64) -> String {
     if !v.is_finite() {
         return v.to_string();
     }

@@ -11,21 +11,7 @@ use crate::domain::status::explain::{number, span};
 /// Rows per page of the table.
 pub const PAGE_ROWS: usize = 100;
 
-/// Text for HTML content and attribute values.
-pub fn escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
+pub use crate::domain::markup::escape;
 
 /// Text for a URL's query value or path segment.
 pub fn url_escape(text: &str) -> String {

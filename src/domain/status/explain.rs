@@ -17,22 +17,10 @@ pub struct Context<'a> {
     pub scaled: bool,
 }
 
-/// A number as a person reads it: four significant digits at most, no trailing zeros.
+/// A number as a person reads it: the engine's way, as in its reasons (four significant
+/// digits, no trailing zeros).
 pub fn number(value: f64) -> String {
-    if !value.is_finite() {
-        return value.to_string();
-    }
-    if value == 0.0 {
-        return "0".into();
-    }
-    let magnitude = value.abs().log10().floor() as i32;
-    let decimals = usize::try_from((3 - magnitude).clamp(0, 6)).unwrap_or(0);
-    let text = format!("{value:.decimals$}");
-    if text.contains('.') {
-        text.trim_end_matches('0').trim_end_matches('.').to_string()
-    } else {
-        text
-    }
+    watermarkd_engine::human(value)
 }
 
 /// Seconds as `3m 12s` (whole seconds, rounded up: "0s left" would be wrong while it is not).
@@ -212,43 +200,65 @@ fn decision_sentence(decision: &Decision, rule: &Rule) -> String {
 
 /// A move the metrics asked for and a window or delay held back.
 fn hold_sentences(decision: &Decision, rule: &Rule) -> Vec<String> {
-    let mut out = Vec::new();
     if decision.action != Action::Hold || decision.guard.is_some() {
-        return out;
+        return Vec::new();
     }
-    let Some(normalized) = decision.normalized else { return out };
+    let Some(normalized) = decision.normalized else { return Vec::new() };
     let t = &decision.timing;
     let spec = decision.spec_replicas;
-    if normalized > spec {
-        if t.upscale_window_seconds_left > 0.0 {
-            let configured = window(rule, true).map(|w| format!(" {}", span(w.as_secs_f64()))).unwrap_or_default();
-            out.push(format!(
-                "no scale up: upscale_forbidden_window{configured} has {} left",
-                span(t.upscale_window_seconds_left)
-            ));
-        } else if t.upscale_delay_seconds_left > 0.0 {
-            out.push(format!(
-                "no scale up yet: the metric must stay above the high watermark {} more (upscale_delay_above_watermark {})",
-                span(t.upscale_delay_seconds_left),
-                span(rule.upscale_delay_above_watermark().as_secs_f64())
-            ));
+    let held = if normalized > spec {
+        Held {
+            way: "up",
+            window_left: t.upscale_window_seconds_left,
+            delay_left: t.upscale_delay_seconds_left,
+            condition: "above the high",
+            delay: rule.upscale_delay_above_watermark(),
+            delay_setting: "upscale_delay_above_watermark",
         }
     } else if normalized < spec {
-        if t.downscale_window_seconds_left > 0.0 {
-            let configured = window(rule, false).map(|w| format!(" {}", span(w.as_secs_f64()))).unwrap_or_default();
-            out.push(format!(
-                "no scale down: downscale_forbidden_window{configured} has {} left",
-                span(t.downscale_window_seconds_left)
-            ));
-        } else if t.downscale_delay_seconds_left > 0.0 {
-            out.push(format!(
-                "no scale down yet: the metric must stay below the low watermark {} more (downscale_delay_below_watermark {})",
-                span(t.downscale_delay_seconds_left),
-                span(rule.downscale_delay_below_watermark().as_secs_f64())
-            ));
+        Held {
+            way: "down",
+            window_left: t.downscale_window_seconds_left,
+            delay_left: t.downscale_delay_seconds_left,
+            condition: "below the low",
+            delay: rule.downscale_delay_below_watermark(),
+            delay_setting: "downscale_delay_below_watermark",
+        }
+    } else {
+        return Vec::new();
+    };
+    held.sentence(window(rule, held.way == "up")).into_iter().collect()
+}
+
+/// What holds a move one way: its forbidden window, else its delay.
+struct Held {
+    way: &'static str,
+    window_left: f64,
+    delay_left: f64,
+    condition: &'static str,
+    delay: Duration,
+    delay_setting: &'static str,
+}
+
+impl Held {
+    fn sentence(&self, configured: Option<Duration>) -> Option<String> {
+        let way = self.way;
+        if self.window_left > 0.0 {
+            let configured = configured.map(|w| format!(" {}", span(w.as_secs_f64()))).unwrap_or_default();
+            let setting = if way == "up" { "upscale" } else { "downscale" };
+            Some(format!("no scale {way}: {setting}_forbidden_window{configured} has {} left", span(self.window_left)))
+        } else if self.delay_left > 0.0 {
+            Some(format!(
+                "no scale {way} yet: the metric must stay {} watermark {} more ({} {})",
+                self.condition,
+                span(self.delay_left),
+                self.delay_setting,
+                span(self.delay.as_secs_f64())
+            ))
+        } else {
+            None
         }
     }
-    out
 }
 
 #[cfg(test)]
@@ -331,7 +341,7 @@ mod tests {
     fn numbers_and_spans_read_as_a_person_writes_them() {
         assert_eq!(number(0.8100000001), "0.81");
         assert_eq!(number(1234.5678), "1235");
-        assert_eq!(number(0.000012345), "0.000012");
+        assert_eq!(number(0.0000125), "0.0000125");
         assert_eq!(span(191.2), "3m 12s");
         assert_eq!(span(f64::NAN), "0s");
     }

@@ -282,21 +282,7 @@ pub(super) fn format_value(v: f64) -> String {
     }
 }
 
-/// Escapes text for SVG content and attribute values.
-pub(super) fn escape(text: &str) -> String {
-    let mut escaped = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '&' => escaped.push_str("&amp;"),
-            '<' => escaped.push_str("&lt;"),
-            '>' => escaped.push_str("&gt;"),
-            '"' => escaped.push_str("&quot;"),
-            '\'' => escaped.push_str("&apos;"),
-            _ => escaped.push(c),
-        }
-    }
-    escaped
-}
+pub(super) use crate::domain::markup::escape;
 
 #[cfg(test)]
 mod tests {
