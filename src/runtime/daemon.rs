@@ -213,7 +213,8 @@ impl Telemetry {
         let backends = Arc::new(BackendMetrics::new(&registry)?);
         let autoscalers = Arc::new(AutoscalerMetrics::with_labels_as_tags(settings.labels_as_tags.clone()));
         let daemon = DaemonMetrics::new(&registry)?;
-        let board = Arc::new(Board::new(settings.status.history));
+        let board =
+            Arc::new(if settings.status.enabled { Board::new(settings.status.history) } else { Board::disabled() });
         Ok(Telemetry { registry, backends, autoscalers, board, daemon, readiness: Arc::default() })
     }
 

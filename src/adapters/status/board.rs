@@ -14,8 +14,9 @@ use crate::adapters::telemetry::{AheadSeries, ShadowOutcome};
 use crate::domain::status::explain::{self, Context};
 use crate::domain::status::history::{Bands, History, Marks, Sample, BLOCK};
 
-/// The most samples one autoscaler keeps, whatever its interval and the history asked for.
-pub const MAX_SAMPLES: u16 = 2_880;
+/// The most samples one autoscaler keeps, whatever its interval and the history asked for: a
+/// day at 10 s, and the default hour at the shortest interval, 1 s.
+pub const MAX_SAMPLES: u16 = 8_640;
 
 /// Who an autoscaler is, as the scheduler runs it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -356,6 +357,8 @@ pub struct ListPage {
 
 /// The board. See the module comment.
 pub struct Board {
+    /// `false` when the status service is off: nothing is admitted, so nothing is kept.
+    enabled: bool,
     entries: Mutex<HashMap<Arc<str>, Entry>>,
     leadership: Mutex<Leadership>,
     /// How much history each autoscaler keeps (0: none).
@@ -364,7 +367,12 @@ pub struct Board {
 
 impl Board {
     pub fn new(history: Duration) -> Board {
-        Board { entries: Mutex::default(), leadership: Mutex::default(), history }
+        Board { enabled: true, entries: Mutex::default(), leadership: Mutex::default(), history }
+    }
+
+    /// A board that keeps nothing, for a daemon whose status service is off.
+    pub fn disabled() -> Board {
+        Board { enabled: false, ..Board::new(Duration::ZERO) }
     }
 
     /// This daemon leads (it decides), or follows the named holder of the Lease.
@@ -390,6 +398,9 @@ impl Board {
     /// An autoscaler runs, or runs with a new rule: its history stays (a watermark change is
     /// recorded as such), its last decision stays until the next.
     pub fn admit(&self, identity: Identity) {
+        if !self.enabled {
+            return;
+        }
         let capacity = self.capacity(identity.interval_seconds);
         let keep = !self.history.is_zero();
         let mut entries = self.lock();
@@ -410,9 +421,9 @@ impl Board {
     }
 
     /// One decision. `rule` is the one it was made with (a schedule's or forecast's bounds
-    /// applied).
+    /// applied). Nothing is worded for an autoscaler the board does not hold.
     pub fn record(&self, id: &str, rule: &Rule, decision: Decision, extras: Extras) {
-        let paused_until = self.lock().get(id).and_then(|e| e.identity.paused_until.clone());
+        let Some(paused_until) = self.lock().get(id).map(|e| e.identity.paused_until.clone()) else { return };
         let paused = extras.ahead.as_ref().and_then(|a| a.paused) == Some(true);
         let context = Context { paused_until: paused_until.as_deref().filter(|_| paused), scaled: extras.scaled };
         let explanation = explain::explain(&decision, rule, context);
@@ -793,6 +804,13 @@ mod tests {
     }
 
     #[test]
+    fn an_hour_is_kept_at_any_interval_and_no_more_than_the_cap() {
+        let hour = Board::new(Duration::from_secs(3600));
+        assert_eq!((hour.capacity(1), hour.capacity(15), hour.capacity(300)), (3_601, 241, BLOCK));
+        assert_eq!(Board::new(Duration::from_secs(86_400)).capacity(1), MAX_SAMPLES);
+    }
+
+    #[test]
     fn without_history_only_the_last_decision_is_kept() {
         let board = Board::new(Duration::ZERO);
         board.admit(identity("web", 15));
@@ -801,5 +819,11 @@ mod tests {
         assert!(detail.history.samples.is_empty());
         assert!(detail.last.is_some());
         assert_eq!(board.history_bytes(), 0);
+        // With the status service off, nothing at all.
+        let off = Board::disabled();
+        off.admit(identity("web", 15));
+        evaluate(&off, "web", 1_000, 2, Some(7.0));
+        assert!(off.detail("file/web").is_none());
+        assert_eq!(off.list(&ListQuery { limit: 10, ..ListQuery::default() }).total, 0);
     }
 }
