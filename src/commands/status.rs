@@ -167,8 +167,10 @@ pub async fn run(args: &StatusArgs, out: &mut impl Write) -> Result<bool, Status
     match &args.name {
         None => {
             let list = api.list(args.state.as_deref()).await?;
-            if list["daemon"]["leader"] == Value::Bool(false) {
-                let holder = list["daemon"]["leader_identity"].as_str().unwrap_or("another daemon");
+            let daemon = list.get("daemon");
+            if daemon.and_then(|d| d.get("leader")) == Some(&Value::Bool(false)) {
+                let holder =
+                    daemon.and_then(|d| d.get("leader_identity")).and_then(Value::as_str).unwrap_or("another daemon");
                 let _ = writeln!(
                     std::io::stderr(),
                     "watermarkd status: this daemon follows; {holder} leads and decides (ask it instead)"

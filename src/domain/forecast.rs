@@ -302,7 +302,7 @@ impl Forecaster {
             .filter(|(at, _)| {
                 let next = seen.partition_point(|(s, _)| s < at);
                 let close = |i: usize| seen.get(i).is_some_and(|(s, _)| s.since(*at).max(at.since(*s)) < near);
-                !close(next) && !(next > 0 && close(next - 1))
+                !(close(next) || next > 0 && close(next - 1))
             })
             .collect();
         seen.extend(missing);
