@@ -4,7 +4,8 @@
 //!
 //! The exported series are built in-process from the telemetry types: the daemon's, backend and
 //! recommender-client metrics on one registry, the per-autoscaler series from an
-//! `AutoscalerMetrics` that has seen one decision and one shadow outcome.
+//! `AutoscalerMetrics` that has seen one decision (with a forecast, a fallback and a pause) and
+//! one shadow outcome.
 
 #![allow(
     clippy::unwrap_used,
@@ -24,7 +25,7 @@ use prometheus::core::{Collector, MetricVec, MetricVecBuilder};
 use prometheus::{Registry, TextEncoder};
 use serde_json::Value;
 use watermarkd::adapters::telemetry::{
-    AutoscalerMetrics, BackendMetrics, DaemonMetrics, HttpClientMetrics, SeriesLabels, ShadowOutcome,
+    AheadSeries, AutoscalerMetrics, BackendMetrics, DaemonMetrics, HttpClientMetrics, SeriesLabels, ShadowOutcome,
 };
 use watermarkd_engine::{decide, Reading, State, Target, Timestamp};
 
@@ -50,6 +51,10 @@ const REQUIRED: &[&str] = &[
     "wpa_controller_downscale_replicas_total",
     "watermarkd_shadow_replicas",
     "watermarkd_shadow_divergence_total",
+    "watermarkd_forecast_demand",
+    "watermarkd_forecast_replicas",
+    "watermarkd_fallback_active",
+    "watermarkd_paused",
     "watermarkd_evaluations_total",
     "watermarkd_evaluation_duration_seconds",
     "watermarkd_query_cycle_duration_seconds",
@@ -155,7 +160,15 @@ fn autoscaler_text() -> String {
     let target = Target { spec_replicas: 2, status_replicas: Some(2), ready_replicas: Some(2) };
     let decision = decide(&rule, target, &[Reading::Value { value: 30.0, at: now }], &State::default(), now);
     metrics.admit(&labels);
-    metrics.observe(&labels, &rule, &decision, true, [("AbleToScale", true), ("ScalingLimited", false)], None);
+    // An autoscaler with a forecast, a fallback and a pause, so that their series are exported.
+    let ahead = AheadSeries {
+        forecast_demand: vec![("latency".into(), 12.0)],
+        forecast_replicas: Some(4),
+        fallback_active: Some(false),
+        paused: Some(false),
+    };
+    let conditions = [("AbleToScale", true), ("ScalingLimited", false)];
+    metrics.observe(&labels, &rule, &decision, true, conditions, Some(ahead));
     metrics.observe_shadows(&labels, &[ShadowOutcome { name: "web-next".into(), replicas: 3, diverged: true }]);
     watermarkd::testing::render_all(&metrics)
 }
