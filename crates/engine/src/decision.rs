@@ -39,6 +39,15 @@ pub struct MetricOutcome {
     pub note: Option<String>,
 }
 
+impl MetricOutcome {
+    /// The value, when the decision could use it: a refused one (stale, negative, not a
+    /// number) is not the metric's current value, and a dashboard or page must not show it as
+    /// one.
+    pub fn usable_value(&self) -> Option<f64> {
+        self.value.filter(|v| v.is_finite() && self.position != Position::Unavailable)
+    }
+}
+
 /// What bounded the proposal on its way to the normalized value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]

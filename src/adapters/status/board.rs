@@ -217,12 +217,19 @@ impl State {
     }
 }
 
-/// Whether the replicas were kept from what the metrics asked for: a limit, or a window or
-/// delay holding a move.
-fn restricted(decision: &Decision) -> bool {
-    let limited = !matches!(decision.limit, Limit::WithinRange | Limit::NoData | Limit::Paused | Limit::ScaledToZero);
-    let held = decision.action == Action::Hold && decision.normalized.is_some_and(|n| n != decision.spec_replicas);
-    limited || held
+impl Last {
+    /// Whether the replicas were kept from what the metrics asked for: a limit on the
+    /// proposal, or a forbidden window or delay holding a move that way. The one definition
+    /// of the `limited` state and the history's `restricted` mark.
+    pub fn restricted(&self) -> bool {
+        let limited = self.limit != Limit::WithinRange && self.guard.is_none();
+        let wanted = |more: bool| {
+            self.proposal.is_some_and(|p| if more { p > self.spec_replicas } else { p < self.spec_replicas })
+        };
+        limited
+            || self.upscale_blocked_seconds > 0.0 && wanted(true)
+            || self.downscale_blocked_seconds > 0.0 && wanted(false)
+    }
 }
 
 fn state_of(last: Option<&Last>, failing: bool) -> State {
@@ -235,10 +242,7 @@ fn state_of(last: Option<&Last>, failing: bool) -> State {
         State::Fallback
     } else if last.paused {
         State::Paused
-    } else if last.limit != Limit::WithinRange && last.guard.is_none()
-        || last.upscale_blocked_seconds > 0.0 && last.proposal.is_some_and(|p| p > last.spec_replicas)
-        || last.downscale_blocked_seconds > 0.0 && last.proposal.is_some_and(|p| p < last.spec_replicas)
-    {
+    } else if last.restricted() {
         State::Limited
     } else if last.action != Action::Hold {
         State::Scaling
@@ -427,20 +431,14 @@ impl Board {
         let paused = extras.ahead.as_ref().and_then(|a| a.paused) == Some(true);
         let context = Context { paused_until: paused_until.as_deref().filter(|_| paused), scaled: extras.scaled };
         let explanation = explain::explain(&decision, rule, context);
+        let moved = |action: Action| decision.action == action && (extras.scaled || paused);
         let marks = Marks::empty()
-            .with(Marks::SCALED_UP, decision.action == Action::ScaleUp && (extras.scaled || paused))
-            .with(Marks::SCALED_DOWN, decision.action == Action::ScaleDown && (extras.scaled || paused))
-            .with(Marks::RESTRICTED, restricted(&decision))
+            .with(Marks::SCALED_UP, moved(Action::ScaleUp))
+            .with(Marks::SCALED_DOWN, moved(Action::ScaleDown))
             .with(Marks::FALLBACK, decision.fallback.is_some())
             .with(Marks::PAUSED, paused)
             .with(Marks::NO_DATA, decision.metrics.iter().all(|m| m.position == Position::Unavailable));
-        let sample = Sample {
-            at: decision.now.unix_millis().div_euclid(1000),
-            values: decision.metrics.iter().map(|m| usable(m).map(|v| v as f32)).collect(),
-            proposed: decision.proposal,
-            replicas: decision.replicas,
-            marks,
-        };
+        let values = decision.metrics.iter().map(|m| m.usable_value().map(|v| v as f32)).collect();
         let watermarks: Vec<(f32, f32)> =
             decision.metrics.iter().map(|m| (m.low_watermark as f32, m.high_watermark as f32)).collect();
         let t = decision.timing;
@@ -473,7 +471,7 @@ impl Board {
                 .metrics
                 .into_iter()
                 .map(|m| MetricNow {
-                    value: usable(&m),
+                    value: m.usable_value(),
                     usage: m.usage.filter(|u| u.is_finite() && m.position != Position::Unavailable),
                     age_seconds: m.age_seconds.filter(|a| a.is_finite()),
                     name: m.name,
@@ -484,6 +482,13 @@ impl Board {
                     note: m.note,
                 })
                 .collect(),
+        };
+        let sample = Sample {
+            at: last.at.unix_millis().div_euclid(1000),
+            values,
+            proposed: last.proposal,
+            replicas: last.replicas,
+            marks: marks.with(Marks::RESTRICTED, last.restricted()),
         };
         let mut entries = self.lock();
         let Some(entry) = entries.get_mut(id) else { return };
@@ -610,12 +615,6 @@ impl Board {
             .collect();
         Some(Detail { summary, last, history: HistoryView { metrics, samples, events } })
     }
-}
-
-/// A metric's value when the decision could use it (a stale or refused one is not shown as
-/// the current value).
-fn usable(metric: &watermarkd_engine::MetricOutcome) -> Option<f64> {
-    metric.value.filter(|v| v.is_finite() && metric.position != Position::Unavailable)
 }
 
 fn matches(identity: &Identity, words: &[String]) -> bool {

@@ -394,9 +394,7 @@ impl AutoscalerMetrics {
                     .iter()
                     .map(|m| MetricRecord {
                         name: escape(&m.name),
-                        // A value the decision refused (stale, negative) is not the metric's
-                        // current value: a dashboard must not plot it as one.
-                        value: m.value.filter(|v| v.is_finite() && m.position != Position::Unavailable),
+                        value: m.usable_value(),
                         age_seconds: m
                             .age_seconds
                             .filter(|a| a.is_finite() && m.value.is_some() && m.position != Position::Unavailable),
