@@ -119,14 +119,17 @@ impl Api {
         value.map(Some).map_err(|e| StatusCommandError::Unreadable { url, error: e.to_string() })
     }
 
-    /// Every autoscaler (in the state asked for), page by page.
-    async fn list(&self, state: Option<&str>) -> Result<Value, StatusCommandError> {
+    /// Every autoscaler (in the state asked for, matching the search), page by page.
+    async fn list(&self, state: Option<&str>, search: Option<&str>) -> Result<Value, StatusCommandError> {
         let mut rows: Vec<Value> = Vec::new();
         let mut last;
         loop {
             let mut path = format!("/api/v1/autoscalers?limit={PAGE}&offset={}", rows.len());
             if let Some(state) = state {
                 path.push_str(&format!("&state={}", crate::adapters::status::page::url_escape(state)));
+            }
+            if let Some(search) = search {
+                path.push_str(&format!("&q={}", crate::adapters::status::page::url_escape(search)));
             }
             let page = self.get(&path).await?.ok_or_else(|| StatusCommandError::Refused {
                 url: format!("{}{path}", self.base),
@@ -166,7 +169,7 @@ pub async fn run(args: &StatusArgs, out: &mut impl Write) -> Result<bool, Status
     let api = Api::new(args)?;
     match &args.name {
         None => {
-            let list = api.list(args.state.as_deref()).await?;
+            let list = api.list(args.state.as_deref(), None).await?;
             let daemon = list.get("daemon");
             if daemon.and_then(|d| d.get("leader")) == Some(&Value::Bool(false)) {
                 let holder =
@@ -209,7 +212,9 @@ async fn resolve(api: &Api, name: &str) -> Result<String, StatusCommandError> {
     if name.starts_with("file/") || name.starts_with("crd/") {
         return Ok(name.to_string());
     }
-    let list = api.list(None).await?;
+    // Only the rows whose fields hold its name come back; the exact match is decided here.
+    let own_name = name.rsplit('/').next().unwrap_or(name);
+    let list = api.list(None, Some(own_name)).await?;
     let rows = list.get("autoscalers").and_then(Value::as_array).cloned().unwrap_or_default();
     let field = |row: &Value, key: &str| row.get(key).and_then(Value::as_str).unwrap_or("").to_string();
     let ids: Vec<String> = rows

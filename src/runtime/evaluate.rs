@@ -180,11 +180,16 @@ async fn wait_for_newer(shared: &Shared, target: &TargetRef, stale: &str) {
     }
 }
 
+/// An evaluation that could not decide, told to the series and the status board.
+fn report_failure(shared: &Shared, desired: &Desired, message: &str) {
+    shared.autoscaler_metrics.observe_failure(&desired.labels, &desired.autoscaler.rule);
+    shared.board.failed(&desired.key.to_string(), shared.clock.now(), message);
+}
+
 fn state_unreadable(shared: &Shared, desired: &Desired, memory: &mut Memory, err: &state_store::StateObjectError) {
     let autoscaler = &desired.autoscaler;
-    shared.autoscaler_metrics.observe_failure(&desired.labels, &autoscaler.rule);
     let message = err.to_string();
-    shared.board.failed(&desired.key.to_string(), shared.clock.now(), &message);
+    report_failure(shared, desired, &message);
     if memory.failing.as_deref() != Some(message.as_str()) {
         tracing::warn!(
             autoscaler = %autoscaler.name,
@@ -198,9 +203,8 @@ fn state_unreadable(shared: &Shared, desired: &Desired, memory: &mut Memory, err
 
 async fn target_failed(shared: &Shared, desired: &Desired, memory: &mut Memory, err: &WorkloadError) {
     let autoscaler = &desired.autoscaler;
-    shared.autoscaler_metrics.observe_failure(&desired.labels, &autoscaler.rule);
     let message = err.to_string();
-    shared.board.failed(&desired.key.to_string(), shared.clock.now(), &message);
+    report_failure(shared, desired, &message);
     if memory.failing.as_deref() != Some(message.as_str()) {
         tracing::warn!(autoscaler = %autoscaler.name, workload = %describe(&autoscaler.target), error = %message, "cannot read the target");
     }

@@ -150,7 +150,10 @@ impl Scheduler {
                     // Unchanged: same state and schedule; the object may carry a newer status,
                     // or new labels (labels-as-tags), whose series start over under them.
                     self.autoscaler_metrics.relabel(&entry.desired.labels, &next.labels);
-                    self.board.admit(next.identity(self.default_interval));
+                    // What the board shows of it beyond the autoscaler: its dry run and shadows.
+                    if next.labels.dry_run != entry.desired.labels.dry_run || next.shadows != entry.desired.shadows {
+                        self.board.admit(next.identity(self.default_interval));
+                    }
                     entry.desired = Arc::new(next);
                 }
                 Some(next) => {

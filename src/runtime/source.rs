@@ -111,8 +111,8 @@ pub struct Shadow {
     pub autoscaler: Autoscaler,
 }
 
-/// Who this autoscaler is on the status board.
 impl Desired {
+    /// Who this autoscaler is on the status board.
     pub fn identity(&self, default_interval: Duration) -> Identity {
         let autoscaler = &self.autoscaler;
         let target = &autoscaler.target;

@@ -19,9 +19,7 @@ pub struct Context<'a> {
 
 /// A number as a person reads it: the engine's way, as in its reasons (four significant
 /// digits, no trailing zeros).
-pub fn number(value: f64) -> String {
-    watermarkd_engine::human(value)
-}
+pub use watermarkd_engine::human as number;
 
 /// Seconds as `3m 12s` (whole seconds, rounded up: "0s left" would be wrong while it is not).
 pub fn span(seconds: f64) -> String {
@@ -32,20 +30,20 @@ pub fn span(seconds: f64) -> String {
 /// The headline: what this evaluation did with the replicas.
 pub fn headline(decision: &Decision, context: Context<'_>) -> String {
     let (spec, to) = (decision.spec_replicas, decision.replicas);
-    let done = match decision.action {
+    let way = match decision.action {
         Action::Hold => return format!("held at {spec}"),
-        Action::ScaleUp => format!("scale up from {spec} to {to}"),
-        Action::ScaleDown => format!("scale down from {spec} to {to}"),
+        Action::ScaleUp => "up",
+        Action::ScaleDown => "down",
     };
+    let moved = format!("{way} from {spec} to {to}");
     if let Some(until) = context.paused_until {
-        format!("would {done}, but paused until {until}")
+        format!("would scale {moved}, but paused until {until}")
     } else if decision.dry_run {
-        format!("would {done} (dry run: nothing written)")
+        format!("would scale {moved} (dry run: nothing written)")
     } else if context.scaled {
-        let done = done.replacen("scale up", "scaled up", 1).replacen("scale down", "scaled down", 1);
-        done.to_string()
+        format!("scaled {moved}")
     } else {
-        format!("tried to {done}, and the write did not happen")
+        format!("tried to scale {moved}, and the write did not happen")
     }
 }
 

@@ -300,10 +300,17 @@ impl Pacer {
         self.probe_due = if self.reset_known && !self.oversized { after.max(self.reset_at) } else { after };
     }
 
-    /// How long one request may take of what is left of the window (`until_reset / usable`,
-    /// usable being what is left beyond the reserve and the other users' expected share), and
-    /// what is left beyond the reserve.
+    /// How long one request may take of what is left of the window (`until_reset / usable`),
+    /// and what is left beyond the reserve.
     fn request_cost(&self, now: Instant) -> (Duration, u64) {
+        let (usable, until_reset, spendable) = self.usable(now);
+        (until_reset.div_f64(usable), spendable)
+    }
+
+    /// The requests usable until the reset (what is left beyond the reserve and the other
+    /// users' expected share, at least 1), the time until the reset, and what is left beyond
+    /// the reserve.
+    fn usable(&self, now: Instant) -> (f64, Duration, u64) {
         let spendable = self.remaining.saturating_sub(reserve(self.limit));
         let until_reset = self.reset_at.saturating_duration_since(now).max(Duration::from_secs(1));
         // Leave the other users what they are expected to spend. Early in a window that is a
@@ -314,7 +321,7 @@ impl Pacer {
         let period = self.period.as_secs_f64().max(1.0);
         let elapsed_share = (1.0 - until_reset.as_secs_f64() / period).clamp(0.0, 1.0);
         let usable = spendable_f - self.others_until_reset().min(spendable_f * (0.5 + 0.5 * elapsed_share));
-        (until_reset.div_f64(usable.max(1.0)), spendable)
+        (usable.max(1.0), until_reset, spendable)
     }
 
     /// A cycle larger than a whole window: it can never go at once, so each ask sends what the
@@ -421,9 +428,7 @@ impl Pacer {
         if now < self.background_not_before {
             return Err(self.background_not_before - now);
         }
-        let (cost, _) = self.request_cost(now);
-        let until_reset = self.reset_at.saturating_duration_since(now).max(Duration::from_secs(1));
-        let usable = until_reset.as_secs_f64() / cost.as_secs_f64().max(1e-9);
+        let (usable, until_reset, _) = self.usable(now);
         let spare = (usable - live_rate * until_reset.as_secs_f64()) / 2.0;
         if spare < 1.0 {
             return Err(until_reset.min(BACKGROUND_RETRY));
