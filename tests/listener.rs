@@ -1,7 +1,9 @@
 //! The `/metrics`, `/healthz` and `/readyz` listener over real TCP on 127.0.0.1, with small
 //! limits: a client that sends no headers, or trickles them, is cut off; a connection is closed
-//! after its lifetime however busy; connections beyond the cap are closed at once, and
-//! `/healthz` answers again once the ones holding the slots are gone.
+//! after its lifetime however busy; one peer cannot hold more than its share while another
+//! still gets in; past the cap the probe reserve still answers the probes, beyond it
+//! connections are closed at once, and `/healthz` answers again once the ones holding the
+//! slots are gone.
 //!
 //! The waits below are upper bounds on a loaded machine, never measured: each test fails by
 //! waiting for something that, without the limits, never happens.
@@ -79,6 +81,8 @@ async fn healthz(address: SocketAddr) -> String {
 async fn a_client_that_sends_no_headers_or_trickles_them_is_cut_off() {
     let limits = ListenerLimits {
         max_connections: 8,
+        max_connections_per_peer: 8,
+        probe_reserve: 0,
         header_timeout: Duration::from_millis(300),
         connection_timeout: Duration::from_secs(10),
     };
@@ -108,6 +112,8 @@ async fn a_client_that_sends_no_headers_or_trickles_them_is_cut_off() {
 async fn a_busy_connection_is_closed_after_its_lifetime() {
     let limits = ListenerLimits {
         max_connections: 8,
+        max_connections_per_peer: 8,
+        probe_reserve: 0,
         header_timeout: Duration::from_millis(500),
         connection_timeout: Duration::from_secs(1),
     };
@@ -137,6 +143,8 @@ async fn a_busy_connection_is_closed_after_its_lifetime() {
 async fn connections_beyond_the_cap_are_closed_and_healthz_answers_once_they_are_gone() {
     let limits = ListenerLimits {
         max_connections: 3,
+        max_connections_per_peer: 8,
+        probe_reserve: 0,
         header_timeout: Duration::from_secs(3),
         connection_timeout: Duration::from_secs(6),
     };
@@ -157,4 +165,75 @@ async fn connections_beyond_the_cap_are_closed_and_healthz_answers_once_they_are
     }
     let answer = healthz(listener.address).await;
     assert!(answer.starts_with("HTTP/1.1 200") && answer.ends_with("ok\n"), "{answer}");
+}
+
+/// Connects to `address` from the loopback address `from` (127.0.0.0/8 is all this machine's).
+async fn connect_from(from: &str, address: SocketAddr) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.bind(format!("{from}:0").parse().unwrap()).expect("bind the client's address");
+    socket.connect(address).await.expect("connect")
+}
+
+async fn ask(mut stream: TcpStream, path: &str) -> String {
+    let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    let _ = stream.write_all(request.as_bytes()).await;
+    closed_by_server(&mut stream).await.expect("the answer ends")
+}
+
+#[tokio::test]
+async fn one_peer_holding_its_share_leaves_the_listener_to_the_others() {
+    let limits = ListenerLimits {
+        max_connections: 16,
+        max_connections_per_peer: 4,
+        probe_reserve: 0,
+        header_timeout: Duration::from_secs(10),
+        connection_timeout: Duration::from_secs(15),
+    };
+    let listener = listen(limits).await;
+    // A client opening idle sockets as fast as it can: it keeps four.
+    let mut greedy = Vec::new();
+    for _ in 0..4 {
+        greedy.push(connect_from("127.0.0.2", listener.address).await);
+    }
+    let fifth = connect_from("127.0.0.2", listener.address).await;
+    assert_eq!(ask(fifth, "/healthz").await, "", "a fifth connection of the same peer is closed unanswered");
+    // Another peer (a kubelet, a scraper) is answered while the greedy one holds its four.
+    let probe = ask(connect_from("127.0.0.3", listener.address).await, "/healthz").await;
+    assert!(probe.starts_with("HTTP/1.1 200"), "{probe}");
+}
+
+#[tokio::test]
+async fn past_the_cap_the_reserve_answers_probes_and_the_scrape_only() {
+    let limits = ListenerLimits {
+        max_connections: 4,
+        max_connections_per_peer: 2,
+        probe_reserve: 2,
+        header_timeout: Duration::from_secs(10),
+        connection_timeout: Duration::from_secs(15),
+    };
+    let listener = listen(limits).await;
+    // Two clients hold every general slot, idle.
+    let mut holding = Vec::new();
+    for from in ["127.0.0.4", "127.0.0.4", "127.0.0.5", "127.0.0.5"] {
+        holding.push(connect_from(from, listener.address).await);
+    }
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        let answer = ask(connect_from("127.0.0.6", listener.address).await, path).await;
+        // `/readyz` says 503 "not ready" here (the test's daemon has no caches): answered all
+        // the same, by the probe, not refused by the listener.
+        let answered = answer.starts_with("HTTP/1.1 200") || answer.contains("not ready: caches not synced");
+        assert!(answered, "{path} from the reserve: {answer}");
+    }
+    // A reserve connection that sends nothing is cut off quickly, long before the header
+    // timeout of 10 s a general one gets.
+    let mut silent = connect_from("127.0.0.7", listener.address).await;
+    let cut = tokio::time::timeout(Duration::from_secs(8), closed_by_server(&mut silent)).await;
+    assert!(cut.is_ok(), "a silent reserve connection is held like a general one");
+    // The reserve takes two per peer: a third at once is closed unanswered.
+    let one = connect_from("127.0.0.8", listener.address).await;
+    let two = connect_from("127.0.0.8", listener.address).await;
+    let three = connect_from("127.0.0.8", listener.address).await;
+    assert_eq!(ask(three, "/healthz").await, "");
+    assert!(ask(one, "/healthz").await.starts_with("HTTP/1.1 200"));
+    assert!(ask(two, "/healthz").await.starts_with("HTTP/1.1 200"));
 }

@@ -126,6 +126,7 @@ struct Layer {
     namespaces: Option<StringList>,
     listen: Option<String>,
     listen_max_connections: Option<usize>,
+    listen_max_connections_per_peer: Option<usize>,
     listen_header_timeout: Option<String>,
     listen_connection_timeout: Option<String>,
     log_format: Option<LogFormat>,
@@ -483,6 +484,10 @@ fn listen_limits(layer: &Layer) -> Result<ListenerLimits, SettingsError> {
     if max_connections == 0 {
         return Err(SettingsError::Invalid("listen_max_connections: must be at least 1".into()));
     }
+    let max_connections_per_peer = layer.listen_max_connections_per_peer.unwrap_or(defaults.max_connections_per_peer);
+    if max_connections_per_peer == 0 {
+        return Err(SettingsError::Invalid("listen_max_connections_per_peer: must be at least 1".into()));
+    }
     let header_timeout =
         duration("listen_header_timeout", layer.listen_header_timeout.clone(), defaults.header_timeout)?;
     let connection_timeout =
@@ -505,7 +510,7 @@ fn listen_limits(layer: &Layer) -> Result<ListenerLimits, SettingsError> {
             humantime::format_duration(connection_timeout)
         )));
     }
-    Ok(ListenerLimits { max_connections, header_timeout, connection_timeout })
+    Ok(ListenerLimits { max_connections, max_connections_per_peer, header_timeout, connection_timeout, ..defaults })
 }
 
 /// The longest duration a setting takes (intervals, lease times, the reload poll): a day, as
@@ -644,6 +649,7 @@ mod tests {
             ("rules = \"r\"\n[lease]\nduration = \"5s\"\n", "lease.renew_deadline"),
             ("rules = \"r\"\nmax_concurrency = 0\n", "max_concurrency"),
             ("rules = \"r\"\nlisten_max_connections = 0\n", "listen_max_connections"),
+            ("rules = \"r\"\nlisten_max_connections_per_peer = 0\n", "listen_max_connections_per_peer"),
             ("rules = \"r\"\nlisten_header_timeout = \"0s\"\n", "listen_header_timeout"),
             ("rules = \"r\"\nlisten_connection_timeout = \"2h\"\n", "listen_connection_timeout"),
             (
@@ -693,13 +699,15 @@ mod tests {
         assert_eq!(Settings::load(&args, &env(&[])).expect("valid").listen_limits, ListenerLimits::DEFAULT);
         let (_dir, args) = args_with_file(
             "rules = \"r.toml\"\nlisten_max_connections = 8\nlisten_header_timeout = \"2s\"\n\
-             listen_connection_timeout = \"30s\"\n",
+             listen_connection_timeout = \"30s\"\nlisten_max_connections_per_peer = 4\n",
         );
         let settings = Settings::load(&args, &env(&[("WATERMARKD__LISTEN_MAX_CONNECTIONS", "16")])).expect("valid");
         assert_eq!(
             settings.listen_limits,
             ListenerLimits {
                 max_connections: 16,
+                max_connections_per_peer: 4,
+                probe_reserve: ListenerLimits::DEFAULT.probe_reserve,
                 header_timeout: Duration::from_secs(2),
                 connection_timeout: Duration::from_secs(30)
             }

@@ -6,11 +6,12 @@ mod daemon;
 mod http_client;
 pub mod logging;
 mod server;
+pub mod slots;
 
 pub use autoscaler::{AheadSeries, AutoscalerMetrics, LabelsAsTags, SeriesLabels, ShadowOutcome};
 pub use daemon::DaemonMetrics;
 pub use http_client::HttpClientMetrics;
-pub use server::{accept_backoff, serve, ListenerLimits, Readiness};
+pub use server::{accept_backoff, serve, ListenerLimits, ListenerTask, Readiness};
 
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
 

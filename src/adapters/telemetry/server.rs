@@ -1,6 +1,12 @@
 //! `/metrics`, `/healthz` and `/readyz` on one small HTTP/1 listener, and the status API and
 //! page (`crate::adapters::status`) when they are on.
 //!
+//! # Its own thread
+//! The listener runs on a thread of its own with its own runtime, not on the daemon's: whatever
+//! the network sends, the thread that evaluates, writes scales and renews the Lease never
+//! accepts, parses or answers a request. Status answers are worked out on the status worker
+//! (`status::worker`), so a costly one never delays a probe either.
+//!
 //! # Limits
 //! The listener answers whoever connects (in a pod it binds all interfaces, to be scraped), so it
 //! bounds what a client can hold (`ListenerLimits`, from the settings):
@@ -11,10 +17,12 @@
 //!   trickling bytes, a scraper that stops reading a `/metrics` answer). Then it is shut down
 //!   gracefully, letting the answer being written finish within another `header_timeout`, and
 //!   is dropped after that. A scraper reconnects for its next scrape.
-//! - At most `max_connections` are open at once. One more is accepted and closed at once rather
-//!   than left waiting in the kernel's backlog: the peer learns at once that it must retry, the
-//!   backlog keeps draining, and the descriptor is freed. The slots held free up within
-//!   `connection_timeout` at worst, so `/healthz` answers again once the flood stops.
+//! - At most `max_connections` are open at once, and at most `max_connections_per_peer` from
+//!   one peer; past `max_connections`, `probe_reserve` more are kept for `/healthz`, `/readyz`
+//!   and `/metrics` alone (`slots`). A connection that gets no slot is accepted and closed at
+//!   once rather than left waiting in the kernel's backlog: the peer learns at once that it must
+//!   retry, the backlog keeps draining, and the descriptor is freed. The slots held free up
+//!   within `connection_timeout` at worst.
 //! - An accept that fails (too many open files, no memory) is retried after a delay doubling
 //!   from 5 ms to 1 s (`accept_backoff`), not at once: a loop retrying at once spins a core and
 //!   frees nothing.
@@ -23,7 +31,7 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -37,9 +45,10 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus::{Encoder, Registry, TextEncoder};
 use tokio::net::TcpListener;
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
+use super::slots::{Admission, PeerKey, SlotTable};
 use super::AutoscalerMetrics;
 use crate::adapters::status::http::{handles, Answer};
 use crate::adapters::status::StatusApi;
@@ -94,8 +103,12 @@ impl Readiness {
 /// What one client may hold of the listener (see "Limits" above).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ListenerLimits {
-    /// Connections open at once; one more is closed as soon as it is accepted.
+    /// Connections open at once for any use; past them, the probe reserve.
     pub max_connections: usize,
+    /// Connections one peer (an IPv4 address, an IPv6 /64) may hold at once.
+    pub max_connections_per_peer: usize,
+    /// Connections kept beyond `max_connections` for `/healthz`, `/readyz` and `/metrics`.
+    pub probe_reserve: usize,
     /// Time to send a request's headers.
     pub header_timeout: Duration,
     /// Time a connection may stay open, whatever it does.
@@ -105,10 +118,16 @@ pub struct ListenerLimits {
 impl ListenerLimits {
     pub const DEFAULT: ListenerLimits = ListenerLimits {
         max_connections: 128,
+        max_connections_per_peer: 16,
+        probe_reserve: 16,
         header_timeout: Duration::from_secs(10),
         connection_timeout: Duration::from_secs(60),
     };
 }
+
+/// A connection in the probe reserve has this long at most to send its request (or the
+/// listener's header timeout, if shorter): a probe sends its request at once.
+const RESERVE_HEADER_TIMEOUT: Duration = Duration::from_secs(2);
 
 impl Default for ListenerLimits {
     fn default() -> Self {
@@ -130,8 +149,45 @@ pub fn accept_backoff(previous: Option<Duration>) -> Duration {
     }
 }
 
-/// Binds `address` (so a taken port fails the start, not later) and serves until `stop` is
-/// cancelled.
+/// The listener's thread, once started: `stopped` waits for it to end.
+pub struct ListenerTask {
+    ended: oneshot::Receiver<()>,
+}
+
+impl ListenerTask {
+    /// Waits until the listener's thread has stopped serving (after `stop` was cancelled).
+    pub async fn stopped(self) {
+        let _ = self.ended.await;
+    }
+}
+
+/// The connection table, shared by the accept loop and the connections it frees.
+type Slots = Arc<Mutex<SlotTable>>;
+
+/// Frees a connection's slot when the connection ends, however it ends.
+struct Held {
+    slots: Slots,
+    peer: PeerKey,
+    admission: Admission,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.slots.lock().unwrap_or_else(PoisonError::into_inner).release(self.peer, self.admission);
+    }
+}
+
+/// What every connection's service needs.
+#[derive(Clone)]
+struct Parts {
+    registry: Registry,
+    autoscalers: Arc<AutoscalerMetrics>,
+    readiness: Arc<Readiness>,
+    status: Option<Arc<StatusApi>>,
+}
+
+/// Binds `address` (so a taken port fails the start, not later) and serves, on a thread of its
+/// own, until `stop` is cancelled.
 pub async fn serve(
     address: SocketAddr,
     limits: ListenerLimits,
@@ -140,82 +196,125 @@ pub async fn serve(
     readiness: Arc<Readiness>,
     status: Option<Arc<StatusApi>>,
     stop: CancellationToken,
-) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
-    let listener = TcpListener::bind(address).await?;
+) -> std::io::Result<(SocketAddr, ListenerTask)> {
+    let listener = std::net::TcpListener::bind(address)?;
+    listener.set_nonblocking(true)?;
     let bound = listener.local_addr()?;
-    let slots = Arc::new(Semaphore::new(limits.max_connections));
-    let task = tokio::spawn(async move {
-        let mut backoff: Option<Duration> = None;
-        // Whether the last connection was refused for the cap, so that a flood is logged when it
-        // starts and when it ends, not per connection.
-        let mut refusing = false;
-        loop {
-            let stream = tokio::select! {
-                accepted = listener.accept() => match accepted {
-                    Ok(accepted) => accepted,
-                    Err(err) => {
-                        let delay = accept_backoff(backoff);
-                        backoff = Some(delay);
-                        tracing::warn!(error = %err, retry_in = ?delay, "metrics listener accept failed");
-                        tokio::select! {
-                            _ = tokio::time::sleep(delay) => continue,
-                            () = stop.cancelled() => return,
-                        }
-                    }
-                },
-                () = stop.cancelled() => return,
-            };
-            backoff = None;
-            let (stream, peer) = stream;
-            let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
-                if !refusing {
-                    tracing::warn!(
-                        max_connections = limits.max_connections,
-                        "metrics listener: every connection slot is taken, closing new connections at once"
-                    );
-                    refusing = true;
-                }
-                drop(stream);
-                continue;
-            };
-            if refusing {
-                tracing::info!("metrics listener: connection slots free again");
-                refusing = false;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let (ended_tx, ended) = oneshot::channel();
+    let parts = Parts { registry, autoscalers, readiness, status };
+    std::thread::Builder::new().name("watermarkd-listener".into()).spawn(move || {
+        runtime.block_on(async move {
+            match TcpListener::from_std(listener) {
+                Ok(listener) => accept_loop(listener, limits, parts, stop).await,
+                Err(err) => tracing::error!(error = %err, "metrics listener: cannot serve"),
             }
-            let registry = registry.clone();
-            let readiness = Arc::clone(&readiness);
-            let autoscalers = Arc::clone(&autoscalers);
-            let status = status.clone();
-            tokio::spawn(async move {
-                let service = service_fn(move |request: Request<hyper::body::Incoming>| {
-                    let status = status.clone().filter(|_| handles(request.uri().path()) && is_read(&request));
-                    let response = match status {
-                        None => Ok(respond(&request, &registry, &autoscalers, &readiness)),
-                        Some(status) => Err((status, request)),
-                    };
-                    async move {
-                        Ok::<_, Infallible>(match response {
-                            Ok(response) => response,
-                            Err((status, request)) => answer_status(&status, &request, peer).await,
-                        })
-                    }
-                });
-                serve_connection(stream, service, limits).await;
-                drop(slot);
-            });
+        });
+        // Connections still open end with the runtime.
+        drop(runtime);
+        let _ = ended_tx.send(());
+    })?;
+    Ok((bound, ListenerTask { ended }))
+}
+
+async fn accept_loop(listener: TcpListener, limits: ListenerLimits, parts: Parts, stop: CancellationToken) {
+    let slots: Slots = Arc::new(Mutex::new(SlotTable::new(
+        limits.max_connections,
+        limits.max_connections_per_peer,
+        limits.probe_reserve,
+    )));
+    let mut backoff: Option<Duration> = None;
+    // Whether the last connection was refused, so that a flood is logged when it starts and
+    // when it ends, not per connection.
+    let mut refusing = false;
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = stop.cancelled() => return,
+        };
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
+            Err(err) => {
+                let delay = accept_backoff(backoff);
+                backoff = Some(delay);
+                tracing::warn!(error = %err, retry_in = ?delay, "metrics listener accept failed");
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => continue,
+                    () = stop.cancelled() => return,
+                }
+            }
+        };
+        backoff = None;
+        let key = PeerKey::of(peer.ip());
+        let admitted = slots.lock().unwrap_or_else(PoisonError::into_inner).admit(key);
+        let Some(admission) = admitted else {
+            if !refusing {
+                tracing::warn!(
+                    max_connections = limits.max_connections,
+                    max_connections_per_peer = limits.max_connections_per_peer,
+                    "metrics listener: no connection slot for a peer, closing its new connections at once"
+                );
+                refusing = true;
+            }
+            drop(stream);
+            continue;
+        };
+        if refusing {
+            tracing::info!("metrics listener: connection slots free again");
+            refusing = false;
         }
-    });
-    Ok((bound, task))
+        let held = Held { slots: Arc::clone(&slots), peer: key, admission };
+        let parts = parts.clone();
+        tokio::spawn(async move {
+            let reserve = admission == Admission::Reserve;
+            let service = service_fn(move |request: Request<hyper::body::Incoming>| {
+                let status = parts.status.clone().filter(|_| handles(request.uri().path()) && is_read(&request));
+                let response = match status {
+                    Some(_) if reserve => Ok(busy()),
+                    None => Ok(respond(&request, &parts.registry, &parts.autoscalers, &parts.readiness)),
+                    Some(status) => Err((status, request)),
+                };
+                async move {
+                    Ok::<_, Infallible>(match response {
+                        Ok(response) => response,
+                        Err((status, request)) => answer_status(&status, &request, peer).await,
+                    })
+                }
+            });
+            let limits = if reserve {
+                ListenerLimits {
+                    header_timeout: limits.header_timeout.min(RESERVE_HEADER_TIMEOUT),
+                    connection_timeout: limits.connection_timeout.min(RESERVE_HEADER_TIMEOUT * 2),
+                    ..limits
+                }
+            } else {
+                limits
+            };
+            serve_connection(stream, service, limits, !reserve).await;
+            drop(held);
+        });
+    }
+}
+
+/// What a connection in the probe reserve gets for a status path: the listener is full.
+fn busy() -> Response<Body> {
+    let mut response = text(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "the listener is full: only /healthz, /readyz and /metrics are answered now; try again\n",
+        "text/plain",
+    );
+    response.headers_mut().insert(hyper::header::RETRY_AFTER, hyper::header::HeaderValue::from_static("1"));
+    response
 }
 
 /// One connection, within the header and lifetime limits.
-async fn serve_connection<S>(stream: TcpStream, service: S, limits: ListenerLimits)
+async fn serve_connection<S>(stream: TcpStream, service: S, limits: ListenerLimits, keep_alive: bool)
 where
     S: hyper::service::HttpService<hyper::body::Incoming, ResBody = Body>,
     S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let mut builder = http1::Builder::new();
-    builder.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout);
+    builder.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout).keep_alive(keep_alive);
     let connection = builder.serve_connection(TokioIo::new(stream), service);
     tokio::pin!(connection);
     let ended = tokio::select! {
