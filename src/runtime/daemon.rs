@@ -35,7 +35,9 @@ use crate::adapters::lease::{Authority, LeaderElector, Role};
 use crate::adapters::resource::ResourceMetrics;
 use crate::adapters::state_store::StateConfigMaps;
 use crate::adapters::status::{self, Access, Board, StatusApi, TokenReviewer};
-use crate::adapters::telemetry::{AutoscalerMetrics, BackendMetrics, DaemonMetrics, HttpClientMetrics, Readiness};
+use crate::adapters::telemetry::{
+    AutoscalerMetrics, BackendMetrics, DaemonMetrics, HttpClientMetrics, ListenerTask, Readiness,
+};
 use crate::adapters::workload::Workloads;
 use crate::domain::rules::{self, RulesFile};
 use crate::runtime::settings::{Settings, StatusSettings};
@@ -61,8 +63,8 @@ pub struct Daemon {
     scheduler: Scheduler,
     sources: Sources,
     leadership: Leadership,
-    /// The `/metrics`, `/healthz` and `/readyz` server's task.
-    server: JoinHandle<()>,
+    /// The listener's thread (`/metrics`, the probes, the status API and page).
+    server: ListenerTask,
     signals: Signals,
     /// One per evaluation in flight: `max_concurrency` of them.
     permits: Arc<Semaphore>,
@@ -164,7 +166,7 @@ impl Daemon {
         if let Some(task) = self.leadership.lease_task.take() {
             let _ = tokio::time::timeout(LEASE_RELEASE_TIMEOUT, task).await;
         }
-        let _ = tokio::time::timeout(SERVER_STOP_TIMEOUT, self.server).await;
+        let _ = tokio::time::timeout(SERVER_STOP_TIMEOUT, self.server.stopped()).await;
         tracing::info!("stopped");
     }
 
@@ -226,7 +228,9 @@ impl Telemetry {
         let token = settings.token.as_ref().map(RotatingSecret::load).transpose().map_err(RunError::StatusToken)?;
         let reviewer = settings.token_review.then(|| TokenReviewer::new(client.clone()));
         let access = Access::new(token, reviewer, settings.open_on_loopback);
-        Ok(Some(Arc::new(StatusApi { board: Arc::clone(&self.board), backends: Arc::clone(&self.backends), access })))
+        let api = StatusApi::new(Arc::clone(&self.board), Arc::clone(&self.backends), access)
+            .map_err(|error| RunError::Thread { what: "the status service's worker", error })?;
+        Ok(Some(Arc::new(api)))
     }
 
     /// Binds the listener (so a taken port fails the start) and serves until `stop`.
@@ -235,7 +239,7 @@ impl Telemetry {
         settings: &Settings,
         client: &kube::Client,
         stop: CancellationToken,
-    ) -> Result<JoinHandle<()>, RunError> {
+    ) -> Result<ListenerTask, RunError> {
         let status = self.status(&settings.status, client)?;
         let serving = if status.is_some() {
             "/metrics, /healthz, /readyz and the status API and page (/api/v1, /ui)"

@@ -54,6 +54,8 @@ pub enum RunError {
     Registry(#[from] prometheus::Error),
     #[error("cannot listen on {address}: {error}")]
     Listen { address: String, error: std::io::Error },
+    #[error("cannot start {what}: {error}")]
+    Thread { what: &'static str, error: std::io::Error },
     #[error("signal handler: {0}")]
     Signal(std::io::Error),
     #[error("status token: {0}")]

@@ -19,10 +19,15 @@ use watermarkd_engine::Timestamp;
 use super::access::{Access, Refusal};
 use super::board::{Board, ListQuery, State};
 use super::page::{self, PAGE_ROWS};
+use super::worker::StatusWorker;
 use crate::adapters::telemetry::BackendMetrics;
 
 /// The most rows one API page gives.
 pub const MAX_LIMIT: usize = 1_000;
+/// The longest search (`q`), in bytes, and the most words in it: a search costs autoscalers ×
+/// words, so both are bounded before any work is done for it.
+pub const MAX_SEARCH_BYTES: usize = 200;
+pub const MAX_SEARCH_WORDS: usize = 8;
 
 const JS: &str = include_str!("app.js");
 const CSS: &str = include_str!("style.css");
@@ -70,11 +75,13 @@ impl Answer {
     }
 }
 
-/// The status service: the board, the backends' counters, and who may read.
+/// The status service: the board, the backends' counters, who may read, and the thread that
+/// works the answers out.
 pub struct StatusApi {
-    pub board: Arc<Board>,
-    pub backends: Arc<BackendMetrics>,
-    pub access: Access,
+    board: Arc<Board>,
+    backends: Arc<BackendMetrics>,
+    access: Access,
+    worker: StatusWorker,
 }
 
 /// Whether `path` is the status service's (the listener's other paths stay as they are).
@@ -83,13 +90,26 @@ pub fn handles(path: &str) -> bool {
 }
 
 impl StatusApi {
-    /// Answers a request for one of [`handles`]'s paths.
+    /// The service, with its worker thread started.
+    pub fn new(board: Arc<Board>, backends: Arc<BackendMetrics>, access: Access) -> std::io::Result<StatusApi> {
+        Ok(StatusApi { board, backends, access, worker: StatusWorker::start()? })
+    }
+
+    /// Answers a request for one of [`handles`]'s paths. The access check runs here; the rest
+    /// on the status worker (see `worker`), never on the caller's thread.
     pub async fn answer(&self, path: &str, query: Option<&str>, peer: IpAddr, authorization: Option<&str>) -> Answer {
         if let Err(refusal) = self.access.check(peer, authorization).await {
             return refused(path, &refusal);
         }
         let now = Timestamp::from_system_time(std::time::SystemTime::now());
-        route(&self.board, &self.backends, path, &Query::parse(query.unwrap_or("")), now)
+        let (board, backends) = (Arc::clone(&self.board), Arc::clone(&self.backends));
+        let (path, query) = (path.to_string(), query.unwrap_or("").to_string());
+        let worked = self.worker.run(move || route(&board, &backends, &path, &Query::parse(&query), now)).await;
+        worked.unwrap_or_else(|busy| {
+            let mut answer = Answer::new(503, "text/plain; charset=utf-8", format!("{busy}\n"));
+            answer.headers.push(("retry-after", "1".into()));
+            answer
+        })
     }
 }
 
@@ -175,7 +195,15 @@ fn list_query(query: &Query, default_limit: usize) -> Result<ListQuery, String> 
         Some("id") => true,
         Some(other) => return Err(format!("sort: {other:?} is not urgency or id")),
     };
-    let search = query.get("q").unwrap_or("").trim().to_string();
+    let search = query.get("q").unwrap_or("").trim();
+    if search.len() > MAX_SEARCH_BYTES {
+        return Err(format!("q: the search is {} bytes; at most {MAX_SEARCH_BYTES}", search.len()));
+    }
+    let words = search.split_whitespace().count();
+    if words > MAX_SEARCH_WORDS {
+        return Err(format!("q: the search has {words} words; at most {MAX_SEARCH_WORDS}"));
+    }
+    let search = search.to_string();
     Ok(ListQuery { search, state, by_id, offset: number("offset", 0)?, limit })
 }
 

@@ -6,6 +6,7 @@ pub mod access;
 pub mod board;
 pub mod http;
 pub mod page;
+pub mod worker;
 
 pub use access::{Access, TokenReviewer};
 pub use board::{Board, Extras, Identity, Leadership, ListQuery, State, TargetView};

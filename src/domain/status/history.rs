@@ -193,13 +193,14 @@ impl History {
             self.blocks.pop_front();
             len -= usize::from(first.samples);
         }
-        if let Some(oldest) = self.oldest_time() {
+        if let Some(oldest) = self.oldest_at() {
             let in_force = self.bands.iter().rposition(|b| b.at <= oldest).unwrap_or(0);
             self.bands.drain(..in_force);
         }
     }
 
-    fn oldest_time(&self) -> Option<i64> {
+    /// The time of the oldest sample held (decoding one sample only).
+    pub fn oldest_at(&self) -> Option<i64> {
         let first = self.blocks.front()?;
         let mut at = 0;
         decode_block(self.bytes.get(..first.len as usize)?, first.metrics, |s| {
