@@ -13,7 +13,9 @@ use std::borrow::Cow;
 use std::mem;
 use std::sync::Arc;
 
-use watermarkd_engine::{decide, Action, Decision, Guard, Position, Reading, Rule, State, Target, Timestamp};
+use watermarkd_engine::{
+    decide, Action, Algorithm, Decision, Guard, Position, Reading, Rule, State, Target, Timestamp,
+};
 
 use super::memory::{Memory, Persisted, ShadowMemory};
 use super::source::Desired;
@@ -785,10 +787,7 @@ fn log_decision(desired: &Desired, memory: &mut Memory, decision: &Decision, wri
     let values: Vec<String> = decision
         .metrics
         .iter()
-        .map(|m| match m.value {
-            Some(v) => format!("{}={v} band [{}, {}] {:?}", m.name, m.band_low, m.band_high, m.position),
-            None => format!("{}=unavailable ({})", m.name, m.note.as_deref().unwrap_or("no value")),
-        })
+        .map(|m| metric_for_log(m, autoscaler.rule.algorithm(), decision.ready_replicas))
         .collect();
     let done = match (write, decision.action) {
         (ScaleWrite::Succeeded, _) => "scaled",
@@ -834,6 +833,25 @@ fn log_decision(desired: &Desired, memory: &mut Memory, decision: &Decision, wri
     } else {
         line!(debug);
     }
+}
+
+/// One metric for the decision's log line: the quantity compared with the band (per ready
+/// replica for an `average` rule, with the total it came from), the band as written, and the
+/// band the tolerance widened it to when it differs.
+fn metric_for_log(m: &watermarkd_engine::MetricOutcome, algorithm: Algorithm, ready: u32) -> String {
+    let (Some(value), Some(usage)) = (m.usable_value(), m.usage) else {
+        return format!("{}=unavailable ({})", m.name, m.note.as_deref().unwrap_or("no value"));
+    };
+    let compared = match algorithm {
+        Algorithm::Absolute => format!("{}={value}", m.name),
+        Algorithm::Average => format!("{} per replica={usage} ({value} over {ready} ready)", m.name),
+    };
+    let widened = if (m.band_low, m.band_high) == (m.low_watermark, m.high_watermark) {
+        String::new()
+    } else {
+        format!(" (with the tolerance [{}, {}])", m.band_low, m.band_high)
+    };
+    format!("{compared} band [{}, {}]{widened} {:?}", m.low_watermark, m.high_watermark, m.position)
 }
 
 /// The reason with every number replaced by `#`.

@@ -5,7 +5,9 @@
 
 use std::fmt::Write;
 
-use super::board::{Detail, Leadership, ListPage, ListQuery, MetricNow, SampleView, ScaleEvent, State, Summary};
+use super::board::{
+    Compared, Detail, HistoryView, Leadership, ListPage, ListQuery, MetricNow, SampleView, ScaleEvent, State, Summary,
+};
 use crate::domain::status::explain::{number, span};
 
 /// Rows per page of the table.
@@ -263,7 +265,7 @@ pub fn detail_fragment(detail: &Detail, now: i64) -> String {
         out.push_str("<p>no history yet</p>");
     }
     for (index, name) in metrics.iter().enumerate() {
-        out.push_str(&metric_chart(name, index, &detail.history.samples, &detail.history.events));
+        out.push_str(&metric_chart(name, index, &detail.history, &detail.history.events));
     }
     out.push_str(&replicas_chart(&detail.history.samples, &detail.history.events));
     out.push_str("</section><section><h2>Scale events</h2>");
@@ -381,8 +383,10 @@ fn svg(label: &str, content: &str) -> String {
     )
 }
 
-/// One metric's values against its watermarks.
-fn metric_chart(name: &str, index: usize, samples: &[SampleView], events: &[ScaleEvent]) -> String {
+/// One metric's values against its watermarks: the quantity compared with them, per replica
+/// for an `average` rule.
+fn metric_chart(name: &str, index: usize, history: &HistoryView, events: &[ScaleEvent]) -> String {
+    let samples = &history.samples;
     let (Some(first), Some(last)) = (samples.first(), samples.last()) else { return String::new() };
     let value = |s: &SampleView| s.values.get(index).copied().flatten().map(f64::from);
     let band = |s: &SampleView| s.watermarks.get(index).map(|[l, h]| (f64::from(*l), f64::from(*h)));
@@ -399,7 +403,11 @@ fn metric_chart(name: &str, index: usize, samples: &[SampleView], events: &[Scal
     content.push_str(&paths(&frame, samples.iter().map(|s| (s.at, band(s).map(|b| b.1))), "high", false));
     content.push_str(&paths(&frame, samples.iter().map(|s| (s.at, band(s).map(|b| b.0))), "low", false));
     content.push_str(&paths(&frame, samples.iter().map(|s| (s.at, value(s))), "value", false));
-    svg(&format!("{name} against its low and high watermarks"), &content)
+    let label = match history.compared {
+        Compared::Value => format!("{name} against its low and high watermarks"),
+        Compared::PerReplica => format!("{name} per ready replica against its low and high watermarks"),
+    };
+    svg(&label, &content)
 }
 
 /// The proposed and decided replicas.
