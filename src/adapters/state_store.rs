@@ -15,6 +15,7 @@
 //! starts or a leadership begins, and 10,000 GETs at once would open a connection to the API
 //! server each (about a hundred were measured, kept open afterwards, 60 kB of memory each).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -112,8 +113,13 @@ pub enum StateObjectError {
          grant {verb} on configmaps in namespace {namespace}"
     )]
     Forbidden { namespace: String, name: String, verb: &'static str },
-    #[error("state ConfigMap {namespace}/{name}: cannot {verb} it: {source}")]
-    Api { namespace: String, name: String, verb: &'static str, source: Box<kube::Error> },
+    #[error(
+        "namespace {namespace:?} does not exist, so no autoscaler's state (its forbidden windows) is kept: \
+         create it (kubectl create namespace {namespace}) or set --lease-namespace to one that exists"
+    )]
+    NamespaceMissing { namespace: String },
+    #[error("state ConfigMap {namespace}/{name}: cannot {verb} it: {cause}")]
+    Api { namespace: String, name: String, verb: &'static str, cause: String },
     #[error("state ConfigMap {namespace}/{name}: no answer from the API server within {seconds:.1}s")]
     Timeout { namespace: String, name: String, seconds: f64 },
 }
@@ -125,6 +131,8 @@ pub struct StateConfigMaps {
     namespace: String,
     /// [`IN_FLIGHT`] permits, shared by the clones.
     permits: Arc<Semaphore>,
+    /// Whether the last answer said the namespace does not exist.
+    namespace_missing: Arc<AtomicBool>,
 }
 
 impl StateConfigMaps {
@@ -133,7 +141,30 @@ impl StateConfigMaps {
             api: Api::namespaced(client, namespace),
             namespace: namespace.to_string(),
             permits: Arc::new(Semaphore::new(IN_FLIGHT)),
+            namespace_missing: Arc::default(),
         }
+    }
+
+    /// Why no state can be kept now, when the namespace does not exist: what `/readyz` says.
+    pub fn problem(&self) -> Option<String> {
+        self.namespace_missing
+            .load(Ordering::Acquire)
+            .then(|| StateObjectError::NamespaceMissing { namespace: self.namespace.clone() }.to_string())
+    }
+
+    /// Whether this failure was already reported: the namespace is still missing, as the last
+    /// answer said. A missing namespace is logged once, not at every evaluation; any other
+    /// failure every time.
+    pub fn known(&self, err: &StateObjectError) -> bool {
+        match err {
+            StateObjectError::NamespaceMissing { .. } => self.namespace_missing.swap(true, Ordering::AcqRel),
+            _ => false,
+        }
+    }
+
+    /// A read or write went through: the namespace exists.
+    fn succeeded(&self) {
+        self.namespace_missing.store(false, Ordering::Release);
     }
 
     pub fn namespace(&self) -> &str {
@@ -144,7 +175,17 @@ impl StateConfigMaps {
         let (namespace, name) = (self.namespace.clone(), name.to_string());
         match &source {
             kube::Error::Api(status) if status.code == 403 => StateObjectError::Forbidden { namespace, name, verb },
-            _ => StateObjectError::Api { namespace, name, verb, source: Box::new(source) },
+            kube::Error::Api(status)
+                if status.code == 404 && status.details.as_ref().is_some_and(|d| d.kind == "namespaces") =>
+            {
+                StateObjectError::NamespaceMissing { namespace }
+            }
+            // The API server's message and code, not the whole Status in Debug form.
+            kube::Error::Api(status) => {
+                let cause = format!("{} ({} {})", status.message, status.code, status.reason);
+                StateObjectError::Api { namespace, name, verb, cause }
+            }
+            other => StateObjectError::Api { namespace, name, verb, cause: other.to_string() },
         }
     }
 
@@ -161,10 +202,35 @@ impl StateConfigMaps {
             }
         })?;
         match answer {
-            Ok(Some(configmap)) => Ok(stored_in(&configmap, target)),
+            Ok(Some(configmap)) => {
+                // It exists, so its namespace does. (A missing one is not told by a read: the
+                // API server answers a GET in a namespace that does not exist as "not found".)
+                self.succeeded();
+                Ok(stored_in(&configmap, target))
+            }
             Ok(None) => Ok(Stored::Absent),
             Err(err) => Err(self.error(&name, "get", err)),
         }
+    }
+
+    /// Whether a state ConfigMap could be written here now, without writing one: a dry-run
+    /// apply, which the API server checks as a real one (the namespace, the permissions) and
+    /// then forgets. The daemon asks at its start, so a missing namespace is said at once, not
+    /// only at the first scale.
+    pub async fn probe(&self) -> Result<(), StateObjectError> {
+        let target = TargetRef {
+            api_version: "v1".into(),
+            kind: "ConfigMap".into(),
+            namespace: self.namespace.as_str().into(),
+            name: "watermarkd-probe".into(),
+        };
+        let object = object_for(&target, &self.namespace, "{}");
+        let name = object_name(&target);
+        let params = PatchParams::apply(FIELD_MANAGER).force().dry_run();
+        let _permit = self.permits.acquire().await;
+        self.api.patch(&name, &params, &Patch::Apply(&object)).await.map_err(|err| self.error(&name, "patch", err))?;
+        self.succeeded();
+        Ok(())
     }
 
     /// Writes `state` as the target's ConfigMap, creating it when missing (a forced
@@ -174,11 +240,9 @@ impl StateConfigMaps {
         let name = object_name(target);
         let params = PatchParams::apply(FIELD_MANAGER).force();
         let _permit = self.permits.acquire().await;
-        self.api
-            .patch(&name, &params, &Patch::Apply(&object))
-            .await
-            .map(|_| ())
-            .map_err(|err| self.error(&name, "patch", err))
+        self.api.patch(&name, &params, &Patch::Apply(&object)).await.map_err(|err| self.error(&name, "patch", err))?;
+        self.succeeded();
+        Ok(())
     }
 }
 

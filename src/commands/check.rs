@@ -4,7 +4,8 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use crate::adapters::backend::prometheus;
+use crate::adapters::backend::{prometheus, MetricBackend};
+use crate::adapters::telemetry::BackendMetrics;
 use crate::domain::rules::{load_rules, plural, summary, warnings, Autoscaler, Backend, RulesFile};
 
 /// Checks each file, writing its problems or its summary to `out`. Returns false if any file
@@ -16,6 +17,9 @@ pub fn run_check(files: &[PathBuf], out: &mut impl Write) -> std::io::Result<boo
             Ok(rules) => {
                 let count = plural(rules.autoscalers.len(), "autoscaler");
                 writeln!(out, "{}: ok, {count}", file.display())?;
+                for warning in unbuildable_backends(&rules) {
+                    writeln!(out, "  warning: {warning}")?;
+                }
                 for autoscaler in &rules.autoscalers {
                     writeln!(out, "  {}", summary(autoscaler))?;
                     for warning in warnings(autoscaler).into_iter().chain(undated_max_age(&rules, autoscaler)) {
@@ -31,6 +35,19 @@ pub fn run_check(files: &[PathBuf], out: &mut impl Write) -> std::io::Result<boo
         }
     }
     Ok(all_ok)
+}
+
+/// The backends that cannot be set up here, most often for a credential whose variable is not
+/// set. A warning, not a problem: `check` often runs where the secrets are not (a laptop, CI),
+/// but the daemon refuses to start without them, so whoever runs `check` beside it learns now.
+fn unbuildable_backends(rules: &RulesFile) -> Vec<String> {
+    let metrics = std::sync::Arc::new(BackendMetrics::detached());
+    rules
+        .backends
+        .iter()
+        .filter_map(|(name, config)| MetricBackend::new(name, config, std::sync::Arc::clone(&metrics)).err())
+        .map(|err| format!("{err}; `watermarkd run` does not start without it"))
+        .collect()
 }
 
 /// A `max_age` (the metric's or its Prometheus backend's) that can never find the data stale:

@@ -29,7 +29,7 @@ use super::systemd::Notifier;
 use super::wpa_index::{Rejection, Scope, WpaIndex};
 use super::{cycle, health, rules_file, wpa, RunError};
 use crate::adapters::backend::recommender::RecommenderClients;
-use crate::adapters::backend::RotatingSecret;
+use crate::adapters::backend::{MetricBackend, RotatingSecret};
 use crate::adapters::events::EventPublisher;
 use crate::adapters::lease::{Authority, LeaderElector, Role};
 use crate::adapters::resource::ResourceMetrics;
@@ -86,6 +86,12 @@ impl Daemon {
         let http = HttpClientMetrics::new(&telemetry.registry)?;
         let recommenders = RecommenderClients::new(settings.cluster_name.clone(), http);
         let rules = rules::load_rules(&settings.rules)?;
+        // A backend that cannot be set up (a credential's variable unset, its file unreadable)
+        // fails the start, naming what is missing: a daemon that started anyway would be Ready
+        // and never scale anything that reads from it.
+        for (name, config) in &rules.backends {
+            MetricBackend::new(name, config, Arc::new(BackendMetrics::detached()))?;
+        }
         telemetry.readiness.rules_loaded.store(true, Ordering::Release);
         telemetry.daemon.last_reload_successful.set(1);
 
@@ -409,9 +415,11 @@ fn start_health(shared: &Shared, readiness: &Arc<Readiness>, crd_synced: Arc<Ato
         // decided on.
         move || crd_synced.load(Ordering::Acquire) && targets.settled() && !watch_health.failing()
     };
+    let states = shared.states.clone();
     tokio::spawn(health::follow_readiness(
         Arc::clone(readiness),
         caches_synced,
+        move || states.problem(),
         Notifier::from_env(),
         shared.trim.clone(),
         shared.stopping.clone(),
@@ -420,6 +428,7 @@ fn start_health(shared: &Shared, readiness: &Arc<Readiness>, crd_synced: Arc<Ato
         tokio::spawn(health::ping_watchdog(Notifier::from_env(), period, shared.stopping.clone()));
     }
     tokio::spawn(health::trim_allocator(shared.trim.clone(), shared.stopping.clone()));
+    tokio::spawn(health::probe_state_store(shared.states.clone(), shared.stopping.clone()));
 }
 
 /// The signals the loop answers: SIGTERM and SIGINT stop the daemon, SIGHUP reloads the rules.

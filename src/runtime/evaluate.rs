@@ -144,11 +144,16 @@ async fn write_state(shared: &Shared, desired: &Desired, value: &str) -> bool {
         }
         Err(err) => {
             shared.daemon.write("state", "error");
-            tracing::warn!(
-                autoscaler = %desired.autoscaler.name,
-                error = %err,
-                "could not persist the state; trying again next evaluation"
-            );
+            if shared.states.known(&err) {
+                // The namespace is still missing: said once, and by /readyz meanwhile.
+                tracing::debug!(autoscaler = %desired.autoscaler.name, error = %err, "could not persist the state");
+            } else {
+                tracing::warn!(
+                    autoscaler = %desired.autoscaler.name,
+                    error = %err,
+                    "could not persist the state; trying again next evaluation"
+                );
+            }
             false
         }
     }

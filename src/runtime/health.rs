@@ -24,13 +24,17 @@ const TRIM_PERIOD: Duration = Duration::from_secs(60);
 pub async fn follow_readiness(
     readiness: Arc<Readiness>,
     caches_synced: impl Fn() -> bool,
+    state_problem: impl Fn() -> Option<String>,
     notifier: Notifier,
     trim: Trim,
     stopping: CancellationToken,
 ) {
     let mut announced = false;
     loop {
+        // On the daemon's own runtime: a beat is proof that its loop runs (`/healthz`).
+        readiness.beat();
         readiness.caches_synced.store(caches_synced(), Ordering::Release);
+        *readiness.state_problem.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = state_problem();
         if !announced && readiness.is_ready() {
             notifier.ready();
             announced = true;
@@ -53,6 +57,34 @@ pub async fn ping_watchdog(notifier: Notifier, period: Duration, stopping: Cance
         notifier.watchdog();
         tokio::select! {
             () = tokio::time::sleep(period) => {}
+            () = stopping.cancelled() => return,
+        }
+    }
+}
+
+/// How often the state namespace is looked for again while it is missing.
+const STATE_PROBE_PERIOD: Duration = Duration::from_secs(10);
+
+/// Asks at the start whether autoscalers' state can be kept (a dry-run write), and while the
+/// answer is that the namespace is missing, again every `STATE_PROBE_PERIOD`, so that
+/// `/readyz` turns ready once someone creates it. Said once in the log; other failures (the API
+/// server slow, a permission) are left to the evaluations' own writes, which say them.
+pub async fn probe_state_store(states: crate::adapters::state_store::StateConfigMaps, stopping: CancellationToken) {
+    loop {
+        match states.probe().await {
+            Ok(()) => return,
+            Err(err @ crate::adapters::state_store::StateObjectError::NamespaceMissing { .. }) => {
+                if !states.known(&err) {
+                    tracing::warn!("{err}");
+                }
+            }
+            Err(err) => {
+                tracing::debug!(error = %err, "cannot check where the state is kept");
+                return;
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(STATE_PROBE_PERIOD) => {}
             () = stopping.cancelled() => return,
         }
     }
@@ -108,9 +140,12 @@ mod tests {
         let synced = Arc::new(AtomicBool::new(false));
         let stop = CancellationToken::new();
         let flag = Arc::clone(&synced);
+        let state_missing = Arc::new(AtomicBool::new(false));
+        let missing = Arc::clone(&state_missing);
         let task = tokio::spawn(follow_readiness(
             Arc::clone(&readiness),
             move || flag.load(Ordering::Acquire),
+            move || missing.load(Ordering::Acquire).then(|| "namespace \"watermarkd\" does not exist".to_string()),
             notifier,
             Trim::default(),
             stop.clone(),
@@ -130,6 +165,13 @@ mod tests {
         tokio::time::sleep(READINESS_PERIOD * 2).await;
         assert!(readiness.is_ready());
         assert_eq!(received(&listener), ["READY=1\nSTATUS=running"]);
+        // No state can be kept: not ready, and /readyz says why.
+        state_missing.store(true, Ordering::Release);
+        tokio::time::sleep(READINESS_PERIOD * 2).await;
+        assert_eq!(readiness.missing(), ["namespace \"watermarkd\" does not exist"]);
+        state_missing.store(false, Ordering::Release);
+        tokio::time::sleep(READINESS_PERIOD * 2).await;
+        assert!(readiness.is_ready());
 
         stop.cancel();
         task.await.expect("the loop ends at shutdown");

@@ -80,12 +80,22 @@ pub async fn watch_rules_file(mut watch: RulesWatch) {
             Err(err) => {
                 // Mid-swap, or deleted: keep the rules that run.
                 if forced {
-                    reload_failed(&watch.shared, &format!("cannot read {}: {err}", watch.path.display()));
+                    reload_failed(&watch.shared, &format!("cannot read {}: {err}", watch.path.display()), &[]);
                 }
                 continue;
             }
         };
         let hash = content_hash(&text);
+        if Some(hash) == applied_hash && failed_hash.is_some() {
+            // Back to the rules that run (`git checkout`, `helm rollback` after a bad edit):
+            // nothing to apply, but the failure is over and must stop being reported.
+            failed_hash = None;
+            reload_restored(&watch.shared, &watch.path);
+            if forced {
+                watch.notifier.ready();
+            }
+            continue;
+        }
         if !forced && (Some(hash) == applied_hash || Some(hash) == failed_hash) {
             continue;
         }
@@ -104,7 +114,7 @@ pub async fn watch_rules_file(mut watch: RulesWatch) {
             Err(_) => None,
         };
         if let Some(err) = unbuildable {
-            reload_failed(&watch.shared, &format!("{err}; the previous rules keep running"));
+            reload_failed(&watch.shared, &format!("{err}; the previous rules keep running"), &[]);
             if forced {
                 watch.notifier.ready();
             }
@@ -123,9 +133,11 @@ pub async fn watch_rules_file(mut watch: RulesWatch) {
                 for problem in &err.problems {
                     tracing::error!(file = %err.origin, problem = %problem, "invalid rules");
                 }
+                let problems: Vec<String> = err.problems.iter().map(ToString::to_string).collect();
                 reload_failed(
                     &watch.shared,
                     &format!("{} problem(s) in {}; the previous rules keep running", err.problems.len(), err.origin),
+                    &problems,
                 );
             }
         }
@@ -139,6 +151,7 @@ pub async fn watch_rules_file(mut watch: RulesWatch) {
 async fn apply(watch: &RulesWatch, next: RulesFile) -> bool {
     watch.shared.daemon.reloads.with_label_values(&["success"]).inc();
     watch.shared.daemon.last_reload_successful.set(1);
+    watch.shared.board.rules_accepted();
     tracing::info!(file = %watch.path.display(), autoscalers = next.autoscalers.len(), "rules reloaded");
     let (backends, desired) = split(next, watch.shared.dry_run);
     if watch.commands.send(Command::Backends(Arc::clone(&backends))).await.is_err() {
@@ -153,10 +166,20 @@ async fn apply(watch: &RulesWatch, next: RulesFile) -> bool {
     true
 }
 
-fn reload_failed(shared: &Shared, message: &str) {
+/// A reload that was refused: counted, the gauge at 0, and on the status board until a good
+/// file is read, with each problem.
+fn reload_failed(shared: &Shared, message: &str, problems: &[String]) {
     shared.daemon.reloads.with_label_values(&["failure"]).inc();
     shared.daemon.last_reload_successful.set(0);
+    shared.board.rules_rejected(shared.clock.now(), message, problems);
     tracing::error!("rules reload failed: {message}");
+}
+
+/// The file holds the rules that run again, after a refused edit.
+fn reload_restored(shared: &Shared, path: &std::path::Path) {
+    shared.daemon.last_reload_successful.set(1);
+    shared.board.rules_accepted();
+    tracing::info!(file = %path.display(), "the rules file is back to the rules that run; the refused edit is over");
 }
 
 #[cfg(test)]

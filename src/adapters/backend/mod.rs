@@ -179,8 +179,9 @@ pub enum HistoryError {
 /// Why a backend could not be built from its configuration.
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
-    #[error("backend {backend:?}: {source}")]
-    Secret { backend: String, source: SecretError },
+    // `cause`, not `source`: the message already says it, and a chained source would say it twice.
+    #[error("backend {backend:?}: {cause}")]
+    Secret { backend: String, cause: SecretError },
     #[error("backend {backend:?}: {message}")]
     Invalid { backend: String, message: String },
 }

@@ -382,10 +382,30 @@ pub struct Leadership {
     pub leader_identity: Option<String>,
 }
 
+/// The rules file as this daemon last read it: whether what is on disk was refused, and why,
+/// until a good file is read (the rules that run stay the previous ones meanwhile).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct RulesView {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rejected: Option<RulesRejected>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct RulesRejected {
+    pub at: Timestamp,
+    /// What was wrong, in one line.
+    pub reason: String,
+    /// Each problem, naming its line, autoscaler and field.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub problems: Vec<String>,
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct ListPage {
     /// Whether this daemon is the one deciding.
     pub daemon: Leadership,
+    /// Whether the rules file on disk is the one running.
+    pub rules: RulesView,
     /// Autoscalers running.
     pub total: usize,
     /// Of those, the ones the search and the state filter keep.
@@ -402,13 +422,20 @@ pub struct Board {
     enabled: bool,
     entries: Mutex<HashMap<Arc<str>, Entry>>,
     leadership: Mutex<Leadership>,
+    rules: Mutex<RulesView>,
     /// How much history each autoscaler keeps (0: none).
     history: Duration,
 }
 
 impl Board {
     pub fn new(history: Duration) -> Board {
-        Board { enabled: true, entries: Mutex::default(), leadership: Mutex::default(), history }
+        Board {
+            enabled: true,
+            entries: Mutex::default(),
+            leadership: Mutex::default(),
+            rules: Mutex::default(),
+            history,
+        }
     }
 
     /// A board that keeps nothing, for a daemon whose status service is off.
@@ -423,6 +450,21 @@ impl Board {
 
     pub fn leadership(&self) -> Leadership {
         self.leadership.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// The rules file on disk was refused: say so until a good one is read.
+    pub fn rules_rejected(&self, at: Timestamp, reason: &str, problems: &[String]) {
+        let rejected = RulesRejected { at, reason: reason.to_string(), problems: problems.to_vec() };
+        self.rules.lock().unwrap_or_else(PoisonError::into_inner).rejected = Some(rejected);
+    }
+
+    /// The rules file on disk is the one running.
+    pub fn rules_accepted(&self) {
+        self.rules.lock().unwrap_or_else(PoisonError::into_inner).rejected = None;
+    }
+
+    pub fn rules(&self) -> RulesView {
+        self.rules.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, Entry>> {
@@ -644,6 +686,7 @@ impl Board {
             .collect();
         ListPage {
             daemon: self.leadership(),
+            rules: self.rules(),
             total,
             matched,
             offset: query.offset,

@@ -6,7 +6,8 @@
 use std::fmt::Write;
 
 use super::board::{
-    Compared, Detail, HistoryView, Leadership, ListPage, ListQuery, MetricNow, SampleView, ScaleEvent, State, Summary,
+    Compared, Detail, HistoryView, Leadership, ListPage, ListQuery, MetricNow, RulesRejected, SampleView, ScaleEvent,
+    State, Summary,
 };
 use crate::domain::status::explain::{number, span};
 
@@ -61,10 +62,31 @@ pub fn table_page(page: &ListPage, query: &ListQuery, now: i64) -> String {
     if let Some(note) = following(&page.daemon) {
         let _ = write!(body, "<p class=\"following\">{}</p>", escape(&note));
     }
+    if let Some(rejected) = &page.rules.rejected {
+        body.push_str(&rejected_rules(rejected, now));
+    }
     let _ = write!(body, "<div id=\"rows\" data-fragment=\"{}\">", escape(&table_link("/ui/table", query, 0)));
     body.push_str(&table_rows(page, query, now));
     body.push_str("</div></main>");
     document("watermarkd", &body)
+}
+
+/// The banner of a refused rules file: what runs is not what is on disk.
+fn rejected_rules(rejected: &RulesRejected, now: i64) -> String {
+    let mut out = format!(
+        "<section class=\"rejected\"><p><b>The rules file on disk was refused</b> {}: {}</p>",
+        ago(now, rejected.at.unix_millis().div_euclid(1000)),
+        escape(&rejected.reason)
+    );
+    if !rejected.problems.is_empty() {
+        out.push_str("<ul>");
+        for problem in &rejected.problems {
+            let _ = write!(out, "<li>{}</li>", escape(problem));
+        }
+        out.push_str("</ul>");
+    }
+    out.push_str("</section>");
+    out
 }
 
 /// What a follower's page says first: its autoscalers are evaluated by the leader.

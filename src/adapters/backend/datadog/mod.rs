@@ -224,7 +224,7 @@ impl DatadogClient {
     /// once.
     pub fn new(name: &str, config: &DatadogBackend, metrics: Arc<BackendMetrics>) -> Result<Self, BackendError> {
         let secret = |source: &crate::domain::rules::SecretSource| {
-            RotatingSecret::load(source).map_err(|source| BackendError::Secret { backend: name.to_string(), source })
+            RotatingSecret::load(source).map_err(|cause| BackendError::Secret { backend: name.to_string(), cause })
         };
         let invalid = |message: String| BackendError::Invalid { backend: name.to_string(), message };
         let api_key = secret(&config.api_key)?;

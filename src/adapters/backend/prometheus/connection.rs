@@ -52,7 +52,7 @@ impl Connection {
         if config.basic_auth.is_some() && config.bearer_token.is_some() {
             return Err(invalid("basic_auth and bearer_token exclude each other: keep one".into()));
         }
-        let secret_error = |source| BackendError::Secret { backend: name.to_string(), source };
+        let secret_error = |cause| BackendError::Secret { backend: name.to_string(), cause };
         let auth = match (&config.basic_auth, &config.bearer_token) {
             (Some(basic), _) => Auth::Basic {
                 username: basic.username.clone(),
