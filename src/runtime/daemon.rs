@@ -224,8 +224,9 @@ impl Telemetry {
             return Ok(None);
         }
         let token = settings.token.as_ref().map(RotatingSecret::load).transpose().map_err(RunError::StatusToken)?;
-        let reviewer = settings.token_review.then(|| TokenReviewer::new(client.clone()));
-        let access = Access::new(token, reviewer, settings.open_on_loopback);
+        let reviewer =
+            settings.token_review.then(|| TokenReviewer::new(client.clone(), settings.token_audiences.clone()));
+        let access = Access::new(token, reviewer, settings.open_on_loopback, settings.allowed_hosts.clone());
         Ok(Some(Arc::new(StatusApi { board: Arc::clone(&self.board), backends: Arc::clone(&self.backends), access })))
     }
 
