@@ -364,28 +364,63 @@ const REVIEW_ONLY: &str = "[status]\ntoken_review = true\nopen_on_loopback = fal
 // T4-3: the token length limit, the review rate limit and the cache
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unknown_tokens_cost_at_most_the_review_budget_and_an_oversized_token_none() {
+async fn an_oversized_token_is_refused_without_a_review() {
+    let standin = StandIn::start().await;
+    let (_daemon, port) = serving(&standin.kubeconfig(), REVIEW_ONLY, "127.0.0.1").await;
+    let to = at("127.0.0.1", port);
+    let host = to.to_string();
+    // A 300 KB token is refused before anything else: no review, nothing sent.
+    let huge = "x".repeat(300_000);
+    let reply = get(to, None, AUTOSCALERS, &host, Some(&huge)).await;
+    assert!(standin.token_reviews().is_empty(), "a TokenReview was sent for a 300 KB token");
+    assert_eq!(standin.bytes(), 0);
+    assert_eq!(reply.status, 401, "{reply:?}");
+    assert_eq!(reply.body, r#"{"error":"the bearer token is longer than 8192 bytes"}"#);
+    // 8 KiB is still looked at.
+    let reply = get(to, None, AUTOSCALERS, &host, Some(&"x".repeat(8_192))).await;
+    assert_eq!((reply.status, standin.token_reviews().len()), (401, 1), "{reply:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_tokens_cost_at_most_the_review_budget_and_a_reader_stays_cached() {
     let standin = StandIn::start().await;
     let (daemon, port) = serving(&standin.kubeconfig(), REVIEW_ONLY, "127.0.0.1").await;
     let to = at("127.0.0.1", port);
     let host = to.to_string();
 
-    // A 300 KB token is refused before anything else: no review, nothing sent.
-    let huge = "x".repeat(300_000);
-    let reply = get(to, None, AUTOSCALERS, &host, Some(&huge)).await;
-    assert_eq!(reply.status, 401, "{reply:?}");
-    assert_eq!(reply.body, r#"{"error":"the bearer token is longer than 8192 bytes"}"#);
-    assert!(standin.token_reviews().is_empty(), "a TokenReview was sent for a 300 KB token");
-    assert_eq!(standin.bytes(), 0);
+    // A flood of new tokens, 8 connections at once: at most the burst and the rate are checked
+    // with the API server; the others get 503 with Retry-After and the fixed sentence.
+    let (replies, elapsed) = flood(to, "first", 400).await;
+    let reviewed = standin.token_reviews().len();
+    let budget = REVIEW_BURST + (elapsed * REVIEWS_PER_SECOND).ceil() as usize;
+    println!("{} new tokens in {elapsed:.2}s: {reviewed} TokenReviews (budget {budget})", replies.len());
+    assert!(reviewed <= budget, "{reviewed} TokenReviews for 400 new tokens in {elapsed:.2}s (budget {budget})");
+    assert!(reviewed >= REVIEW_BURST, "the burst is used: {reviewed}");
+    let refused = replies.iter().filter(|r| r.status == 401).count();
+    let busy: Vec<&Reply> = replies.iter().filter(|r| r.status == 503).collect();
+    assert_eq!(refused + busy.len(), replies.len(), "every new token is refused or put off");
+    assert_eq!(refused, reviewed, "a 401 for each token reviewed");
+    for reply in &busy {
+        assert_eq!(reply.body, r#"{"error":"too many new tokens to check; retry later"}"#);
+        let retry: u64 = reply.header("retry-after").expect("Retry-After").parse().expect("whole seconds");
+        assert!((1..=2).contains(&retry), "Retry-After {retry}");
+    }
+    assert!(standin.access_reviews().is_empty(), "refused tokens get no SubjectAccessReview");
+    // A refused token asked again within ten seconds is not reviewed again.
+    let first_refused = standin.token_reviews()[0]["token"].as_str().unwrap().to_string();
+    assert_eq!(get(to, None, AUTOSCALERS, &host, Some(&first_refused)).await.status, 401);
+    assert_eq!(standin.token_reviews().len(), reviewed);
 
-    // A reader's token: one TokenReview for the audience watermarkd, one SubjectAccessReview for
-    // its user, everything the TokenReview said of them, on get status.watermarkd.io.
+    // Once the bucket has refilled, a reader's token: one TokenReview for the audience
+    // watermarkd, one SubjectAccessReview for its user with everything the TokenReview said of
+    // them, on get status.watermarkd.io.
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let reader = "good-reader-token";
     let reply = get(to, None, AUTOSCALERS, &host, Some(reader)).await;
     assert_eq!(reply.status, 200, "{reply:?}");
     let reviews = standin.token_reviews();
-    assert_eq!(reviews.len(), 1);
-    assert_eq!(reviews[0]["audiences"], json!(["watermarkd"]), "{}", reviews[0]);
+    assert_eq!(reviews.len(), reviewed + 1);
+    assert_eq!(reviews[reviewed]["audiences"], json!(["watermarkd"]), "{}", reviews[reviewed]);
     let access = standin.access_reviews();
     assert_eq!(access.len(), 1);
     assert_eq!(
@@ -399,14 +434,26 @@ async fn unknown_tokens_cost_at_most_the_review_budget_and_an_oversized_token_no
         })
     );
 
-    // A flood of new tokens, 8 connections at once: at most the burst and the rate are checked
-    // with the API server; the others get 503 with Retry-After and the fixed sentence.
-    let flood = 400;
+    // Another flood: the reader is let in from the cache all along, without a review.
+    let (_, _) = flood(to, "second", 200).await;
+    let reviews = standin.token_reviews().len();
+    let reply = get(to, None, AUTOSCALERS, &host, Some(reader)).await;
+    assert_eq!(reply.status, 200, "{reply:?}");
+    assert_eq!(standin.token_reviews().len(), reviews, "the reader's answer came from the cache");
+    assert_eq!(standin.access_reviews().len(), 1);
+
+    let log = daemon.log();
+    assert!(!log.contains(reader) && !log.contains(&first_refused), "a token in the log:\n{log}");
+}
+
+/// GETs with `count` new tokens (`unknown-{prefix}-N`), 8 connections at once: the replies and
+/// the seconds it took.
+async fn flood(to: SocketAddr, prefix: &str, count: usize) -> (Vec<Reply>, f64) {
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     let next = Arc::new(Mutex::new(0));
     for _ in 0..8 {
-        let (next, host) = (Arc::clone(&next), host.clone());
+        let (next, prefix) = (Arc::clone(&next), prefix.to_string());
         tasks.spawn(async move {
             let mut replies = Vec::new();
             loop {
@@ -415,11 +462,11 @@ async fn unknown_tokens_cost_at_most_the_review_budget_and_an_oversized_token_no
                     *n += 1;
                     *n
                 };
-                if i > flood {
+                if i > count {
                     return replies;
                 }
-                let token = format!("unknown-{i:024}");
-                replies.push(get(to, None, AUTOSCALERS, &host, Some(&token)).await);
+                let token = format!("unknown-{prefix}-{i:024}");
+                replies.push(get(to, None, AUTOSCALERS, &to.to_string(), Some(&token)).await);
             }
         });
     }
@@ -427,35 +474,7 @@ async fn unknown_tokens_cost_at_most_the_review_budget_and_an_oversized_token_no
     while let Some(done) = tasks.join_next().await {
         replies.extend(done.unwrap());
     }
-    let elapsed = started.elapsed().as_secs_f64();
-    let reviewed = standin.token_reviews().len() - 1;
-    let budget = REVIEW_BURST + (elapsed * REVIEWS_PER_SECOND).ceil() as usize;
-    println!("{flood} new tokens in {elapsed:.2}s: {reviewed} TokenReviews (budget {budget})");
-    assert!(reviewed <= budget, "{reviewed} TokenReviews for {flood} new tokens in {elapsed:.2}s (budget {budget})");
-    assert!(reviewed >= REVIEW_BURST - 1, "the burst is used: {reviewed}");
-    let refused: Vec<&Reply> = replies.iter().filter(|r| r.status == 401).collect();
-    let busy: Vec<&Reply> = replies.iter().filter(|r| r.status == 503).collect();
-    assert_eq!(refused.len() + busy.len(), flood, "every new token is refused or put off");
-    assert_eq!(refused.len(), reviewed, "a 401 for each token reviewed");
-    for reply in &busy {
-        assert_eq!(reply.body, r#"{"error":"too many new tokens to check; retry later"}"#);
-        let retry: u64 = reply.header("retry-after").expect("Retry-After").parse().expect("whole seconds");
-        assert!((1..=2).contains(&retry), "Retry-After {retry}");
-    }
-    assert_eq!(standin.access_reviews().len(), 1, "refused tokens get no SubjectAccessReview");
-
-    // The reader is still let in from the cache, without a review, during the flood's
-    // aftermath: refused tokens never push out accepted ones.
-    let reply = get(to, None, AUTOSCALERS, &host, Some(reader)).await;
-    assert_eq!(reply.status, 200, "{reply:?}");
-    assert_eq!(standin.token_reviews().len(), reviewed + 1, "the reader's answer came from the cache");
-    // A refused token asked again within ten seconds is not reviewed again either.
-    let first_refused = standin.token_reviews()[1]["token"].as_str().unwrap().to_string();
-    assert_eq!(get(to, None, AUTOSCALERS, &host, Some(&first_refused)).await.status, 401);
-    assert_eq!(standin.token_reviews().len(), reviewed + 1);
-
-    let log = daemon.log();
-    assert!(!log.contains(reader) && !log.contains(&first_refused), "a token in the log:\n{log}");
+    (replies, started.elapsed().as_secs_f64())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -579,6 +598,7 @@ async fn a_service_account_token_needs_the_reader_role_and_the_watermarkd_audien
     );
     let reader = mint(&accounts, "reader", &["watermarkd"]).await;
     let intruder = mint(&accounts, "intruder", &["watermarkd"]).await;
+    let intruder_for_the_api = mint(&accounts, "intruder", &[]).await;
     let reader_for_vault = mint(&accounts, "reader", &["vault"]).await;
     let reader_for_the_api = mint(&accounts, "reader", &[]).await;
 
@@ -586,6 +606,9 @@ async fn a_service_account_token_needs_the_reader_role_and_the_watermarkd_audien
     let (daemon, port) = serving(&kubeconfig, REVIEW_ONLY, "127.0.0.1").await;
     let to = at("127.0.0.1", port);
     let host = to.to_string();
+    // What the review found: any ServiceAccount's token for the API server was let in.
+    let reply = get(to, None, AUTOSCALERS, &host, Some(&intruder_for_the_api)).await;
+    assert_eq!(reply.status, 401, "a token for the API server, of an account without RBAC: {reply:?}");
     let reply = get(to, None, AUTOSCALERS, &host, Some(&reader)).await;
     assert_eq!(reply.status, 200, "the reader, bound to the role: {reply:?}");
     let list: Value = serde_json::from_str(&reply.body).unwrap();
@@ -599,7 +622,7 @@ async fn a_service_account_token_needs_the_reader_role_and_the_watermarkd_audien
     let reply = get(to, None, AUTOSCALERS, &host, Some(&reader_for_the_api)).await;
     assert_eq!(reply.status, 401, "a token for the API server, not for watermarkd: {reply:?}");
     assert_eq!(get(to, None, "/ui", &host, Some(&intruder)).await.status, 403);
-    for token in [&reader, &intruder, &reader_for_vault, &reader_for_the_api] {
+    for token in [&reader, &intruder, &intruder_for_the_api, &reader_for_vault, &reader_for_the_api] {
         assert!(!daemon.log().contains(token.as_str()), "a token in the log");
     }
     drop(daemon);
@@ -610,7 +633,7 @@ async fn a_service_account_token_needs_the_reader_role_and_the_watermarkd_audien
     let host = to.to_string();
     assert_eq!(get(to, None, AUTOSCALERS, &host, Some(&reader_for_the_api)).await.status, 200);
     assert_eq!(get(to, None, AUTOSCALERS, &host, Some(&reader_for_vault)).await.status, 401);
-    assert_eq!(get(to, None, AUTOSCALERS, &host, Some(&mint(&accounts, "intruder", &[]).await)).await.status, 403);
+    assert_eq!(get(to, None, AUTOSCALERS, &host, Some(&intruder_for_the_api)).await.status, 403);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -656,6 +679,18 @@ async fn only_this_machine_s_own_address_skips_the_token_and_only_when_asked() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_without_a_token_must_name_the_daemon_as_its_host() {
     let standin = StandIn::start().await;
+    // With a token: the loopback exemption is Host-checked, the token is not (a page that
+    // rebinds its name cannot send it).
+    let dir = tempfile::tempdir().unwrap();
+    let settings = token_file_settings(dir.path(), "open_on_loopback = true\n");
+    let (_daemon, port) = serving(&standin.kubeconfig(), &settings, "127.0.0.1").await;
+    let to = at("127.0.0.1", port);
+    let rebound = format!("attacker.example:{port}");
+    assert_eq!(get(to, None, AUTOSCALERS, &rebound, None).await.status, 403, "a rebound name through the exemption");
+    assert_eq!(get(to, None, AUTOSCALERS, &rebound, Some(TOKEN)).await.status, 200);
+    assert_eq!(get(to, None, AUTOSCALERS, &format!("localhost:{port}"), None).await.status, 200);
+
+    // Open (no token asked for): every request is Host-checked; allowed_hosts adds names.
     let settings = "[status]\nallowed_hosts = [\"status.example\"]\n";
     let (_daemon, port) = serving(&standin.kubeconfig(), settings, "127.0.0.1").await;
     let to = at("127.0.0.1", port);
@@ -672,17 +707,6 @@ async fn a_request_without_a_token_must_name_the_daemon_as_its_host() {
     for path in ["/healthz", "/metrics"] {
         assert_eq!(get(to, None, path, "attacker.example", None).await.status, 200, "{path}");
     }
-
-    // With a token: the loopback exemption is Host-checked, the token is not (a page that
-    // rebinds its name cannot send it).
-    let dir = tempfile::tempdir().unwrap();
-    let settings = token_file_settings(dir.path(), "open_on_loopback = true\n");
-    let (_daemon, port) = serving(&standin.kubeconfig(), &settings, "127.0.0.1").await;
-    let to = at("127.0.0.1", port);
-    let rebound = format!("attacker.example:{port}");
-    assert_eq!(get(to, None, AUTOSCALERS, &rebound, None).await.status, 403);
-    assert_eq!(get(to, None, AUTOSCALERS, &rebound, Some(TOKEN)).await.status, 200);
-    assert_eq!(get(to, None, AUTOSCALERS, &format!("localhost:{port}"), None).await.status, 200);
 }
 
 /// A non-loopback address of this machine, if it has one (the one the default route uses).
@@ -714,6 +738,7 @@ async fn with_no_settings_the_daemon_listens_on_loopback_only() {
     let serves = log.lines().find(|l| l.contains("serving /metrics"));
     match serves {
         Some(line) => {
+            println!("{line}");
             assert!(line.contains("listen=127.0.0.1:8080"), "{line}");
             assert!(line.contains("status API"), "the status service is on by default: {line}");
             let to = at("127.0.0.1", 8080);
