@@ -6,8 +6,10 @@
 //! objects parse as their Kubernetes types with nothing lost and carry the recommended labels;
 //! the values reach the Deployment, the settings (read back with the daemon's own settings
 //! loader) and the RBAC, which is exactly `watermarkd::commands::rbac::PERMISSIONS` (without the CRD-mode
-//! entries when CRD mode is off; with status.tokenReview, plus the creation of TokenReviews in a
-//! ClusterRole of its own); the status token Secret is mounted where the settings say; the chart
+//! entries when CRD mode is off; with status.tokenReview, plus the creation of TokenReviews and
+//! SubjectAccessReviews in a ClusterRole of its own, and a reader's ClusterRole for users to
+//! bind); the daemon listens on every interface, on the port the probes and scrapes use; the
+//! status token Secret is mounted where the settings say; the chart
 //! never renders a Secret; the schema refuses bad values naming the field; deploy/ is the chart
 //! rendered with its defaults. On the API server, `helm install` succeeds and the ServiceAccount
 //! may make exactly the table's calls, and `helm uninstall` removes everything but the CRD. The ServiceMonitor is only rendered, not
@@ -37,9 +39,10 @@ use k8s_openapi::api::core::v1::{ConfigMap, Container, EnvVar, PodSpec, Service,
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::Api;
 use manifest_checks::{assert_same_grants, grants_of_rules, grants_of_table, kind_of, sorted_unique, typed, Grant};
-use watermarkd::commands::rbac::PERMISSIONS;
+use watermarkd::commands::rbac::{PERMISSIONS, STATUS_READER, STATUS_TOKEN_REVIEW};
 use watermarkd::domain::rules::SecretSource;
 use watermarkd::runtime::settings::{Environment, RunArgs, Settings, StatusSettings};
 
@@ -158,9 +161,15 @@ fn named<T: serde::de::DeserializeOwned + serde::Serialize>(
         .map(|o| typed(&format!("{kind} {name}"), o))
 }
 
-/// The one grant status.tokenReview adds: checking readers' tokens with the API server.
-fn token_review_grant() -> Grant {
-    (false, "authentication.k8s.io".into(), "tokenreviews".into(), "create".into())
+/// The grants status.tokenReview adds: checking readers' tokens (TokenReviews) and their users'
+/// right to read (SubjectAccessReviews) with the API server.
+fn token_review_grants() -> BTreeSet<Grant> {
+    sorted_unique(grants_of_table(STATUS_TOKEN_REVIEW), "STATUS_TOKEN_REVIEW")
+}
+
+/// The name of the ClusterRole for readers (status.tokenReview), which the daemon is not given.
+fn is_reader_role(name: &str) -> bool {
+    name.ends_with("-status-reader")
 }
 
 fn crd_of(object: &serde_yaml_ng::Value) -> CustomResourceDefinition {
@@ -222,6 +231,9 @@ fn rendered_grants(objects: &[serde_yaml_ng::Value], what: &str) -> BTreeSet<Gra
     let mut granted = Vec::new();
     for role in of_kind(objects, "ClusterRole") {
         let role: ClusterRole = typed(what, &role);
+        if role.metadata.name.as_deref().is_some_and(is_reader_role) {
+            continue;
+        }
         granted.extend(grants_of_rules(&role.rules.unwrap_or_default(), false, what));
     }
     for role in of_kind(objects, "Role") {
@@ -569,7 +581,17 @@ fn an_existing_configmap_replaces_ours_and_the_settings_move_to_the_environment(
             history: std::time::Duration::from_secs(30 * 60),
             token: Some(SecretSource::File(STATUS_TOKEN_FILE.into())),
             token_review: true,
-            open_on_loopback: false,
+            token_audiences: vec!["watermarkd".into(), "dashboards".into()],
+            open_on_loopback: true,
+            allowed_hosts: [
+                "wmd-metrics",
+                &format!("wmd-metrics.{NAMESPACE}"),
+                &format!("wmd-metrics.{NAMESPACE}.svc")
+            ]
+            .into_iter()
+            .chain(["watermarkd.example.com"])
+            .map(String::from)
+            .collect(),
         }
     );
 }
@@ -686,7 +708,7 @@ fn rbac_is_exactly_the_table_and_crd_mode_alone_brings_the_datadoghq_rules() {
     {
         wanted.insert((false, "argoproj.io".into(), resource.into(), verb.into()));
     }
-    wanted.insert(token_review_grant());
+    wanted.extend(token_review_grants());
     assert_same_grants(&granted, &wanted, "the chart with customScaleTargets and status.tokenReview");
 
     // The bindings give the roles, named after the release, to the chart's ServiceAccount.
@@ -705,17 +727,26 @@ fn rbac_is_exactly_the_table_and_crd_mode_alone_brings_the_datadoghq_rules() {
 fn the_status_token_is_a_mounted_secret_and_token_review_a_cluster_role_of_its_own() {
     let objects = render(&["--set", "status.tokenReview=true", "--set", "status.token.existingSecret=wmd-status"]);
 
-    // (a) One ClusterRole more, granting exactly create on TokenReviews, bound to the chart's
-    // ServiceAccount; the other roles stay exactly the table.
+    // (a) One ClusterRole more, granting exactly create on TokenReviews and
+    // SubjectAccessReviews, bound to the chart's ServiceAccount; the other roles stay exactly
+    // the table.
     let role: ClusterRole = named(&objects, "ClusterRole", "watermarkd-tokenreview").expect("the tokenreview role");
     let granted = sorted_unique(grants_of_rules(&role.rules.unwrap_or_default(), false, "tokenreview"), "tokenreview");
-    assert_eq!(granted, BTreeSet::from([token_review_grant()]), "the tokenreview role grants exactly that");
+    assert_eq!(granted, token_review_grants(), "the tokenreview role grants exactly that");
     let mut wanted = table(true);
-    wanted.insert(token_review_grant());
+    wanted.extend(token_review_grants());
     assert_same_grants(&rendered_grants(&objects, "tokenReview"), &wanted, "the chart with status.tokenReview");
     let baseline: ClusterRole = named(&objects, "ClusterRole", RELEASE).expect("the baseline role");
     let baseline = sorted_unique(grants_of_rules(&baseline.rules.unwrap_or_default(), false, "baseline"), "baseline");
-    assert!(!baseline.contains(&token_review_grant()), "TokenReviews stay out of the baseline ClusterRole");
+    assert!(baseline.is_disjoint(&token_review_grants()), "the reviews stay out of the baseline ClusterRole");
+    // The readers' role: exactly STATUS_READER, bound to nobody (the users bind it).
+    let reader: ClusterRole =
+        named(&objects, "ClusterRole", "watermarkd-status-reader").expect("the status-reader role");
+    let granted = sorted_unique(grants_of_rules(&reader.rules.unwrap_or_default(), false, "status-reader"), "reader");
+    assert_eq!(granted, sorted_unique(grants_of_table([&STATUS_READER]), "STATUS_READER"));
+    let bindings: Vec<ClusterRoleBinding> =
+        of_kind(&objects, "ClusterRoleBinding").iter().map(|b| typed("ClusterRoleBinding", b)).collect();
+    assert!(bindings.iter().all(|b| !is_reader_role(&b.role_ref.name)), "the chart binds the reader role to no one");
     let binding: ClusterRoleBinding =
         named(&objects, "ClusterRoleBinding", "watermarkd-tokenreview").expect("the tokenreview binding");
     assert_eq!(
@@ -735,8 +766,10 @@ fn the_status_token_is_a_mounted_secret_and_token_review_a_cluster_role_of_its_o
     let text = configmap.data.unwrap_or_default().get("watermarkd.toml").cloned().expect("watermarkd.toml");
     let file: toml::Table = toml::from_str(&text).unwrap_or_else(|e| panic!("watermarkd.toml: {e}\n{text}"));
     let status = file.get("status").and_then(|s| s.as_table()).cloned().expect("a [status] table");
-    let expected: toml::Table =
-        toml::from_str(&format!("token_review = true\ntoken_file = {STATUS_TOKEN_FILE:?}")).expect("expected table");
+    let expected: toml::Table = toml::from_str(&format!(
+        "token_review = true\ntoken_file = {STATUS_TOKEN_FILE:?}\nallowed_hosts = {SERVICE_HOSTS:?}"
+    ))
+    .expect("expected table");
     assert_eq!(status, expected, "[status] in\n{text}");
     let settings = daemon_settings(&objects);
     assert_eq!(
@@ -744,6 +777,7 @@ fn the_status_token_is_a_mounted_secret_and_token_review_a_cluster_role_of_its_o
         StatusSettings {
             token: Some(SecretSource::File(STATUS_TOKEN_FILE.into())),
             token_review: true,
+            allowed_hosts: service_hosts(),
             ..StatusSettings::default()
         }
     );
@@ -765,18 +799,27 @@ fn the_status_token_is_a_mounted_secret_and_token_review_a_cluster_role_of_its_o
     let env = env_of(&c);
     assert!(!env.keys().any(|k| k.starts_with("WATERMARKD__STATUS")), "the settings file carries [status]");
 
-    // (c) The defaults: no tokenreview role, no [status] table, no token mount; the daemon's
-    // own defaults apply.
+    // (c) The defaults: no tokenreview or reader role, no token mount; a [status] table with
+    // only the Service's names as allowed hosts; the daemon's own defaults for the rest.
     let defaults = render(&[]);
     let review_objects = |objects: &[serde_yaml_ng::Value]| -> usize {
-        objects.iter().filter(|o| o["metadata"]["name"].as_str().is_some_and(|n| n.ends_with("-tokenreview"))).count()
+        let ours = |n: &str| n.ends_with("-tokenreview") || is_reader_role(n);
+        objects.iter().filter(|o| o["metadata"]["name"].as_str().is_some_and(ours)).count()
     };
     assert_eq!(review_objects(&defaults), 0, "no tokenreview role or binding by default");
     let configmap: ConfigMap = one(&defaults, "ConfigMap");
     let text = configmap.data.unwrap_or_default().get("watermarkd.toml").cloned().expect("watermarkd.toml");
     let file: toml::Table = toml::from_str(&text).expect("watermarkd.toml");
-    assert!(!file.contains_key("status") && !text.contains("[status]"), "no [status] table by default:\n{text}");
-    assert_eq!(daemon_settings(&defaults).status, StatusSettings::default());
+    let status = file.get("status").and_then(|s| s.as_table()).cloned().expect("a [status] table");
+    let expected: toml::Table = toml::from_str(&format!("allowed_hosts = {SERVICE_HOSTS:?}")).expect("expected");
+    assert_eq!(status, expected, "[status] by default in\n{text}");
+    assert_eq!(
+        daemon_settings(&defaults).status,
+        StatusSettings { allowed_hosts: service_hosts(), ..StatusSettings::default() }
+    );
+    // Without a Service there are no names to allow, and no [status] table.
+    let no_service = render(&["--set", "service.enabled=false"]);
+    assert_eq!(daemon_settings(&no_service).status, StatusSettings::default());
     let c = container(&one(&defaults, "Deployment"));
     assert!(c.volume_mounts.unwrap_or_default().iter().all(|m| m.mount_path != STATUS_TOKEN_DIR));
 
@@ -797,20 +840,86 @@ fn the_status_token_is_a_mounted_secret_and_token_review_a_cluster_role_of_its_o
     assert!(c.volume_mounts.unwrap_or_default().iter().all(|m| m.mount_path != STATUS_TOKEN_DIR));
     assert_eq!(daemon_settings(&off).status, StatusSettings { enabled: false, ..StatusSettings::default() });
 
-    // The other keys: history and openOnLoopback, through the file and the environment.
-    let set = ["--set", "status.history=6h", "--set", "status.openOnLoopback=false"];
+    // The other keys: history, openOnLoopback, tokenAudiences and allowedHosts, through the file
+    // and the environment; an empty tokenAudiences is the API server's own.
+    let set = [
+        "--set",
+        "status.history=6h",
+        "--set",
+        "status.openOnLoopback=true",
+        "--set",
+        "status.tokenReview=true",
+        "--set-json",
+        "status.tokenAudiences=[\"dashboards\"]",
+        "--set-json",
+        "status.allowedHosts=[\"Status.Example.\"]",
+    ];
     let mut existing = set.to_vec();
     existing.extend(["--set", "rules.existingConfigMap=my-rules"]);
+    let mut hosts = service_hosts();
+    hosts.push("status.example".into());
     for objects in [render(&set), render(&existing)] {
         let status = daemon_settings(&objects).status;
         assert_eq!(
             status,
             StatusSettings {
                 history: std::time::Duration::from_secs(6 * 3_600),
-                open_on_loopback: false,
+                token_review: true,
+                token_audiences: vec!["dashboards".into()],
+                open_on_loopback: true,
+                allowed_hosts: hosts.clone(),
                 ..StatusSettings::default()
             }
         );
+    }
+    let mut existing = vec!["--set", "status.tokenReview=true", "--set-json", "status.tokenAudiences=[]"];
+    for objects in [render(&existing), {
+        existing.extend(["--set", "rules.existingConfigMap=my-rules"]);
+        render(&existing)
+    }] {
+        assert_eq!(daemon_settings(&objects).status.token_audiences, Vec::<String>::new());
+    }
+}
+
+/// The Service's names, which the chart allows as Host headers (release watermarkd in namespace
+/// watermarkd).
+const SERVICE_HOSTS: [&str; 3] =
+    ["watermarkd-metrics", "watermarkd-metrics.watermarkd", "watermarkd-metrics.watermarkd.svc"];
+
+fn service_hosts() -> Vec<String> {
+    SERVICE_HOSTS.iter().map(|h| h.to_string()).collect()
+}
+
+/// The binary listens on 127.0.0.1 by default; the chart must bind every interface, on the port
+/// the probes, the Service and the scrape annotations use, with the settings file and with the
+/// environment alike.
+#[test]
+fn the_daemon_listens_on_every_interface_at_the_probed_port() {
+    for objects in [render(&[]), render(&["--set", "rules.existingConfigMap=my-rules"])] {
+        let listen = daemon_settings(&objects).listen;
+        assert!(listen.ip().is_unspecified(), "the pod listens on every interface: {listen}");
+        let deployment: Deployment = one(&objects, "Deployment");
+        let c = container(&deployment);
+        let port = c
+            .ports
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .find(|p| p.name.as_deref() == Some("http"))
+            .expect("the http port");
+        assert_eq!(i32::from(listen.port()), port.container_port, "the container port is the listener's");
+        for (what, probe) in [("liveness", c.liveness_probe.clone()), ("readiness", c.readiness_probe.clone())] {
+            let get = probe.and_then(|p| p.http_get).unwrap_or_else(|| panic!("an HTTP {what} probe"));
+            let port = match get.port {
+                IntOrString::String(name) => name,
+                IntOrString::Int(number) => panic!("{what} probe on port {number}, not the named port"),
+            };
+            assert_eq!(port, "http", "the {what} probe uses the listener's port");
+            assert!(get.host.is_none(), "the {what} probe goes to the pod's address");
+        }
+        let annotations =
+            deployment.spec.and_then(|s| s.template.metadata).and_then(|m| m.annotations).unwrap_or_default();
+        assert_eq!(annotations.get("prometheus.io/port"), Some(&listen.port().to_string()));
     }
 }
 
@@ -827,6 +936,9 @@ fn bad_values_are_refused_naming_the_field() {
         ("status.history=soon", "status.history"),
         ("status.tokenReveiw=true", "tokenReveiw"),
         ("status.token.existingSecret=Not_A_Name", "status.token.existingSecret"),
+        ("status.allowedHosts[0]=http://x.example", "status.allowedHosts.0"),
+        ("status.allowedHosts[0]=x.example:8080", "status.allowedHosts.0"),
+        ("status.tokenAudiences[0]=", "status.tokenAudiences.0"),
     ] {
         let output = helm(&["template", RELEASE, CHART, "--set", set]);
         let text = printed(&output);
@@ -868,8 +980,13 @@ async fn helm_install_grants_exactly_the_table_and_uninstall_keeps_only_the_crd(
     let namespace = cluster.unique_namespace("chart-crd").await;
     let crd_mode = install(&kubeconfig, "wmd-crd", &namespace, &[&format!("watchNamespaces={{{watched}}}")]);
     let account = cluster.client_as(&format!("system:serviceaccount:{namespace}:wmd-crd-watermarkd"));
-    // TokenReviews are not part of the defaults (status.tokenReview is off).
-    let token_reviews = [("authentication.k8s.io", "tokenreviews")];
+    // The reviews are not part of the defaults (status.tokenReview is off); the daemon is never
+    // a reader of its own status.
+    let token_reviews = [
+        ("authentication.k8s.io", "tokenreviews"),
+        ("authorization.k8s.io", "subjectaccessreviews"),
+        (STATUS_READER.api_group, STATUS_READER.resources[0]),
+    ];
     let wrong = manifest_checks::access_problems(
         &account,
         &table(true),
@@ -891,7 +1008,8 @@ async fn helm_install_grants_exactly_the_table_and_uninstall_keeps_only_the_crd(
     pdbs.get("wmd-crd-watermarkd").await.expect("the PodDisruptionBudget");
 
     // Rules file only, next to it: a second release, no CRD of its own, no datadoghq.com access;
-    // status.tokenReview on, which adds exactly the creation of TokenReviews.
+    // status.tokenReview on, which adds exactly the creation of TokenReviews and
+    // SubjectAccessReviews.
     let other = cluster.unique_namespace("chart-rules").await;
     let rules_only = install(
         &kubeconfig,
@@ -900,13 +1018,14 @@ async fn helm_install_grants_exactly_the_table_and_uninstall_keeps_only_the_crd(
         &["crd.enabled=false", "crd.install=false", "status.tokenReview=true"],
     );
     let account = cluster.client_as(&format!("system:serviceaccount:{other}:wmd-rules-watermarkd"));
-    let datadoghq: Vec<(&str, &str)> = PERMISSIONS
+    let mut datadoghq: Vec<(&str, &str)> = PERMISSIONS
         .iter()
         .filter(|p| p.crd_mode_only)
         .flat_map(|p| p.resources.iter().map(|r| (p.api_group, *r)))
         .collect();
+    datadoghq.push((STATUS_READER.api_group, STATUS_READER.resources[0]));
     let mut wanted = table(false);
-    wanted.insert(token_review_grant());
+    wanted.extend(token_review_grants());
     let wrong = manifest_checks::access_problems(&account, &wanted, &other, &["prod"], &namespace, &datadoghq).await;
     assert!(wrong.is_empty(), "the chart (rules file only) on a real API server:\n{}", wrong.join("\n"));
 
@@ -927,7 +1046,7 @@ async fn helm_install_grants_exactly_the_table_and_uninstall_keeps_only_the_crd(
     let roles: Api<ClusterRole> = Api::all(cluster.client());
     for installed in [&crd_mode, &rules_only] {
         let name = format!("{}-watermarkd", installed.release);
-        for role in [name.clone(), format!("{name}-tokenreview")] {
+        for role in [name.clone(), format!("{name}-tokenreview"), format!("{name}-status-reader")] {
             assert!(roles.get_opt(&role).await.expect("get ClusterRole").is_none(), "ClusterRole {role} left behind");
         }
         let deployments: Api<Deployment> = Api::namespaced(cluster.client(), &installed.namespace);

@@ -41,7 +41,7 @@ use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use manifest_checks::{assert_same_grants, grants_of_rules, grants_of_table, kind_of, sorted_unique, typed};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use watermarkd::commands::rbac::{Permission, PERMISSIONS};
+use watermarkd::commands::rbac::{Permission, PERMISSIONS, STATUS_TOKEN_REVIEW};
 use watermarkd::runtime::settings::{Environment, RunArgs, Settings};
 
 const NAMESPACE: &str = "watermarkd";
@@ -86,7 +86,16 @@ const SETTINGS_KEYS: [&str; 19] = [
     "status",
 ];
 /// The keys of its `[status]` table (`token_file` and `token_env` exclude each other).
-const STATUS_KEYS: [&str; 6] = ["enabled", "history", "token_file", "token_env", "token_review", "open_on_loopback"];
+const STATUS_KEYS: [&str; 8] = [
+    "enabled",
+    "history",
+    "token_file",
+    "token_env",
+    "token_review",
+    "token_audiences",
+    "open_on_loopback",
+    "allowed_hosts",
+];
 /// The keys of its `[lease]` table.
 const LEASE_KEYS: [&str; 7] =
     ["enabled", "name", "namespace", "identity", "duration", "renew_deadline", "retry_period"];
@@ -229,6 +238,12 @@ fn check_settings(text: &str, what: &str) -> toml::Table {
                             assert!(value.is_bool(), "{what}: status.{key} must be true or false")
                         }
                         "history" => duration("status.history", value),
+                        "token_audiences" | "allowed_hosts" => assert!(
+                            value
+                                .as_array()
+                                .is_some_and(|a| a.iter().all(|n| n.as_str().is_some_and(|s| !s.is_empty()))),
+                            "{what}: status.{key} must be a list of non-empty strings"
+                        ),
                         _ => assert!(value.as_str().is_some_and(|s| !s.is_empty()), "{what}: status.{key}"),
                     }
                 }
@@ -449,9 +464,15 @@ fn the_bindings_give_the_roles_to_the_service_account() {
     assert_eq!(pod.service_account_name.as_deref(), Some(SERVICE_ACCOUNT));
 }
 
+/// The scope cell of README.md's permission table for the entries of `[status] token_review`.
+const TOKEN_REVIEW_SCOPE: &str = "cluster, with `[status] token_review`";
+
 /// The table row of README.md for one permission.
 fn install_guide_row(p: &Permission) -> String {
-    let scope = if p.namespaced_to_daemon { format!("namespace `{NAMESPACE}`") } else { "cluster".to_string() };
+    install_guide_row_in(p, if p.namespaced_to_daemon { format!("namespace `{NAMESPACE}`") } else { "cluster".into() })
+}
+
+fn install_guide_row_in(p: &Permission, scope: String) -> String {
     let group = if p.api_group.is_empty() { "core (`\"\"`)".to_string() } else { format!("`{}`", p.api_group) };
     let resources: Vec<String> = p.resources.iter().map(|r| format!("`{r}`")).collect();
     format!("| {scope} | {group} | {} | {} |", resources.join(", "), p.verbs.join(", "))
@@ -470,6 +491,12 @@ fn the_install_guide_lists_the_permissions() {
         .filter(|line| line.starts_with("| cluster |") || line.starts_with(&format!("| namespace `{NAMESPACE}` |")))
         .collect();
     assert_eq!(rows, expected, "README.md: the permission table, in the order of PERMISSIONS");
+    // Then the reviews of `[status] token_review`, which deploy/rbac.yaml does not grant.
+    let expected: Vec<String> =
+        STATUS_TOKEN_REVIEW.iter().map(|p| install_guide_row_in(p, TOKEN_REVIEW_SCOPE.into())).collect();
+    let rows: Vec<&str> =
+        guide.lines().map(str::trim).filter(|line| line.starts_with(&format!("| {TOKEN_REVIEW_SCOPE} |"))).collect();
+    assert_eq!(rows, expected, "README.md: the rows of [status] token_review, in the order of STATUS_TOKEN_REVIEW");
 }
 
 /// The plural resource name and scope of each kind the manifests hold.
@@ -690,7 +717,7 @@ fn the_metrics_service_selects_the_pods() {
 /// daemon's default.
 fn daemon_metrics_port() -> u16 {
     let settings = parse_toml(&configmap_key("watermarkd.toml"), "deploy/configmap.yaml watermarkd.toml");
-    let listen = settings.get("listen").and_then(|l| l.as_str()).unwrap_or("0.0.0.0:8080");
+    let listen = settings.get("listen").and_then(|l| l.as_str()).unwrap_or("127.0.0.1:8080");
     listen.parse::<std::net::SocketAddr>().unwrap_or_else(|e| panic!("listen = {listen:?}: {e}")).port()
 }
 
@@ -791,7 +818,8 @@ fn the_sample_settings_use_only_known_keys() {
     // daemon binds every interface (daemon_metrics_port), or it could not be scraped.
     assert_eq!(settings.get("listen").and_then(|v| v.as_str()), Some("127.0.0.1:8080"), "{what}");
     let pod = parse_toml(&configmap_key("watermarkd.toml"), "deploy/configmap.yaml watermarkd.toml");
-    let pod_listen = pod.get("listen").and_then(|l| l.as_str()).unwrap_or("0.0.0.0:8080");
+    // The daemon's own default is loopback: the pod must say where it listens.
+    let pod_listen = pod.get("listen").and_then(|l| l.as_str()).expect("deploy/configmap.yaml sets listen");
     let pod_listen: std::net::SocketAddr = pod_listen.parse().expect("an address");
     assert!(pod_listen.ip().is_unspecified(), "the pod listens on every interface: {pod_listen}");
     assert_eq!(settings.get("kubeconfig").and_then(|v| v.as_str()), Some("/etc/watermarkd/kubeconfig"), "{what}");
@@ -827,7 +855,9 @@ fn sample_value(key: &str) -> &'static str {
         "token_file" => "\"/etc/watermarkd/status-token\"",
         "token_env" => "\"WATERMARKD_STATUS_TOKEN\"",
         "token_review" => "false",
-        "open_on_loopback" => "true",
+        "open_on_loopback" => "false",
+        "token_audiences" => "[\"watermarkd\"]",
+        "allowed_hosts" => "[\"watermarkd.example.com\"]",
         other => panic!("no sample value for the settings key {other}: add one"),
     }
 }

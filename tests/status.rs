@@ -301,8 +301,13 @@ async fn the_api_the_command_and_the_page_explain_every_autoscaler_to_a_token_ho
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_the_api_server_accepts_lets_a_reader_in() {
     let setup = Setup::start("status-review").await;
-    let daemon = setup
-        .daemon(&[("WATERMARKD__STATUS__TOKEN_REVIEW", "true"), ("WATERMARKD__STATUS__OPEN_ON_LOOPBACK", "false")]);
+    // The admin's token is a static one, for the API server's own audiences (token_audiences
+    // empty); tests/status_access.rs has ServiceAccount tokens for the audience watermarkd.
+    let daemon = setup.daemon(&[
+        ("WATERMARKD__STATUS__TOKEN_REVIEW", "true"),
+        ("WATERMARKD__STATUS__TOKEN_AUDIENCES", ""),
+        ("WATERMARKD__STATUS__OPEN_ON_LOOPBACK", "false"),
+    ]);
     let listen = daemon.listen.clone();
     settled(&listen, Some(ADMIN_TOKEN)).await;
     let (status, _, body) = get(&listen, "/api/v1/autoscalers", Some("not-a-cluster-token")).await;

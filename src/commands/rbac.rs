@@ -149,3 +149,48 @@ pub const STATE_CONFIGMAPS: Permission = Permission {
     resources: &["configmaps"],
     verbs: &["get", "create", "patch"],
 };
+
+/// `[status] token_review` (off by default, so not in [`PERMISSIONS`]): the status service
+/// asks the API server whether a reader's bearer token is authenticated and as whom (a
+/// TokenReview), then whether that user may read the status ([`STATUS_READER`], a
+/// SubjectAccessReview). Both are cluster-scoped and only ever created: the answer comes back in
+/// the response and nothing is stored; they let the daemon learn who a token belongs to and
+/// what RBAC allows them, not act as them. The chart grants them in a ClusterRole of their own
+/// (`<fullname>-tokenreview`), only while `status.tokenReview` is on; the README
+/// (Permissions) lists them under the table.
+pub const STATUS_TOKEN_REVIEW: &[Permission] = &[TOKEN_REVIEWS, SUBJECT_ACCESS_REVIEWS];
+
+/// [`crate::adapters::status::access`]: is a reader's token authenticated, for the
+/// `token_audiences`, and as whom.
+pub const TOKEN_REVIEWS: Permission = Permission {
+    namespaced_to_daemon: false,
+    crd_mode_only: false,
+    api_group: "authentication.k8s.io",
+    resources: &["tokenreviews"],
+    verbs: &["create"],
+};
+
+/// [`crate::adapters::status::access`]: may the user of an authenticated token read the status
+/// ([`STATUS_READER`]).
+pub const SUBJECT_ACCESS_REVIEWS: Permission = Permission {
+    namespaced_to_daemon: false,
+    crd_mode_only: false,
+    api_group: "authorization.k8s.io",
+    resources: &["subjectaccessreviews"],
+    verbs: &["create"],
+};
+
+/// Not the daemon's: what a reader's token must be allowed for the status service to let it in
+/// with `token_review` on: `get` on `status` in the API group `watermarkd.io`, asked
+/// cluster-wide (no namespace), so only a ClusterRole bound with a ClusterRoleBinding grants it
+/// (a RoleBinding in one namespace does not: the status shows every namespace's autoscalers).
+/// No such resource is served; RBAC rules may name any group and resource, and `kubectl auth
+/// can-i get status.watermarkd.io --as USER` answers for it. The chart's `<fullname>-status-reader`
+/// ClusterRole grants exactly this.
+pub const STATUS_READER: Permission = Permission {
+    namespaced_to_daemon: false,
+    crd_mode_only: false,
+    api_group: "watermarkd.io",
+    resources: &["status"],
+    verbs: &["get"],
+};

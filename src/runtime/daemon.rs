@@ -232,8 +232,9 @@ impl Telemetry {
             return Ok(None);
         }
         let token = settings.token.as_ref().map(RotatingSecret::load).transpose().map_err(RunError::StatusToken)?;
-        let reviewer = settings.token_review.then(|| TokenReviewer::new(client.clone()));
-        let access = Access::new(token, reviewer, settings.open_on_loopback);
+        let reviewer =
+            settings.token_review.then(|| TokenReviewer::new(client.clone(), settings.token_audiences.clone()));
+        let access = Access::new(token, reviewer, settings.open_on_loopback, settings.allowed_hosts.clone());
         let api = StatusApi::new(Arc::clone(&self.board), Arc::clone(&self.backends), access)
             .map_err(|error| RunError::Thread { what: "the status service's worker", error })?;
         Ok(Some(Arc::new(api)))

@@ -10,6 +10,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::adapters::lease::{self, LeaseSettings};
+use crate::adapters::status::access::allowed_host;
 use crate::adapters::telemetry::logging::LogFormat;
 use crate::adapters::telemetry::{LabelsAsTags, ListenerLimits};
 use crate::domain::crd::{check_tls_dir, AllowedUrl, RecommenderPolicy, ALLOWED_URLS_SETTING, TLS_DIR_SETTING};
@@ -23,7 +24,10 @@ pub const ENV_PREFIX: &str = "WATERMARKD";
 // The defaults of the settings no layer sets. `default_interval`'s is the rules file's
 // (`rules::DEFAULT_INTERVAL`), the Lease's are `lease`'s and the listener limits'
 // `ListenerLimits::DEFAULT`. The flags' help texts name them too (checked by a test below).
-const DEFAULT_LISTEN: &str = "0.0.0.0:8080";
+// Loopback: with no settings at all, the status API is open (no token), so only this machine may
+// reach it. The Helm chart and the deploy/ manifests set `0.0.0.0:8080` (a pod is scraped and
+// probed on its own address).
+const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 const DEFAULT_LOG_FORMAT: LogFormat = LogFormat::Text;
 const DEFAULT_LOG_LEVEL: &str = "info";
 const DEFAULT_MAX_CONCURRENCY: usize = 64;
@@ -35,6 +39,10 @@ const MIN_DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
 /// How much history the status board keeps of each autoscaler, and the most it may.
 const DEFAULT_STATUS_HISTORY: Duration = Duration::from_secs(3_600);
 const MAX_STATUS_HISTORY: Duration = Duration::from_secs(86_400);
+/// The audience a reader's token must be minted for with `token_review`
+/// (`kubectl create token NAME --audience watermarkd`): a token sent to the status listener, on
+/// plain HTTP, is then good for nothing else, the API server included.
+pub const DEFAULT_TOKEN_AUDIENCE: &str = "watermarkd";
 
 #[derive(Debug, thiserror::Error)]
 pub enum SettingsError {
@@ -99,10 +107,17 @@ pub struct StatusSettings {
     pub history: Duration,
     /// A bearer token every reader must send (`token_file` or `token_env`).
     pub token: Option<SecretSource>,
-    /// Also accept any token the API server's TokenReview says is valid.
+    /// Also accept a token the API server authenticates (a TokenReview) whose user RBAC allows
+    /// to read the status (a SubjectAccessReview).
     pub token_review: bool,
-    /// Let connections from a loopback address in without a token (`kubectl port-forward`).
+    /// The TokenReview's audiences; empty: the API server's own.
+    pub token_audiences: Vec<String>,
+    /// Let connections from exactly 127.0.0.1 or ::1 in without a token (`kubectl
+    /// port-forward`). Off unless set: a sidecar or a local proxy makes every request local.
     pub open_on_loopback: bool,
+    /// Names a request let in without a token may carry in its Host header besides IP addresses
+    /// and `localhost`; lower case, without a final dot.
+    pub allowed_hosts: Vec<String>,
 }
 
 impl Default for StatusSettings {
@@ -112,7 +127,9 @@ impl Default for StatusSettings {
             history: DEFAULT_STATUS_HISTORY,
             token: None,
             token_review: false,
-            open_on_loopback: true,
+            token_audiences: vec![DEFAULT_TOKEN_AUDIENCE.to_string()],
+            open_on_loopback: false,
+            allowed_hosts: Vec::new(),
         }
     }
 }
@@ -154,7 +171,9 @@ struct StatusLayer {
     token_file: Option<PathBuf>,
     token_env: Option<String>,
     token_review: Option<bool>,
+    token_audiences: Option<StringList>,
     open_on_loopback: Option<bool>,
+    allowed_hosts: Option<StringList>,
 }
 
 impl StatusLayer {
@@ -181,12 +200,34 @@ impl StatusLayer {
             (None, Some(variable)) => Some(SecretSource::Env(variable)),
             (None, None) => None,
         };
+        let token_audiences = match self.token_audiences {
+            None => defaults.token_audiences,
+            Some(list) => {
+                let audiences: Vec<String> = list.into_vec().into_iter().map(|a| a.trim().to_string()).collect();
+                if let Some(at) = audiences.iter().position(String::is_empty) {
+                    return Err(SettingsError::Invalid(format!("status.token_audiences[{at}]: an audience is empty")));
+                }
+                audiences
+            }
+        };
+        let mut allowed_hosts = Vec::new();
+        for (at, name) in self.allowed_hosts.map(StringList::into_vec).unwrap_or_default().iter().enumerate() {
+            let Some(host) = allowed_host(name) else {
+                return Err(SettingsError::Invalid(format!(
+                    "status.allowed_hosts[{at}]: {name:?} is not a host name (letters, digits, '-' and '.'; \
+                     no scheme, port or wildcard)"
+                )));
+            };
+            allowed_hosts.push(host);
+        }
         Ok(StatusSettings {
             enabled: self.enabled.unwrap_or(defaults.enabled),
             history,
             token,
             token_review: self.token_review.unwrap_or(defaults.token_review),
+            token_audiences,
             open_on_loopback: self.open_on_loopback.unwrap_or(defaults.open_on_loopback),
+            allowed_hosts,
         })
     }
 }
@@ -237,7 +278,7 @@ pub struct RunArgs {
     /// Namespace of the WPA objects to run (repeat for several; default all).
     #[arg(long = "namespace", value_name = "NAMESPACE")]
     pub namespaces: Vec<String>,
-    /// Address of /metrics, /healthz and /readyz (default 0.0.0.0:8080).
+    /// Address of /metrics, /healthz, /readyz and the status page (default 127.0.0.1:8080).
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<String>,
     #[arg(long, value_enum)]
@@ -781,5 +822,59 @@ mod tests {
         let args = RunArgs { settings: Some("/nonexistent/watermarkd.toml".into()), crd: true, ..RunArgs::default() };
         let err = Settings::load(&args, &env(&[])).expect_err("missing file");
         assert!(err.to_string().contains("/nonexistent/watermarkd.toml"), "{err}");
+    }
+
+    #[test]
+    fn with_no_settings_the_listener_is_this_machine_s_and_the_status_open_to_it_only() {
+        let (_dir, args) = args_with_file("rules = \"r.toml\"\n");
+        let settings = Settings::load(&args, &env(&[])).expect("valid");
+        assert_eq!(settings.listen.to_string(), "127.0.0.1:8080");
+        assert!(settings.listen.ip().is_loopback());
+        assert_eq!(
+            settings.status,
+            StatusSettings {
+                enabled: true,
+                history: DEFAULT_STATUS_HISTORY,
+                token: None,
+                token_review: false,
+                token_audiences: vec!["watermarkd".into()],
+                open_on_loopback: false,
+                allowed_hosts: Vec::new(),
+            }
+        );
+    }
+
+    #[test]
+    fn status_audiences_and_allowed_hosts_from_the_file_and_the_environment() {
+        let (_dir, args) = args_with_file(
+            "rules = \"r.toml\"\n[status]\ntoken_review = true\ntoken_audiences = [\"status\", \"other\"]\n\
+             allowed_hosts = [\"Status.Example.COM.\", \"watermarkd-metrics.watermarkd.svc\"]\n",
+        );
+        let status = Settings::load(&args, &env(&[])).expect("valid").status;
+        assert_eq!(status.token_audiences, ["status", "other"]);
+        assert_eq!(status.allowed_hosts, ["status.example.com", "watermarkd-metrics.watermarkd.svc"]);
+        assert!(!status.open_on_loopback, "off unless set, token or not");
+        let (_dir, args) = args_with_file("rules = \"r.toml\"\n[status]\ntoken_audiences = []\n");
+        assert!(Settings::load(&args, &env(&[])).expect("valid").status.token_audiences.is_empty());
+        let (_dir, args) = args_with_file("rules = \"r.toml\"\n");
+        let environment = env(&[
+            ("WATERMARKD__STATUS__ALLOWED_HOSTS", "a.example, b.example"),
+            ("WATERMARKD__STATUS__TOKEN_AUDIENCES", "x"),
+            ("WATERMARKD__STATUS__OPEN_ON_LOOPBACK", "true"),
+        ]);
+        let status = Settings::load(&args, &environment).expect("valid").status;
+        assert_eq!(status.allowed_hosts, ["a.example", "b.example"]);
+        assert_eq!(status.token_audiences, ["x"]);
+        assert!(status.open_on_loopback);
+        for (text, field) in [
+            ("[status]\nallowed_hosts = [\"ok.example\", \"http://x.example\"]\n", "status.allowed_hosts[1]"),
+            ("[status]\nallowed_hosts = [\"x.example:8080\"]\n", "status.allowed_hosts[0]"),
+            ("[status]\nallowed_hosts = [\"*.example\"]\n", "no scheme, port or wildcard"),
+            ("[status]\ntoken_audiences = [\"a\", \" \"]\n", "status.token_audiences[1]: an audience is empty"),
+        ] {
+            let (_dir, args) = args_with_file(&format!("rules = \"r.toml\"\n{text}"));
+            let err = Settings::load(&args, &env(&[])).expect_err(text);
+            assert!(err.to_string().contains(field), "{text}: {err}");
+        }
     }
 }

@@ -94,6 +94,26 @@ The status API's own token (status.token.existingSecret): the Secret's key, moun
 {{- if and .Values.status.enabled .Values.status.tokenReview -}}true{{- end -}}
 {{- end -}}
 
+{{/* The daemon's listener: /metrics, the probes and the status API and page. */}}
+{{- define "watermarkd.listen" -}}0.0.0.0:8080{{- end -}}
+
+{{/*
+The Host names a request without a token may use (status.allowed_hosts), as a JSON list: the
+Service's own names, when there is a Service, then status.allowedHosts. IP addresses and
+localhost need no listing.
+*/}}
+{{- define "watermarkd.statusAllowedHosts" -}}
+{{- $hosts := list -}}
+{{- if .Values.service.enabled -}}
+{{- $service := printf "%s-metrics" (include "watermarkd.fullname" .) -}}
+{{- $hosts = append $hosts $service -}}
+{{- $hosts = append $hosts (printf "%s.%s" $service .Release.Namespace) -}}
+{{- $hosts = append $hosts (printf "%s.%s.svc" $service .Release.Namespace) -}}
+{{- end -}}
+{{- range .Values.status.allowedHosts }}{{ $hosts = append $hosts (lower . | trimSuffix ".") }}{{ end -}}
+{{- $hosts | uniq | toJson -}}
+{{- end -}}
+
 {{/*
 The settings as (TOML key, TOML value) pairs, "lease." keys for the [lease] table and "status."
 keys for the [status] table; values are TOML literals (strings as JSON strings, which TOML reads
@@ -108,6 +128,9 @@ too, so the default values render no [status] table at all.
 {{- $pairs := list -}}
 {{- $pairs = append $pairs (list "rules" (include "watermarkd.rulesPath" . | toJson)) -}}
 {{- $pairs = append $pairs (list "crd" (ternary "true" "false" .Values.crd.enabled)) -}}
+{{- /* Every interface: the kubelet probes and Prometheus scrapes the pod's own address (the
+daemon's default is 127.0.0.1:8080). */ -}}
+{{- $pairs = append $pairs (list "listen" (include "watermarkd.listen" . | toJson)) -}}
 {{- with .Values.watchNamespaces }}{{ $pairs = append $pairs (list "namespaces" (toJson .)) }}{{ end -}}
 {{- $pairs = append $pairs (list "default_backend" (toJson $s.defaultBackend)) -}}
 {{- $pairs = append $pairs (list "log_format" (toJson $s.logFormat)) -}}
@@ -131,7 +154,9 @@ too, so the default values render no [status] table at all.
 {{- with $st.history }}{{ $pairs = append $pairs (list "status.history" (toJson .)) }}{{ end -}}
 {{- if include "watermarkd.statusToken" . }}{{ $pairs = append $pairs (list "status.token_file" (include "watermarkd.statusTokenPath" . | toJson)) }}{{ end -}}
 {{- if $st.tokenReview }}{{ $pairs = append $pairs (list "status.token_review" "true") }}{{ end -}}
-{{- if not $st.openOnLoopback }}{{ $pairs = append $pairs (list "status.open_on_loopback" "false") }}{{ end -}}
+{{- if and $st.tokenReview (ne (toJson $st.tokenAudiences) (toJson (list "watermarkd"))) }}{{ $pairs = append $pairs (list "status.token_audiences" (toJson $st.tokenAudiences)) }}{{ end -}}
+{{- if $st.openOnLoopback }}{{ $pairs = append $pairs (list "status.open_on_loopback" "true") }}{{ end -}}
+{{- with (include "watermarkd.statusAllowedHosts" . | fromJsonArray) }}{{ $pairs = append $pairs (list "status.allowed_hosts" (toJson .)) }}{{ end -}}
 {{- end }}
 {{- toJson $pairs -}}
 {{- end -}}

@@ -9,14 +9,13 @@
 //! - `GET /ui/autoscaler/{id}`: one autoscaler's page; `?fragment=1`: its content alone.
 //! - `GET /ui/app.js`, `/ui/style.css`: the page's only other resources.
 
-use std::net::IpAddr;
 use std::sync::Arc;
 
 use prometheus::core::Collector;
 use serde::Serialize;
 use watermarkd_engine::Timestamp;
 
-use super::access::{Access, Refusal};
+use super::access::{Access, Caller, Refusal};
 use super::board::{Board, ListQuery, State};
 use super::page::{self, PAGE_ROWS};
 use super::worker::StatusWorker;
@@ -97,8 +96,8 @@ impl StatusApi {
 
     /// Answers a request for one of [`handles`]'s paths. The access check runs here; the rest
     /// on the status worker (see `worker`), never on the caller's thread.
-    pub async fn answer(&self, path: &str, query: Option<&str>, peer: IpAddr, authorization: Option<&str>) -> Answer {
-        if let Err(refusal) = self.access.check(peer, authorization).await {
+    pub async fn answer(&self, path: &str, query: Option<&str>, caller: &Caller<'_>) -> Answer {
+        if let Err(refusal) = self.access.check(caller).await {
             return refused(path, &refusal);
         }
         let now = Timestamp::from_system_time(std::time::SystemTime::now());
@@ -114,18 +113,13 @@ impl StatusApi {
 }
 
 fn refused(path: &str, refusal: &Refusal) -> Answer {
-    let status = match refusal {
-        Refusal::Unchecked(_) => 503,
-        Refusal::NoToken | Refusal::BadToken => 401,
-    };
+    let status = refusal.status();
     let mut answer = if path.starts_with("/api/") {
         Answer::json(status, &serde_json::json!({ "error": refusal.to_string() }))
     } else {
         Answer::html(status, page::message_page("watermarkd: not allowed", &refusal.to_string()))
     };
-    if status == 401 {
-        answer.headers.push(("www-authenticate", "Bearer realm=\"watermarkd\"".into()));
-    }
+    answer.headers.extend(refusal.headers());
     answer
 }
 

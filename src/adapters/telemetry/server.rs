@@ -50,6 +50,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::slots::{Admission, PeerKey, SlotTable};
 use super::AutoscalerMetrics;
+use crate::adapters::status::access::Caller;
 use crate::adapters::status::http::{handles, Answer};
 use crate::adapters::status::StatusApi;
 
@@ -385,9 +386,13 @@ fn is_read<B>(request: &Request<B>) -> bool {
 
 /// A status request, answered by the status service.
 async fn answer_status<B>(status: &StatusApi, request: &Request<B>, peer: SocketAddr) -> Response<Body> {
-    let authorization = request.headers().get(hyper::header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    let headers = request.headers();
+    let authorization = headers.get(hyper::header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    // A Host header that is not text is kept as one, so that it is refused rather than missing.
+    let host = headers.get(hyper::header::HOST).map(|v| v.to_str().unwrap_or(""));
+    let caller = Caller { peer: peer.ip(), authorization, host };
     let uri = request.uri();
-    let answer = status.answer(uri.path(), uri.query(), peer.ip(), authorization).await;
+    let answer = status.answer(uri.path(), uri.query(), &caller).await;
     status_response(answer)
 }
 
