@@ -114,7 +114,7 @@ fn run() -> anyhow::Result<ExitCode> {
             }
         }
         Command::Simulate(args) => {
-            watermarkd::commands::simulate::run(&args, &mut out)?;
+            watermarkd::commands::simulate::run(&args, &mut out, &mut io::stderr())?;
             ExitCode::SUCCESS
         }
         Command::Backtest(args) => {

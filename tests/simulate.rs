@@ -437,6 +437,30 @@ fn the_forecast_meets_the_morning_ramp_at_most_half_as_late_for_at_most_a_tenth_
     );
 }
 
+/// `--out -` is standard output, as for most tools: the SVG alone there, the report on standard
+/// error, and no file named `-`.
+#[test]
+fn out_dash_writes_the_chart_to_standard_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = trace_path("spike");
+    let output = Command::new(env!("CARGO_BIN_EXE_watermarkd"))
+        .current_dir(dir.path())
+        .args(["simulate", "--config", &repo_path("config/demo.toml").display().to_string()])
+        .args(["--autoscaler", "spike", "--trace", &trace, "--out", "-"])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let svg = String::from_utf8(output.stdout).unwrap();
+    assert!(svg.starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\""), "{}", &svg[..svg.len().min(200)]);
+    assert!(svg.trim_end().ends_with("</svg>"), "standard output is the SVG alone");
+    assert_well_formed(&svg);
+    let report = String::from_utf8(output.stderr).unwrap();
+    assert!(report.contains("Scale events ("), "the report goes to standard error: {report}");
+    assert!(!report.contains("Chart written to"), "{report}");
+    assert!(!dir.path().join("-").exists(), "a file named - was written");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "nothing written beside");
+}
+
 /// Each metric panel's title as drawn (without its tooltip), and where the legend on its line
 /// begins: the first x of the `<g font-size="11">` group that follows it.
 fn titles_and_legends(svg: &str) -> Vec<(String, f64)> {
