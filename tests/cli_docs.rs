@@ -222,3 +222,10 @@ fn man_dir_writes_one_page_per_subcommand() {
         assert_renders_cleanly(name, &std::fs::read_to_string(dir.path().join(name)).unwrap());
     }
 }
+
+#[test]
+fn version_is_a_subcommand_too() {
+    let by_flag = stdout_of(&["--version"]);
+    assert_eq!(stdout_of(&["version"]), by_flag);
+    assert!(by_flag.starts_with("watermarkd ") && by_flag.trim_end().len() > "watermarkd ".len(), "{by_flag}");
+}
