@@ -437,3 +437,22 @@ async fn the_page_works_in_a_headless_browser() {
     assert!(screenshot.starts_with(b"\x89PNG") && screenshot.len() > 10_000, "a real screenshot");
     std::fs::write(artifact("status-autoscaler.png"), screenshot).unwrap();
 }
+
+/// The review's `/ui?offset=18446744073709551615`: the pager's text said "0 to
+/// 18446744073709551615 shown" (the sum wrapped; a build with overflow checks panics there).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_far_past_the_end_says_so_without_wrapping() {
+    let setup = Setup::start("status-offset").await;
+    let daemon = setup.daemon(&[]);
+    let listen = daemon.listen.clone();
+    settled(&listen, None).await;
+    for path in ["/ui?offset=18446744073709551615", "/ui/table?offset=18446744073709551615", "/ui?offset=3"] {
+        let (status, _, page) = get(&listen, path, None).await;
+        assert_eq!(status, 200, "{path}: {page}");
+        assert!(page.contains("3 of 3 autoscalers, none past the first 3"), "{path}: {page}");
+        assert!(!page.contains(" shown"), "{path}: {page}");
+        assert!(!page.contains("rel=\"next\""), "{path}: no next page past the end: {page}");
+    }
+    let (_, _, page) = get(&listen, "/ui?offset=1&limit=1", None).await;
+    assert!(page.contains("3 of 3 autoscalers") && !page.contains("none past"), "{page}");
+}
