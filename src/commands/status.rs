@@ -424,3 +424,44 @@ fn failing_since(detail: &Value) -> Option<String> {
     let first = samples.iter().rev().take_while(failed).last()?;
     instant(first.get("at"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn detail_text(detail: &Value) -> String {
+        let mut out = Vec::new();
+        write_detail(detail, &mut out).expect("written");
+        String::from_utf8(out).expect("UTF-8")
+    }
+
+    #[test]
+    fn control_characters_are_shown_as_escapes() {
+        assert_eq!(printable("cpu\u{1b}[2J\u{7}"), "cpu\\u{1b}[2J\\u{7}");
+        assert_eq!(printable("plain ü"), "plain ü");
+        assert_eq!(text(Some(&json!("a\nb"))), "a\\u{a}b");
+    }
+
+    /// It failed after deciding: the decision shown is the last one, and the failure says
+    /// since when, from the run of failed samples the history ends with.
+    #[test]
+    fn a_failing_autoscaler_says_since_when() {
+        let detail = json!({
+            "name": "web", "id": "file/web", "state": "failing", "interval_seconds": 15,
+            "target": { "kind": "Deployment", "namespace": "prod", "name": "web" },
+            "failing": "Deployment prod/web does not exist",
+            "last": { "replicas": 3, "ready_replicas": 3, "min_replicas": 1, "max_replicas": 6,
+                      "at": "2026-11-27T09:00:00Z", "explanation": ["held at 3: every metric is inside its band"] },
+            "history": { "samples": [
+                { "at": 1_795_770_000, "marks": [] },
+                { "at": 1_795_770_015, "marks": ["failed"] },
+                { "at": 1_795_770_030, "marks": ["failed"] }
+            ], "events": [] }
+        });
+        let said = detail_text(&detail);
+        assert!(said.contains("\nfailing since 2026-11-27T09:00:15Z: Deployment prod/web does not exist\n"), "{said}");
+        assert!(said.contains("the last decision, before it began failing:\nreplicas 3"), "{said}");
+        assert!(!said.contains("not evaluated yet"), "{said}");
+    }
+}
