@@ -586,7 +586,10 @@ async fn wpas_are_shown_inert_and_found_by_their_own_name() {
     let (code, detail, err) = status_command(&listen, &["gone"]);
     assert_eq!(code, 1, "{detail}{err}");
     assert!(detail.contains("cannot evaluate: "), "{detail}");
-    assert!(detail.contains("no decision yet: every evaluation so far has failed; the daemon tries again every 1s"), "{detail}");
+    assert!(
+        detail.contains("no decision yet: every evaluation so far has failed; the daemon tries again every 1s"),
+        "{detail}"
+    );
     assert!(!detail.contains("not evaluated yet"), "{detail}");
 }
 
