@@ -66,6 +66,8 @@ enum Command {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
+    /// Print the version (as `watermarkd --version` does).
+    Version,
     /// Print the man page watermarkd.1 (roff), or write one page per subcommand with --dir.
     ///
     /// For example `watermarkd man > /usr/local/share/man/man1/watermarkd.1`.
@@ -114,7 +116,7 @@ fn run() -> anyhow::Result<ExitCode> {
             }
         }
         Command::Simulate(args) => {
-            watermarkd::commands::simulate::run(&args, &mut out)?;
+            watermarkd::commands::simulate::run(&args, &mut out, &mut io::stderr())?;
             ExitCode::SUCCESS
         }
         Command::Backtest(args) => {
@@ -164,6 +166,10 @@ fn run() -> anyhow::Result<ExitCode> {
         Command::Completions { shell } => {
             watermarkd::commands::cli_docs::write_completions(Cli::command(), shell, &mut out)
                 .context("writing the completion script")?;
+            ExitCode::SUCCESS
+        }
+        Command::Version => {
+            writeln!(out, "watermarkd {}", env!("CARGO_PKG_VERSION"))?;
             ExitCode::SUCCESS
         }
         Command::Man { dir: None } => {

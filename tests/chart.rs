@@ -1063,3 +1063,41 @@ async fn helm_install_grants_exactly_the_table_and_uninstall_keeps_only_the_crd(
         assert!(configmaps.get_opt(&name).await.expect("get ConfigMap").is_none(), "ConfigMap {name} left behind");
     }
 }
+
+/// The in-cluster URL the NOTES print names the Service the chart renders (`FULLNAME-metrics`)
+/// on its port, and the note on an open status page names that Service too. `helm install
+/// --dry-run` prints the NOTES with the manifest, on a real API server, creating nothing.
+#[tokio::test]
+async fn the_notes_name_the_service_the_chart_renders() {
+    let cluster = kube_cluster::KubeCluster::shared();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    cluster.write_kubeconfig(&kubeconfig, kube_cluster::ADMIN_TOKEN);
+    let kubeconfig = kubeconfig.display().to_string();
+    let dry_run = |set: &[&str]| {
+        let mut args = vec!["install", "wd", CHART, "--namespace", "wd-test", "--kubeconfig", &kubeconfig, "--dry-run"];
+        for value in set {
+            args.extend(["--set", value]);
+        }
+        let printed = helm_ok(&args);
+        let (manifest, notes) = printed.split_once("\nNOTES:\n").unwrap_or_else(|| panic!("no NOTES:\n{printed}"));
+        let manifest = manifest.split_once("\nMANIFEST:\n").map_or(manifest, |(_, m)| m);
+        let objects: Vec<serde_yaml_ng::Value> = serde_yaml_ng::Deserializer::from_str(manifest)
+            .filter_map(|doc| serde::Deserialize::deserialize(doc).ok())
+            .filter(|value: &serde_yaml_ng::Value| !value.is_null())
+            .collect();
+        let service: Service = one(&objects, "Service");
+        let name = service.metadata.name.expect("the Service's name");
+        let port = service.spec.and_then(|s| s.ports).and_then(|p| p.first().map(|p| p.port)).expect("its port");
+        (name, port, notes.to_string())
+    };
+
+    let (service, port, notes) = dry_run(&["status.token.existingSecret=status-token"]);
+    assert_eq!(service, "wd-watermarkd-metrics");
+    let url = format!("watermarkd status --url http://{service}.wd-test.svc:{port} --token-file status-token");
+    assert!(notes.contains(&url), "the NOTES do not give {url:?}:\n{notes}");
+    assert!(!notes.contains("http://wd-watermarkd.wd-test.svc"), "a Service that does not exist:\n{notes}");
+
+    let (service, _, notes) = dry_run(&[]);
+    assert!(notes.contains(&format!("(or the Service {service})")), "{notes}");
+}

@@ -222,3 +222,24 @@ fn man_dir_writes_one_page_per_subcommand() {
         assert_renders_cleanly(name, &std::fs::read_to_string(dir.path().join(name)).unwrap());
     }
 }
+
+#[test]
+fn version_is_a_subcommand_too() {
+    let by_flag = stdout_of(&["--version"]);
+    assert_eq!(stdout_of(&["version"]), by_flag);
+    assert!(by_flag.starts_with("watermarkd ") && by_flag.trim_end().len() > "watermarkd ".len(), "{by_flag}");
+}
+
+/// As in kubectl and helm: a command with `--output` takes `-o` as well.
+#[test]
+fn every_output_option_has_its_short_form() {
+    let mut with_output = Vec::new();
+    for sub in subcommands() {
+        let help = stdout_of(&[&sub, "--help"]);
+        if help.contains("--output") {
+            assert!(help.contains("-o, --output"), "`watermarkd {sub}` has --output without -o:\n{help}");
+            with_output.push(sub);
+        }
+    }
+    assert!(with_output.iter().any(|s| s == "status"), "status has --output: {with_output:?}");
+}

@@ -436,3 +436,108 @@ fn the_forecast_meets_the_morning_ramp_at_most_half_as_late_for_at_most_a_tenth_
         "no scale names the forecast"
     );
 }
+
+/// `--out -` is standard output, as for most tools: the SVG alone there, the report on standard
+/// error, and no file named `-`.
+#[test]
+fn out_dash_writes_the_chart_to_standard_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = trace_path("spike");
+    let output = Command::new(env!("CARGO_BIN_EXE_watermarkd"))
+        .current_dir(dir.path())
+        .args(["simulate", "--config", &repo_path("config/demo.toml").display().to_string()])
+        .args(["--autoscaler", "spike", "--trace", &trace, "--out", "-"])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let svg = String::from_utf8(output.stdout).unwrap();
+    assert!(svg.starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\""), "{}", &svg[..svg.len().min(200)]);
+    assert!(svg.trim_end().ends_with("</svg>"), "standard output is the SVG alone");
+    assert_well_formed(&svg);
+    let report = String::from_utf8(output.stderr).unwrap();
+    assert!(report.contains("Scale events ("), "the report goes to standard error: {report}");
+    assert!(!report.contains("Chart written to"), "{report}");
+    assert!(!dir.path().join("-").exists(), "a file named - was written");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "nothing written beside");
+}
+
+/// Each metric panel's title as drawn (without its tooltip), and where the legend on its line
+/// begins: the first x of the `<g font-size="11">` group that follows it.
+fn titles_and_legends(svg: &str) -> Vec<(String, f64)> {
+    const TITLE: &str = "font-size=\"13\" font-weight=\"600\">";
+    let mut found = Vec::new();
+    let mut rest = svg;
+    while let Some(at) = rest.find(TITLE) {
+        let after = &rest[at + TITLE.len()..];
+        let end = after.find("</text>").unwrap();
+        let mut title = after[..end].to_string();
+        if let (Some(open), Some(close)) = (title.find("<title>"), title.find("</title>")) {
+            title.replace_range(open..close + "</title>".len(), "");
+        }
+        let legend = &after[after.find("<g font-size=\"11\">").unwrap()..];
+        let x_at = legend.find(" x=\"").or_else(|| legend.find(" x1=\"")).unwrap();
+        let x_text = &legend[x_at..];
+        let x_text = &x_text[x_text.find('"').unwrap() + 1..];
+        let x: f64 = x_text[..x_text.find('"').unwrap()].parse().unwrap();
+        found.push((title, x));
+        rest = &after[end..];
+    }
+    found
+}
+
+/// A panel title (13 px, semibold, from x = 76) ends before its legend begins, measured at
+/// 0.66 em a character, wider than DejaVu Sans Bold's average; and a long metric name is cut
+/// rather than run into the legend.
+#[test]
+fn a_metric_panels_title_never_runs_into_its_legend() {
+    let dir = tempfile::tempdir().unwrap();
+    let long = "http_server_request_duration_seconds_bucket_p99_by_route_and_method_and_status_code";
+    let rules = dir.path().join("rules.toml");
+    std::fs::write(
+        &rules,
+        format!(
+            "[backend.prom]\ntype = \"prometheus\"\nurl = \"http://127.0.0.1:9090\"\n\n[[autoscaler]]\nname = \"long\"\n\
+             target = {{ kind = \"Deployment\", namespace = \"demo\", name = \"api\" }}\nmin_replicas = 1\nmax_replicas = 10\n\
+             [[autoscaler.metric]]\nname = \"{long}\"\nbackend = \"prom\"\nquery = \"q\"\nhigh_watermark = 0.5\nlow_watermark = 0.2\n"
+        ),
+    )
+    .unwrap();
+    let trace = dir.path().join("long.csv");
+    std::fs::write(&trace, format!("timestamp,{long}\n0,0.3\n60,0.9\n120,0.1\n")).unwrap();
+    let mut charts = Vec::new();
+    for (i, (config, autoscaler, trace, extra)) in [
+        (repo_path("config/demo.toml"), "spike", trace_path("spike"), None),
+        (repo_path("config/demo.toml"), "spike", trace_path("spike"), Some("per-replica")),
+        (repo_path("config/demo.toml"), "daily", trace_path("daily"), None),
+        (repo_path("config/demo.toml"), "flapping", trace_path("flapping"), None),
+        (rules.clone(), "long", trace.display().to_string(), None),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let chart = dir.path().join(format!("{i}.svg"));
+        let mut command = Command::new(env!("CARGO_BIN_EXE_watermarkd"));
+        command.args(["simulate", "--config", &config.display().to_string(), "--autoscaler", autoscaler]);
+        command.args(["--trace", &trace, "--out", &chart.display().to_string()]);
+        if let Some(model) = extra {
+            command.args(["--load-model", model]);
+        }
+        let output = command.output().unwrap();
+        assert!(output.status.success(), "{autoscaler}: {}", String::from_utf8_lossy(&output.stderr));
+        charts.push((autoscaler, std::fs::read_to_string(&chart).unwrap()));
+    }
+    for (autoscaler, svg) in &charts {
+        let panels = titles_and_legends(svg);
+        assert!(!panels.is_empty(), "{autoscaler}: no metric panel title found");
+        for (title, legend_x) in panels {
+            let right = 76.0 + 0.66 * 13.0 * title.chars().count() as f64;
+            assert!(
+                right < legend_x,
+                "{autoscaler}: the title {title:?} ends at {right:.0}, the legend begins at {legend_x}"
+            );
+        }
+    }
+    let (_, long_chart) = &charts[4];
+    assert!(long_chart.contains(&format!("<title>{long} (absolute")), "the full title is the tooltip");
+    assert!(long_chart.contains('…'), "the long name is cut");
+}

@@ -442,3 +442,192 @@ async fn the_page_works_in_a_headless_browser() {
     assert!(screenshot.starts_with(b"\x89PNG") && screenshot.len() > 10_000, "a real screenshot");
     std::fs::write(artifact("status-autoscaler.png"), screenshot).unwrap();
 }
+
+// ---------------------------------------------------------------------------------------------
+// What an object's author writes, and how `watermarkd status` finds and shows it.
+
+/// A metric name with a clear-screen, a colour and a window title in it, as the review wrote it
+/// into a WPA (the CRD puts no pattern on `metricName`).
+const HOSTILE_METRIC: &str = "cpu\u{1b}[2J\u{1b}[31mOWNED\u{1b}]0;pwned-title\u{7}";
+
+/// The WPA CRD, once per test binary (its cluster is shared).
+async fn wpa_crd(cluster: &KubeCluster) {
+    static INSTALLED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    INSTALLED
+        .get_or_init(|| async {
+            cluster.create_crd(&watermarkd::domain::crd::custom_resource_definition()).await;
+        })
+        .await;
+}
+
+/// A WPA on Deployment `target` of `namespace`, its one metric read from Prometheus (`load`)
+/// through the `watermarkd.io/queries` annotation.
+async fn create_wpa(cluster: &KubeCluster, namespace: &str, name: &str, target: &str, metric_name: &str) {
+    use kube::api::{Api, ApiResource, DynamicObject, PostParams};
+    let resource = ApiResource::erase::<watermarkd::domain::crd::WatermarkPodAutoscaler>(&());
+    let api: Api<DynamicObject> = Api::namespaced_with(cluster.client(), namespace, &resource);
+    let object: DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "datadoghq.com/v1alpha1", "kind": "WatermarkPodAutoscaler",
+        "metadata": { "name": name, "annotations": {
+            "watermarkd.io/queries": r#"[{"metric": 0, "backend": "prom", "query": "load"}]"# } },
+        "spec": { "minReplicas": 1, "maxReplicas": 6,
+            "scaleTargetRef": { "kind": "Deployment", "apiVersion": "apps/v1", "name": target },
+            "metrics": [{ "type": "External", "external": {
+                "highWatermark": "10", "lowWatermark": "5", "metricName": metric_name,
+                "metricSelector": { "matchLabels": { "app": target } } } }] },
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &object).await.unwrap_or_else(|e| panic!("create WPA {namespace}/{name}: {e}"));
+}
+
+/// CRD mode on a real API server: WPAs named `esc` in two namespaces with the review's metric
+/// name, `solo` in one, and a rules-file autoscaler `gone` whose target does not exist. The table
+/// and the detail show each control character as an escape, never the character (the JSON keeps
+/// it exactly); a WPA is listed as NAMESPACE/NAME and found by its bare name, NAMESPACE/NAME or
+/// id, and a bare name two namespaces share is refused naming both; an autoscaler whose every
+/// evaluation failed says so instead of "not evaluated yet".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wpas_are_shown_inert_and_found_by_their_own_name() {
+    let cluster = KubeCluster::shared();
+    wpa_crd(cluster).await;
+    let first = cluster.unique_namespace("status-crd-a").await;
+    let second = cluster.unique_namespace("status-crd-b").await;
+    for (ns, target) in [(&first, "web"), (&second, "web"), (&first, "api")] {
+        cluster.create_deployment(ns, target, 2).await;
+        cluster.set_workload_status("Deployment", ns, target, 2, 2).await;
+    }
+    create_wpa(cluster, &first, "esc", "web", HOSTILE_METRIC).await;
+    create_wpa(cluster, &second, "esc", "web", HOSTILE_METRIC).await;
+    create_wpa(cluster, &first, "solo", "api", "load").await;
+
+    let exporter = Exporter::start("load 7\n").await;
+    let prometheus = PrometheusServer::start(&exporter.target()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("rules.toml");
+    write(
+        &rules,
+        &format!(
+            "[backend.prom]\ntype = \"prometheus\"\nurl = \"{}\"\n\n[[autoscaler]]\nname = \"gone\"\n\
+             target = {{ kind = \"Deployment\", namespace = \"{first}\", name = \"does-not-exist\" }}\n\
+             interval = \"1s\"\nmin_replicas = 1\nmax_replicas = 6\n\
+             [[autoscaler.metric]]\nname = \"load\"\nbackend = \"prom\"\nquery = 'load'\nhigh_watermark = 10\nlow_watermark = 5\n",
+            prometheus.url()
+        ),
+    );
+    let kubeconfig = dir.path().join("kubeconfig");
+    cluster.write_kubeconfig(&kubeconfig, ADMIN_TOKEN);
+    let args = [
+        "--config",
+        rules.to_str().unwrap(),
+        "--crd",
+        "--namespace",
+        &first,
+        "--namespace",
+        &second,
+        "--kubeconfig",
+        kubeconfig.to_str().unwrap(),
+        "--lease-namespace",
+        &first,
+        "--default-interval",
+        "1s",
+    ];
+    let daemon = DaemonProcess::start(&args, &[]);
+    let listen = daemon.listen.clone();
+    let list = eventually!(
+        STARTUP,
+        "the three WPAs decided on data, and gone failing",
+        async {
+            let list = json(&listen, "/api/v1/autoscalers", None).await?;
+            let rows = list["autoscalers"].as_array().unwrap();
+            let decided = rows.iter().filter(|r| r["source"] == "crd" && r["state"] == "ok").count();
+            let gone_failing = rows.iter().any(|r| r["name"] == "gone" && r["state"] == "failing");
+            if decided == 3 && gone_failing {
+                Ok(list)
+            } else {
+                Err(format!("{list}\n{}", daemon.log()))
+            }
+        }
+        .await
+    );
+    let esc = list["autoscalers"].as_array().unwrap().iter().find(|r| r["id"] == format!("crd/{first}/esc")).unwrap();
+    assert_eq!((&esc["name"], &esc["namespace"]), (&Value::from("esc"), &Value::from(first.clone())), "{esc}");
+
+    // The table: no control character reaches the terminal; each is shown as its escape.
+    let (_, table, err) = status_command(&listen, &[]);
+    assert!(!table.contains(['\u{1b}', '\u{7}']), "a control character in the table: {table:?}");
+    assert!(table.contains("cpu\\u{1b}[2J\\u{1b}[31mOWNED\\u{1b}]0;pwned-title\\u{7}"), "{table}{err}");
+    assert!(table.lines().any(|l| l.starts_with(&format!("{first}/esc "))), "{table}");
+    assert!(!table.contains(&format!("{first}/{first}/")), "the namespace twice: {table}");
+
+    // A bare name two namespaces share: refused, naming both.
+    let (code, _, err) = status_command(&listen, &["esc"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("\"esc\" names several autoscalers"), "{err}");
+    for ns in [&first, &second] {
+        assert!(err.contains(&format!("{ns}/esc (crd/{ns}/esc)")), "{ns} in {err}");
+    }
+
+    // NAMESPACE/NAME, the id, and a bare name only one namespace has: the detail, inert too.
+    for (asked, id) in [
+        (format!("{first}/esc"), format!("crd/{first}/esc")),
+        (format!("crd/{second}/esc"), format!("crd/{second}/esc")),
+        ("solo".to_string(), format!("crd/{first}/solo")),
+    ] {
+        let (code, detail, err) = status_command(&listen, &[&asked]);
+        assert_eq!(code, 0, "{asked}: {detail}{err}");
+        assert!(detail.starts_with(&format!("{} ({id}) -> Deployment", id.rsplit('/').next().unwrap())), "{detail}");
+        assert!(!detail.contains(['\u{1b}', '\u{7}']), "a control character in the detail: {detail:?}");
+    }
+    let (_, detail, _) = status_command(&listen, &[&format!("{first}/esc")]);
+    assert!(detail.contains("cpu\\u{1b}[2J"), "{detail}");
+
+    // JSON stays exact JSON: the name as written.
+    let (code, out, err) = status_command(&listen, &["-o", "json", &format!("{first}/esc")]);
+    assert_eq!(code, 0, "{err}");
+    let parsed: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(parsed["metric"]["name"], HOSTILE_METRIC, "{parsed}");
+
+    // Failing from the start: why, and that it is tried again, not "not evaluated yet".
+    let (code, detail, err) = status_command(&listen, &["gone"]);
+    assert_eq!(code, 1, "{detail}{err}");
+    assert!(detail.contains("cannot evaluate: "), "{detail}");
+    assert!(
+        detail.contains("no decision yet: every evaluation so far has failed; the daemon tries again every 1s"),
+        "{detail}"
+    );
+    assert!(!detail.contains("not evaluated yet"), "{detail}");
+}
+
+/// The review's `/ui?offset=18446744073709551615`: the pager's text said "0 to
+/// 18446744073709551615 shown" (the sum wrapped; a build with overflow checks panics there).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_far_past_the_end_says_so_without_wrapping() {
+    let setup = Setup::start("status-offset").await;
+    let daemon = setup.daemon(&[]);
+    let listen = daemon.listen.clone();
+    settled(&listen, None).await;
+    for path in ["/ui?offset=18446744073709551615", "/ui/table?offset=18446744073709551615", "/ui?offset=3"] {
+        let (status, _, page) = get(&listen, path, None).await;
+        assert_eq!(status, 200, "{path}: {page}");
+        assert!(page.contains("3 of 3 autoscalers, none past the first 3"), "{path}: {page}");
+        assert!(!page.contains(" shown"), "{path}: {page}");
+        assert!(!page.contains("rel=\"next\""), "{path}: no next page past the end: {page}");
+    }
+    let (_, _, page) = get(&listen, "/ui?offset=1&limit=1", None).await;
+    assert!(page.contains("3 of 3 autoscalers") && !page.contains("none past"), "{page}");
+}
+
+/// A daemon that is not there: the address once, the cause, and what to try.
+#[test]
+fn an_unreachable_daemon_is_named_once_with_the_cause_and_a_hint() {
+    // A port nothing listens on: bound, then closed.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let (code, out, err) = status_command(&format!("127.0.0.1:{port}"), &[]);
+    assert_eq!(code, 2, "{out}{err}");
+    let url = format!("http://127.0.0.1:{port}");
+    assert_eq!(err.matches(&url).count(), 1, "the address once: {err}");
+    assert!(err.contains(&format!("cannot reach the daemon at {url}: ")), "{err}");
+    assert!(err.to_lowercase().contains("connection refused"), "the cause: {err}");
+    assert!(err.contains("kubectl -n watermarkd port-forward") && err.contains("--url"), "a hint: {err}");
+    assert!(!err.contains("/api/v1"), "the request's path is not the daemon's address: {err}");
+}

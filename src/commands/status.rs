@@ -38,14 +38,19 @@ pub struct StatusArgs {
     /// A file holding the bearer token the daemon asks for (else WATERMARKD_STATUS_TOKEN).
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,
-    #[arg(long, value_enum, default_value = "text")]
+    /// `text` for a person, `json` for a script (the API's answer, as it is).
+    #[arg(short = 'o', long, value_enum, default_value = "text")]
     pub output: Output,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum StatusCommandError {
-    #[error("cannot reach the daemon at {url}: {error}")]
-    Unreachable { url: String, error: String },
+    #[error(
+        "cannot reach the daemon at {url}: {cause}. Is it running and listening there? For a daemon in a \
+         cluster, forward its port first (`kubectl -n watermarkd port-forward deploy/watermarkd 8080:8080`), or \
+         give another address with --url"
+    )]
+    Unreachable { url: String, cause: String },
     #[error("the daemon answered {status} to {url}: {message}")]
     Refused { url: String, status: u16, message: String },
     #[error("the daemon's answer to {url} is not the status API's JSON: {error}")]
@@ -54,8 +59,8 @@ pub enum StatusCommandError {
     Token { path: String, error: String },
     #[error("no autoscaler {name:?} runs there{known}")]
     NotFound { name: String, known: String },
-    #[error("{name:?} names several autoscalers: {ids}; give the whole id")]
-    Ambiguous { name: String, ids: String },
+    #[error("{name:?} names several autoscalers: {candidates}; give one of them as NAMESPACE/NAME or as its id")]
+    Ambiguous { name: String, candidates: String },
     #[error(transparent)]
     Output(#[from] std::io::Error),
 }
@@ -85,7 +90,7 @@ impl Api {
             // A token is never carried to wherever a redirect points.
             .redirect(reqwest::redirect::Policy::none())
             .build()
-            .map_err(|e| StatusCommandError::Unreachable { url: base.clone(), error: e.to_string() })?;
+            .map_err(|e| StatusCommandError::Unreachable { url: base.clone(), cause: e.to_string() })?;
         Ok(Api { client, base, token })
     }
 
@@ -96,15 +101,11 @@ impl Api {
         if let Some(token) = &self.token {
             request = request.bearer_auth(token);
         }
-        let answer = request
-            .send()
-            .await
-            .map_err(|e| StatusCommandError::Unreachable { url: url.clone(), error: error_chain(&e) })?;
+        let unreachable =
+            |e: reqwest::Error| StatusCommandError::Unreachable { url: self.base.clone(), cause: cause(e) };
+        let answer = request.send().await.map_err(unreachable)?;
         let status = answer.status().as_u16();
-        let body = answer
-            .bytes()
-            .await
-            .map_err(|e| StatusCommandError::Unreachable { url: url.clone(), error: error_chain(&e) })?;
+        let body = answer.bytes().await.map_err(unreachable)?;
         if status == 404 {
             return Ok(None);
         }
@@ -114,7 +115,7 @@ impl Api {
                 .ok()
                 .and_then(|v| v.get("error").and_then(Value::as_str).map(str::to_string))
                 .unwrap_or_else(|| String::from_utf8_lossy(&body).chars().take(200).collect());
-            return Err(StatusCommandError::Refused { url, status, message });
+            return Err(StatusCommandError::Refused { url, status, message: printable(&message) });
         }
         value.map(Some).map_err(|e| StatusCommandError::Unreadable { url, error: e.to_string() })
     }
@@ -153,15 +154,18 @@ impl Api {
     }
 }
 
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
+/// What went wrong, once: the innermost cause (`Connection refused (os error 111)`), without
+/// the URL that reqwest repeats at each level of its chain.
+fn cause(error: reqwest::Error) -> String {
+    if error.is_timeout() {
+        return format!("no answer within {}s", TIMEOUT.as_secs());
     }
-    text
+    let error = error.without_url();
+    let mut innermost: &dyn std::error::Error = &error;
+    while let Some(source) = innermost.source() {
+        innermost = source;
+    }
+    innermost.to_string()
 }
 
 /// Runs the command. Returns false when an autoscaler shown is failing or has no data.
@@ -172,8 +176,10 @@ pub async fn run(args: &StatusArgs, out: &mut impl Write) -> Result<bool, Status
             let list = api.list(args.state.as_deref(), None).await?;
             let daemon = list.get("daemon");
             if daemon.and_then(|d| d.get("leader")) == Some(&Value::Bool(false)) {
-                let holder =
-                    daemon.and_then(|d| d.get("leader_identity")).and_then(Value::as_str).unwrap_or("another daemon");
+                let holder = daemon
+                    .and_then(|d| d.get("leader_identity"))
+                    .and_then(Value::as_str)
+                    .map_or_else(|| "another daemon".to_string(), printable);
                 let _ = writeln!(
                     std::io::stderr(),
                     "watermarkd status: this daemon follows; {holder} leads and decides (ask it instead)"
@@ -206,8 +212,8 @@ fn healthy(row: &Value) -> bool {
     !matches!(row.get("state").and_then(Value::as_str), Some("failing" | "no_data"))
 }
 
-/// The id of the autoscaler `name` means: an id as it is, else the one whose name (or
-/// `namespace/name`) it is.
+/// The id of the autoscaler `name` means: an id as it is, else the one whose name, or
+/// `NAMESPACE/NAME`, it is. A bare name two namespaces share is refused, listing both.
 async fn resolve(api: &Api, name: &str) -> Result<String, StatusCommandError> {
     if name.starts_with("file/") || name.starts_with("crd/") {
         return Ok(name.to_string());
@@ -217,31 +223,49 @@ async fn resolve(api: &Api, name: &str) -> Result<String, StatusCommandError> {
     let list = api.list(None, Some(own_name)).await?;
     let rows = list.get("autoscalers").and_then(Value::as_array).cloned().unwrap_or_default();
     let field = |row: &Value, key: &str| row.get(key).and_then(Value::as_str).unwrap_or("").to_string();
-    let ids: Vec<String> = rows
+    let matching: Vec<&Value> = rows
         .iter()
         .filter(|row| {
             let (own, namespace) = (field(row, "name"), field(row, "namespace"));
             own == name || format!("{namespace}/{own}") == name
         })
-        .map(|row| field(row, "id"))
         .collect();
-    match ids.as_slice() {
-        [one] => Ok(one.clone()),
+    match matching.as_slice() {
+        [one] => Ok(field(one, "id")),
         [] => {
-            let mut known: Vec<String> = rows.iter().map(|row| field(row, "id")).collect();
+            let mut known: Vec<String> = rows.iter().map(|row| printable(&field(row, "id"))).collect();
             known.truncate(20);
             let known = if known.is_empty() { String::new() } else { format!(" (it runs: {})", known.join(", ")) };
             Err(StatusCommandError::NotFound { name: name.to_string(), known })
         }
-        several => Err(StatusCommandError::Ambiguous { name: name.to_string(), ids: several.join(", ") }),
+        several => {
+            let candidates: Vec<String> = several
+                .iter()
+                .map(|row| {
+                    printable(&format!("{}/{} ({})", field(row, "namespace"), field(row, "name"), field(row, "id")))
+                })
+                .collect();
+            Err(StatusCommandError::Ambiguous { name: name.to_string(), candidates: candidates.join(", ") })
+        }
     }
+}
+
+/// `text` with each control character written as its escape (`\u{1b}`): a name or metric an
+/// object's author chose is shown, never obeyed by the terminal (a colour, a cleared screen, a
+/// window title).
+fn printable(text: &str) -> String {
+    if !text.chars().any(char::is_control) {
+        return text.to_string();
+    }
+    text.chars().map(|c| if c.is_control() { c.escape_unicode().to_string() } else { c.to_string() }).collect()
 }
 
 fn text(value: Option<&Value>) -> String {
     match value {
-        Some(Value::String(s)) => s.clone(),
+        Some(Value::String(s)) => printable(s),
         Some(Value::Number(n)) => number_text(n.as_f64()),
         Some(Value::Null) | None => "-".into(),
+        // JSON text: its strings already escape every control character.
         Some(other) => other.to_string(),
     }
 }
@@ -324,12 +348,26 @@ fn write_detail(detail: &Value, out: &mut impl Write) -> std::io::Result<()> {
         text(target.get("name")),
         text(detail.get("state"))
     )?;
-    if let Some(failing) = detail.get("failing").filter(|f| !f.is_null()) {
-        writeln!(out, "cannot evaluate: {}", text(Some(failing)))?;
+    let failing = detail.get("failing").filter(|f| !f.is_null());
+    if let Some(failing) = failing {
+        match failing_since(detail) {
+            Some(since) => writeln!(out, "failing since {since}: {}", text(Some(failing)))?,
+            None => writeln!(out, "cannot evaluate: {}", text(Some(failing)))?,
+        }
     }
     let Some(last) = detail.get("last").filter(|l| !l.is_null()) else {
-        return writeln!(out, "not evaluated yet");
+        return match failing {
+            Some(_) => writeln!(
+                out,
+                "no decision yet: every evaluation so far has failed; the daemon tries again every {}s",
+                text(detail.get("interval_seconds"))
+            ),
+            None => writeln!(out, "not evaluated yet"),
+        };
     };
+    if failing.is_some() {
+        writeln!(out, "\nthe last decision, before it began failing:")?;
+    }
     writeln!(
         out,
         "replicas {} ({} ready), bounds {}..{}, evaluated at {}",
@@ -358,18 +396,72 @@ fn write_detail(detail: &Value, out: &mut impl Write) -> std::io::Result<()> {
     }
     writeln!(out, "\nscale events in the history, newest first:")?;
     for event in events.iter().rev().take(10) {
-        let at = event
-            .get("at")
-            .and_then(Value::as_i64)
-            .and_then(|s| watermarkd_engine::Timestamp::from_unix_seconds_f64(s as f64).map(|t| t.to_string()));
         writeln!(
             out,
             "  {} {} -> {}{}",
-            at.unwrap_or_else(|| "-".into()),
+            instant(event.get("at")).unwrap_or_else(|| "-".into()),
             text(event.get("from")),
             text(event.get("to")),
             if event.get("written").and_then(Value::as_bool) == Some(false) { " (decided, not written)" } else { "" }
         )?;
     }
     Ok(())
+}
+
+/// Unix seconds, as RFC 3339.
+fn instant(seconds: Option<&Value>) -> Option<String> {
+    let seconds = seconds.and_then(Value::as_i64)?;
+    watermarkd_engine::Timestamp::from_unix_seconds_f64(seconds as f64).map(|t| t.to_string())
+}
+
+/// When the evaluations began failing, as far as the history says: the first sample of the
+/// run of failed ones it ends with. `None` when no sample says (it failed from the start).
+fn failing_since(detail: &Value) -> Option<String> {
+    let samples = detail.get("history")?.get("samples")?.as_array()?;
+    let failed = |sample: &&Value| {
+        sample.get("marks").and_then(Value::as_array).is_some_and(|marks| marks.iter().any(|m| m == "failed"))
+    };
+    let first = samples.iter().rev().take_while(failed).last()?;
+    instant(first.get("at"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn detail_text(detail: &Value) -> String {
+        let mut out = Vec::new();
+        write_detail(detail, &mut out).expect("written");
+        String::from_utf8(out).expect("UTF-8")
+    }
+
+    #[test]
+    fn control_characters_are_shown_as_escapes() {
+        assert_eq!(printable("cpu\u{1b}[2J\u{7}"), "cpu\\u{1b}[2J\\u{7}");
+        assert_eq!(printable("plain ü"), "plain ü");
+        assert_eq!(text(Some(&json!("a\nb"))), "a\\u{a}b");
+    }
+
+    /// It failed after deciding: the decision shown is the last one, and the failure says
+    /// since when, from the run of failed samples the history ends with.
+    #[test]
+    fn a_failing_autoscaler_says_since_when() {
+        let detail = json!({
+            "name": "web", "id": "file/web", "state": "failing", "interval_seconds": 15,
+            "target": { "kind": "Deployment", "namespace": "prod", "name": "web" },
+            "failing": "Deployment prod/web does not exist",
+            "last": { "replicas": 3, "ready_replicas": 3, "min_replicas": 1, "max_replicas": 6,
+                      "at": "2026-11-27T09:00:00Z", "explanation": ["held at 3: every metric is inside its band"] },
+            "history": { "samples": [
+                { "at": 1_795_770_000, "marks": [] },
+                { "at": 1_795_770_015, "marks": ["failed"] },
+                { "at": 1_795_770_030, "marks": ["failed"] }
+            ], "events": [] }
+        });
+        let said = detail_text(&detail);
+        assert!(said.contains("\nfailing since 2026-11-27T09:00:15Z: Deployment prod/web does not exist\n"), "{said}");
+        assert!(said.contains("the last decision, before it began failing:\nreplicas 3"), "{said}");
+        assert!(!said.contains("not evaluated yet"), "{said}");
+    }
 }

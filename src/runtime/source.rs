@@ -61,6 +61,12 @@ impl AutoscalerKey {
     pub fn namespace(&self) -> Option<&str> {
         self.namespace.as_deref()
     }
+
+    /// The name in its source: the rules file's `name`, or the WPA object's `metadata.name`
+    /// (without its namespace, which [`AutoscalerKey::namespace`] says).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
 }
 
 /// `file/NAME` or `crd/NAMESPACE/NAME`. The schedule's phase is a hash of this text, so it must
@@ -121,7 +127,9 @@ impl Desired {
         backends.dedup();
         Identity {
             id: self.key.to_string().into(),
-            name: Arc::clone(&autoscaler.name),
+            // The object's own name: a WPA's `autoscaler.name` is `NAMESPACE/NAME` (what its
+            // log lines say), and the board has the namespace in a field of its own.
+            name: Arc::from(self.key.name()),
             namespace: self.key.namespace().map_or_else(|| Arc::clone(&target.namespace), Arc::from),
             source: self.key.source().label(),
             target: TargetView {
@@ -298,10 +306,30 @@ mod tests {
     }
 
     #[test]
+    fn a_wpa_is_on_the_board_by_its_own_name_beside_its_namespace() {
+        let wpa: WatermarkPodAutoscaler = serde_json::from_value(serde_json::json!({
+            "apiVersion": "datadoghq.com/v1alpha1", "kind": "WatermarkPodAutoscaler",
+            "metadata": { "name": "esc", "namespace": "other" }, "spec": {}
+        }))
+        .expect("a WPA");
+        let text = format!(
+            "[backend.p]\ntype = \"prometheus\"\nurl = \"http://127.0.0.1:1\"\n{}",
+            autoscaler("x", "web", false)
+        );
+        let mut autoscaler = desired(&text).remove(0).autoscaler;
+        // What the mapping names a WPA's autoscaler (its log lines say it so).
+        autoscaler.name = "other/esc".into();
+        let identity =
+            Desired::from_wpa(Arc::new(wpa), autoscaler, Vec::new(), false).identity(Duration::from_secs(15));
+        assert_eq!((&*identity.id, &*identity.name, &*identity.namespace), ("crd/other/esc", "esc", "other"));
+    }
+
+    #[test]
     fn keys_print_as_they_always_did_so_phases_survive_an_upgrade() {
         assert_eq!(AutoscalerKey::rules_file("web").to_string(), "file/web");
         assert_eq!(AutoscalerKey::wpa("shop", "web").to_string(), "crd/shop/web");
         assert_ne!(AutoscalerKey::rules_file("web"), AutoscalerKey::wpa("", "web"));
         assert_eq!(AutoscalerKey::wpa("a", "b").source(), SourceKind::Wpa);
+        assert_eq!((AutoscalerKey::wpa("a", "b").namespace(), AutoscalerKey::wpa("a", "b").name()), (Some("a"), "b"));
     }
 }

@@ -124,13 +124,17 @@ pub fn table_rows(page: &ListPage, query: &ListQuery, now: i64) -> String {
     }
     out.push_str("</nav>");
     let shown = page.autoscalers.len();
+    // The offset is the reader's, up to usize::MAX: nothing here may wrap.
+    let past_shown = page.offset.saturating_add(shown);
     let _ = write!(
         out,
         "<p class=\"matched\">{} of {} autoscalers{}</p>",
         page.matched,
         page.total,
-        if shown < page.matched {
-            format!(", {} to {} shown", page.offset + 1, page.offset + shown)
+        if shown == 0 && page.matched > 0 {
+            format!(", none past the first {}", page.offset.min(page.matched))
+        } else if shown < page.matched {
+            format!(", {} to {past_shown} shown", page.offset.saturating_add(1))
         } else {
             String::new()
         }
@@ -144,12 +148,11 @@ pub fn table_rows(page: &ListPage, query: &ListQuery, now: i64) -> String {
     }
     out.push_str("</tbody></table><nav class=\"pager\">");
     if page.offset > 0 {
-        let previous = page.offset.saturating_sub(query.limit);
+        let previous = page.offset.min(page.matched).saturating_sub(query.limit);
         let _ = write!(out, "<a rel=\"prev\" href=\"{}\">previous</a>", escape(&table_link("/ui", query, previous)));
     }
-    if page.offset + shown < page.matched {
-        let next = page.offset + shown;
-        let _ = write!(out, "<a rel=\"next\" href=\"{}\">next</a>", escape(&table_link("/ui", query, next)));
+    if past_shown < page.matched {
+        let _ = write!(out, "<a rel=\"next\" href=\"{}\">next</a>", escape(&table_link("/ui", query, past_shown)));
     }
     out.push_str("</nav>");
     out

@@ -71,7 +71,8 @@ pub struct BacktestArgs {
     pub readiness_lag: Duration,
 
     /// Also write an SVG chart of the replay; with --against, one chart of both rules beside
-    /// the actual replicas.
+    /// the actual replicas. `-` writes it to standard output, and the report then goes to
+    /// standard error.
     #[arg(long, value_name = "chart.svg")]
     pub out: Option<PathBuf>,
 
@@ -176,6 +177,11 @@ pub async fn run(
         None => None,
     };
     bar.finish();
+    // With `--out -` standard output is the SVG alone, and the report goes beside the progress.
+    let chart_to_stdout = simulate::chart_to_stdout(args.out.as_deref());
+    let (mut report, mut chart_out): (&mut dyn Write, Option<&mut dyn Write>) =
+        if chart_to_stdout { (err, Some(out)) } else { (out, None) };
+    let out = &mut report;
 
     let primary = replay(autoscaler, &history, args)?;
     // What the schedule and the forecast change: the same rule without them, on the same history.
@@ -201,8 +207,11 @@ pub async fn run(
             ),
             _ => simulate::render_svg(&autoscaler.rule, &primary.replay, &primary.summary),
         };
-        simulate::write_atomically(path, svg.as_bytes())
-            .map_err(|source| BacktestError::WriteChart { path: path.clone(), source })?;
+        match chart_out.as_mut() {
+            Some(chart_out) => chart_out.write_all(svg.as_bytes()).and_then(|()| chart_out.flush()),
+            None => simulate::write_atomically(path, svg.as_bytes()),
+        }
+        .map_err(|source| BacktestError::WriteChart { path: path.clone(), source })?;
     }
     let secondary = secondary.map(|(_, simulation)| simulation);
     let comparison = Comparison::new(&primary, secondary.as_ref(), &history);
@@ -219,7 +228,7 @@ pub async fn run(
             simulate::write_ahead_comparison(out, &primary.summary, &without.summary)?;
         }
         write_comparison(out, &comparison)?;
-        if let Some(path) = &args.out {
+        if let Some(path) = args.out.as_ref().filter(|_| !chart_to_stdout) {
             writeln!(out, "\nChart written to {}", path.display())?;
         }
     }

@@ -45,7 +45,8 @@ pub struct SimulateArgs {
     pub trace: PathBuf,
 
     /// Also write an SVG chart: each metric against its watermarks, proposed and effective
-    /// replicas, and the spans where scaling was restricted.
+    /// replicas, and the spans where scaling was restricted. `-` writes it to standard output,
+    /// and the report then goes to standard error.
     #[arg(long, value_name = "chart.svg")]
     pub out: Option<PathBuf>,
 
@@ -158,8 +159,22 @@ pub fn load_trace(path: &Path, rule: &Rule) -> Result<Trace, SimulateError> {
     parse_trace(&text, &metric_names).map_err(|source| SimulateError::Trace { path: path.to_path_buf(), source })
 }
 
-/// The `simulate` command.
-pub fn run(args: &SimulateArgs, out: &mut impl Write) -> Result<(), SimulateError> {
+/// Where `--out` sends the chart: `-` is standard output.
+pub(crate) fn chart_to_stdout(out: Option<&Path>) -> bool {
+    out.is_some_and(|path| path.as_os_str() == "-")
+}
+
+/// The `simulate` command. The report goes to `out`, unless the chart does (`--out -`): then
+/// the report goes to `err`, so that standard output is the SVG alone.
+pub fn run(args: &SimulateArgs, out: &mut impl Write, err: &mut impl Write) -> Result<(), SimulateError> {
+    if chart_to_stdout(args.out.as_deref()) {
+        report(args, err, Some(out))
+    } else {
+        report(args, out, None::<&mut io::Sink>)
+    }
+}
+
+fn report(args: &SimulateArgs, out: &mut impl Write, chart_out: Option<&mut impl Write>) -> Result<(), SimulateError> {
     let rules = rules::load_rules(&args.rules)?;
     let autoscaler = rules.autoscaler(&args.autoscaler).ok_or_else(|| SimulateError::UnknownAutoscaler {
         config: args.rules.clone(),
@@ -185,8 +200,11 @@ pub fn run(args: &SimulateArgs, out: &mut impl Write) -> Result<(), SimulateErro
 
     if let Some(path) = &args.out {
         let svg = render_svg(&autoscaler.rule, &simulation.replay, &simulation.summary);
-        write_atomically(path, svg.as_bytes())
-            .map_err(|source| SimulateError::WriteChart { path: path.clone(), source })?;
+        match chart_out {
+            Some(chart_out) => chart_out.write_all(svg.as_bytes()).and_then(|()| chart_out.flush()),
+            None => write_atomically(path, svg.as_bytes()),
+        }
+        .map_err(|source| SimulateError::WriteChart { path: path.clone(), source })?;
     }
     if args.json {
         let report = JsonReport {
@@ -201,7 +219,7 @@ pub fn run(args: &SimulateArgs, out: &mut impl Write) -> Result<(), SimulateErro
         if let Some(without) = &without {
             write_ahead_comparison(out, &simulation.summary, &without.summary)?;
         }
-        if let Some(path) = &args.out {
+        if let Some(path) = args.out.as_ref().filter(|p| !chart_to_stdout(Some(p))) {
             writeln!(out, "\nChart written to {}", path.display())?;
         }
     }

@@ -144,7 +144,9 @@ fn guard_sentence(guard: Guard, decision: &Decision, rule: &Rule) -> String {
     }
 }
 
-/// Every sentence of one decision, the headline first.
+/// Every sentence of one decision, the headline first. The headline says what bound this
+/// decision: a guard, else a forbidden window or delay that held a move (ahead of the limit
+/// that cut the move down), else the limit, else stabilization, else what the metrics asked.
 pub fn explain(decision: &Decision, rule: &Rule, context: Context<'_>) -> Vec<String> {
     let mut out = Vec::new();
     let why = match decision.guard {
@@ -157,12 +159,12 @@ pub fn explain(decision: &Decision, rule: &Rule, context: Context<'_>) -> Vec<St
         out.push(metric_sentence(metric, decision.ready_replicas, per_replica));
     }
     if let Some(s) = decision.stabilization.filter(|s| Some(s.stabilized) != decision.proposal) {
-        out.push(format!(
-            "stabilized to {}: the recent recommendations range from {} to {}",
-            s.stabilized, s.lower, s.upper
-        ));
+        let sentence = stabilized_sentence(s);
+        // Unless the headline already says it, as what held the replicas.
+        if !why.contains(&sentence) {
+            out.push(sentence);
+        }
     }
-    out.extend(hold_sentences(decision, rule));
     if let Some(by) = rule.bounds_by() {
         if let Some(min_by) = &by.min_by {
             out.push(format!("min_replicas is {} now, set by {min_by}", rule.min_replicas()));
@@ -174,15 +176,35 @@ pub fn explain(decision: &Decision, rule: &Rule, context: Context<'_>) -> Vec<St
     out
 }
 
-/// The velocity model's part: the proposal, and the limit that changed it.
+fn stabilized_sentence(s: watermarkd_engine::Stabilization) -> String {
+    format!("stabilized to {}: the recent recommendations range from {} to {}", s.stabilized, s.lower, s.upper)
+}
+
+/// The velocity model's part: what bound the replicas, and the proposal it bound.
 fn decision_sentence(decision: &Decision, rule: &Rule) -> String {
     let spec = decision.spec_replicas;
     let (Some(proposal), Some(normalized)) = (decision.proposal, decision.normalized) else {
         return format!("nothing to propose: holding {spec}");
     };
     let stabilized = decision.stabilization.map_or(proposal, |s| s.stabilized);
-    if normalized != stabilized {
-        return format!("wanted {stabilized}, limited to {normalized} by {}", limited_by(rule, decision.limit));
+    let limited = (normalized != stabilized).then(|| limited_by(rule, decision.limit));
+    // A window or delay that kept a move the limits allowed: that, not the limit, is why the
+    // replicas stayed where they are.
+    if let Some(held) = held_sentence(decision, rule) {
+        let way = if normalized > spec { "up" } else { "down" };
+        let toward = match &limited {
+            Some(by) => format!(" (wanted {stabilized}, limited by {by})"),
+            None => String::new(),
+        };
+        return format!("{held} before a scale {way} to {normalized}{toward}");
+    }
+    if let Some(by) = limited {
+        return format!("wanted {stabilized}, limited to {normalized} by {by}");
+    }
+    if stabilized != proposal {
+        if let Some(s) = decision.stabilization {
+            return format!("{} (the metrics ask for {proposal})", stabilized_sentence(s));
+        }
     }
     let inside = decision.metrics.iter().all(|m| matches!(m.position, Position::Inside | Position::Unavailable));
     match (decision.converging, inside, normalized == spec) {
@@ -196,12 +218,12 @@ fn decision_sentence(decision: &Decision, rule: &Rule) -> String {
     }
 }
 
-/// A move the metrics asked for and a window or delay held back.
-fn hold_sentences(decision: &Decision, rule: &Rule) -> Vec<String> {
+/// The forbidden window or delay that held a move the metrics and limits allowed, if one did.
+fn held_sentence(decision: &Decision, rule: &Rule) -> Option<String> {
     if decision.action != Action::Hold || decision.guard.is_some() {
-        return Vec::new();
+        return None;
     }
-    let Some(normalized) = decision.normalized else { return Vec::new() };
+    let normalized = decision.normalized?;
     let t = &decision.timing;
     let spec = decision.spec_replicas;
     let held = if normalized > spec {
@@ -223,9 +245,9 @@ fn hold_sentences(decision: &Decision, rule: &Rule) -> Vec<String> {
             delay_setting: "downscale_delay_below_watermark",
         }
     } else {
-        return Vec::new();
+        return None;
     };
-    held.sentence(window(rule, held.way == "up")).into_iter().collect()
+    held.sentence(window(rule, held.way == "up"))
 }
 
 /// What holds a move one way: its forbidden window, else its delay.
@@ -240,14 +262,13 @@ struct Held {
 
 impl Held {
     fn sentence(&self, configured: Option<Duration>) -> Option<String> {
-        let way = self.way;
         if self.window_left > 0.0 {
             let configured = configured.map(|w| format!(" {}", span(w.as_secs_f64()))).unwrap_or_default();
-            let setting = if way == "up" { "upscale" } else { "downscale" };
-            Some(format!("no scale {way}: {setting}_forbidden_window{configured} has {} left", span(self.window_left)))
+            let setting = if self.way == "up" { "upscale" } else { "downscale" };
+            Some(format!("{setting}_forbidden_window{configured} has {} left", span(self.window_left)))
         } else if self.delay_left > 0.0 {
             Some(format!(
-                "no scale {way} yet: the metric must stay {} watermark {} more ({} {})",
+                "the metric must stay {} watermark {} more ({} {})",
                 self.condition,
                 span(self.delay_left),
                 self.delay_setting,
@@ -263,7 +284,7 @@ impl Held {
 mod tests {
     use super::*;
     use serde_json::json;
-    use watermarkd_engine::{decide, Reading, State, Target, Timestamp};
+    use watermarkd_engine::{decide, Fallback, Reading, Recommendation, State, Target, Timestamp};
 
     fn rule(extra: serde_json::Value) -> Rule {
         let mut spec = json!({
@@ -310,8 +331,104 @@ mod tests {
         let rule = rule(json!({ "downscale_forbidden_window": "5m" }));
         let state = State { last_scale_time: Some(Timestamp::from_unix_millis(NOW - 108_000)), ..State::default() };
         let said = sentences(&rule, 10, 1.0, &state);
-        assert!(said[0].starts_with("held at 10: "), "{said:?}");
-        assert!(said.contains(&"no scale down: downscale_forbidden_window 5m has 3m 12s left".to_string()), "{said:?}");
+        // 10 replicas at 0.1 each ask for floor(1 / 0.6) = 1; the default 20% scale-down limit allows 8.
+        assert_eq!(
+            said[0],
+            "held at 10: downscale_forbidden_window 5m has 3m 12s left before a scale down to 8 (wanted 1, limited by \
+             scale_down_limit_factor 20%)",
+            "{said:?}"
+        );
+        assert_eq!(said.len(), 2, "the window is said once, in the headline: {said:?}");
+    }
+
+    /// The review's case: a limit lowered the proposal, and the window held even that. The
+    /// window is what kept the replicas at 18, so it leads; the limit says what it would allow.
+    #[test]
+    fn a_window_that_held_the_replicas_leads_ahead_of_the_limit() {
+        let rule = rule(json!({ "max_replicas": 20, "upscale_forbidden_window": "15s" }));
+        let state = State { last_scale_time: Some(Timestamp::from_unix_millis(NOW - 10_000)), ..State::default() };
+        // 18 replicas at 1.4 each (25.2) ask for 28.
+        let d = decision(&rule, 18, 25.2, &state);
+        assert_eq!((d.action, d.proposal, d.normalized, d.limit), (Action::Hold, Some(28), Some(20), Limit::TooMany));
+        let said = explain(&d, &rule, Context::default());
+        assert_eq!(
+            said[0],
+            "held at 18: upscale_forbidden_window 15s has 5s left before a scale up to 20 (wanted 28, limited by \
+             max_replicas 20)",
+            "{said:?}"
+        );
+    }
+
+    #[test]
+    fn a_delay_that_held_the_replicas_leads() {
+        let rule = rule(json!({ "upscale_delay_above_watermark": "1m" }));
+        let state = State { above_since: Some(Timestamp::from_unix_millis(NOW - 20_000)), ..State::default() };
+        // 2 replicas at 1.8 each ask for 4; the default 50% factor allows 3.
+        let said = sentences(&rule, 2, 3.6, &state);
+        assert_eq!(
+            said[0],
+            "held at 2: the metric must stay above the high watermark 40s more (upscale_delay_above_watermark 1m) \
+             before a scale up to 3 (wanted 4, limited by scale_up_limit_factor 50%)",
+            "{said:?}"
+        );
+    }
+
+    #[test]
+    fn max_replicas_that_held_the_replicas_is_named() {
+        let rule = rule(json!({ "max_replicas": 20 }));
+        let said = sentences(&rule, 20, 25.2, &State::default());
+        assert_eq!(said[0], "held at 20: wanted 28, limited to 20 by max_replicas 20", "{said:?}");
+    }
+
+    #[test]
+    fn stabilization_that_held_the_replicas_leads() {
+        let rule = rule(json!({ "behavior": { "scale_down": { "stabilization_window": "5m" } } }));
+        let earlier = Recommendation { replicas: 10, at: Timestamp::from_unix_millis(NOW - 60_000) };
+        let state = State { recommendations: vec![earlier], ..State::default() };
+        // 10 replicas at 0.36 each (3.6) ask for floor(3.6 / 0.6) = 6; a recommendation of 10 a
+        // minute ago holds it.
+        let d = decision(&rule, 10, 3.6, &state);
+        assert_eq!((d.action, d.proposal), (Action::Hold, Some(6)), "{}", d.reason);
+        let said = explain(&d, &rule, Context::default());
+        assert_eq!(
+            said[0],
+            "held at 10: stabilized to 10: the recent recommendations range from 6 to 10 (the metrics ask for 6)",
+            "{said:?}"
+        );
+        assert_eq!(said.iter().filter(|s| s.contains("stabilized to")).count(), 1, "said once: {said:?}");
+    }
+
+    #[test]
+    fn a_guard_leads_when_it_decided() {
+        let rule = rule(json!({ "max_replicas": 20 }));
+        let said = sentences(&rule, 25, 1.0, &State::default());
+        assert_eq!(said[0], "scaled down from 25 to 20: spec 25 is above max_replicas 20", "{said:?}");
+    }
+
+    #[test]
+    fn a_pause_leads_what_would_have_been_done() {
+        let rule = rule(json!({ "max_replicas": 20 }));
+        let d = decision(&rule, 18, 25.2, &State::default());
+        let paused = Context { paused_until: Some("2026-12-01T08:00:00Z"), scaled: false };
+        assert_eq!(
+            explain(&d, &rule, paused)[0],
+            "would scale up from 18 to 20, but paused until 2026-12-01T08:00:00Z: wanted 28, limited to 20 by \
+             max_replicas 20"
+        );
+    }
+
+    #[test]
+    fn a_fallback_that_decided_is_named() {
+        let because = "no usable metric value for 5m: falling back to 6 replicas".to_string();
+        let rule = rule(json!({})).falling_back(Fallback { replicas: 6, scale_down: false, because });
+        let target = Target { spec_replicas: 4, status_replicas: Some(4), ready_replicas: Some(4) };
+        let none = [Reading::Unavailable { reason: "no data".into() }];
+        let d = decide(&rule, target, &none, &State::default(), Timestamp::from_unix_millis(NOW));
+        assert_eq!(
+            explain(&d, &rule, Context { scaled: true, ..Context::default() })[0],
+            "scaled up from 4 to 6: no metric has a usable value (no usable metric value for 5m: falling back to 6 \
+             replicas): the fallback decides"
+        );
     }
 
     #[test]

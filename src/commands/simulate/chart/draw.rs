@@ -49,11 +49,27 @@ pub(super) enum Mark {
     Box { color: &'static str, opacity: f64 },
 }
 
+/// Each legend entry's width: its mark, its label, the gap after it. SVG has no text
+/// measurement: 6.4 px per character at 11 px.
+fn legend_widths(entries: &[(Mark, String)]) -> Vec<f64> {
+    entries.iter().map(|(_, label)| 26.0 + 6.4 * label.chars().count() as f64 + 18.0).collect()
+}
+
+/// Where a legend right-aligned at `right` begins.
+pub(super) fn legend_left(right: f64, entries: &[(Mark, String)]) -> f64 {
+    right - legend_widths(entries).iter().sum::<f64>() + 18.0
+}
+
+/// How wide a panel title (13 px, semibold) is drawn at most: 0.66 em per character, wider
+/// than the average of the fonts named (DejaVu Sans Bold, the widest, is about 0.63 em).
+pub(super) fn title_width(text: &str) -> f64 {
+    0.66 * 13.0 * text.chars().count() as f64
+}
+
 /// A legend on one line, right-aligned at `right`, vertically centred on `y`.
 pub(super) fn legend(svg: &mut String, right: f64, y: f64, entries: &[(Mark, String)]) {
-    // No text measurement in SVG: estimate 6.4 px per character at 11 px.
-    let widths: Vec<f64> = entries.iter().map(|(_, label)| 26.0 + 6.4 * label.chars().count() as f64 + 18.0).collect();
-    let mut x = right - widths.iter().sum::<f64>() + 18.0;
+    let widths = legend_widths(entries);
+    let mut x = legend_left(right, entries);
     svg.push_str(r#"<g font-size="11">"#);
     for ((mark, label), width) in entries.iter().zip(&widths) {
         match *mark {

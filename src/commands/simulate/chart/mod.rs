@@ -17,8 +17,8 @@ use super::report::{human_duration, Summary};
 mod draw;
 
 use draw::{
-    escape, format_value, frame, grid, legend, level_line, nice_ticks, short_time, side_labels, step_path, time_labels,
-    time_ticks, Mark, TimeAxis, TimeTick, ValueAxis,
+    escape, format_value, frame, grid, legend, legend_left, level_line, nice_ticks, short_time, side_labels, step_path,
+    time_labels, time_ticks, title_width, Mark, TimeAxis, TimeTick, ValueAxis,
 };
 
 const WIDTH: f64 = 1280.0;
@@ -36,6 +36,8 @@ const METRIC_PANEL_HEIGHT: f64 = 190.0;
 const STRIP_HEIGHT: f64 = 14.0;
 const REPLICAS_PANEL_HEIGHT: f64 = 230.0;
 const PANEL_GAP: f64 = 18.0;
+/// The least space between a panel's title and the legend on its line.
+const TITLE_LEGEND_GAP: f64 = 16.0;
 const AXIS_HEIGHT: f64 = 44.0;
 const FONT: &str = "system-ui, -apple-system, 'Segoe UI', 'DejaVu Sans', Helvetica, Arial, sans-serif";
 
@@ -399,11 +401,17 @@ fn metric_panel(
     let value_ticks = nice_ticks(peak_usage.max(highest * 1.15));
     panel.max = value_ticks.last().copied().unwrap_or(1.0);
 
+    // The title ends where the legend on its line begins, shortened to fit: the full
+    // explanation is its tooltip.
+    let legend_entries = metric_legend_entries(rule, (band_low, band_high));
+    let room = legend_left(time.left + time.width, &legend_entries) - MARGIN_LEFT - TITLE_LEGEND_GAP;
+    let (full, shown) = metric_title(rule, replay, &metric.name, room);
     let _ = writeln!(
         svg,
-        r#"<text x="{MARGIN_LEFT}" y="{:.1}" font-size="13" font-weight="600">{}</text>"#,
+        r#"<text x="{MARGIN_LEFT}" y="{:.1}" font-size="13" font-weight="600"><title>{}</title>{}</text>"#,
         panel.top - 9.0,
-        escape(&metric_title(rule, replay, &metric.name))
+        escape(&full),
+        escape(&shown)
     );
     grid(svg, panel, time, ticks, &value_ticks);
     shade_spans(svg, spans, time, panel.top, panel.height, 0.13);
@@ -417,7 +425,7 @@ fn metric_panel(
         band_bottom - band_top
     );
     watermark_lines(svg, panel, time, (low, high), theirs);
-    metric_legend(svg, rule, time.left + time.width, panel.top - 13.0, (band_low, band_high));
+    legend(svg, time.left + time.width, panel.top - 13.0, &legend_entries);
     let _ = writeln!(
         svg,
         r#"<path d="{}" fill="none" stroke="{USAGE_COLOR}" stroke-width="1.4" stroke-linejoin="round"/>"#,
@@ -427,14 +435,31 @@ fn metric_panel(
 }
 
 /// A metric panel's title: the metric, and what its value is per the algorithm and load model.
-fn metric_title(rule: &Rule, replay: &Replay, name: &str) -> String {
-    match rule.algorithm() {
-        Algorithm::Absolute if replay.options.load_model == LoadModel::PerReplica => {
-            format!("{name} per ready replica (per-replica load model: trace demand ÷ simulated ready replicas)")
+/// Returns the full title and the one that fits in `room` px: the full one, else a shorter
+/// explanation, else the name alone, cut with an ellipsis if even that is too long.
+fn metric_title(rule: &Rule, replay: &Replay, name: &str, room: f64) -> (String, String) {
+    let (full, short) = match rule.algorithm() {
+        Algorithm::Absolute if replay.options.load_model == LoadModel::PerReplica => (
+            "per ready replica (per-replica load model: trace demand ÷ simulated ready replicas)",
+            "per ready replica (demand ÷ ready)",
+        ),
+        Algorithm::Absolute => {
+            ("(absolute: the value is the per-replica load, replayed as recorded)", "(absolute, as recorded)")
         }
-        Algorithm::Absolute => format!("{name} (absolute: the value is the per-replica load, replayed as recorded)"),
-        Algorithm::Average => format!("{name} per ready replica (average: trace total ÷ ready replicas)"),
-    }
+        Algorithm::Average => {
+            ("per ready replica (average: trace total ÷ ready replicas)", "per ready replica (total ÷ ready)")
+        }
+    };
+    let full = format!("{name} {full}");
+    let shown = [full.clone(), format!("{name} {short}"), name.to_string()]
+        .into_iter()
+        .find(|title| title_width(title) <= room)
+        .unwrap_or_else(|| {
+            let fits = (room / title_width("m")).floor().max(2.0) as usize;
+            let cut: String = name.chars().take(fits - 1).collect();
+            format!("{cut}…")
+        });
+    (full, shown)
 }
 
 /// The rule's watermarks (and the other rule's, dotted) across the panel, named in the right
@@ -464,7 +489,7 @@ fn watermark_lines(
 }
 
 /// A metric panel's legend, with the hold band's tolerance and bounds.
-fn metric_legend(svg: &mut String, rule: &Rule, right: f64, y: f64, (band_low, band_high): (f64, f64)) {
+fn metric_legend_entries(rule: &Rule, (band_low, band_high): (f64, f64)) -> Vec<(Mark, String)> {
     let (up, down) = (rule.upscale_tolerance().to_f64() * 100.0, rule.downscale_tolerance().to_f64() * 100.0);
     let tolerance = if up == down {
         format!("±{}", format_value(up))
@@ -472,21 +497,16 @@ fn metric_legend(svg: &mut String, rule: &Rule, right: f64, y: f64, (band_low, b
         format!("+{}/−{}", format_value(up), format_value(down))
     };
     // The other rule's watermarks are named by their side labels: one more legend entry would
-    // run into the panel's title.
-    legend(
-        svg,
-        right,
-        y,
-        &[
-            (Mark::Line { color: USAGE_COLOR, width: 2.0, dash: "" }, "usage".to_string()),
-            (Mark::Line { color: HIGH_COLOR, width: 1.4, dash: "7 4" }, "high watermark".to_string()),
-            (Mark::Line { color: LOW_COLOR, width: 1.4, dash: "7 4" }, "low watermark".to_string()),
-            (
-                Mark::Box { color: BAND_COLOR, opacity: 0.35 },
-                format!("hold band ({tolerance}%: {} – {})", format_value(band_low), format_value(band_high)),
-            ),
-        ],
-    );
+    // leave the panel's title no room.
+    vec![
+        (Mark::Line { color: USAGE_COLOR, width: 2.0, dash: "" }, "usage".to_string()),
+        (Mark::Line { color: HIGH_COLOR, width: 1.4, dash: "7 4" }, "high watermark".to_string()),
+        (Mark::Line { color: LOW_COLOR, width: 1.4, dash: "7 4" }, "low watermark".to_string()),
+        (
+            Mark::Box { color: BAND_COLOR, opacity: 0.35 },
+            format!("hold band ({tolerance}%: {} – {})", format_value(band_low), format_value(band_high)),
+        ),
+    ]
 }
 
 /// The usage line's path, broken where the metric had no data.
