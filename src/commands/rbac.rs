@@ -13,6 +13,8 @@
 //! `apps` entries for their own group and resource; they are granted per installation, not
 //! here (see the README (Install)).
 
+use crate::adapters::status::access;
+
 /// One RBAC rule: these verbs on these resources of one API group.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Permission {
@@ -190,7 +192,7 @@ pub const SUBJECT_ACCESS_REVIEWS: Permission = Permission {
 pub const STATUS_READER: Permission = Permission {
     namespaced_to_daemon: false,
     crd_mode_only: false,
-    api_group: "watermarkd.io",
-    resources: &["status"],
-    verbs: &["get"],
+    api_group: access::READER_API_GROUP,
+    resources: &[access::READER_RESOURCE],
+    verbs: &[access::READER_VERB],
 };

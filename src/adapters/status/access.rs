@@ -6,7 +6,7 @@
 //! - Otherwise a request needs a bearer token: the configured one (a file or an environment
 //!   variable, re-read when it changes), or one the Kubernetes API server authenticates (a
 //!   TokenReview for the audiences of `token_audiences`) whose user it then authorizes to read
-//!   ([`STATUS_READER`]: a SubjectAccessReview). A token sent is always checked, and its answer
+//!   ([`READER_VERB`] [`READER_RESOURCE`] in [`READER_API_GROUP`]: a SubjectAccessReview). A token sent is always checked, and its answer
 //!   stands.
 //! - `open_on_loopback` lets a request without a token in when it comes from exactly 127.0.0.1
 //!   or ::1 (`kubectl port-forward` into a pod arrives so). Off unless set: a sidecar (Istio
@@ -40,7 +40,13 @@ use k8s_openapi::api::authorization::v1::{ResourceAttributes, SubjectAccessRevie
 use kube::api::{Api, PostParams};
 
 use crate::adapters::backend::RotatingSecret;
-pub use crate::commands::rbac::STATUS_READER;
+
+/// What a reader's token must be allowed (a SubjectAccessReview, cluster-wide): `get` on
+/// `status` in the API group `watermarkd.io`. `commands::rbac::STATUS_READER` lists it with the
+/// daemon's own permissions, from these.
+pub const READER_API_GROUP: &str = "watermarkd.io";
+pub const READER_RESOURCE: &str = "status";
+pub const READER_VERB: &str = "get";
 
 /// The longest bearer token looked at. A ServiceAccount token is 1 to 2 KB; a longer one is
 /// refused unread, so that no review carries it and no memory holds it.
@@ -326,9 +332,9 @@ impl TokenReviewer {
                 uid: user.uid,
                 extra: user.extra,
                 resource_attributes: Some(ResourceAttributes {
-                    group: Some(STATUS_READER.api_group.to_string()),
-                    resource: STATUS_READER.resources.first().map(|r| r.to_string()),
-                    verb: STATUS_READER.verbs.first().map(|v| v.to_string()),
+                    group: Some(READER_API_GROUP.to_string()),
+                    resource: Some(READER_RESOURCE.to_string()),
+                    verb: Some(READER_VERB.to_string()),
                     ..ResourceAttributes::default()
                 }),
                 ..SubjectAccessReviewSpec::default()
