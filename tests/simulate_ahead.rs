@@ -153,3 +153,57 @@ fn the_fallback_count_is_a_floor_from_the_first_good_evaluation_after_a_gap() {
     let expected = [(0, 1, 2), (360, 2, 8), (540, 8, 7), (555, 7, 6), (570, 6, 5), (585, 5, 4)];
     assert_eq!(moves(&events), expected, "{events:#?}");
 }
+
+/// 2026-10-05T00:00:00Z, a Monday.
+const MONDAY: i64 = 1_791_158_400;
+
+/// A `[[autoscaler.metric]]` named `name` with its watermarks.
+fn metric(name: &str, high: f64, low: f64) -> String {
+    format!(
+        "[[autoscaler.metric]]\nname = \"{name}\"\nbackend = \"prom\"\nquery = 'sum(rate({name}[1m]))'\n\
+         high_watermark = {high}\nlow_watermark = {low}\n\n"
+    )
+}
+
+/// The scale events whose reason names the forecast, for an `absolute` rule every 2 minutes
+/// over `metrics`, forecasting 10 minutes ahead, on four weekdays of a CPU demand of 4 cores
+/// that ramps to 16 from 09:00 to 09:20 (and an `rps` column that stays at 100).
+fn raised_by_the_forecast(metrics: &str, columns: &str) -> usize {
+    let rules = format!(
+        "{BACKEND}[[autoscaler]]\nname = \"web\"\ntarget = {{ kind = \"Deployment\", namespace = \"shop\", name = \"web\" }}\n\
+         interval = \"2m\"\nmin_replicas = 2\nmax_replicas = 40\nalgorithm = \"absolute\"\n\n{metrics}\
+         [autoscaler.forecast]\nlead_time = \"10m\"\nmode = \"scale\"\nmax_error = 0.5\n"
+    );
+    let cores = |offset: i64| {
+        let minute = offset % 86_400 / 60;
+        match minute {
+            _ if minute < 540 => 4.0,
+            _ if minute < 560 => 4.0 + 12.0 * (minute - 540) as f64 / 20.0,
+            _ if minute < 1_020 => 16.0,
+            _ => 4.0,
+        }
+    };
+    let rows: Vec<(i64, String)> = (0..4 * 86_400 / 120)
+        .map(|step| {
+            let offset = step * 120;
+            let cells = if columns == "cpu" { format!("{}", cores(offset)) } else { format!("{},100", cores(offset)) };
+            (MONDAY + offset, cells)
+        })
+        .collect();
+    let report = simulate(&rules, columns, &rows, &["--load-model", "per-replica"]);
+    let events = events(&report);
+    events.iter().filter(|e| e.reason.contains("raised by the forecast 10m ahead")).count()
+}
+
+/// REVIEW-4 T4-8: a metric's forecast demand is divided by that metric's own high watermark.
+/// A second metric with a much higher watermark (requests/s, high 100) must not take away the
+/// CPU metric's floor (high 0.8): before the fix, cpu alone gave forecast-raised scale-ups and
+/// cpu with rps none.
+#[test]
+fn each_metric_forecast_needs_replicas_at_its_own_high_watermark() {
+    let cpu = metric("cpu", 0.8, 0.5);
+    let alone = raised_by_the_forecast(&cpu, "cpu");
+    assert!(alone > 0, "the forecast raises the floor ahead of the morning ramps");
+    let with_rps = raised_by_the_forecast(&format!("{cpu}{}", metric("rps", 100.0, 50.0)), "cpu,rps");
+    assert_eq!(with_rps, alone, "rps (always within one replica's worth) changes nothing");
+}
