@@ -207,3 +207,34 @@ fn each_metric_forecast_needs_replicas_at_its_own_high_watermark() {
     let with_rps = raised_by_the_forecast(&format!("{cpu}{}", metric("rps", 100.0, 50.0)), "cpu,rps");
     assert_eq!(with_rps, alone, "rps (always within one replica's worth) changes nothing");
 }
+
+/// The `(seconds since the Unix epoch, from, to)` of the scale-ups to 10 replicas of a rule whose
+/// only floor above 2 is `schedule`, over a trace from 2027-03-26T22:00Z to 2027-03-29T06:00Z
+/// whose CPU stays low (replicas come back down after each window).
+fn scheduled_scale_ups(schedule: &str) -> Vec<i64> {
+    let rules = format!(
+        "{BACKEND}[[autoscaler]]\nname = \"web\"\ntarget = {{ kind = \"Deployment\", namespace = \"shop\", name = \"web\" }}\n\
+         interval = \"1m\"\nmin_replicas = 2\nmax_replicas = 20\nalgorithm = \"absolute\"\n\n{}\
+         [[autoscaler.schedule]]\ntime_zone = \"Europe/Paris\"\nmin_replicas = 10\n{schedule}",
+        metric("cpu", 0.8, 0.5)
+    );
+    let start = 1_806_098_400; // 2027-03-26T22:00:00Z
+    let end = 1_806_300_000; // 2027-03-29T06:00:00Z
+    let rows: Vec<(i64, String)> = (start..=end).step_by(300).map(|at| (at, "0.1".to_string())).collect();
+    let report = simulate(&rules, "cpu", &rows, &[]);
+    events(&report).iter().filter(|e| e.to == 10 && e.from < 10).map(|e| e.at + T0).collect()
+}
+
+/// REVIEW-4 T4-9: a daily window 02:30-03:15 in Paris. On 2027-03-28 the clock goes from 02:00
+/// straight to 03:00, so 02:30 never happens: the window opens when the clock jumps (03:00,
+/// 01:00Z) and keeps its end. Before the fix the start resolved to 03:30, after the end, and
+/// the window did not open that day at all.
+#[test]
+fn a_window_that_starts_in_the_spring_forward_gap_opens_when_the_clock_jumps() {
+    let ups = scheduled_scale_ups("days = [\"daily\"]\nstart = \"02:30\"\nend = \"03:15\"\n");
+    // 02:30 Paris is 01:30Z in winter (the 27th) and 00:30Z in summer (the 29th).
+    assert_eq!(ups, [1_806_111_000, 1_806_195_600, 1_806_280_200], "27th 01:30Z, 28th 01:00Z, 29th 00:30Z");
+    // A cron window in the gap opens there too.
+    let ups = scheduled_scale_ups("cron = \"30 2 * * *\"\nduration = \"45m\"\n");
+    assert_eq!(ups, [1_806_111_000, 1_806_195_600, 1_806_280_200]);
+}

@@ -16,7 +16,7 @@ use std::fmt;
 use std::time::Duration;
 
 use jiff::civil::{Date, DateTime, Time, Weekday};
-use jiff::tz::TimeZone;
+use jiff::tz::{AmbiguousOffset, TimeZone};
 use watermarkd_engine::{Bounds, Rule, Timestamp};
 
 /// The longest window, and the longest ramp: what a weekly schedule can mean.
@@ -253,7 +253,6 @@ impl Schedule {
     /// The windows that open on `date` (local), as instants in milliseconds.
     fn windows_on(&self, date: Date) -> Vec<(i64, i64)> {
         let zone = &self.time_zone.zone;
-        let instant = |at: DateTime| zone.to_zoned(at).ok().map(|z| z.timestamp().as_millisecond());
         match &self.when {
             When::Weekly { days, start, end } => {
                 let open = days.get(weekday_index(date.weekday())).copied().unwrap_or(false);
@@ -261,8 +260,13 @@ impl Schedule {
                     return Vec::new();
                 }
                 let end_date = if end <= start { date.tomorrow().ok() } else { Some(date) };
-                let window = instant(date.to_datetime(*start)).zip(end_date.and_then(|d| instant(d.to_datetime(*end))));
-                window.into_iter().collect()
+                let Some(opens) = reached(zone, date.to_datetime(*start)) else { return Vec::new() };
+                let Some(closes) = end_date.and_then(|d| reached(zone, d.to_datetime(*end))) else { return Vec::new() };
+                // A window whose start and end the clock both skipped would be empty: it lasts
+                // its wall-clock length from the jump instead.
+                let closes =
+                    if closes > opens { closes } else { opens.saturating_add(wall_clock_length(*start, *end)) };
+                vec![(opens, closes)]
             }
             When::Cron { cron, duration } => {
                 if !cron.matches_date(date) {
@@ -272,7 +276,7 @@ impl Schedule {
                 for hour in cron.hours.iter() {
                     for minute in cron.minutes.iter() {
                         let Ok(time) = Time::new(hour as i8, minute as i8, 0, 0) else { continue };
-                        if let Some(start) = instant(date.to_datetime(time)) {
+                        if let Some(start) = reached(zone, date.to_datetime(time)) {
                             windows.push((start, start.saturating_add(millis(*duration))));
                         }
                     }
@@ -281,6 +285,35 @@ impl Schedule {
             }
         }
     }
+}
+
+/// The first instant the clock of `zone` reaches the local time `at`: that time, or, when the
+/// clock skips it (02:30 on the night summer time begins in Paris, when 02:00 becomes 03:00),
+/// the instant it jumps past it. So a window that starts in the gap still opens that day, as
+/// the clock jumps, and one that ends in it closes then. A time the clock shows twice (when
+/// summer time ends) is reached the first time.
+fn reached(zone: &TimeZone, at: DateTime) -> Option<i64> {
+    let ambiguous = zone.to_ambiguous_timestamp(at);
+    match ambiguous.offset() {
+        AmbiguousOffset::Gap { after, .. } => {
+            // Read with the offset of after the jump, `at` falls before the jump.
+            let before_the_jump = after.to_timestamp(at).ok()?;
+            let jump = zone.following(before_the_jump).next()?;
+            Some(jump.timestamp().as_millisecond())
+        }
+        AmbiguousOffset::Unambiguous { .. } | AmbiguousOffset::Fold { .. } => {
+            ambiguous.compatible().ok().map(|t| t.as_millisecond())
+        }
+    }
+}
+
+/// How long a weekly window lasts on the wall clock: from `start` to `end`, the next day when
+/// `end` is not after `start`.
+fn wall_clock_length(start: Time, end: Time) -> i64 {
+    let seconds = |t: Time| i64::from(t.hour()) * 3_600 + i64::from(t.minute()) * 60 + i64::from(t.second());
+    let length = (seconds(end) - seconds(start)).rem_euclid(86_400);
+    let length = if length == 0 { 86_400 } else { length };
+    length * 1_000
 }
 
 fn millis(duration: Duration) -> i64 {
@@ -517,6 +550,53 @@ mod tests {
         assert_eq!(floor(&office, "2026-03-30T07:59"), 2);
         let utc_hour = |text: &str| at(text).unix_millis() / 3_600_000 % 24;
         assert_eq!((utc_hour("2026-03-27T08:00"), utc_hour("2026-03-30T08:00")), (7, 6));
+    }
+
+    /// A daily window from `start` to `end` in Paris.
+    fn daily(start: &str, end: &str) -> Schedule {
+        Schedule {
+            when: When::Weekly { days: [true; 7], start: parse_time(start).unwrap(), end: parse_time(end).unwrap() },
+            ..weekdays(start, end)
+        }
+    }
+
+    /// The instant `text` (RFC 3339, with its offset).
+    fn instant(text: &str) -> Timestamp {
+        let t: jiff::Timestamp = text.parse().unwrap();
+        Timestamp::from_unix_millis(t.as_millisecond())
+    }
+
+    #[test]
+    fn a_window_that_starts_in_the_spring_forward_gap_opens_when_the_clock_jumps_and_keeps_its_end() {
+        // Paris, 2027-03-28: at 02:00 (01:00Z) the clock shows 03:00; 02:30 never happens.
+        let window = [daily("02:30", "03:15")];
+        let floor_at = |text: &str| bounds_at(&window, 2, 50, instant(text)).min;
+        assert_eq!(floor_at("2027-03-28T00:59:59Z"), 2, "01:59:59 in winter time");
+        assert_eq!(floor_at("2027-03-28T01:00:00Z"), 10, "03:00 in summer time: the jump opens it");
+        assert_eq!(floor_at("2027-03-28T01:14:59Z"), 10);
+        assert_eq!(floor_at("2027-03-28T01:15:00Z"), 2, "closes at 03:15 as every day");
+        // The days around it are as usual.
+        assert_eq!((floor_at("2027-03-27T01:29:59Z"), floor_at("2027-03-27T01:30:00Z")), (2, 10));
+        assert_eq!((floor_at("2027-03-29T00:30:00Z"), floor_at("2027-03-29T01:15:00Z")), (10, 2));
+        // A window the gap swallows whole lasts its wall-clock length from the jump.
+        let inside = [daily("02:10", "02:40")];
+        let floor_at = |text: &str| bounds_at(&inside, 2, 50, instant(text)).min;
+        assert_eq!(floor_at("2027-03-28T01:00:00Z"), 10);
+        assert_eq!(floor_at("2027-03-28T01:29:59Z"), 10);
+        assert_eq!(floor_at("2027-03-28T01:30:00Z"), 2, "30 minutes, as on the wall clock");
+        // One that ends in the gap closes as the clock jumps past its end.
+        let ending = [daily("01:30", "02:30")];
+        let floor_at = |text: &str| bounds_at(&ending, 2, 50, instant(text)).min;
+        assert_eq!((floor_at("2027-03-28T00:30:00Z"), floor_at("2027-03-28T00:59:59Z")), (10, 10));
+        assert_eq!(floor_at("2027-03-28T01:00:00Z"), 2);
+        // A cron time in the gap opens at the jump, for its duration.
+        let cron = [Schedule {
+            when: When::Cron { cron: Cron::parse("30 2 * * *").unwrap(), duration: Duration::from_secs(45 * 60) },
+            ..daily("00:00", "00:00")
+        }];
+        let floor_at = |text: &str| bounds_at(&cron, 2, 50, instant(text)).min;
+        assert_eq!((floor_at("2027-03-28T00:59:59Z"), floor_at("2027-03-28T01:00:00Z")), (2, 10));
+        assert_eq!((floor_at("2027-03-28T01:44:59Z"), floor_at("2027-03-28T01:45:00Z")), (10, 2));
     }
 
     #[test]
