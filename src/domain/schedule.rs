@@ -405,6 +405,20 @@ impl Set {
 }
 
 const MONTHS: [&str; 12] = ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"];
+const MONTH_NAMES: [&str; 12] = [
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+];
 const DAYS: [&str; 7] = ["sun", "mon", "tue", "wed", "thu", "fri", "sat"];
 
 impl Cron {
@@ -421,7 +435,7 @@ impl Cron {
         if days_of_week.has(7) {
             days_of_week = Set((days_of_week.0 | 1) & !(1 << 7));
         }
-        Ok(Cron {
+        let cron = Cron {
             text: text.trim().to_string(),
             minutes: within("minute", field(minute, 0, 59, &[], 0))?,
             hours: within("hour", field(hour, 0, 23, &[], 0))?,
@@ -429,7 +443,37 @@ impl Cron {
             months: within("month", field(month, 1, 12, &MONTHS, 1))?,
             days_of_week,
             either_day: !dom.starts_with('*') && !dow.starts_with('*'),
-        })
+        };
+        match cron.missing_days() {
+            Some(why) => Err(format!("({text:?}) never fires: {why}")),
+            None => Ok(cron),
+        }
+    }
+
+    /// Why no date ever matches, when none does: the days of month it names exist in none of
+    /// its months (`0 0 31 2 *`). A day of week always comes round, so a cron that also names
+    /// one (either matches, as cron reads it) fires; and February has a 29th in leap years.
+    fn missing_days(&self) -> Option<String> {
+        if self.either_day {
+            return None;
+        }
+        let longest = |month: u32| match month {
+            2 => 29,
+            4 | 6 | 9 | 11 => 30,
+            _ => 31,
+        };
+        if self.months.iter().any(|month| self.days_of_month.iter().any(|day| day <= longest(month))) {
+            return None;
+        }
+        let months: Vec<&str> = self
+            .months
+            .iter()
+            .filter_map(|m| MONTH_NAMES.get(usize::try_from(m).ok()?.checked_sub(1)?))
+            .copied()
+            .collect();
+        let days: Vec<String> = self.days_of_month.iter().map(|d| d.to_string()).collect();
+        let has = if months.len() == 1 { "has" } else { "have" };
+        Some(format!("{} {has} no day {}", months.join(" and "), days.join(" or ")))
     }
 
     fn matches_date(&self, date: Date) -> bool {
@@ -681,6 +725,22 @@ mod tests {
         ] {
             let err = Cron::parse(text).unwrap_err();
             assert!(err.contains(why), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_cron_that_never_fires_is_refused_with_the_reason() {
+        for (text, why) in [
+            ("0 0 31 2 *", "(\"0 0 31 2 *\") never fires: February has no day 31"),
+            ("0 0 30 feb *", "(\"0 0 30 feb *\") never fires: February has no day 30"),
+            ("0 0 31 apr,jun *", "(\"0 0 31 apr,jun *\") never fires: April and June have no day 31"),
+            ("0 0 30-31 2 */2", "(\"0 0 30-31 2 */2\") never fires: February has no day 30 or 31"),
+        ] {
+            assert_eq!(Cron::parse(text).unwrap_err(), why);
+        }
+        // February 29 comes in leap years; a day of week always comes round (either matches).
+        for fires in ["0 0 29 2 *", "0 0 31 2 mon", "0 0 31 * *", "0 0 31 1-2 *"] {
+            assert!(Cron::parse(fires).is_ok(), "{fires}");
         }
     }
 

@@ -24,7 +24,7 @@ pub(crate) mod tree;
 
 pub(crate) use backend::plain_http_host;
 pub(crate) use check::plural;
-pub use check::{summary, warnings};
+pub use check::{summary, warnings, warnings_at};
 pub(crate) use compile::{compile, Require};
 pub(crate) use document::{
     parse_instant, parse_reducer, read_fallback, read_forecast, read_schedule_list, ALGORITHMS, POD_AGGREGATIONS,
