@@ -440,3 +440,61 @@ fn a_pause_in_the_past_is_a_warning_not_an_error() {
         "{out}"
     );
 }
+
+/// Newcomer #17: cron takes Kubernetes CronJob's descriptors (`@daily`, ...), and the summary
+/// of a scheduled autoscaler says when each window next opens, in its own time zone.
+#[test]
+fn cron_descriptors_are_read_and_the_summary_says_when_each_window_next_opens() {
+    let windows = "\n[[autoscaler.schedule]]\nname = \"new-year\"\ncron = \"@yearly\"\nduration = \"1h\"\nmin_replicas = 4\n\
+                   \n[[autoscaler.schedule]]\nname = \"month\"\ncron = \"@monthly\"\nduration = \"1h\"\nmin_replicas = 4\n\
+                   time_zone = \"Asia/Tokyo\"\n\
+                   \n[[autoscaler.schedule]]\nname = \"nightly\"\ncron = \"@midnight\"\nduration = \"1h\"\nmin_replicas = 3\n\
+                   \n[[autoscaler.schedule]]\ncron = \"@hourly\"\nduration = \"5m\"\nmin_replicas = 3\n\
+                   \n[[autoscaler.schedule]]\ncron = \"@weekly\"\nduration = \"5m\"\nmin_replicas = 3\n\
+                   \n[[autoscaler.schedule]]\ncron = \"@annually\"\nduration = \"5m\"\nmin_replicas = 3\n\
+                   \n[[autoscaler.schedule]]\ncron = \"@daily\"\nduration = \"5m\"\nmin_replicas = 3\n";
+    let text = format!(
+        "[backend.prom]\ntype = \"prometheus\"\nurl = \"http://127.0.0.1:9090\"\n{}",
+        misleading_autoscaler("web", "web", "", windows)
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), "descriptors.toml", &text);
+    let output = check(&[&path]);
+    let out = stdout(&output);
+    assert!(output.status.success(), "{out}");
+    // When they next open, computed here from the same clock.
+    let now = jiff::Zoned::now();
+    let utc = now.with_time_zone(jiff::tz::TimeZone::UTC);
+    let new_year = jiff::civil::date(utc.year() + 1, 1, 1).at(0, 0, 0, 0).to_zoned(jiff::tz::TimeZone::UTC).unwrap();
+    let tokyo = now.with_time_zone(jiff::tz::TimeZone::get("Asia/Tokyo").unwrap());
+    let first = tokyo.date().first_of_month().checked_add(jiff::Span::new().months(1)).unwrap();
+    let month = first.at(0, 0, 0, 0).to_zoned(tokyo.time_zone().clone()).unwrap();
+    let shown = |z: &jiff::Zoned, zone: &str| format!("{} {zone}", z.strftime("%a %Y-%m-%d %H:%M"));
+    let expected = format!(
+        "schedule: new-year (floor 4, next opens {}), month (floor 4, next opens {}), nightly (floor 3, next opens ",
+        shown(&new_year, "UTC"),
+        shown(&month, "Asia/Tokyo")
+    );
+    assert!(out.contains(&expected), "expected {expected:?} in:\n{out}");
+    assert!(
+        out.contains("schedule[3] (floor 3, next opens ") && out.contains("schedule[6] (floor 3, next opens "),
+        "{out}"
+    );
+
+    // Anything else after an @ is refused with the descriptors named.
+    let text = text.replace("@weekly", "@every 1h");
+    let path = write(dir.path(), "every.toml", &text);
+    let output = check(&[&path]);
+    let out = stdout(&output);
+    assert_eq!(output.status.code(), Some(1), "{out}");
+    assert!(
+        out.contains(&format!(
+            "{}:{}: autoscaler \"web\": schedule[4].cron (\"@every 1h\") must have five fields (minute hour \
+             day-of-month month day-of-week), such as \"0 8 * * 1-5\", or be one of @yearly, @annually, @monthly, \
+             @weekly, @daily, @midnight and @hourly",
+            path.display(),
+            line_of(&text, "@every")
+        )),
+        "{out}"
+    );
+}

@@ -177,7 +177,35 @@ impl fmt::Display for At {
     }
 }
 
+/// How far ahead the next opening of a window is looked for: a cron on 29 February alone may
+/// wait eight years (from 2096 to 2104).
+const LONGEST_WAIT_MS: i64 = 9 * 366 * DAY_MS;
+
 impl Schedule {
+    /// When its next window opens after `now`; `None` when none does within nine years (or
+    /// within the clock's range).
+    pub fn next_opening(&self, now: Timestamp) -> Option<Timestamp> {
+        let (start, _) = self.next_start(now.unix_millis(), LONGEST_WAIT_MS)?;
+        Some(Timestamp::from_unix_millis(start))
+    }
+
+    /// Whether one of its windows is open at `now` (its ramps aside).
+    pub fn is_open(&self, now: Timestamp) -> bool {
+        self.at(now).is_some_and(|at| at.phase == Phase::Open)
+    }
+
+    /// `at` on the wall clock of its time zone, as a person reads it: `Mon 2026-11-23 08:00
+    /// Europe/Paris`.
+    pub fn local_time(&self, at: Timestamp) -> String {
+        match jiff::Timestamp::from_millisecond(at.unix_millis()) {
+            Ok(instant) => {
+                let local = instant.to_zoned(self.time_zone.zone.clone());
+                format!("{} {}", local.strftime("%a %Y-%m-%d %H:%M"), self.time_zone.name)
+            }
+            Err(_) => "?".into(),
+        }
+    }
+
     /// Where `now` stands in this schedule's windows; `None` outside them and their ramps.
     /// Between a window's ramp out and the next one's ramp in, the higher floor counts.
     fn at(&self, now: Timestamp) -> Option<At> {
@@ -421,12 +449,30 @@ const MONTH_NAMES: [&str; 12] = [
 ];
 const DAYS: [&str; 7] = ["sun", "mon", "tue", "wed", "thu", "fri", "sat"];
 
+/// The descriptors Kubernetes CronJob takes for a whole expression, and what each stands for.
+const DESCRIPTORS: [(&str, &str); 7] = [
+    ("@yearly", "0 0 1 1 *"),
+    ("@annually", "0 0 1 1 *"),
+    ("@monthly", "0 0 1 * *"),
+    ("@weekly", "0 0 * * 0"),
+    ("@daily", "0 0 * * *"),
+    ("@midnight", "0 0 * * *"),
+    ("@hourly", "0 * * * *"),
+];
+
 impl Cron {
+    /// Five fields (minute hour day-of-month month day-of-week), or one of the descriptors
+    /// Kubernetes CronJob takes (`@daily`, ...), kept as written for display.
     pub fn parse(text: &str) -> Result<Cron, String> {
-        let fields: Vec<&str> = text.split_whitespace().collect();
+        let expanded = DESCRIPTORS.iter().find(|(name, _)| *name == text.trim()).map_or(text, |(_, fields)| fields);
+        let fields: Vec<&str> = expanded.split_whitespace().collect();
         let [minute, hour, dom, month, dow] = fields.as_slice() else {
+            let names: Vec<&str> = DESCRIPTORS.iter().map(|(name, _)| *name).collect();
+            let (last, rest) = names.split_last().unwrap_or((&"", &[]));
             return Err(format!(
-                "({text:?}) must have five fields (minute hour day-of-month month day-of-week), such as \"0 8 * * 1-5\""
+                "({text:?}) must have five fields (minute hour day-of-month month day-of-week), such as \"0 8 * * 1-5\", \
+                 or be one of {} and {last}",
+                rest.join(", ")
             ));
         };
         let within = |what: &str, result: Result<Set, String>| result.map_err(|e| format!("({text:?}) {what}: {e}"));
@@ -726,6 +772,49 @@ mod tests {
             let err = Cron::parse(text).unwrap_err();
             assert!(err.contains(why), "{text}: {err}");
         }
+    }
+
+    #[test]
+    fn cron_descriptors_read_as_kubernetes_cronjob_reads_them() {
+        for (descriptor, fields) in [
+            ("@yearly", "0 0 1 1 *"),
+            ("@annually", "0 0 1 1 *"),
+            ("@monthly", "0 0 1 * *"),
+            ("@weekly", "0 0 * * 0"),
+            ("@daily", "0 0 * * *"),
+            ("@midnight", "0 0 * * *"),
+            ("@hourly", "0 * * * *"),
+        ] {
+            let (read, expected) = (Cron::parse(descriptor).unwrap(), Cron::parse(fields).unwrap());
+            assert_eq!(read.to_string(), descriptor, "shown as written");
+            assert_eq!(Cron { text: fields.into(), ..read }, expected, "{descriptor}");
+        }
+        for unknown in ["@every 1h", "@Daily", "@reboot", "@"] {
+            let err = Cron::parse(unknown).unwrap_err();
+            assert!(
+                err.ends_with("or be one of @yearly, @annually, @monthly, @weekly, @daily, @midnight and @hourly"),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_next_opening_is_found_on_the_windows_own_clock() {
+        let office = weekdays("08:00", "18:00");
+        // Friday 2026-11-27, 19:00 in Paris: the next opening is Monday 08:00.
+        let friday = at("2026-11-27T19:00");
+        assert_eq!(office.next_opening(friday), Some(at("2026-11-30T08:00")));
+        assert_eq!(office.local_time(at("2026-11-30T08:00")), "Mon 2026-11-30 08:00 Europe/Paris");
+        assert!(!office.is_open(friday));
+        // While open, the next is the next day's.
+        assert!(office.is_open(at("2026-11-30T09:00")));
+        assert_eq!(office.next_opening(at("2026-11-30T09:00")), Some(at("2026-12-01T08:00")));
+        // A 29 February years away is found.
+        let leap = Schedule {
+            when: When::Cron { cron: Cron::parse("0 0 29 2 *").unwrap(), duration: Duration::from_secs(3600) },
+            ..weekdays("00:00", "00:00")
+        };
+        assert_eq!(leap.next_opening(friday), Some(at("2028-02-29T00:00")));
     }
 
     #[test]

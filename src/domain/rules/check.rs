@@ -90,9 +90,21 @@ pub fn summary(autoscaler: &Autoscaler, now: Timestamp) -> String {
 fn ahead(autoscaler: &Autoscaler, now: Timestamp) -> Vec<String> {
     let mut parts = Vec::new();
     if !autoscaler.schedules.is_empty() {
-        let names: Vec<String> =
-            autoscaler.schedules.iter().map(|s| format!("{} (floor {})", s.name, s.min_replicas)).collect();
-        parts.push(format!("schedule: {}", names.join(", ")));
+        // When each window next opens, on its own clock: what a cron expression and a time
+        // zone are easiest to get wrong.
+        let windows: Vec<String> = autoscaler
+            .schedules
+            .iter()
+            .map(|s| {
+                let open = if s.is_open(now) { "open now, " } else { "" };
+                let next = s.next_opening(now).map_or_else(
+                    || "no opening in the next nine years".to_string(),
+                    |at| format!("next opens {}", s.local_time(at)),
+                );
+                format!("{} (floor {}, {open}{next})", s.name, s.min_replicas)
+            })
+            .collect();
+        parts.push(format!("schedule: {}", windows.join(", ")));
     }
     if let Some(forecast) = &autoscaler.forecast {
         let mode = match forecast.mode {

@@ -910,7 +910,7 @@ fn the_schedules_annotation_reads_as_a_rules_file_schedule() {
             format!("{at}[0].min_replicas (12) must not exceed maxReplicas (9)"),
             format!(
                 "{at}[1].cron (\"0 7 * *\") must have five fields (minute hour day-of-month month day-of-week), such \
-                 as \"0 8 * * 1-5\""
+                 as \"0 8 * * 1-5\", or be one of @yearly, @annually, @monthly, @weekly, @daily, @midnight and @hourly"
             ),
             format!("{at}[1].duration is required"),
             format!("{at}[1].min_replicas is required"),

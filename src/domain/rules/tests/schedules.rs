@@ -48,6 +48,36 @@ min_replicas = 9
 }
 
 #[test]
+fn the_summary_says_when_each_window_next_opens_on_its_own_clock() {
+    let rules = parse(&with_schedule(
+        r#"
+[[autoscaler.schedule]]
+name = "office"
+time_zone = "Europe/Paris"
+days = ["weekdays"]
+start = "08:00"
+end = "18:30"
+min_replicas = 6
+
+[[autoscaler.schedule]]
+cron = "@daily"
+duration = "2h"
+min_replicas = 5
+time_zone = "America/New_York"
+"#,
+    ));
+    // NOW is Monday 2026-11-23 00:00 UTC: 01:00 in Paris, Sunday 19:00 in New York.
+    assert!(
+        summary(rules.autoscaler("billing").unwrap()).ends_with(
+            ", schedule: office (floor 6, next opens Mon 2026-11-23 08:00 Europe/Paris), schedule[1] (floor 5, next \
+             opens Mon 2026-11-23 00:00 America/New_York)"
+        ),
+        "{}",
+        summary(rules.autoscaler("billing").unwrap())
+    );
+}
+
+#[test]
 fn a_wrong_window_is_named_with_its_line_and_field() {
     let text = with_schedule(
         r#"
