@@ -498,3 +498,46 @@ fn cron_descriptors_are_read_and_the_summary_says_when_each_window_next_opens() 
         "{out}"
     );
 }
+
+/// Newcomer #10: a Prometheus query that is not PromQL is found offline, by `check` and when the
+/// daemon loads its rules, instead of at run time as "no data". Each problem names the file,
+/// line, autoscaler, metric and field, with what is wrong and where in the query.
+#[test]
+fn a_query_that_is_not_promql_is_refused_by_check_and_by_the_daemon() {
+    let text = format!(
+        "[backend.prom]\ntype = \"prometheus\"\nurl = \"http://127.0.0.1:9090\"\n{}{}",
+        misleading_autoscaler("unbalanced", "a", "", "")
+            .replace("sum(rate(http_requests_total[1m]))", "sum(rate(http_requests_total{service=\"a\"[1m])"),
+        misleading_autoscaler("dangling", "b", "", "").replace("[1m]))'", "[1m])) /'"),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), "promql.toml", &text);
+    let output = check(&[&path]);
+    let out = stdout(&output);
+    assert_eq!(output.status.code(), Some(1), "{out}");
+    let file = path.display();
+    let expected = [
+        format!(
+            "{file}:{}: autoscaler \"unbalanced\": metric \"rps\": query is not valid PromQL: the '[' at character 41 \
+             is inside the label matchers that '{{' opened at character 29: is a '}}' missing?",
+            line_of(&text, "service=")
+        ),
+        format!(
+            "{file}:{}: autoscaler \"dangling\": metric \"rps\": query is not valid PromQL: the '/' at character 36 \
+             has nothing after it",
+            line_of(&text, "/'")
+        ),
+    ];
+    assert_problems(&out, &expected, &format!("{file}: 2 problems"));
+
+    // The daemon refuses the same file when it loads it, before it contacts any cluster.
+    let output = Command::new(env!("CARGO_BIN_EXE_watermarkd"))
+        .args(["run", "--no-leader-election", "--config"])
+        .arg(&path)
+        .env_remove("KUBECONFIG")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let err = String::from_utf8(output.stderr).unwrap();
+    assert!(err.contains("metric \"rps\": query is not valid PromQL: the '[' at character 41"), "{err}");
+}

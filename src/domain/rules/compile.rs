@@ -17,6 +17,7 @@ use super::draft::{
     RecommenderDraft, ScalingRulesDraft, ScheduleDraft, TargetDraft,
 };
 use super::problem::{Problem, Sink};
+use super::promql;
 use super::{
     intern, Autoscaler, Backend, MetricSource, PodAggregation, Recommender, ResourceSource, TargetRef, TlsSettings,
     DEFAULT_INTERVAL, RESOURCE_BACKEND, RESOURCE_MAX_AGE,
@@ -341,6 +342,12 @@ fn check_backend_reference(
                  series themselves (e.g. \"max:metric{{...}}\")"
             ),
         ),
+        Some(Some(Backend::Prometheus(_))) => {
+            // Found here, the daemon never loads it, instead of reading it as "no data".
+            if let Some(problem) = metric.query.value().and_then(|query| promql::syntax_problem(query)) {
+                report.at(&metric.query.origin, format!("is not valid PromQL: {problem}"));
+            }
+        }
         Some(_) => {}
     }
 }

@@ -17,6 +17,7 @@ pub(crate) mod draft;
 mod file;
 mod model;
 mod problem;
+mod promql;
 pub mod quantity;
 pub(crate) mod reader;
 pub mod selector;

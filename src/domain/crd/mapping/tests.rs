@@ -518,6 +518,21 @@ fn backends_are_checked_when_known() {
         &NoDatadogMetrics,
     );
     assert_eq!(ok.unwrap().autoscaler.metrics[0].backend, "prom");
+    // A Prometheus query in the annotation is PromQL, checked as a rules file's is.
+    assert_eq!(
+        run(r#"[{"metric": 0, "backend": "prom", "query": "sum(rate(x{a=\"b\"[1m])"}]"#),
+        [format!(
+            "{a}[0].query is not valid PromQL: the '[' at character 17 is inside the label matchers that '{{' opened \
+             at character 11: is a '}}' missing?"
+        )]
+    );
+    // A Datadog query is not PromQL, and is not read as such.
+    let datadog = map_wpa(
+        &wpa(&with_annotation(BASE, r#"[{"metric": 0, "query": "sum:x{a:b}.rollup(max, 60"}]"#)),
+        &known,
+        &NoDatadogMetrics,
+    );
+    assert!(datadog.is_ok(), "{datadog:?}");
 
     // A default backend that cannot answer a built Datadog query fails only the WPAs that need
     // one; a WPA whose metrics all have an annotated query runs on it.
