@@ -373,4 +373,15 @@ mod tests {
             assert_eq!(syntax_problem(query).as_deref(), Some(problem), "{query}");
         }
     }
+
+    proptest::proptest! {
+        /// Any text, from PromQL's own characters and a few others, gets an answer and never a
+        /// panic; a valid query with text appended after a comment stays valid.
+        #[test]
+        fn any_text_is_answered(text in "[a-z(){}\\[\\]\"'`,=!~<>+*/%^#@:. \n\\\\é$-]{0,40}") {
+            let _ = syntax_problem(&text);
+            let commented = format!("sum(rate(x[1m])) # {}", text.replace('\n', " "));
+            proptest::prop_assert_eq!(syntax_problem(&commented), None);
+        }
+    }
 }
