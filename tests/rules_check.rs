@@ -335,3 +335,210 @@ fn unbounded_durations_replica_counts_and_a_shared_target_are_refused_with_their
     ];
     assert_problems(&out, &expected, &format!("{file}: 4 problems"));
 }
+
+/// The 1-based line of the first line of `text` containing `needle`.
+fn line_of(text: &str, needle: &str) -> usize {
+    text.lines().position(|l| l.contains(needle)).unwrap_or_else(|| panic!("{needle:?} is not in the text")) + 1
+}
+
+/// One autoscaler of `MISLEADING`, named `name`, on the Deployment `shop/<target>`, with
+/// `extra` after its replica bounds and `tables` after its metric.
+fn misleading_autoscaler(name: &str, target: &str, extra: &str, tables: &str) -> String {
+    format!(
+        "\n[[autoscaler]]\nname = \"{name}\"\ntarget = {{ kind = \"Deployment\", namespace = \"shop\", name = \"{target}\" }}\n\
+         min_replicas = 2\nmax_replicas = 9\n{extra}\n[[autoscaler.metric]]\nname = \"rps\"\nbackend = \"prom\"\n\
+         query = 'sum(rate(http_requests_total[1m]))'\nhigh_watermark = 100\nlow_watermark = 50\n{tables}"
+    )
+}
+
+/// REVIEW-4 T4-16: settings that `check` passed though they do nothing, or something else than
+/// they say. Each is now an error naming its file, line, autoscaler and field.
+#[test]
+fn settings_that_do_nothing_or_mislead_are_refused_with_their_position() {
+    let mut text = "[backend.prom]\ntype = \"prometheus\"\nurl = \"http://127.0.0.1:9090\"\n".to_string();
+    let cron =
+        |cron: &str| format!("\n[[autoscaler.schedule]]\ncron = \"{cron}\"\nduration = \"1h\"\nmin_replicas = 4\n");
+    text += &misleading_autoscaler("never", "a", "", &format!("{}{}", cron("0 0 31 2 *"), cron("0 0 30 feb *")));
+    text += &misleading_autoscaler(
+        "capped",
+        "b",
+        "",
+        "\n[[autoscaler.schedule]]\ncron = \"0 8 * * *\"\nduration = \"1h\"\nmin_replicas = 1\nmax_replicas = 1\n",
+    );
+    text += &misleading_autoscaler("zero", "c", "", "\n[autoscaler.fallback]\naction = \"replicas\"\nreplicas = 0\n");
+    text += &misleading_autoscaler(
+        "sudden",
+        "d",
+        "",
+        "\n[autoscaler.fallback]\nafter = \"0s\"\naction = \"replicas\"\nreplicas = 3\nscale_down = true\n",
+    );
+    text += &misleading_autoscaler("forever", "e", "paused_until = \"9999-12-31T23:59:59Z\"\n", "");
+    text += &misleading_autoscaler("upper", "WEB", "", "");
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), "misleading.toml", &text);
+    let output = check(&[&path]);
+    let out = stdout(&output);
+    assert_eq!(output.status.code(), Some(1), "{out}");
+    let file = path.display();
+    let line = |needle: &str| line_of(&text, needle);
+    let expected = [
+        format!(
+            "{file}:{}: autoscaler \"never\": schedule[0].cron (\"0 0 31 2 *\") never fires: February has no day 31",
+            line("0 0 31 2")
+        ),
+        format!(
+            "{file}:{}: autoscaler \"never\": schedule[1].cron (\"0 0 30 feb *\") never fires: February has no day 30",
+            line("0 0 30 feb")
+        ),
+        format!(
+            "{file}:{}: autoscaler \"capped\": schedule[0].max_replicas (1) must not be below min_replicas (2): the \
+             rule never goes below its own floor, so this cap would do nothing",
+            line("max_replicas = 1")
+        ),
+        format!(
+            "{file}:{}: autoscaler \"zero\": fallback.replicas (0) must not be below min_replicas (2): the fallback \
+             would run 2",
+            line("replicas = 0")
+        ),
+        format!(
+            "{file}:{}: autoscaler \"sudden\": fallback.after (0s) must be at least the default interval (15s) with \
+             scale_down = true: shorter, one or two failed reads in a row scale down to the count",
+            line("after = \"0s\"")
+        ),
+        format!(
+            "{file}:{}: autoscaler \"forever\": paused_until (\"9999-12-31T23:59:59Z\") is past the latest instant \
+             watermarkd supports (9999-12-30T22:00:00Z)",
+            line("9999-12-31")
+        ),
+        format!(
+            "{file}:{}: autoscaler \"upper\": target.name (\"WEB\") is not a valid Deployment name: a DNS subdomain \
+             (RFC 1123) of lower-case letters, digits, '-' and '.', starting and ending with a letter or digit, at \
+             most 253 characters",
+            line("name = \"WEB\"")
+        ),
+    ];
+    assert_problems(&out, &expected, &format!("{file}: 7 problems"));
+}
+
+/// A pause that has ended is no error (a file that was valid stays valid as time passes, and a
+/// reload is not refused for it), but `check` says so instead of "paused until" a past instant.
+#[test]
+fn a_pause_in_the_past_is_a_warning_not_an_error() {
+    let mut text = "[backend.prom]\ntype = \"prometheus\"\nurl = \"http://127.0.0.1:9090\"\n".to_string();
+    text += &misleading_autoscaler("resumed", "web", "paused_until = \"2000-01-01T00:00:00Z\"\n", "");
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), "paused.toml", &text);
+    let output = check(&[&path]);
+    let out = stdout(&output);
+    assert!(output.status.success(), "{out}");
+    assert!(!out.contains("paused until"), "{out}");
+    assert!(
+        out.contains(
+            "    warning: paused_until (2000-01-01T00:00:00Z) has passed: the autoscaler is not paused (remove the \
+             line, or set a time to come)\n"
+        ),
+        "{out}"
+    );
+}
+
+/// Newcomer #17: cron takes Kubernetes CronJob's descriptors (`@daily`, ...), and the summary
+/// of a scheduled autoscaler says when each window next opens, in its own time zone.
+#[test]
+fn cron_descriptors_are_read_and_the_summary_says_when_each_window_next_opens() {
+    let windows = "\n[[autoscaler.schedule]]\nname = \"new-year\"\ncron = \"@yearly\"\nduration = \"1h\"\nmin_replicas = 4\n\
+                   \n[[autoscaler.schedule]]\nname = \"month\"\ncron = \"@monthly\"\nduration = \"1h\"\nmin_replicas = 4\n\
+                   time_zone = \"Asia/Tokyo\"\n\
+                   \n[[autoscaler.schedule]]\nname = \"nightly\"\ncron = \"@midnight\"\nduration = \"1h\"\nmin_replicas = 3\n\
+                   \n[[autoscaler.schedule]]\ncron = \"@hourly\"\nduration = \"5m\"\nmin_replicas = 3\n\
+                   \n[[autoscaler.schedule]]\ncron = \"@weekly\"\nduration = \"5m\"\nmin_replicas = 3\n\
+                   \n[[autoscaler.schedule]]\ncron = \"@annually\"\nduration = \"5m\"\nmin_replicas = 3\n\
+                   \n[[autoscaler.schedule]]\ncron = \"@daily\"\nduration = \"5m\"\nmin_replicas = 3\n";
+    let text = format!(
+        "[backend.prom]\ntype = \"prometheus\"\nurl = \"http://127.0.0.1:9090\"\n{}",
+        misleading_autoscaler("web", "web", "", windows)
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), "descriptors.toml", &text);
+    let output = check(&[&path]);
+    let out = stdout(&output);
+    assert!(output.status.success(), "{out}");
+    // When they next open, computed here from the same clock.
+    let now = jiff::Zoned::now();
+    let utc = now.with_time_zone(jiff::tz::TimeZone::UTC);
+    let new_year = jiff::civil::date(utc.year() + 1, 1, 1).at(0, 0, 0, 0).to_zoned(jiff::tz::TimeZone::UTC).unwrap();
+    let tokyo = now.with_time_zone(jiff::tz::TimeZone::get("Asia/Tokyo").unwrap());
+    let first = tokyo.date().first_of_month().checked_add(jiff::Span::new().months(1)).unwrap();
+    let month = first.at(0, 0, 0, 0).to_zoned(tokyo.time_zone().clone()).unwrap();
+    let shown = |z: &jiff::Zoned, zone: &str| format!("{} {zone}", z.strftime("%a %Y-%m-%d %H:%M"));
+    // A window open as `check` runs says so first ("open now, "), then when it opens next.
+    let said = |window: &str| {
+        let at = out.find(&format!(" {window} (")).unwrap_or_else(|| panic!("{window} is not in:\n{out}"));
+        let rest = &out[at + 1..];
+        rest[..rest.find(')').unwrap() + 1].replace("open now, ", "")
+    };
+    assert_eq!(said("new-year"), format!("new-year (floor 4, next opens {})", shown(&new_year, "UTC")), "{out}");
+    assert_eq!(said("month"), format!("month (floor 4, next opens {})", shown(&month, "Asia/Tokyo")), "{out}");
+    for window in ["nightly", "schedule[3]", "schedule[4]", "schedule[5]", "schedule[6]"] {
+        assert!(said(window).contains(", next opens "), "{window}: {out}");
+    }
+
+    // Anything else after an @ is refused with the descriptors named.
+    let text = text.replace("@weekly", "@every 1h");
+    let path = write(dir.path(), "every.toml", &text);
+    let output = check(&[&path]);
+    let out = stdout(&output);
+    assert_eq!(output.status.code(), Some(1), "{out}");
+    assert!(
+        out.contains(&format!(
+            "{}:{}: autoscaler \"web\": schedule[4].cron (\"@every 1h\") must have five fields (minute hour \
+             day-of-month month day-of-week), such as \"0 8 * * 1-5\", or be one of @yearly, @annually, @monthly, \
+             @weekly, @daily, @midnight and @hourly",
+            path.display(),
+            line_of(&text, "@every")
+        )),
+        "{out}"
+    );
+}
+
+/// Newcomer #10: a Prometheus query that is not PromQL is found offline, by `check` and when the
+/// daemon loads its rules, instead of at run time as "no data". Each problem names the file,
+/// line, autoscaler, metric and field, with what is wrong and where in the query.
+#[test]
+fn a_query_that_is_not_promql_is_refused_by_check_and_by_the_daemon() {
+    let text = format!(
+        "[backend.prom]\ntype = \"prometheus\"\nurl = \"http://127.0.0.1:9090\"\n{}{}",
+        misleading_autoscaler("unbalanced", "a", "", "")
+            .replace("sum(rate(http_requests_total[1m]))", "sum(rate(http_requests_total{service=\"a\"[1m])"),
+        misleading_autoscaler("dangling", "b", "", "").replace("[1m]))'", "[1m])) /'"),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), "promql.toml", &text);
+    let output = check(&[&path]);
+    let out = stdout(&output);
+    assert_eq!(output.status.code(), Some(1), "{out}");
+    let file = path.display();
+    let expected = [
+        format!(
+            "{file}:{}: autoscaler \"unbalanced\": metric \"rps\": query is not valid PromQL: the '[' at character 41 \
+             is inside the label matchers that '{{' opened at character 29: is a '}}' missing?",
+            line_of(&text, "service=")
+        ),
+        format!(
+            "{file}:{}: autoscaler \"dangling\": metric \"rps\": query is not valid PromQL: the '/' at character 36 \
+             has nothing after it",
+            line_of(&text, "/'")
+        ),
+    ];
+    assert_problems(&out, &expected, &format!("{file}: 2 problems"));
+
+    // The daemon refuses the same file when it loads it, before it contacts any cluster.
+    let output = Command::new(env!("CARGO_BIN_EXE_watermarkd"))
+        .args(["run", "--no-leader-election", "--config"])
+        .arg(&path)
+        .env_remove("KUBECONFIG")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let err = String::from_utf8(output.stderr).unwrap();
+    assert!(err.contains("metric \"rps\": query is not valid PromQL: the '[' at character 41"), "{err}");
+}

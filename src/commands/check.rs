@@ -4,14 +4,19 @@
 use std::io::Write;
 use std::path::PathBuf;
 
+use std::time::SystemTime;
+
+use watermarkd_engine::Timestamp;
+
 use crate::adapters::backend::{prometheus, MetricBackend};
 use crate::adapters::telemetry::BackendMetrics;
-use crate::domain::rules::{load_rules, plural, summary, warnings, Autoscaler, Backend, RulesFile};
+use crate::domain::rules::{load_rules, plural, summary, warnings_at, Autoscaler, Backend, RulesFile};
 
 /// Checks each file, writing its problems or its summary to `out`. Returns false if any file
 /// has a problem.
 pub fn run_check(files: &[PathBuf], out: &mut impl Write) -> std::io::Result<bool> {
     let mut all_ok = true;
+    let now = Timestamp::from_system_time(SystemTime::now());
     for file in files {
         match load_rules(file) {
             Ok(rules) => {
@@ -21,8 +26,8 @@ pub fn run_check(files: &[PathBuf], out: &mut impl Write) -> std::io::Result<boo
                     writeln!(out, "  warning: {warning}")?;
                 }
                 for autoscaler in &rules.autoscalers {
-                    writeln!(out, "  {}", summary(autoscaler))?;
-                    for warning in warnings(autoscaler).into_iter().chain(undated_max_age(&rules, autoscaler)) {
+                    writeln!(out, "  {}", summary(autoscaler, now))?;
+                    for warning in warnings_at(autoscaler, now).into_iter().chain(undated_max_age(&rules, autoscaler)) {
                         writeln!(out, "    warning: {warning}")?;
                     }
                 }

@@ -122,12 +122,12 @@ async fn write_forecast(
         }
     }
     let read = demand_history(autoscaler, |name| backends.get(name).cloned(), Forecaster::backfill_span(now)).await;
-    for (source, demand) in autoscaler.metrics.iter().zip(read) {
+    for (metric, (source, demand)) in autoscaler.metrics.iter().zip(read).enumerate() {
         let said = match demand {
             Err(err) => format!("no history: {err}"),
             Ok(demand) => match forecast(&History::new(demand), now, ahead.lead_time, ahead.max_error) {
                 Forecast::Ready { demand, error, .. } => {
-                    let needs = match forecast_floor(&autoscaler.rule, ahead, demand, u32::MAX) {
+                    let needs = match forecast_floor(&autoscaler.rule, metric, ahead, demand, u32::MAX) {
                         Some(replicas) => format!("a floor of {replicas} replicas"),
                         None => "no more than the rule's own floor".into(),
                     };

@@ -4,7 +4,13 @@
 //! `recover_after`, so that data coming and going does not make it flap. While it is in
 //! fallback and the data is missing, the engine goes to the declared count (up only, unless the
 //! operator allowed a scale down); while the data is back but not yet for long enough, that
-//! count stays a floor.
+//! count stays a floor (from the first evaluation with usable data on).
+//!
+//! A count that may scale down is gone to only when the data has been missing for `after`
+//! without a break: on entering, and again if the data comes back and then stays away that
+//! long. A shorter gap in fallback holds the replicas, as missing data does outside fallback.
+//! Otherwise each missing row of intermittent data would drop to the count at once, around the
+//! forbidden windows and the limits, and each good row would scale back up.
 //!
 //! A pure state machine: the runtime keeps one [`FallbackMemory`] per autoscaler and tells it,
 //! at each evaluation, whether any metric was usable.
@@ -54,6 +60,9 @@ struct Active {
     good_since: Option<Timestamp>,
     /// The count it falls back to, fixed when it entered.
     replicas: Option<u32>,
+    /// Whether the data has been missing for `after` without a break (since it entered, or
+    /// since it went again): only then does a count that may scale down apply.
+    missing_long: bool,
 }
 
 /// A change of fallback at one evaluation.
@@ -70,6 +79,7 @@ impl FallbackMemory {
         if any_usable {
             self.missing_since = None;
             let active = self.active.as_mut()?;
+            active.missing_long = false;
             let good_since = *active.good_since.get_or_insert(now);
             if now.since(good_since) >= rule.recover_after {
                 self.active = None;
@@ -82,6 +92,7 @@ impl FallbackMemory {
         if let Some(active) = self.active.as_mut() {
             // The data went again before it had been good for long enough.
             active.good_since = None;
+            active.missing_long = now.since(missing_since) >= rule.after;
             return None;
         }
         if now.since(missing_since) < rule.after {
@@ -92,7 +103,7 @@ impl FallbackMemory {
             FallbackAction::Replicas { replicas, .. } => Some(replicas),
             FallbackAction::LastGood => self.last_good,
         };
-        self.active = Some(Active { entered: now, good_since: None, replicas });
+        self.active = Some(Active { entered: now, good_since: None, replicas, missing_long: true });
         Some(Change::Entered { why: self.because(rule) })
     }
 
@@ -107,8 +118,9 @@ impl FallbackMemory {
         self.active.is_some()
     }
 
-    /// `rule` as it holds in fallback: with the declared count to go to when no metric is
-    /// usable, and, while the data is back but not yet for long, that count as a floor.
+    /// `rule` as it holds in fallback, after [`FallbackMemory::observe`] has noted this
+    /// evaluation: with the declared count to go to when no metric is usable, and, while the
+    /// data is back but not yet for long, that count as a floor.
     pub fn apply<'r>(&self, rule: &FallbackRule, engine: Cow<'r, Rule>) -> Cow<'r, Rule> {
         let Some(active) = &self.active else { return engine };
         let because = self.because(rule);
@@ -117,6 +129,15 @@ impl FallbackMemory {
             return Cow::Owned(engine.into_owned().falling_back(Fallback { replicas: 0, scale_down: false, because }));
         };
         let scale_down = matches!(rule.action, FallbackAction::Replicas { scale_down: true, .. });
+        if scale_down && !active.missing_long {
+            // The data came back and went again, not yet for `after`: hold, as without a count.
+            let because = format!(
+                "in fallback; the data came back and has been missing again for less than {}, too short to go to \
+                 {replicas} replicas",
+                shown(rule.after)
+            );
+            return Cow::Owned(engine.into_owned().falling_back(Fallback { replicas: 0, scale_down: false, because }));
+        }
         let mut engine = engine.into_owned().falling_back(Fallback { replicas, scale_down, because });
         let floor = replicas.min(engine.max_replicas());
         if active.good_since.is_some() && !scale_down && floor > engine.min_replicas() {
@@ -146,12 +167,13 @@ impl FallbackMemory {
         now: Timestamp,
         decide: impl Fn(&Rule) -> Decision,
     ) -> (Decision, Option<Change>) {
-        let mut decision = decide(&self.apply(declared, Cow::Borrowed(rule)));
-        let any_usable = decision.metrics.iter().any(|m| m.position != Position::Unavailable);
+        // Whether a metric is usable does not depend on the fallback, so the rule as it is
+        // tells; the fallback then notes this evaluation before deciding under it, so that the
+        // first good evaluation after a gap is already floored by the count.
+        let plain = decide(rule);
+        let any_usable = plain.metrics.iter().any(|m| m.position != Position::Unavailable);
         let change = self.observe(declared, any_usable, now);
-        if change.is_some() {
-            decision = decide(&self.apply(declared, Cow::Borrowed(rule)));
-        }
+        let decision = if self.active.is_some() { decide(&self.apply(declared, Cow::Borrowed(rule))) } else { plain };
         self.decided(any_usable, decision.replicas);
         (decision, change)
     }
@@ -282,5 +304,66 @@ mod tests {
             "{}",
             decision.reason
         );
+    }
+
+    /// One evaluation through [`FallbackMemory::decide`], as the daemon and `simulate` make it:
+    /// the replicas decided from `spec` and the decision's reason.
+    fn evaluate(
+        memory: &mut FallbackMemory,
+        rule: &FallbackRule,
+        spec: u32,
+        value: Option<f64>,
+        now: Timestamp,
+    ) -> (u32, String) {
+        let reading = match value {
+            Some(value) => Reading::Value { value, at: now },
+            None => Reading::Unavailable { reason: "timeout".into() },
+        };
+        let target = Target { spec_replicas: spec, status_replicas: Some(spec), ready_replicas: Some(spec) };
+        let engine = engine_rule();
+        let decide = |rule: &Rule| decide(rule, target, std::slice::from_ref(&reading), &State::default(), now);
+        let (decision, _) = memory.decide(rule, &engine, now, decide);
+        (decision.replicas, decision.reason)
+    }
+
+    #[test]
+    fn the_count_is_a_floor_from_the_first_good_evaluation_after_the_gap() {
+        let rule = fallback(FallbackAction::Replicas { replicas: 8, scale_down: false });
+        let mut memory = FallbackMemory::default();
+        assert_eq!(evaluate(&mut memory, &rule, 4, None, at(0)).0, 4);
+        assert_eq!(evaluate(&mut memory, &rule, 4, None, at(300)).0, 8);
+        // Low data (it would ask for fewer) on the very first good evaluation: still 8.
+        let (replicas, reason) = evaluate(&mut memory, &rule, 8, Some(1.0), at(315));
+        assert_eq!(replicas, 8, "{reason}");
+        assert_eq!(evaluate(&mut memory, &rule, 8, Some(1.0), at(330)).0, 8);
+        // Good for 2m: out of fallback, and the data decides.
+        assert!(evaluate(&mut memory, &rule, 8, Some(1.0), at(435)).0 < 8);
+        assert!(!memory.is_active());
+    }
+
+    #[test]
+    fn a_count_that_may_scale_down_is_gone_to_again_only_after_the_data_has_been_missing_for_after() {
+        let rule = fallback(FallbackAction::Replicas { replicas: 2, scale_down: true });
+        let mut memory = FallbackMemory::default();
+        assert_eq!(evaluate(&mut memory, &rule, 6, None, at(0)).0, 6);
+        assert_eq!(evaluate(&mut memory, &rule, 6, None, at(300)).0, 2, "entered: down to the count");
+        assert_eq!(evaluate(&mut memory, &rule, 6, None, at(315)).0, 2, "still missing: at the count");
+        // The data comes back asking for more, and goes again: the gap holds, says why, and is
+        // still in fallback.
+        assert!(evaluate(&mut memory, &rule, 2, Some(60.0), at(330)).0 > 2);
+        let (replicas, reason) = evaluate(&mut memory, &rule, 6, None, at(345));
+        assert_eq!(replicas, 6, "{reason}");
+        assert!(
+            reason.contains("in fallback; the data came back and has been missing again for less than 5m, too short to go to 2 replicas"),
+            "{reason}"
+        );
+        assert!(memory.is_active());
+        assert_eq!(evaluate(&mut memory, &rule, 6, Some(7.0), at(360)).0, 6, "inside the band");
+        assert_eq!(evaluate(&mut memory, &rule, 6, None, at(375)).0, 6);
+        assert_eq!(evaluate(&mut memory, &rule, 6, None, at(674)).0, 6, "missing for 4m59s");
+        // Missing for `after` without a break: the count again.
+        let (replicas, reason) = evaluate(&mut memory, &rule, 6, None, at(675));
+        assert_eq!(replicas, 2, "{reason}");
+        assert!(reason.contains("falling back to 2 replicas"), "{reason}");
     }
 }

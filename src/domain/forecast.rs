@@ -328,10 +328,12 @@ impl Forecaster {
             .iter()
             .map(|history| forecast(history, now, forecast_rule.lead_time, forecast_rule.max_error))
             .collect();
+        // A floor per metric, each at its own high watermark, then the highest.
         let floor = forecasts
             .iter()
-            .filter_map(|f| match f {
-                Forecast::Ready { demand, .. } => floor(rule, forecast_rule, *demand, current),
+            .enumerate()
+            .filter_map(|(metric, f)| match f {
+                Forecast::Ready { demand, .. } => floor(rule, metric, forecast_rule, *demand, current),
                 Forecast::Unable(_) => None,
             })
             .max();
@@ -391,11 +393,12 @@ pub fn demand(rule: &Rule, value: f64, ready: u32) -> f64 {
     }
 }
 
-/// The floor a forecast `demand` sets: the replicas it needs at the highest of the rule's high
-/// watermarks, at most `max_replicas` and `max_factor` times `current`; `None` when it would
-/// not raise the rule's own floor.
-pub fn floor(rule: &Rule, forecast_rule: &ForecastRule, demand: f64, current: u32) -> Option<u32> {
-    let high = rule.metrics().iter().map(|m| m.high_watermark.to_f64()).fold(0.0, f64::max);
+/// The floor the forecast `demand` of the rule's metric number `metric` sets: the replicas it
+/// needs at that metric's own high watermark (the metrics of one rule measure different
+/// things: 0.8 cores and 100 requests/s), at most `max_replicas` and `max_factor` times
+/// `current`; `None` when it would not raise the rule's own floor.
+pub fn floor(rule: &Rule, metric: usize, forecast_rule: &ForecastRule, demand: f64, current: u32) -> Option<u32> {
+    let high = rule.metrics().get(metric)?.high_watermark.to_f64();
     if high <= 0.0 || !demand.is_finite() {
         return None;
     }
@@ -512,14 +515,39 @@ mod tests {
         };
         let average = rule("average");
         // 1,250 requests a second over 100 each: 13 replicas; from 10, at most twice as many.
-        assert_eq!(floor(&average, &scale, 1_250.0, 10), Some(13));
-        assert_eq!(floor(&average, &scale, 1_250.0, 5), Some(10), "max_factor 2 of 5");
-        assert_eq!(floor(&average, &scale, 9_000.0, 20), Some(30), "max_replicas");
-        assert_eq!(floor(&average, &scale, 150.0, 10), None, "2 is the rule's own floor");
+        assert_eq!(floor(&average, 0, &scale, 1_250.0, 10), Some(13));
+        assert_eq!(floor(&average, 0, &scale, 1_250.0, 5), Some(10), "max_factor 2 of 5");
+        assert_eq!(floor(&average, 0, &scale, 9_000.0, 20), Some(30), "max_replicas");
+        assert_eq!(floor(&average, 0, &scale, 150.0, 10), None, "2 is the rule's own floor");
         // Under absolute, a per-replica 80 at 5 ready replicas is a demand of 400.
         let absolute = rule("absolute");
         assert_eq!(demand(&absolute, 80.0, 5), 400.0);
         assert_eq!(demand(&average, 80.0, 5), 80.0);
+        // A metric past the rule's is none of its.
+        assert_eq!(floor(&average, 1, &scale, 1_250.0, 10), None);
+    }
+
+    #[test]
+    fn each_metric_forecast_is_divided_by_its_own_high_watermark() {
+        let rule = crate::domain::rules::rule_from_json(&serde_json::json!({
+            "min_replicas": 2, "max_replicas": 40, "algorithm": "absolute",
+            "metric": [
+                { "name": "cpu", "high_watermark": 0.8, "low_watermark": 0.5 },
+                { "name": "rps", "high_watermark": 100, "low_watermark": 50 }
+            ]
+        }))
+        .unwrap();
+        let scale = ForecastRule {
+            lead_time: Duration::from_secs(600),
+            mode: ForecastMode::Scale,
+            max_error: 0.3,
+            max_factor: 2.0,
+        };
+        // 16 cores at 0.8 a replica: 20 (not 16 / 100, under the rule's own floor).
+        assert_eq!(floor(&rule, 0, &scale, 16.0, 10), Some(20));
+        // 1,000 requests a second at 100 a replica: 10 (not 1,000 / 0.8).
+        assert_eq!(floor(&rule, 1, &scale, 1_000.0, 10), Some(10));
+        assert_eq!(floor(&rule, 1, &scale, 100.0, 10), None);
     }
 
     #[test]

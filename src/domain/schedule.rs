@@ -16,7 +16,7 @@ use std::fmt;
 use std::time::Duration;
 
 use jiff::civil::{Date, DateTime, Time, Weekday};
-use jiff::tz::TimeZone;
+use jiff::tz::{AmbiguousOffset, TimeZone};
 use watermarkd_engine::{Bounds, Rule, Timestamp};
 
 /// The longest window, and the longest ramp: what a weekly schedule can mean.
@@ -177,7 +177,35 @@ impl fmt::Display for At {
     }
 }
 
+/// How far ahead the next opening of a window is looked for: a cron on 29 February alone may
+/// wait eight years (from 2096 to 2104).
+const LONGEST_WAIT_MS: i64 = 9 * 366 * DAY_MS;
+
 impl Schedule {
+    /// When its next window opens after `now`; `None` when none does within nine years (or
+    /// within the clock's range).
+    pub fn next_opening(&self, now: Timestamp) -> Option<Timestamp> {
+        let (start, _) = self.next_start(now.unix_millis(), LONGEST_WAIT_MS)?;
+        Some(Timestamp::from_unix_millis(start))
+    }
+
+    /// Whether one of its windows is open at `now` (its ramps aside).
+    pub fn is_open(&self, now: Timestamp) -> bool {
+        self.at(now).is_some_and(|at| at.phase == Phase::Open)
+    }
+
+    /// `at` on the wall clock of its time zone, as a person reads it: `Mon 2026-11-23 08:00
+    /// Europe/Paris`.
+    pub fn local_time(&self, at: Timestamp) -> String {
+        match jiff::Timestamp::from_millisecond(at.unix_millis()) {
+            Ok(instant) => {
+                let local = instant.to_zoned(self.time_zone.zone.clone());
+                format!("{} {}", local.strftime("%a %Y-%m-%d %H:%M"), self.time_zone.name)
+            }
+            Err(_) => "?".into(),
+        }
+    }
+
     /// Where `now` stands in this schedule's windows; `None` outside them and their ramps.
     /// Between a window's ramp out and the next one's ramp in, the higher floor counts.
     fn at(&self, now: Timestamp) -> Option<At> {
@@ -253,7 +281,6 @@ impl Schedule {
     /// The windows that open on `date` (local), as instants in milliseconds.
     fn windows_on(&self, date: Date) -> Vec<(i64, i64)> {
         let zone = &self.time_zone.zone;
-        let instant = |at: DateTime| zone.to_zoned(at).ok().map(|z| z.timestamp().as_millisecond());
         match &self.when {
             When::Weekly { days, start, end } => {
                 let open = days.get(weekday_index(date.weekday())).copied().unwrap_or(false);
@@ -261,8 +288,13 @@ impl Schedule {
                     return Vec::new();
                 }
                 let end_date = if end <= start { date.tomorrow().ok() } else { Some(date) };
-                let window = instant(date.to_datetime(*start)).zip(end_date.and_then(|d| instant(d.to_datetime(*end))));
-                window.into_iter().collect()
+                let Some(opens) = reached(zone, date.to_datetime(*start)) else { return Vec::new() };
+                let Some(closes) = end_date.and_then(|d| reached(zone, d.to_datetime(*end))) else { return Vec::new() };
+                // A window whose start and end the clock both skipped would be empty: it lasts
+                // its wall-clock length from the jump instead.
+                let closes =
+                    if closes > opens { closes } else { opens.saturating_add(wall_clock_length(*start, *end)) };
+                vec![(opens, closes)]
             }
             When::Cron { cron, duration } => {
                 if !cron.matches_date(date) {
@@ -272,7 +304,7 @@ impl Schedule {
                 for hour in cron.hours.iter() {
                     for minute in cron.minutes.iter() {
                         let Ok(time) = Time::new(hour as i8, minute as i8, 0, 0) else { continue };
-                        if let Some(start) = instant(date.to_datetime(time)) {
+                        if let Some(start) = reached(zone, date.to_datetime(time)) {
                             windows.push((start, start.saturating_add(millis(*duration))));
                         }
                     }
@@ -281,6 +313,35 @@ impl Schedule {
             }
         }
     }
+}
+
+/// The first instant the clock of `zone` reaches the local time `at`: that time, or, when the
+/// clock skips it (02:30 on the night summer time begins in Paris, when 02:00 becomes 03:00),
+/// the instant it jumps past it. So a window that starts in the gap still opens that day, as
+/// the clock jumps, and one that ends in it closes then. A time the clock shows twice (when
+/// summer time ends) is reached the first time.
+fn reached(zone: &TimeZone, at: DateTime) -> Option<i64> {
+    let ambiguous = zone.to_ambiguous_timestamp(at);
+    match ambiguous.offset() {
+        AmbiguousOffset::Gap { after, .. } => {
+            // Read with the offset of after the jump, `at` falls before the jump.
+            let before_the_jump = after.to_timestamp(at).ok()?;
+            let jump = zone.following(before_the_jump).next()?;
+            Some(jump.timestamp().as_millisecond())
+        }
+        AmbiguousOffset::Unambiguous { .. } | AmbiguousOffset::Fold { .. } => {
+            ambiguous.compatible().ok().map(|t| t.as_millisecond())
+        }
+    }
+}
+
+/// How long a weekly window lasts on the wall clock: from `start` to `end`, the next day when
+/// `end` is not after `start`.
+fn wall_clock_length(start: Time, end: Time) -> i64 {
+    let seconds = |t: Time| i64::from(t.hour()) * 3_600 + i64::from(t.minute()) * 60 + i64::from(t.second());
+    let length = (seconds(end) - seconds(start)).rem_euclid(86_400);
+    let length = if length == 0 { 86_400 } else { length };
+    length * 1_000
 }
 
 fn millis(duration: Duration) -> i64 {
@@ -372,14 +433,46 @@ impl Set {
 }
 
 const MONTHS: [&str; 12] = ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"];
+const MONTH_NAMES: [&str; 12] = [
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+];
 const DAYS: [&str; 7] = ["sun", "mon", "tue", "wed", "thu", "fri", "sat"];
 
+/// The descriptors Kubernetes CronJob takes for a whole expression, and what each stands for.
+const DESCRIPTORS: [(&str, &str); 7] = [
+    ("@yearly", "0 0 1 1 *"),
+    ("@annually", "0 0 1 1 *"),
+    ("@monthly", "0 0 1 * *"),
+    ("@weekly", "0 0 * * 0"),
+    ("@daily", "0 0 * * *"),
+    ("@midnight", "0 0 * * *"),
+    ("@hourly", "0 * * * *"),
+];
+
 impl Cron {
+    /// Five fields (minute hour day-of-month month day-of-week), or one of the descriptors
+    /// Kubernetes CronJob takes (`@daily`, ...), kept as written for display.
     pub fn parse(text: &str) -> Result<Cron, String> {
-        let fields: Vec<&str> = text.split_whitespace().collect();
+        let expanded = DESCRIPTORS.iter().find(|(name, _)| *name == text.trim()).map_or(text, |(_, fields)| fields);
+        let fields: Vec<&str> = expanded.split_whitespace().collect();
         let [minute, hour, dom, month, dow] = fields.as_slice() else {
+            let names: Vec<&str> = DESCRIPTORS.iter().map(|(name, _)| *name).collect();
+            let (last, rest) = names.split_last().unwrap_or((&"", &[]));
             return Err(format!(
-                "({text:?}) must have five fields (minute hour day-of-month month day-of-week), such as \"0 8 * * 1-5\""
+                "({text:?}) must have five fields (minute hour day-of-month month day-of-week), such as \"0 8 * * 1-5\", \
+                 or be one of {} and {last}",
+                rest.join(", ")
             ));
         };
         let within = |what: &str, result: Result<Set, String>| result.map_err(|e| format!("({text:?}) {what}: {e}"));
@@ -388,7 +481,7 @@ impl Cron {
         if days_of_week.has(7) {
             days_of_week = Set((days_of_week.0 | 1) & !(1 << 7));
         }
-        Ok(Cron {
+        let cron = Cron {
             text: text.trim().to_string(),
             minutes: within("minute", field(minute, 0, 59, &[], 0))?,
             hours: within("hour", field(hour, 0, 23, &[], 0))?,
@@ -396,7 +489,37 @@ impl Cron {
             months: within("month", field(month, 1, 12, &MONTHS, 1))?,
             days_of_week,
             either_day: !dom.starts_with('*') && !dow.starts_with('*'),
-        })
+        };
+        match cron.missing_days() {
+            Some(why) => Err(format!("({text:?}) never fires: {why}")),
+            None => Ok(cron),
+        }
+    }
+
+    /// Why no date ever matches, when none does: the days of month it names exist in none of
+    /// its months (`0 0 31 2 *`). A day of week always comes round, so a cron that also names
+    /// one (either matches, as cron reads it) fires; and February has a 29th in leap years.
+    fn missing_days(&self) -> Option<String> {
+        if self.either_day {
+            return None;
+        }
+        let longest = |month: u32| match month {
+            2 => 29,
+            4 | 6 | 9 | 11 => 30,
+            _ => 31,
+        };
+        if self.months.iter().any(|month| self.days_of_month.iter().any(|day| day <= longest(month))) {
+            return None;
+        }
+        let months: Vec<&str> = self
+            .months
+            .iter()
+            .filter_map(|m| MONTH_NAMES.get(usize::try_from(m).ok()?.checked_sub(1)?))
+            .copied()
+            .collect();
+        let days: Vec<String> = self.days_of_month.iter().map(|d| d.to_string()).collect();
+        let has = if months.len() == 1 { "has" } else { "have" };
+        Some(format!("{} {has} no day {}", months.join(" and "), days.join(" or ")))
     }
 
     fn matches_date(&self, date: Date) -> bool {
@@ -519,6 +642,53 @@ mod tests {
         assert_eq!((utc_hour("2026-03-27T08:00"), utc_hour("2026-03-30T08:00")), (7, 6));
     }
 
+    /// A daily window from `start` to `end` in Paris.
+    fn daily(start: &str, end: &str) -> Schedule {
+        Schedule {
+            when: When::Weekly { days: [true; 7], start: parse_time(start).unwrap(), end: parse_time(end).unwrap() },
+            ..weekdays(start, end)
+        }
+    }
+
+    /// The instant `text` (RFC 3339, with its offset).
+    fn instant(text: &str) -> Timestamp {
+        let t: jiff::Timestamp = text.parse().unwrap();
+        Timestamp::from_unix_millis(t.as_millisecond())
+    }
+
+    #[test]
+    fn a_window_that_starts_in_the_spring_forward_gap_opens_when_the_clock_jumps_and_keeps_its_end() {
+        // Paris, 2027-03-28: at 02:00 (01:00Z) the clock shows 03:00; 02:30 never happens.
+        let window = [daily("02:30", "03:15")];
+        let floor_at = |text: &str| bounds_at(&window, 2, 50, instant(text)).min;
+        assert_eq!(floor_at("2027-03-28T00:59:59Z"), 2, "01:59:59 in winter time");
+        assert_eq!(floor_at("2027-03-28T01:00:00Z"), 10, "03:00 in summer time: the jump opens it");
+        assert_eq!(floor_at("2027-03-28T01:14:59Z"), 10);
+        assert_eq!(floor_at("2027-03-28T01:15:00Z"), 2, "closes at 03:15 as every day");
+        // The days around it are as usual.
+        assert_eq!((floor_at("2027-03-27T01:29:59Z"), floor_at("2027-03-27T01:30:00Z")), (2, 10));
+        assert_eq!((floor_at("2027-03-29T00:30:00Z"), floor_at("2027-03-29T01:15:00Z")), (10, 2));
+        // A window the gap swallows whole lasts its wall-clock length from the jump.
+        let inside = [daily("02:10", "02:40")];
+        let floor_at = |text: &str| bounds_at(&inside, 2, 50, instant(text)).min;
+        assert_eq!(floor_at("2027-03-28T01:00:00Z"), 10);
+        assert_eq!(floor_at("2027-03-28T01:29:59Z"), 10);
+        assert_eq!(floor_at("2027-03-28T01:30:00Z"), 2, "30 minutes, as on the wall clock");
+        // One that ends in the gap closes as the clock jumps past its end.
+        let ending = [daily("01:30", "02:30")];
+        let floor_at = |text: &str| bounds_at(&ending, 2, 50, instant(text)).min;
+        assert_eq!((floor_at("2027-03-28T00:30:00Z"), floor_at("2027-03-28T00:59:59Z")), (10, 10));
+        assert_eq!(floor_at("2027-03-28T01:00:00Z"), 2);
+        // A cron time in the gap opens at the jump, for its duration.
+        let cron = [Schedule {
+            when: When::Cron { cron: Cron::parse("30 2 * * *").unwrap(), duration: Duration::from_secs(45 * 60) },
+            ..daily("00:00", "00:00")
+        }];
+        let floor_at = |text: &str| bounds_at(&cron, 2, 50, instant(text)).min;
+        assert_eq!((floor_at("2027-03-28T00:59:59Z"), floor_at("2027-03-28T01:00:00Z")), (2, 10));
+        assert_eq!((floor_at("2027-03-28T01:44:59Z"), floor_at("2027-03-28T01:45:00Z")), (10, 2));
+    }
+
     #[test]
     fn a_window_past_midnight_ends_the_next_day() {
         let night = [weekdays("22:00", "02:00")];
@@ -601,6 +771,65 @@ mod tests {
         ] {
             let err = Cron::parse(text).unwrap_err();
             assert!(err.contains(why), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn cron_descriptors_read_as_kubernetes_cronjob_reads_them() {
+        for (descriptor, fields) in [
+            ("@yearly", "0 0 1 1 *"),
+            ("@annually", "0 0 1 1 *"),
+            ("@monthly", "0 0 1 * *"),
+            ("@weekly", "0 0 * * 0"),
+            ("@daily", "0 0 * * *"),
+            ("@midnight", "0 0 * * *"),
+            ("@hourly", "0 * * * *"),
+        ] {
+            let (read, expected) = (Cron::parse(descriptor).unwrap(), Cron::parse(fields).unwrap());
+            assert_eq!(read.to_string(), descriptor, "shown as written");
+            assert_eq!(Cron { text: fields.into(), ..read }, expected, "{descriptor}");
+        }
+        for unknown in ["@every 1h", "@Daily", "@reboot", "@"] {
+            let err = Cron::parse(unknown).unwrap_err();
+            assert!(
+                err.ends_with("or be one of @yearly, @annually, @monthly, @weekly, @daily, @midnight and @hourly"),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_next_opening_is_found_on_the_windows_own_clock() {
+        let office = weekdays("08:00", "18:00");
+        // Friday 2026-11-27, 19:00 in Paris: the next opening is Monday 08:00.
+        let friday = at("2026-11-27T19:00");
+        assert_eq!(office.next_opening(friday), Some(at("2026-11-30T08:00")));
+        assert_eq!(office.local_time(at("2026-11-30T08:00")), "Mon 2026-11-30 08:00 Europe/Paris");
+        assert!(!office.is_open(friday));
+        // While open, the next is the next day's.
+        assert!(office.is_open(at("2026-11-30T09:00")));
+        assert_eq!(office.next_opening(at("2026-11-30T09:00")), Some(at("2026-12-01T08:00")));
+        // A 29 February years away is found.
+        let leap = Schedule {
+            when: When::Cron { cron: Cron::parse("0 0 29 2 *").unwrap(), duration: Duration::from_secs(3600) },
+            ..weekdays("00:00", "00:00")
+        };
+        assert_eq!(leap.next_opening(friday), Some(at("2028-02-29T00:00")));
+    }
+
+    #[test]
+    fn a_cron_that_never_fires_is_refused_with_the_reason() {
+        for (text, why) in [
+            ("0 0 31 2 *", "(\"0 0 31 2 *\") never fires: February has no day 31"),
+            ("0 0 30 feb *", "(\"0 0 30 feb *\") never fires: February has no day 30"),
+            ("0 0 31 apr,jun *", "(\"0 0 31 apr,jun *\") never fires: April and June have no day 31"),
+            ("0 0 30-31 2 */2", "(\"0 0 30-31 2 */2\") never fires: February has no day 30 or 31"),
+        ] {
+            assert_eq!(Cron::parse(text).unwrap_err(), why);
+        }
+        // February 29 comes in leap years; a day of week always comes round (either matches).
+        for fires in ["0 0 29 2 *", "0 0 31 2 mon", "0 0 31 * *", "0 0 31 1-2 *"] {
+            assert!(Cron::parse(fires).is_ok(), "{fires}");
         }
     }
 

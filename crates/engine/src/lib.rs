@@ -24,7 +24,8 @@ pub use number::{human, Decimal, ParseDecimalError};
 pub use rule::{
     Algorithm, Behavior, BehaviorSpec, Bounds, BoundsBy, ConvergeTowards, Fallback, MetricRule, MetricSpec, Policy,
     PolicyKind, Relation, Rule, RuleError, RuleSpec, ScaleToZero, ScalingRules, ScalingRulesSpec, SelectPolicy,
-    Velocity, WatermarkVelocity, DEFAULT_SCALE_TO_ZERO_DELAY, MAX_POLICY_PERIOD, MAX_STABILIZATION_WINDOW,
+    Velocity, WatermarkVelocity, DEFAULT_MIN_REPLICAS, DEFAULT_SCALE_TO_ZERO_DELAY, MAX_POLICY_PERIOD,
+    MAX_STABILIZATION_WINDOW,
 };
 pub use time::Timestamp;
 

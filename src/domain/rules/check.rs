@@ -4,7 +4,9 @@
 
 use std::time::Duration;
 
-use watermarkd_engine::{Algorithm, ConvergeTowards, Policy, PolicyKind, ScalingRules, SelectPolicy, Velocity};
+use watermarkd_engine::{
+    Algorithm, ConvergeTowards, Policy, PolicyKind, ScalingRules, SelectPolicy, Timestamp, Velocity,
+};
 
 use super::quantity::format_quantity;
 use super::Autoscaler;
@@ -12,8 +14,9 @@ use crate::domain::fallback::FallbackAction;
 use crate::domain::forecast::ForecastMode;
 
 /// `billing: Deployment prod/billing, 4..9 replicas, every 15s, 1 metric (latency via dd:
-/// 150m..400m), watermark velocity up 50%/60s down 30%/300s`, plus whatever is not a default.
-pub fn summary(autoscaler: &Autoscaler) -> String {
+/// 150m..400m), watermark velocity up 50%/60s down 30%/300s`, plus whatever is not a default;
+/// what depends on the time (a pause still to end) as it stands at `now`.
+pub fn summary(autoscaler: &Autoscaler, now: Timestamp) -> String {
     let rule = &autoscaler.rule;
     let target = &autoscaler.target;
     let per_replica = if rule.algorithm() == Algorithm::Average { " per replica" } else { "" };
@@ -79,17 +82,29 @@ pub fn summary(autoscaler: &Autoscaler) -> String {
     if autoscaler.shadow {
         parts.push("shadow: compared with the active rule on its target, never written".into());
     }
-    parts.extend(ahead(autoscaler));
+    parts.extend(ahead(autoscaler, now));
     parts.join(", ")
 }
 
-/// What looks ahead or stands in: schedules, a forecast, a fallback, a pause.
-fn ahead(autoscaler: &Autoscaler) -> Vec<String> {
+/// What looks ahead or stands in: schedules, a forecast, a fallback, a pause still to end.
+fn ahead(autoscaler: &Autoscaler, now: Timestamp) -> Vec<String> {
     let mut parts = Vec::new();
     if !autoscaler.schedules.is_empty() {
-        let names: Vec<String> =
-            autoscaler.schedules.iter().map(|s| format!("{} (floor {})", s.name, s.min_replicas)).collect();
-        parts.push(format!("schedule: {}", names.join(", ")));
+        // When each window next opens, on its own clock: what a cron expression and a time
+        // zone are easiest to get wrong.
+        let windows: Vec<String> = autoscaler
+            .schedules
+            .iter()
+            .map(|s| {
+                let open = if s.is_open(now) { "open now, " } else { "" };
+                let next = s.next_opening(now).map_or_else(
+                    || "no opening in the next nine years".to_string(),
+                    |at| format!("next opens {}", s.local_time(at)),
+                );
+                format!("{} (floor {}, {open}{next})", s.name, s.min_replicas)
+            })
+            .collect();
+        parts.push(format!("schedule: {}", windows.join(", ")));
     }
     if let Some(forecast) = &autoscaler.forecast {
         let mode = match forecast.mode {
@@ -107,12 +122,27 @@ fn ahead(autoscaler: &Autoscaler) -> Vec<String> {
         };
         parts.push(format!("fallback after {}s without data: {action}", fallback.after.as_secs()));
     }
-    if let Some(until) = autoscaler.paused_until {
-        let shown =
-            jiff::Timestamp::from_millisecond(until.unix_millis()).map_or_else(|_| "?".into(), |t| t.to_string());
-        parts.push(format!("paused until {shown}"));
+    if let Some(until) = autoscaler.paused_until.filter(|until| *until > now) {
+        parts.push(format!("paused until {}", shown(until)));
     }
     parts
+}
+
+fn shown(instant: Timestamp) -> String {
+    jiff::Timestamp::from_millisecond(instant.unix_millis()).map_or_else(|_| "?".into(), |t| t.to_string())
+}
+
+/// [`warnings`], and what only the time makes so at `now`: a pause that has ended. That is no
+/// error: a file that was valid stays valid as time passes, and a reload is not refused for it.
+pub fn warnings_at(autoscaler: &Autoscaler, now: Timestamp) -> Vec<String> {
+    let mut out = warnings(autoscaler);
+    if let Some(until) = autoscaler.paused_until.filter(|until| *until <= now) {
+        out.push(format!(
+            "paused_until ({}) has passed: the autoscaler is not paused (remove the line, or set a time to come)",
+            shown(until)
+        ));
+    }
+    out
 }
 
 /// What is valid but will not do what its author probably means: today, scale to zero on

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use watermarkd_engine::{
     Algorithm, BehaviorSpec, Decimal, MetricSpec, Policy, Relation, Rule, RuleError, RuleSpec, ScalingRulesSpec,
+    DEFAULT_MIN_REPLICAS,
 };
 
 use super::backend::{url_scheme_problem, DEFAULT_TIMEOUT, HALF_MISSING};
@@ -16,9 +17,10 @@ use super::draft::{
     RecommenderDraft, ScalingRulesDraft, ScheduleDraft, TargetDraft,
 };
 use super::problem::{Problem, Sink};
+use super::promql;
 use super::{
     intern, Autoscaler, Backend, MetricSource, PodAggregation, Recommender, ResourceSource, TargetRef, TlsSettings,
-    RESOURCE_BACKEND, RESOURCE_MAX_AGE,
+    DEFAULT_INTERVAL, RESOURCE_BACKEND, RESOURCE_MAX_AGE,
 };
 use crate::domain::fallback::{FallbackAction, FallbackRule, DEFAULT_AFTER, DEFAULT_RECOVER_AFTER};
 use crate::domain::forecast::{ForecastMode, ForecastRule, DEFAULT_MAX_ERROR, DEFAULT_MAX_FACTOR};
@@ -94,7 +96,7 @@ pub(crate) fn compile(draft: &AutoscalerDraft, require: Require<'_>, sink: &mut 
     }
     let (behavior, policy_drafts) = compile_behavior(&draft.behavior, &mut report);
     let schedules = compile_schedules(draft, &mut report);
-    let fallback = draft.fallback.value().and_then(|fallback| compile_fallback(fallback, &draft.knobs, &mut report));
+    let fallback = draft.fallback.value().and_then(|fallback| compile_fallback(fallback, draft, &mut report));
     let forecast = draft.forecast.value().and_then(|forecast| compile_forecast(forecast, &mut report));
     if draft.knobs.algorithm.value() == Some(&Algorithm::Average) {
         check_average_aggregation(&metrics, &mut report);
@@ -151,12 +153,57 @@ fn compile_target(target: &TargetDraft, report: &mut Report<'_>) -> Option<Targe
     let kind = report.required(&target.kind);
     let namespace = report.required(&target.namespace);
     let name = report.required(&target.name);
+    // A name the API server would refuse names no object: the autoscaler would only ever say
+    // its target is not found.
+    if let Some(problem) = namespace.as_deref().and_then(|ns| dns_label_problem(ns, "namespace")) {
+        report.at(&target.namespace.origin, problem);
+    }
+    let what = kind.as_deref().map_or_else(|| "object".to_string(), |kind| kind.to_string());
+    if let Some(problem) = name.as_deref().and_then(|name| dns_subdomain_problem(name, &what)) {
+        report.at(&target.name.origin, problem);
+    }
     Some(TargetRef {
         api_version: intern(target.api_version.value().map_or(DEFAULT_API_VERSION, String::as_str)),
         kind: intern(&kind?),
         namespace: intern(&namespace?),
         name: Arc::from(name?),
     })
+}
+
+/// What is wrong with `name` as the name of a `what` (`Deployment`): the API server takes
+/// the names of workloads (Deployments, StatefulSets, ReplicaSets, and custom resources alike)
+/// only as DNS subdomains (RFC 1123).
+pub(crate) fn dns_subdomain_problem(name: &str, what: &str) -> Option<String> {
+    // Kubernetes limits the whole name, not each of its labels.
+    let valid = name.len() <= 253 && name.split('.').all(is_dns_label_text);
+    (!valid).then(|| {
+        format!(
+            "({name:?}) is not a valid {what} name: a DNS subdomain (RFC 1123) of lower-case letters, digits, '-' \
+             and '.', starting and ending with a letter or digit, at most 253 characters"
+        )
+    })
+}
+
+/// What is wrong with `name` as a `what` that must be a DNS label (RFC 1123), as a namespace's.
+pub(crate) fn dns_label_problem(name: &str, what: &str) -> Option<String> {
+    (!is_dns_label(name)).then(|| {
+        format!(
+            "({name:?}) is not a valid {what}: a DNS label (RFC 1123) of lower-case letters, digits and '-', \
+             starting and ending with a letter or digit, at most 63 characters"
+        )
+    })
+}
+
+fn is_dns_label(label: &str) -> bool {
+    label.len() <= 63 && is_dns_label_text(label)
+}
+
+/// Lower-case letters, digits and '-', starting and ending with a letter or digit.
+fn is_dns_label_text(label: &str) -> bool {
+    let alphanumeric = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
+    label.chars().all(|c| alphanumeric(c) || c == '-')
+        && label.starts_with(alphanumeric)
+        && label.ends_with(alphanumeric)
 }
 
 /// One metric of the rule, and the draft fields the engine's problems with it are about.
@@ -295,6 +342,12 @@ fn check_backend_reference(
                  series themselves (e.g. \"max:metric{{...}}\")"
             ),
         ),
+        Some(Some(Backend::Prometheus(_))) => {
+            // Found here, the daemon never loads it, instead of reading it as "no data".
+            if let Some(problem) = metric.query.value().and_then(|query| promql::syntax_problem(query)) {
+                report.at(&metric.query.origin, format!("is not valid PromQL: {problem}"));
+            }
+        }
         Some(_) => {}
     }
 }
@@ -440,6 +493,7 @@ struct PolicyDrafts<'d> {
 fn compile_schedules(draft: &AutoscalerDraft, report: &mut Report<'_>) -> Vec<Schedule> {
     let Some(windows) = draft.schedules.value() else { return Vec::new() };
     let max = &draft.knobs.max_replicas;
+    let rule_min = &draft.knobs.min_replicas;
     let mut schedules: Vec<Schedule> = Vec::with_capacity(windows.len());
     let mut names: Vec<(String, &Origin)> = Vec::new();
     for (index, window) in windows.iter().enumerate() {
@@ -468,6 +522,18 @@ fn compile_schedules(draft: &AutoscalerDraft, report: &mut Report<'_>) -> Vec<Sc
                 );
             }
         }
+        if let (Some(cap), Some(floor)) = (w.max_replicas.value(), written_or_default(rule_min, DEFAULT_MIN_REPLICAS)) {
+            if *cap < floor && w.min_replicas.value().is_none_or(|min| min <= cap) {
+                report.at(
+                    &w.max_replicas.origin,
+                    format!(
+                        "({cap}) must not be below {} ({floor}): the rule never goes below its own floor, so this \
+                         cap would do nothing",
+                        rule_min.origin.key()
+                    ),
+                );
+            }
+        }
         let when = compile_when(w, report);
         let time_zone = w.time_zone.cloned().unwrap_or_else(|| Zone { name: "UTC".into(), zone: TimeZone::UTC });
         if let (Some(when), Some(min_replicas)) = (when, min) {
@@ -488,7 +554,12 @@ fn compile_schedules(draft: &AutoscalerDraft, report: &mut Report<'_>) -> Vec<Sc
 /// What the autoscaler does once no metric has had a usable value for a while: `replicas`
 /// only with `action = "replicas"` (and there required), within `max_replicas`; `scale_down`
 /// only with a count.
-fn compile_fallback(draft: &FallbackDraft, knobs: &KnobsDraft, report: &mut Report<'_>) -> Option<FallbackRule> {
+fn compile_fallback(
+    draft: &FallbackDraft,
+    autoscaler: &AutoscalerDraft,
+    report: &mut Report<'_>,
+) -> Option<FallbackRule> {
+    let knobs = &autoscaler.knobs;
     let action = draft.action.value().map_or("hold", String::as_str);
     let replicas = if action == "replicas" {
         report.required(&draft.replicas)
@@ -507,7 +578,40 @@ fn compile_fallback(draft: &FallbackDraft, knobs: &KnobsDraft, report: &mut Repo
             );
         }
     }
+    // The engine keeps a fallback's count within the bounds, and never at zero: a count below
+    // them would say one thing and run another.
+    if let (Some(count), Some(min)) = (replicas, written_or_default(&knobs.min_replicas, DEFAULT_MIN_REPLICAS)) {
+        let key = knobs.min_replicas.origin.key();
+        if count < min {
+            let message = format!("({count}) must not be below {key} ({min}): the fallback would run {min}");
+            report.at(&draft.replicas.origin, message);
+        } else if count == 0 {
+            let message =
+                format!("(0) must be at least 1: with {key} = 0 the fallback never scales to zero, it would run 1");
+            report.at(&draft.replicas.origin, message);
+        }
+    }
     let scale_down = draft.scale_down.value().copied().unwrap_or(false);
+    let interval = autoscaler.interval.value().copied();
+    let after = written_or_default(&draft.after, DEFAULT_AFTER);
+    if let (true, Some(after)) = (scale_down && action == "replicas", after) {
+        let (interval, which) = match interval {
+            Some(interval) => (interval, "the interval"),
+            None => (DEFAULT_INTERVAL, "the default interval"),
+        };
+        if after < interval {
+            report.at(
+                &draft.after.origin,
+                format!(
+                    "({}) must be at least {which} ({}) with {} = true: shorter, one or two failed reads in a row \
+                     scale down to the count",
+                    humantime::format_duration(after),
+                    humantime::format_duration(interval),
+                    draft.scale_down.origin.key()
+                ),
+            );
+        }
+    }
     if scale_down && action != "replicas" {
         let message =
             format!("only applies with {} = \"replicas\": a count to scale down to", draft.action.origin.key());
@@ -523,6 +627,16 @@ fn compile_fallback(draft: &FallbackDraft, knobs: &KnobsDraft, report: &mut Repo
         recover_after: draft.recover_after.value().copied().unwrap_or(DEFAULT_RECOVER_AFTER),
         action,
     })
+}
+
+/// The value of `field` when it is written, `default` when it is not, `None` when it could not
+/// be read (its reader said why).
+fn written_or_default<T: Copy>(field: &Field<T>, default: T) -> Option<T> {
+    match &field.given {
+        Given::Value(value) => Some(*value),
+        Given::Absent => Some(default),
+        Given::Unreadable => None,
+    }
 }
 
 /// A forecast needs its lead time (how long new replicas take to be ready); it observes until
@@ -836,6 +950,27 @@ mod tests {
         let compiled = compile(draft, Require::Everything { backends: Some(&backends) }, &mut sink);
         let shown = sink.problems.iter().map(|p| format!("{} {}", p.field, p.message)).collect();
         (shown, compiled.into_autoscaler(draft))
+    }
+
+    #[test]
+    fn object_names_are_dns_subdomains_and_namespaces_dns_labels() {
+        for valid in ["web", "web-1", "a.b-c.d", "0", &"a".repeat(253)] {
+            assert_eq!(dns_subdomain_problem(valid, "Deployment"), None, "{valid}");
+        }
+        let long_label = "a".repeat(64);
+        for invalid in ["WEB", "web_1", "-web", "web-", "web.", ".web", "a..b", "", &"a".repeat(254), "wéb"] {
+            let problem = dns_subdomain_problem(invalid, "StatefulSet").unwrap_or_default();
+            assert!(
+                problem.contains("is not a valid StatefulSet name: a DNS subdomain (RFC 1123)"),
+                "{invalid}: {problem}"
+            );
+        }
+        assert_eq!(dns_label_problem("prod-1", "namespace"), None);
+        for invalid in ["Prod", "a.b", &long_label, ""] {
+            assert!(dns_label_problem(invalid, "namespace").is_some(), "{invalid}");
+        }
+        // Kubernetes limits a subdomain's length, not its labels'.
+        assert_eq!(dns_subdomain_problem(&format!("{long_label}.b"), "Deployment"), None);
     }
 
     #[test]

@@ -581,8 +581,31 @@ fn parsed<T>(
 pub(crate) fn parse_instant(text: &str) -> Result<watermarkd_engine::Timestamp, String> {
     let wrong =
         || format!("({text:?}) must be an instant such as \"2026-12-01T18:00:00Z\" (RFC 3339, with its offset)");
-    let instant: jiff::Timestamp = text.trim().parse().map_err(|_| wrong())?;
+    let instant: jiff::Timestamp = text.trim().parse().map_err(|_| out_of_range(text).unwrap_or_else(wrong))?;
     Ok(watermarkd_engine::Timestamp::from_unix_millis(instant.as_millisecond()))
+}
+
+/// Why `text`, written as an instant should be, is still none: it lies past the last instant
+/// (or before the first) that the clock library represents, such as `9999-12-31T23:59:59Z`.
+/// `None` when it is not written as an instant at all.
+fn out_of_range(text: &str) -> Option<String> {
+    use jiff::fmt::temporal::{Pieces, PiecesOffset};
+    let pieces = Pieces::parse(text.trim()).ok()?;
+    let offset = match pieces.offset()? {
+        PiecesOffset::Zulu => jiff::tz::Offset::UTC,
+        PiecesOffset::Numeric(numeric) => numeric.offset(),
+        _ => return None,
+    };
+    let civil = pieces.date().to_datetime(pieces.time()?);
+    if offset.to_timestamp(civil).is_ok() {
+        return None;
+    }
+    let (which, edge) = if civil.year() > 0 {
+        ("is past the latest", jiff::Timestamp::MAX)
+    } else {
+        ("is before the earliest", jiff::Timestamp::MIN)
+    };
+    Some(format!("({text:?}) {which} instant watermarkd supports ({})", edge.strftime("%Y-%m-%dT%H:%M:%SZ")))
 }
 
 /// `[autoscaler.fallback]` (or a WPA's `watermarkd.io/fallback` object).

@@ -17,6 +17,7 @@ pub(crate) mod draft;
 mod file;
 mod model;
 mod problem;
+mod promql;
 pub mod quantity;
 pub(crate) mod reader;
 pub mod selector;
@@ -24,7 +25,7 @@ pub(crate) mod tree;
 
 pub(crate) use backend::plain_http_host;
 pub(crate) use check::plural;
-pub use check::{summary, warnings};
+pub use check::{summary, warnings, warnings_at};
 pub(crate) use compile::{compile, Require};
 pub(crate) use document::{
     parse_instant, parse_reducer, read_fallback, read_forecast, read_schedule_list, ALGORITHMS, POD_AGGREGATIONS,

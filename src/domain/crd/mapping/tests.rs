@@ -518,6 +518,21 @@ fn backends_are_checked_when_known() {
         &NoDatadogMetrics,
     );
     assert_eq!(ok.unwrap().autoscaler.metrics[0].backend, "prom");
+    // A Prometheus query in the annotation is PromQL, checked as a rules file's is.
+    assert_eq!(
+        run(r#"[{"metric": 0, "backend": "prom", "query": "sum(rate(x{a=\"b\"[1m])"}]"#),
+        [format!(
+            "{a}[0].query is not valid PromQL: the '[' at character 17 is inside the label matchers that '{{' opened \
+             at character 11: is a '}}' missing?"
+        )]
+    );
+    // A Datadog query is not PromQL, and is not read as such.
+    let datadog = map_wpa(
+        &wpa(&with_annotation(BASE, r#"[{"metric": 0, "query": "sum:x{a:b}.rollup(max, 60"}]"#)),
+        &known,
+        &NoDatadogMetrics,
+    );
+    assert!(datadog.is_ok(), "{datadog:?}");
 
     // A default backend that cannot answer a built Datadog query fails only the WPAs that need
     // one; a WPA whose metrics all have an annotated query runs on it.
@@ -910,7 +925,7 @@ fn the_schedules_annotation_reads_as_a_rules_file_schedule() {
             format!("{at}[0].min_replicas (12) must not exceed maxReplicas (9)"),
             format!(
                 "{at}[1].cron (\"0 7 * *\") must have five fields (minute hour day-of-month month day-of-week), such \
-                 as \"0 8 * * 1-5\""
+                 as \"0 8 * * 1-5\", or be one of @yearly, @annually, @monthly, @weekly, @daily, @midnight and @hourly"
             ),
             format!("{at}[1].duration is required"),
             format!("{at}[1].min_replicas is required"),
@@ -961,5 +976,50 @@ fn the_forecast_annotation_reads_as_a_rules_file_forecast() {
     assert_eq!(
         problems(&annotated("    watermarkd.io/forecast: '[]'\n")),
         ["metadata.annotations[\"watermarkd.io/forecast\"] must be a JSON object such as {\"lead_time\": \"10m\", \"mode\": \"scale\"}"]
+    );
+}
+
+/// REVIEW-4 T4-16, for a WPA: where its fields (or watermarkd's annotations) can say the same
+/// nonsense as a rules file, they are refused the same way, under the WPA's own paths.
+#[test]
+fn settings_that_do_nothing_or_mislead_are_refused_in_a_wpa_too() {
+    let upper = BASE.replace("kind: Deployment, name: billing", "kind: Deployment, name: Billing");
+    assert_eq!(
+        problems(&upper),
+        ["spec.scaleTargetRef.name (\"Billing\") is not a valid Deployment name: a DNS subdomain (RFC 1123) of \
+          lower-case letters, digits, '-' and '.', starting and ending with a letter or digit, at most 253 characters"]
+    );
+    let never = annotated(
+        r#"    watermarkd.io/schedules: '[{"cron": "0 0 30 feb *", "duration": "1h", "min_replicas": 5}, {"cron": "0 8 * * *", "duration": "1h", "min_replicas": 2, "max_replicas": 3}]'
+"#,
+    );
+    let at = "metadata.annotations[\"watermarkd.io/schedules\"]";
+    assert_eq!(
+        problems(&never),
+        [
+            format!("{at}[0].cron (\"0 0 30 feb *\") never fires: February has no day 30"),
+            format!(
+                "{at}[1].max_replicas (3) must not be below minReplicas (4): the rule never goes below its own floor, \
+                 so this cap would do nothing"
+            ),
+        ]
+    );
+    let at = "metadata.annotations[\"watermarkd.io/fallback\"]";
+    assert_eq!(
+        problems(&annotated(
+            "    watermarkd.io/fallback: '{\"action\": \"replicas\", \"replicas\": 2, \"scale_down\": true, \"after\": \"5s\"}'\n"
+        )),
+        [
+            format!(
+                "{at}.after (5s) must be at least the default interval (15s) with scale_down = true: shorter, one or \
+                 two failed reads in a row scale down to the count"
+            ),
+            format!("{at}.replicas (2) must not be below minReplicas (4): the fallback would run 4"),
+        ]
+    );
+    assert_eq!(
+        problems(&annotated("    watermarkd.io/paused-until: \"9999-12-31T23:59:59Z\"\n")),
+        ["metadata.annotations[\"watermarkd.io/paused-until\"] (\"9999-12-31T23:59:59Z\") is past the latest instant \
+          watermarkd supports (9999-12-30T22:00:00Z)"]
     );
 }

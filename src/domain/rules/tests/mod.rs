@@ -10,8 +10,15 @@ use watermarkd_engine::{Algorithm, ConvergeTowards, Decimal, PolicyKind, SelectP
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::check::summary;
 use super::*;
+
+/// 2026-11-23T00:00:00Z, a Monday: the instant the summaries are written at.
+const NOW: watermarkd_engine::Timestamp = watermarkd_engine::Timestamp::from_unix_millis(1_795_392_000_000);
+
+/// The summary at `NOW`.
+fn summary(autoscaler: &Autoscaler) -> String {
+    super::check::summary(autoscaler, NOW)
+}
 
 mod backends;
 mod metrics;

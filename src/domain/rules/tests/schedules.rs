@@ -48,6 +48,36 @@ min_replicas = 9
 }
 
 #[test]
+fn the_summary_says_when_each_window_next_opens_on_its_own_clock() {
+    let rules = parse(&with_schedule(
+        r#"
+[[autoscaler.schedule]]
+name = "office"
+time_zone = "Europe/Paris"
+days = ["weekdays"]
+start = "08:00"
+end = "18:30"
+min_replicas = 6
+
+[[autoscaler.schedule]]
+cron = "@daily"
+duration = "2h"
+min_replicas = 5
+time_zone = "America/New_York"
+"#,
+    ));
+    // NOW is Monday 2026-11-23 00:00 UTC: 01:00 in Paris, Sunday 19:00 in New York.
+    assert!(
+        summary(rules.autoscaler("billing").unwrap()).ends_with(
+            ", schedule: office (floor 6, next opens Mon 2026-11-23 08:00 Europe/Paris), schedule[1] (floor 5, next \
+             opens Mon 2026-11-23 00:00 America/New_York)"
+        ),
+        "{}",
+        summary(rules.autoscaler("billing").unwrap())
+    );
+}
+
+#[test]
 fn a_wrong_window_is_named_with_its_line_and_field() {
     let text = with_schedule(
         r#"
@@ -143,6 +173,89 @@ fn a_pause_is_an_instant_with_its_offset() {
              \"2026-12-01T18:00:00Z\" (RFC 3339, with its offset)",
             line_of(&text, "paused_until")
         )]
+    );
+}
+
+#[test]
+fn an_instant_past_what_the_clock_holds_says_so() {
+    for (written, why) in [
+        ("9999-12-31T23:59:59Z", "is past the latest instant watermarkd supports (9999-12-30T22:00:00Z)"),
+        ("9999-12-31T00:00:00+01:00", "is past the latest instant watermarkd supports (9999-12-30T22:00:00Z)"),
+        ("-009999-01-01T00:00:00Z", "is before the earliest instant watermarkd supports (-9999-01-02T01:59:59Z)"),
+    ] {
+        let text = format!(
+            "{BACKENDS}{}",
+            BILLING.replace("min_replicas = 4\n", &format!("min_replicas = 4\npaused_until = \"{written}\"\n"))
+        );
+        assert_eq!(
+            problems(&text),
+            [format!(
+                "rules.toml:{}: autoscaler \"billing\": paused_until ({written:?}) {why}",
+                line_of(&text, "paused_until")
+            )]
+        );
+    }
+}
+
+#[test]
+fn a_pause_that_has_ended_is_a_warning_and_leaves_the_summary() {
+    let text = format!(
+        "{BACKENDS}{}",
+        BILLING.replace("min_replicas = 4\n", "min_replicas = 4\npaused_until = \"2026-11-22T00:00:00Z\"\n")
+    );
+    let rules = parse(&text);
+    let billing = rules.autoscaler("billing").unwrap();
+    // NOW is a day after the pause ended.
+    assert!(!summary(billing).contains("paused"), "{}", summary(billing));
+    assert_eq!(
+        warnings_at(billing, NOW),
+        ["paused_until (2026-11-22T00:00:00Z) has passed: the autoscaler is not paused (remove the line, or set a time to come)"]
+    );
+    assert!(warnings(billing).is_empty(), "the daemon's load-time warnings do not depend on the time");
+    // A day earlier it was still to come.
+    let before = Timestamp::from_unix_millis(NOW.unix_millis() - 2 * 86_400_000);
+    assert!(super::super::check::summary(billing, before).ends_with(", paused until 2026-11-22T00:00:00Z"));
+    assert!(warnings_at(billing, before).is_empty());
+}
+
+#[test]
+fn a_fallback_that_would_run_another_count_or_drop_at_once_is_refused() {
+    let billing = "autoscaler \"billing\"";
+    for (fallback, expected) in [
+        (
+            "action = \"replicas\"\nreplicas = 2\n",
+            "fallback.replicas (2) must not be below min_replicas (4): the fallback would run 4",
+        ),
+        (
+            "after = \"10s\"\naction = \"replicas\"\nreplicas = 6\nscale_down = true\n",
+            "fallback.after (10s) must be at least the default interval (15s) with scale_down = true: shorter, one or \
+             two failed reads in a row scale down to the count",
+        ),
+    ] {
+        let declared =
+            BILLING.replace("min_replicas = 4\n", &format!("min_replicas = 4\n[autoscaler.fallback]\n{fallback}"));
+        let text = format!("{BACKENDS}{declared}");
+        let p = problems(&text);
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert!(p[0].ends_with(&format!("{billing}: {expected}")), "{p:?}");
+    }
+    // A written interval is the one compared; without scale_down a short `after` only raises.
+    let fine = BILLING.replace(
+        "min_replicas = 4\n",
+        "min_replicas = 4\ninterval = \"5s\"\n[autoscaler.fallback]\nafter = \"10s\"\naction = \"replicas\"\nreplicas = 6\nscale_down = true\n",
+    );
+    parse(&format!("{BACKENDS}{fine}"));
+    let zero = BILLING
+        .replace("min_replicas = 4\n", "min_replicas = 4\ninterval = \"1m\"\n[autoscaler.fallback]\nafter = \"0s\"\naction = \"replicas\"\nreplicas = 6\n");
+    parse(&format!("{BACKENDS}{zero}"));
+    let minute = BILLING.replace(
+        "min_replicas = 4\n",
+        "min_replicas = 4\ninterval = \"1m\"\n[autoscaler.fallback]\nafter = \"30s\"\naction = \"replicas\"\nreplicas = 6\nscale_down = true\n",
+    );
+    let p = problems(&format!("{BACKENDS}{minute}"));
+    assert!(
+        p.len() == 1 && p[0].contains("fallback.after (30s) must be at least the interval (1m) with scale_down"),
+        "{p:?}"
     );
 }
 
