@@ -212,6 +212,9 @@ impl Scheduler {
     /// one, so a slow autoscaler never runs twice at once nor holds back the others.
     pub fn take_due(&mut self, now: Instant, leader: bool) -> Due {
         let mut jobs = Vec::new();
+        if let Some(earliest) = self.entries.values().map(|e| e.due).filter(|due| *due <= now).min() {
+            self.daemon.loop_lateness_seconds.observe(now.saturating_duration_since(earliest).as_secs_f64());
+        }
         for entry in self.entries.values_mut().filter(|e| e.due <= now) {
             entry.due = schedule::next_due(entry.due, now, entry.interval);
             if !leader {

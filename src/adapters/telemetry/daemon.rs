@@ -11,6 +11,10 @@ pub struct DaemonMetrics {
     pub evaluation_seconds: HistogramVec,
     /// Metric queries of one due group, from request to answer, by backend.
     pub cycle_seconds: HistogramVec,
+    /// How late the daemon's loop took up the autoscalers that fell due: from the instant they
+    /// were due to the one it handed them out. What anything that holds the loop's thread adds
+    /// shows here first.
+    pub loop_lateness_seconds: prometheus::Histogram,
     /// Kubernetes writes by what (`scale`, `state`, `status`, `event`) and outcome (`ok`,
     /// `conflict`, `error`).
     pub kubernetes_writes: IntCounterVec,
@@ -44,6 +48,13 @@ impl DaemonMetrics {
                     .buckets(vec![0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]),
                 &["backend"],
             )?,
+            loop_lateness_seconds: prometheus::Histogram::with_opts(
+                HistogramOpts::new(
+                    "watermarkd_loop_lateness_seconds",
+                    "Time from the instant autoscalers fell due to the one the daemon's loop started them",
+                )
+                .buckets(vec![0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]),
+            )?,
             kubernetes_writes: IntCounterVec::new(
                 Opts::new("watermarkd_kubernetes_writes_total", "Writes to the Kubernetes API by kind and outcome"),
                 &["kind", "outcome"],
@@ -65,6 +76,7 @@ impl DaemonMetrics {
         registry.register(Box::new(metrics.evaluations.clone()))?;
         registry.register(Box::new(metrics.evaluation_seconds.clone()))?;
         registry.register(Box::new(metrics.cycle_seconds.clone()))?;
+        registry.register(Box::new(metrics.loop_lateness_seconds.clone()))?;
         registry.register(Box::new(metrics.kubernetes_writes.clone()))?;
         registry.register(Box::new(metrics.reloads.clone()))?;
         registry.register(Box::new(metrics.last_reload_successful.clone()))?;
