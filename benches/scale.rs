@@ -14,6 +14,9 @@
 //!     cargo bench --bench scale -- 1000 forecast    # 1,000 over 10 shapes, each with a forecast
 //!                                                   # reading its history, on 5,000 requests/hour
 //!     cargo bench --bench scale -- 1000 forecast-off  # the same without the forecasts
+//!     cargo bench --bench scale -- 10000 listener   # 10,000 folded, the status API and listener
+//!                                                   # under the worst requests one can send:
+//!                                                   # what they add to the loop and /healthz
 //!
 //! Without `fold`, every autoscaler's query is a shape of its own (a metric of its own), which
 //! no folding can join: the worst case, as every query was sent before folding.
@@ -618,6 +621,192 @@ async fn prometheus_scenario(n: usize, shapes: usize) {
     folding_report(&cluster, &namespace, n, &listen).await;
 }
 
+/// A histogram's buckets as (upper bound, cumulative count), from the exposition text.
+fn buckets(metrics: &str, family: &str) -> Vec<(f64, f64)> {
+    let prefix = format!("{family}_bucket{{");
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(&prefix))
+        .filter_map(|l| {
+            let le = l.split("le=\"").nth(1)?.split('"').next()?;
+            let bound = if le == "+Inf" { f64::INFINITY } else { le.parse().ok()? };
+            Some((bound, l.rsplit(' ').next()?.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Between two readings of a histogram: how many, and the bucket bounds under which 99% and all
+/// of them fell.
+fn bucket_report(before: &[(f64, f64)], after: &[(f64, f64)]) -> String {
+    let counts: Vec<(f64, f64)> = after
+        .iter()
+        .map(|(bound, count)| (*bound, count - before.iter().find(|(b, _)| b == bound).map_or(0.0, |(_, c)| *c)))
+        .collect();
+    let total = counts.last().map_or(0.0, |(_, c)| *c);
+    let under = |share: f64| {
+        counts.iter().find(|(_, c)| *c >= share * total).map_or("-".to_string(), |(b, _)| {
+            if b.is_finite() {
+                format!("<= {:.0} ms", b * 1000.0)
+            } else {
+                "above the largest bucket".to_string()
+            }
+        })
+    };
+    format!("{total:.0} observed, p99 {}, all {}", under(0.99), under(1.0))
+}
+
+/// `/healthz` asked every 100 ms over a fresh connection from `from` until `stop`: each
+/// answer's time (a refusal or timeout counts as 2 s, a kubelet's default probe timeout).
+async fn probe_healthz(address: std::net::SocketAddr, from: &'static str, stop: Instant) -> Vec<Duration> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut times = Vec::new();
+    while Instant::now() < stop {
+        let started = Instant::now();
+        let asked = tokio::time::timeout(Duration::from_secs(2), async {
+            let socket = tokio::net::TcpSocket::new_v4().ok()?;
+            socket.bind(format!("{from}:0").parse().ok()?).ok()?;
+            let mut stream = socket.connect(address).await.ok()?;
+            stream.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").await.ok()?;
+            let mut answer = Vec::new();
+            stream.read_to_end(&mut answer).await.ok()?;
+            answer.starts_with(b"HTTP/1.1 200").then_some(())
+        })
+        .await;
+        times.push(if matches!(asked, Ok(Some(()))) { started.elapsed() } else { Duration::from_secs(2) });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    times
+}
+
+fn time_report(mut times: Vec<Duration>) -> String {
+    times.sort();
+    let at = |share: f64| times.get(((times.len() as f64 - 1.0) * share) as usize).copied().unwrap_or_default();
+    format!(
+        "{} probes, median {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+        times.len(),
+        at(0.5).as_secs_f64() * 1000.0,
+        at(0.99).as_secs_f64() * 1000.0,
+        at(1.0).as_secs_f64() * 1000.0
+    )
+}
+
+/// The worst requests the status API and the listener take, sent without pause from several
+/// clients: the largest search allowed over the most rows, the whole table by id, the page of
+/// 1,000 rows, one autoscaler in full, the refused 64 KB search; and idle sockets up to the cap.
+async fn attack(address: std::net::SocketAddr, stop: Instant) -> usize {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let words = ["webzzzzzzzzzzzzzzzzzzzzz"; 8].join("+");
+    let huge = vec!["w"; 32_000].join("+");
+    let paths = [
+        format!("/api/v1/autoscalers?q={words}&limit=1000"),
+        "/api/v1/autoscalers?limit=1000&sort=id".to_string(),
+        "/ui?limit=1000".to_string(),
+        "/ui/table?limit=1000&q=web".to_string(),
+        "/api/v1/autoscalers/file%2Fweb-7".to_string(),
+        "/api/v1/backends".to_string(),
+        format!("/api/v1/autoscalers?q={huge}"),
+    ];
+    let mut tasks = tokio::task::JoinSet::new();
+    // Idle sockets from one peer, reopened as the daemon closes them.
+    tasks.spawn(async move {
+        let mut held = Vec::new();
+        while Instant::now() < stop {
+            held.retain(|s: &tokio::net::TcpStream| s.peer_addr().is_ok());
+            while held.len() < 200 {
+                let Ok(socket) = tokio::net::TcpSocket::new_v4() else { break };
+                if socket.bind("127.0.0.9:0".parse().unwrap()).is_err() {
+                    break;
+                }
+                match socket.connect(address).await {
+                    Ok(stream) => held.push(stream),
+                    Err(_) => break,
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        0
+    });
+    for client in 0..4 {
+        let paths = paths.clone();
+        tasks.spawn(async move {
+            let mut answered = 0;
+            let from = format!("127.0.1.{}:0", client + 1);
+            while Instant::now() < stop {
+                for path in &paths {
+                    let Ok(socket) = tokio::net::TcpSocket::new_v4() else { continue };
+                    if socket.bind(from.parse().unwrap()).is_err() {
+                        continue;
+                    }
+                    let Ok(mut stream) = socket.connect(address).await else { continue };
+                    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+                    if stream.write_all(request.as_bytes()).await.is_ok() {
+                        let mut sink = Vec::new();
+                        let _ = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut sink)).await;
+                        answered += usize::from(!sink.is_empty());
+                    }
+                }
+            }
+            answered
+        });
+    }
+    let mut answered = 0;
+    while let Some(done) = tasks.join_next().await {
+        answered += done.unwrap_or(0);
+    }
+    answered
+}
+
+/// N autoscalers over N/100 folded shapes, the status service open: `/healthz` and the loop's
+/// lateness for a minute undisturbed, then for a minute under `attack`.
+async fn listener_scenario(n: usize) {
+    const PHASE: Duration = Duration::from_secs(60);
+    println!("\n== {n} autoscalers, interval 15s, folded, the status API and listener under the worst requests ==");
+    let cluster = KubeCluster::start().await;
+    let namespace = cluster.unique_namespace("bench").await;
+    create_deployments(&cluster, &namespace, n).await;
+    let datadog = FakeDatadog::with_budget(Budget {
+        limit: 100_000_000,
+        period: Duration::from_secs(3600),
+        offset: Duration::ZERO,
+    })
+    .await;
+    datadog.set_default(Behavior::Series(SeriesSpec::constant(100.0)));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("rules.toml");
+    std::fs::write(&config, rules(n, &namespace, &datadog.url, Some((n / 100).max(1)), false)).expect("rules");
+    let kubeconfig = dir.path().join("kubeconfig");
+    cluster.write_kubeconfig(&kubeconfig, ADMIN_TOKEN);
+    let listen =
+        format!("127.0.0.1:{}", std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port());
+    let (pid, _daemon) = start_daemon(dir.path(), &config, &kubeconfig, &namespace, &listen, &dd_keys());
+    ready(&listen).await;
+    tokio::time::sleep(INTERVAL * 2).await;
+    let address: std::net::SocketAddr = listen.parse().unwrap();
+    let metrics = || async {
+        reqwest::get(format!("http://{listen}/metrics")).await.expect("metrics").text().await.expect("body")
+    };
+    for attacked in [false, true] {
+        let before = metrics().await;
+        let cpu_before = cpu_seconds(pid);
+        let stop = Instant::now() + PHASE;
+        let probes = tokio::spawn(probe_healthz(address, "127.0.0.3", stop));
+        let answered = if attacked { attack(address, stop).await } else { 0 };
+        let times = probes.await.expect("probes");
+        let after = metrics().await;
+        let cpu = cpu_seconds(pid) - cpu_before;
+        println!("{}:", if attacked { "under the worst requests" } else { "undisturbed" });
+        if attacked {
+            println!("  status requests answered: {answered} in {}s", PHASE.as_secs());
+        }
+        println!("  /healthz: {}", time_report(times));
+        for family in ["watermarkd_loop_lateness_seconds", "watermarkd_evaluation_duration_seconds"] {
+            println!("  {family}: {}", bucket_report(&buckets(&before, family), &buckets(&after, family)));
+        }
+        let (rss, hwm) = memory_mib(pid);
+        println!("  daemon CPU {:.2} cores; resident {rss:.1} MiB, peak {hwm:.1} MiB", cpu / PHASE.as_secs_f64());
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
@@ -633,6 +822,7 @@ fn main() {
                     Some("forecast") => forecast_case(n, true),
                     Some("forecast-off") => forecast_case(n, false),
                     Some("prometheus") => return prometheus_scenario(n, (n / 100).max(1)).await,
+                    Some("listener") => return listener_scenario(n).await,
                     _ => Case { n, budget: None, shapes: None, forecast: false },
                 };
                 scenario(case).await;
