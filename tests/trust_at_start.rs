@@ -127,6 +127,14 @@ async fn a_refused_rules_file_put_back_is_seen_as_put_back() {
     assert_eq!(daemon.sample("watermarkd_config_last_reload_successful", &[]).await, Some(0.0));
     let page = daemon.get("/ui").await.unwrap().1;
     assert!(page.contains("The rules file on disk was refused"), "{page}");
+    let status = Command::new(env!("CARGO_BIN_EXE_watermarkd"))
+        .args(["status", "--url", &format!("http://{}", daemon.listen)])
+        .env_remove("WATERMARKD_STATUS_TOKEN")
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&status.stdout);
+    assert!(table.starts_with("The rules file on disk was refused at "), "{table}");
+    assert!(table.contains("max_replicas"), "{table}");
 
     // Put back as it was (`git checkout`, `helm rollback`): the same content as what runs.
     write(&file, &good);

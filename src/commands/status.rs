@@ -286,7 +286,22 @@ fn metric_text(metric: Option<&Value>) -> String {
     format!("{} {value} {band}", text(m.get("name")))
 }
 
+/// The daemon's word that the rules file on disk was refused, and each problem, before the
+/// table: what runs is not what is on disk.
+fn write_rejected_rules(list: &Value, out: &mut impl Write) -> std::io::Result<()> {
+    let Some(rejected) = list.get("rules").and_then(|r| r.get("rejected")).filter(|r| r.is_object()) else {
+        return Ok(());
+    };
+    let at = rejected.get("at").and_then(Value::as_str).map(|at| format!(" at {}", printable(at))).unwrap_or_default();
+    writeln!(out, "The rules file on disk was refused{at}: {}", text(rejected.get("reason")))?;
+    for problem in rejected.get("problems").and_then(Value::as_array).into_iter().flatten() {
+        writeln!(out, "  {}", text(Some(problem)))?;
+    }
+    writeln!(out)
+}
+
 fn write_table(list: &Value, out: &mut impl Write) -> std::io::Result<()> {
+    write_rejected_rules(list, out)?;
     let rows = list.get("autoscalers").and_then(Value::as_array).cloned().unwrap_or_default();
     let mut table: Vec<[String; 7]> =
         vec![["NAME", "TARGET", "REPLICAS", "METRIC [LOW, HIGH]", "STATE", "LAST SCALE", "WHY"].map(String::from)];

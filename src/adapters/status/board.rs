@@ -279,6 +279,9 @@ pub struct Summary {
     /// Why the last evaluation could not decide, while it cannot.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub failing: Option<String>,
+    /// Since when the evaluations have failed, while they do.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failing_since: Option<Timestamp>,
 }
 
 /// A change of the replicas decided, recorded as it was decided.
@@ -344,6 +347,7 @@ struct Entry {
     identity: Arc<Identity>,
     last: Option<Arc<Last>>,
     failing: Option<Arc<str>>,
+    failing_since: Option<Timestamp>,
     history: History,
     /// The changes of the replicas decided, oldest first: recorded as they are decided, so the
     /// first one after a start (which no earlier sample precedes) is one too.
@@ -355,7 +359,7 @@ struct Entry {
 struct Row {
     identity: Arc<Identity>,
     last: Option<Arc<Last>>,
-    failing: Option<Arc<str>>,
+    failing: Option<(Arc<str>, Timestamp)>,
     last_scale: Option<ScaleEvent>,
 }
 
@@ -494,7 +498,7 @@ impl Board {
             None => {
                 let history = if keep { History::new(capacity) } else { History::default() };
                 let events = std::collections::VecDeque::new();
-                entries.insert(id, Entry { identity, last: None, failing: None, history, events });
+                entries.insert(id, Entry { identity, last: None, failing: None, failing_since: None, history, events });
             }
         }
     }
@@ -599,6 +603,7 @@ impl Board {
         }
         entry.last = Some(Arc::new(last));
         entry.failing = None;
+        entry.failing_since = None;
     }
 
     /// An evaluation that could not decide.
@@ -620,6 +625,7 @@ impl Board {
             }
         }
         entry.failing = Some(Arc::from(message));
+        entry.failing_since.get_or_insert(at);
     }
 
     /// Every autoscaler's history bytes, added up: what the benchmark reports.
@@ -652,7 +658,7 @@ impl Board {
             .map(|entry| Row {
                 identity: Arc::clone(&entry.identity),
                 last: entry.last.clone(),
-                failing: entry.failing.clone(),
+                failing: entry.failing.clone().zip(entry.failing_since),
                 last_scale: entry.events.back().copied(),
             })
             .collect();
@@ -681,7 +687,7 @@ impl Board {
             .skip(query.offset)
             .take(query.limit)
             .map(|(row, state)| {
-                summary(&row.identity, row.last.as_deref(), row.failing.as_deref(), state, row.last_scale)
+                summary(&row.identity, row.last.as_deref(), row.failing.as_ref(), state, row.last_scale)
             })
             .collect();
         ListPage {
@@ -702,10 +708,11 @@ impl Board {
         let samples = entry.history.samples();
         let bands: Vec<Bands> = entry.history.bands().to_vec();
         let events: Vec<ScaleEvent> = entry.events.iter().copied().collect();
-        let (identity, last, failing) = (Arc::clone(&entry.identity), entry.last.clone(), entry.failing.clone());
+        let failing = entry.failing.clone().zip(entry.failing_since);
+        let (identity, last) = (Arc::clone(&entry.identity), entry.last.clone());
         drop(entries);
         let state = state_of(last.as_deref(), failing.is_some());
-        let summary = summary(&identity, last.as_deref(), failing.as_deref(), state, events.last().copied());
+        let summary = summary(&identity, last.as_deref(), failing.as_ref(), state, events.last().copied());
         let compared = last.as_ref().map(|l| l.compared).unwrap_or_default();
         let metrics = last.as_ref().map(|l| l.metrics.iter().map(|m| m.name.clone()).collect()).unwrap_or_default();
         let samples = samples
@@ -758,7 +765,7 @@ fn compared_value(m: &watermarkd_engine::MetricOutcome) -> Option<f64> {
 fn summary(
     identity: &Arc<Identity>,
     last: Option<&Last>,
-    failing: Option<&str>,
+    failing: Option<&(Arc<str>, Timestamp)>,
     state: State,
     last_scale: Option<ScaleEvent>,
 ) -> Summary {
@@ -777,7 +784,8 @@ fn summary(
         evaluated_at: last.map(|l| l.at),
         why: last.and_then(|l| l.explanation.first().map(str::to_string)),
         last_scale,
-        failing: failing.map(str::to_string),
+        failing: failing.map(|(why, _)| why.to_string()),
+        failing_since: failing.map(|(_, since)| *since),
     }
 }
 
@@ -906,10 +914,15 @@ mod tests {
         board.failed("file/web", Timestamp::from_unix_millis(1_015_000), "cannot read the target: forbidden");
         let row = board.list(&ListQuery { limit: 1, ..ListQuery::default() }).autoscalers.remove(0);
         assert_eq!((row.state, row.failing.as_deref()), (State::Failing, Some("cannot read the target: forbidden")));
+        // Since the first failure, not the latest.
+        board.failed("file/web", Timestamp::from_unix_millis(1_030_000), "cannot read the target: forbidden");
+        let row = board.list(&ListQuery { limit: 1, ..ListQuery::default() }).autoscalers.remove(0);
+        assert_eq!(row.failing_since, Some(Timestamp::from_unix_millis(1_015_000)));
         let detail = board.detail("file/web").unwrap();
         assert_eq!(detail.history.samples.last().unwrap().marks, vec!["failed"]);
-        evaluate(&board, "web", 1_030, 2, Some(7.0));
-        assert_eq!(board.detail("file/web").unwrap().summary.state, State::Ok);
+        evaluate(&board, "web", 1_045, 2, Some(7.0));
+        let detail = board.detail("file/web").unwrap();
+        assert_eq!((detail.summary.state, detail.summary.failing_since), (State::Ok, None));
         // Reports for an autoscaler that is not on the board are dropped.
         board.failed("file/gone", Timestamp::from_unix_millis(0), "x");
         evaluate(&board, "gone", 1_000, 2, Some(7.0));

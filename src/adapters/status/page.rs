@@ -164,7 +164,10 @@ fn table_row(row: &Summary, now: i64) -> String {
         (Some(spec), Some(ready), Some(min), Some(max)) => {
             format!("{spec} <small>{ready} ready, {min}..{max}</small>")
         }
-        _ => "<small>not evaluated yet</small>".into(),
+        _ => match row.failing_since {
+            Some(since) => format!("<small>failing since {}</small>", ago(now, since.unix_millis().div_euclid(1000))),
+            None => "<small>not evaluated yet</small>".into(),
+        },
     };
     let metric = row.metric.as_ref().map(metric_cell).unwrap_or_default();
     let last_scale = row
