@@ -616,7 +616,15 @@ async fn a_custom_resource_scales_and_a_missing_target_fails_alone() {
     write(&config, &text);
     let kubeconfig = kubeconfig(cluster, dir.path(), ADMIN_TOKEN);
     let mut daemon = DaemonProcess::start(
-        &["--config", config.to_str().expect("utf-8"), "--kubeconfig", &kubeconfig, "--no-leader-election"],
+        &[
+            "--config",
+            config.to_str().expect("utf-8"),
+            "--kubeconfig",
+            &kubeconfig,
+            "--no-leader-election",
+            "--lease-namespace",
+            &ns,
+        ],
         &[],
     );
     daemon.wait_ready(STARTUP).await;
@@ -1124,6 +1132,8 @@ impl CrdMode {
             "--kubeconfig",
             &self.kubeconfig,
             "--no-leader-election",
+            "--lease-namespace",
+            &self.namespace,
             "--default-interval",
             "1s",
         ]

@@ -443,6 +443,8 @@ async fn every_backend_fault_holds_the_replicas_and_recovers_at_the_first_interv
             "--kubeconfig",
             kubeconfig.to_str().expect("utf-8"),
             "--no-leader-election",
+            "--lease-namespace",
+            &ns,
         ],
         &[("DD_API_KEY", fake_datadog::API_KEY), ("DD_APP_KEY", fake_datadog::APP_KEY)],
     );

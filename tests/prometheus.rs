@@ -812,7 +812,15 @@ async fn the_daemon_never_scales_down_on_a_partial_answer_and_may_scale_up() {
     let kubeconfig = dir.path().join("kubeconfig");
     cluster.write_kubeconfig(&kubeconfig, ADMIN_TOKEN);
     let mut daemon = DaemonProcess::start(
-        &["--config", config.to_str().unwrap(), "--kubeconfig", kubeconfig.to_str().unwrap(), "--no-leader-election"],
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+            "--no-leader-election",
+            "--lease-namespace",
+            &ns,
+        ],
         &[],
     );
     daemon.wait_ready(Duration::from_secs(30)).await;
