@@ -64,13 +64,14 @@ const MANIFESTS: [&str; 8] = [
 ];
 
 /// The top-level keys of the settings file (`watermarkd run --settings`); it rejects others.
-const SETTINGS_KEYS: [&str; 19] = [
+const SETTINGS_KEYS: [&str; 20] = [
     "rules",
     "labels_as_tags",
     "crd",
     "namespaces",
     "listen",
     "listen_max_connections",
+    "listen_max_connections_per_peer",
     "listen_header_timeout",
     "listen_connection_timeout",
     "log_format",
@@ -212,7 +213,7 @@ fn check_settings(text: &str, what: &str) -> toml::Table {
                 matches!(value.as_str(), Some("text" | "json")),
                 "{what}: log_format must be \"text\" or \"json\""
             ),
-            "max_concurrency" | "listen_max_connections" => {
+            "max_concurrency" | "listen_max_connections" | "listen_max_connections_per_peer" => {
                 assert!(value.as_integer().is_some_and(|n| n >= 1), "{what}: {key} must be at least 1")
             }
             "default_interval" | "reload_poll" | "listen_header_timeout" | "listen_connection_timeout" => {
@@ -836,6 +837,7 @@ fn sample_value(key: &str) -> &'static str {
         "namespaces" => "[\"prod\"]",
         "listen" => "\"127.0.0.1:9000\"",
         "listen_max_connections" => "64",
+        "listen_max_connections_per_peer" => "8",
         "listen_header_timeout" => "\"5s\"",
         "listen_connection_timeout" => "\"30s\"",
         "log_format" => "\"json\"",
