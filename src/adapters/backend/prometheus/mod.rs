@@ -16,8 +16,12 @@
 //! differ only in the value of one label (`sum(rate(x{deployment="web-17"}[1m]))` for many
 //! deployments) go as one grouped query (`sum by (deployment) (...)`), always as a form POST,
 //! and each gets the series labelled with its own value, judged as its own answer would be.
-//! A grouped query the server rejects as malformed (HTTP 400) is asked again as its members,
-//! in the same cycle, and its shape is not folded for [`REFUSED_SHAPE_FOR`].
+//! A grouped query that fails in a way its members alone may not (the server rejects it as
+//! malformed, hits a per-query series or sample limit, fails or times out running it) is asked
+//! again as its members, in the same cycle, and its shape is not folded for
+//! [`REFUSED_SHAPE_FOR`]. A folded query's regex stays under the backend's
+//! `fold_max_regex_bytes` (Mimir shards no query past 4 KiB of regex), and `fold_queries =
+//! false` turns folding off.
 
 pub(crate) mod connection;
 mod fold;
@@ -38,7 +42,7 @@ use tokio::time::Instant;
 use watermarkd_engine::Timestamp;
 
 use self::connection::{chain, Connection};
-use self::fold::{Fetch, FoldedQuery};
+use self::fold::{Fetch, FoldLimits, FoldedQuery};
 use self::response::{Answer, Failure};
 use super::{
     BackendError, HistoryError, HistorySpan, MetricQuery, Observation, PlanPart, PlannedFetch, QueryError, QueryPlan,
@@ -67,8 +71,8 @@ const MIN_ATTEMPT: Duration = Duration::from_millis(50);
 /// The first retry waits about this long (jittered up to twice as long), doubling each time.
 const FIRST_RETRY_DELAY: Duration = Duration::from_millis(100);
 
-/// A shape whose folded query the server rejected as malformed is sent unfolded for this long:
-/// long enough not to ask a server that cannot take it every cycle, short enough that a server
+/// A shape whose folded query failed (see `fetch_folded`) is sent unfolded for this long: long
+/// enough not to ask a server that cannot take it every cycle, short enough that a server
 /// upgraded or a limit raised is used again soon.
 pub const REFUSED_SHAPE_FOR: Duration = Duration::from_secs(600);
 
@@ -95,8 +99,12 @@ struct Inner {
     metrics: Arc<BackendMetrics>,
     /// Seeds each query's retry jitter differently, so that retries spread out.
     jitter: RandomState,
-    /// Shapes whose folded query the server rejected, and until when they are not folded.
+    /// Shapes whose folded query failed, and until when they are not folded.
     refused_shapes: Mutex<HashMap<String, Instant>>,
+    /// Whether queries of one shape are folded at all (`fold_queries`).
+    fold_queries: bool,
+    /// How large one folded query may grow.
+    fold_limits: FoldLimits,
 }
 
 /// How one query goes over HTTP.
@@ -132,6 +140,13 @@ impl PrometheusClient {
                 metrics,
                 jitter: RandomState::new(),
                 refused_shapes: Mutex::new(HashMap::new()),
+                fold_queries: config.fold_queries,
+                fold_limits: FoldLimits {
+                    max_regex_bytes: usize::try_from(config.fold_max_regex_bytes).unwrap_or(usize::MAX),
+                    max_members: config
+                        .fold_max_members
+                        .map_or(usize::MAX, |members| usize::try_from(members).unwrap_or(usize::MAX)),
+                },
             }),
         })
     }
@@ -255,11 +270,17 @@ fn query_plan(fetches: &[Fetch], texts: &[&str], slots: &[usize]) -> QueryPlan {
     QueryPlan { requests }
 }
 
-/// A folded query, and what each of its members gets: the series labelled with its value. If
-/// the server rejects the folded query as malformed, each member is asked alone (its text in
-/// `alone`, in the order of `folded.members`) in this same cycle, and the shape is not folded
-/// for a while: one bad member, or a server that cannot take the grouped form, never blinds the
-/// others. Any other failure is every member's, as each would have met it alone.
+/// A folded query, and what each of its members gets: the series labelled with its value.
+///
+/// A folded query can fail where its members alone would not: the server cannot take its form
+/// (HTTP 400, `bad_data`), it selects N times the series and samples of one member and meets a
+/// per-query limit (a 422 `execution` error from Mimir, Thanos or Cortex), or it runs N times as
+/// long (a 5xx, a timeout). Then each member is asked alone (its text in `alone`, in the order
+/// of `folded.members`) in this same cycle, and the shape is not folded for
+/// [`REFUSED_SHAPE_FOR`]: a member whose own query fails then fails alone, and its siblings keep
+/// their values. That is why the folded query gets one attempt and at most half the time left
+/// (`Asking::Folded`): the other half is its members'. What each member would meet alone too
+/// (credentials, a refused connection, a rate limit, a cycle already over) is every member's.
 async fn fetch_folded(
     inner: Arc<Inner>,
     folded: FoldedQuery,
@@ -271,7 +292,7 @@ async fn fetch_folded(
     // Logs name it by one member: the folded text can be 16 KiB long.
     let first = alone.iter().flatten().next().map_or("", String::as_str);
     let name = format!("{first} and {} more folded by {}", folded.members.len().saturating_sub(1), folded.label);
-    let failure = match inner.fetch_prepared(&name, &prepared, now, deadline).await {
+    let failure = match inner.fetch_prepared(&name, &prepared, now, deadline, Asking::Folded).await {
         Ok(answer) => {
             let parts = answer.split(folded.members.iter().map(|(value, _)| value.as_str()));
             return folded
@@ -289,7 +310,8 @@ async fn fetch_folded(
         }
         Err(failure) => failure,
     };
-    if !failure.malformed {
+    let time_left = deadline.saturating_duration_since(Instant::now()) >= MIN_ATTEMPT;
+    if !failure.may_be_the_folds() || !time_left {
         return folded.members.iter().map(|(_, i)| (*i, Err(failure.error.clone()))).collect();
     }
     inner.refuse_shape(&folded.shape);
@@ -297,8 +319,8 @@ async fn fetch_folded(
         backend = %inner.name,
         query = %name,
         error = %failure.error,
-        "the server rejected a folded query: its members are asked one by one, and queries of its shape are not \
-         folded for the next {} minutes",
+        "a folded query failed: its members are asked one by one, and queries of its shape are not folded for \
+         the next {} minutes",
         REFUSED_SHAPE_FOR.as_secs() / 60
     );
     let mut tasks = JoinSet::new();
@@ -315,6 +337,16 @@ async fn fetch_folded(
         }
     }
     out
+}
+
+/// How one request is asked within its cycle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Asking {
+    /// A query as written: retried on what another attempt may fix, until the deadline.
+    Alone,
+    /// A folded query: given at most half the time left, and not retried on a failure its
+    /// members alone may not meet (`Failure::may_be_the_folds`): they are asked instead.
+    Folded,
 }
 
 impl PrometheusClient {
@@ -360,7 +392,7 @@ impl Inner {
     /// One query as written, with retries, by the cycle's deadline.
     async fn fetch(&self, query: &str, now: Timestamp, deadline: Instant) -> Result<Answer, QueryError> {
         let prepared = self.prepare(query, now);
-        self.fetch_prepared(query, &prepared, now, deadline).await.map_err(|failure| failure.error)
+        self.fetch_prepared(query, &prepared, now, deadline, Asking::Alone).await.map_err(|failure| failure.error)
     }
 
     /// One prepared request (`query`: what logs name it by), with retries, by the deadline.
@@ -370,6 +402,7 @@ impl Inner {
         prepared: &Prepared,
         now: Timestamp,
         deadline: Instant,
+        asking: Asking,
     ) -> Result<Answer, Failure> {
         let started = Instant::now();
         let timed_out = || {
@@ -390,6 +423,10 @@ impl Inner {
             }
             Err(_) => return Err(timed_out()),
         };
+        let deadline = match asking {
+            Asking::Alone => deadline,
+            Asking::Folded => Instant::now() + deadline.saturating_duration_since(Instant::now()) / 2,
+        };
         if deadline.saturating_duration_since(Instant::now()) < MIN_ATTEMPT {
             return Err(timed_out());
         }
@@ -404,7 +441,7 @@ impl Inner {
 
         let result = (|| self.attempt(prepared, deadline))
             .retry(backoff)
-            .when(|failure: &Failure| failure.retry)
+            .when(|failure: &Failure| failure.retry && !(asking == Asking::Folded && failure.may_be_the_folds()))
             .adjust(|_, delay| delay.filter(|d| Instant::now() + *d + MIN_ATTEMPT <= deadline))
             .notify(|failure, delay| {
                 tracing::debug!(backend = %self.name, query, error = %failure.error, ?delay, "retrying");
@@ -438,12 +475,16 @@ impl Inner {
         Prepared { get_url, range: false, form, fold_label: fold_label.map(str::to_string) }
     }
 
-    /// The fetches for `texts` (distinct query texts), without the shapes refused lately.
+    /// The fetches for `texts` (distinct query texts), without the shapes refused lately; each
+    /// alone when folding is off.
     fn fold_plan(&self, texts: &[&str]) -> Vec<Fetch> {
+        if !self.fold_queries {
+            return (0..texts.len()).map(Fetch::Alone).collect();
+        }
         let now = Instant::now();
         let mut refused = self.refused_shapes.lock().unwrap_or_else(PoisonError::into_inner);
         refused.retain(|_, until| *until > now);
-        fold::plan(texts, |shape| refused.contains_key(shape))
+        fold::plan(texts, |shape| refused.contains_key(shape), self.fold_limits)
     }
 
     /// Remembers that the server rejected the folded query of `shape`.
@@ -602,6 +643,9 @@ mod tests {
             basic_auth: None,
             bearer_token: None,
             tls: TlsSettings::default(),
+            fold_queries: true,
+            fold_max_regex_bytes: 4096,
+            fold_max_members: None,
         };
         match PrometheusClient::new("prom", &config, Arc::new(BackendMetrics::detached())) {
             Ok(client) => client,

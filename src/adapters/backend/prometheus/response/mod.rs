@@ -66,23 +66,28 @@ pub(super) struct Failure {
     pub outcome: &'static str,
     /// Worth another attempt within this cycle (5xx, timeouts, connection problems).
     pub retry: bool,
-    /// The server could not take the query as written (HTTP 400, `bad_data`), as opposed to
-    /// failing while running it (422, `execution`): a folded query's members are then asked
-    /// alone.
-    pub malformed: bool,
 }
 
 impl Failure {
     pub fn new(error: QueryError, outcome: &'static str, retry: bool) -> Self {
-        Failure { error, outcome, retry, malformed: false }
+        Failure { error, outcome, retry }
+    }
+
+    /// Whether the members of a folded query that failed so might not fail alone: what depends
+    /// on the query's form or weight (malformed, a series or sample limit met while running it,
+    /// a server error or a timeout on a query N times heavier, an answer too large or not
+    /// understood), as opposed to what any request meets (credentials, the URL, a refused
+    /// connection, a rate limit).
+    pub fn may_be_the_folds(&self) -> bool {
+        match self.error {
+            QueryError::BadQuery(_) | QueryError::Timeout(_) | QueryError::Protocol(_) => true,
+            QueryError::Server(_) => self.outcome != "rate_limited",
+            _ => false,
+        }
     }
 
     fn bad_query(message: String) -> Self {
         Failure::new(QueryError::BadQuery(message), "bad_query", false)
-    }
-
-    fn malformed(message: String) -> Self {
-        Failure { malformed: true, ..Failure::bad_query(message) }
     }
 
     fn server(message: String) -> Self {
@@ -227,13 +232,13 @@ fn api_error(status: u16, body: Body) -> Failure {
     match error_type.as_str() {
         // `execution` errors (many-to-many matching, duplicate label sets, too many samples) come
         // from the query meeting the data: no retry makes them go away, the query must change.
-        "bad_data" => Failure::malformed(message),
+        "bad_data" => Failure::bad_query(message),
         "execution" => Failure::bad_query(message),
         "timeout" => Failure::new(QueryError::Server(format!("timeout: {message}")), "timeout", true),
         "canceled" | "internal" | "unavailable" => Failure::server(format!("{error_type}: {message}")),
         "not_found" => Failure::new(QueryError::Configuration(message), "protocol", false),
         _ => match status {
-            400 => Failure::malformed(message),
+            400 => Failure::bad_query(message),
             422 => Failure::bad_query(message),
             500..=599 => Failure::server(message),
             _ => Failure::protocol(format!("HTTP {status}, error type {error_type:?}: {message}")),
@@ -244,7 +249,7 @@ fn api_error(status: u16, body: Body) -> Failure {
 /// An error answer without Prometheus' JSON: judged by its status code alone.
 fn by_status(status: u16, body: &[u8]) -> Failure {
     match status {
-        400 => Failure::malformed(format!("HTTP {status}{}", said(body))),
+        400 => Failure::bad_query(format!("HTTP {status}{}", said(body))),
         422 => Failure::bad_query(format!("HTTP {status}{}", said(body))),
         500..=599 => Failure::server(format!("HTTP {status}{}", said(body))),
         _ => Failure::protocol(format!("HTTP {status}{}", said(body))),
@@ -656,14 +661,29 @@ mod tests {
     }
 
     #[test]
-    fn only_a_query_the_server_cannot_take_is_malformed() {
-        assert!(fail(400, r#"{"status":"error","errorType":"bad_data","error":"parse error"}"#).malformed);
-        assert!(fail(400, "bad request").malformed);
-        assert!(fail(200, r#"{"status":"error","errorType":"bad_data","error":"nope"}"#).malformed);
-        assert!(!fail(422, r#"{"status":"error","errorType":"execution","error":"too many samples"}"#).malformed);
-        assert!(!fail(422, "query too long").malformed);
-        assert!(!fail(503, "down").malformed);
-        assert!(!fail(429, "slow down").malformed);
+    fn what_a_folded_query_meets_for_its_weight_or_form_is_the_folds() {
+        for (status, body) in [
+            (400, r#"{"status":"error","errorType":"bad_data","error":"parse error"}"#),
+            (400, "bad request"),
+            (200, r#"{"status":"error","errorType":"bad_data","error":"nope"}"#),
+            (
+                422,
+                r#"{"status":"error","errorType":"execution","error":"the query exceeded the maximum number of series (limit: 1000) (err-mimir-max-series-per-query)"}"#,
+            ),
+            (422, "query too long"),
+            (503, "down"),
+            (503, r#"{"status":"error","errorType":"timeout","error":"query timed out"}"#),
+            (200, r#"{"status":"error","errorType":"execution","error":"out of memory"}"#),
+            (413, "payload too large"),
+            (200, "<html>proxy error</html>"),
+        ] {
+            assert!(fail(status, body).may_be_the_folds(), "{status} {body}");
+        }
+        for (status, body) in [(401, "no"), (403, "no"), (404, "not found"), (429, "slow down")] {
+            assert!(!fail(status, body).may_be_the_folds(), "{status} {body}");
+        }
+        assert!(Failure::new(QueryError::Timeout(10), "timeout", true).may_be_the_folds());
+        assert!(!Failure::new(QueryError::Transport("refused".into()), "transport", true).may_be_the_folds());
     }
 
     #[test]
@@ -672,8 +692,7 @@ mod tests {
             400,
             r#"{"status":"error","errorType":"bad_data","error":"1:5: parse error: unexpected end of input"}"#,
         );
-        assert_eq!(f, Failure::malformed("1:5: parse error: unexpected end of input".into()));
-        assert!(f.malformed);
+        assert_eq!(f, Failure::bad_query("1:5: parse error: unexpected end of input".into()));
         let f = fail(
             422,
             r#"{"status":"error","errorType":"execution","error":"found duplicate series for the match group; many-to-many matching not allowed"}"#,
