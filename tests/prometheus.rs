@@ -1110,7 +1110,10 @@ async fn a_folded_query_that_fails_or_times_out_leaves_its_members_time_to_be_as
         ("a timeout", Reply::vector(0.0, &["1"]).after(Duration::from_secs(30))),
         (
             "the server's own timeout",
-            Reply::json(503, r#"{"status":"error","errorType":"timeout","error":"query timed out in expression evaluation"}"#),
+            Reply::json(
+                503,
+                r#"{"status":"error","errorType":"timeout","error":"query timed out in expression evaluation"}"#,
+            ),
         ),
     ] {
         let store = store_refusing_folds(move || folded.clone()).await;

@@ -44,11 +44,12 @@ use watermarkd_engine::Timestamp;
 use self::connection::{chain, Connection};
 use self::fold::{Fetch, FoldLimits, FoldedQuery};
 use self::response::{Answer, Failure};
+use super::body::{self, BodyBudget, BodyError};
 use super::{
     BackendError, HistoryError, HistorySpan, MetricQuery, Observation, PlanPart, PlannedFetch, QueryError, QueryPlan,
 };
 use crate::adapters::telemetry::{BackendMetrics, PlanCounts};
-use crate::domain::rules::PrometheusBackend;
+use crate::domain::rules::{PrometheusBackend, Reducer};
 
 /// Steps per range request: Prometheus refuses more than 11,000 points per series.
 pub const MAX_RANGE_POINTS: usize = 10_000;
@@ -61,7 +62,9 @@ const HISTORY_RETRIES: usize = 4;
 const MAX_GET_URL_CHARS: usize = 2_000;
 
 /// An instant query yields one sample per series; an answer this large means the query selects
-/// far more than an autoscaler can use, and is not worth holding in memory.
+/// far more than an autoscaler can use, and is not worth holding in memory. Answers over 1 MiB
+/// are read one at a time (`body`), and each is judged and dropped as soon as it is parsed, so
+/// a client holds about one of these at a time, whatever `max_in_flight`.
 const MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
 
 /// An attempt with less time than this left before the deadline is not started. Not a share of
@@ -96,6 +99,8 @@ struct Inner {
     /// Bounds the queries in flight, each with its retries: during an outage that keeps us from
     /// piling more concurrent work on a struggling server.
     limiter: Semaphore,
+    /// The bytes of answers held at once (`body`): one large answer at a time.
+    bodies: BodyBudget,
     metrics: Arc<BackendMetrics>,
     /// Seeds each query's retry jitter differently, so that retries spread out.
     jitter: RandomState,
@@ -137,6 +142,7 @@ impl PrometheusClient {
                 timeout: config.timeout,
                 max_age: config.max_age,
                 limiter: Semaphore::new(permits),
+                bodies: BodyBudget::new(MAX_BODY_BYTES),
                 metrics,
                 jitter: RandomState::new(),
                 refused_shapes: Mutex::new(HashMap::new()),
@@ -162,27 +168,50 @@ impl PrometheusClient {
         let fetches = self.inner.fold_plan(&texts);
         self.inner.metrics.observe_plan(&self.inner.name, &plan_counts(&fetches, texts.len(), &slots));
 
+        // Each text's reducers (queries of one text may reduce its series differently): an
+        // answer is judged for each as soon as it is read, and dropped, so no answer outlives
+        // its own task while the others are read.
+        let mut reducers: Vec<Vec<Option<Reducer>>> = vec![Vec::new(); texts.len()];
+        let mut judged_as = Vec::with_capacity(queries.len());
+        for (query, slot) in queries.iter().zip(&slots) {
+            let at = reducers.get_mut(*slot).map(|known| match known.iter().position(|r| *r == query.reducer) {
+                Some(at) => at,
+                None => {
+                    known.push(query.reducer);
+                    known.len() - 1
+                }
+            });
+            judged_as.push(at.unwrap_or(0));
+        }
+        let reducers = Arc::new(reducers);
+
         let mut tasks = JoinSet::new();
         for fetch in fetches {
-            let inner = Arc::clone(&self.inner);
+            let (inner, reducers) = (Arc::clone(&self.inner), Arc::clone(&reducers));
             match fetch {
                 Fetch::Alone(i) => {
                     let text = texts.get(i).map(|t| t.to_string()).unwrap_or_default();
-                    tasks.spawn(async move { vec![(i, inner.fetch(&text, now, deadline).await)] });
+                    tasks.spawn(async move {
+                        let answer = inner.fetch(&text, now, deadline).await;
+                        vec![(i, inner.judge(answer, reducers.get(i), now))]
+                    });
                 }
                 Fetch::Folded(folded) => {
                     let alone = folded.members.iter().map(|(_, i)| texts.get(*i).map(|t| t.to_string())).collect();
-                    tasks.spawn(fetch_folded(inner, folded, alone, now, deadline));
+                    tasks.spawn(async move {
+                        let answers = fetch_folded(Arc::clone(&inner), folded, alone, now, deadline).await;
+                        answers.into_iter().map(|(i, answer)| (i, inner.judge(answer, reducers.get(i), now))).collect()
+                    });
                 }
             }
         }
-        let mut answers: Vec<Option<Result<Answer, QueryError>>> = vec![None; texts.len()];
+        let mut judged: Vec<Option<Vec<Observation>>> = vec![None; texts.len()];
         while let Some(joined) = tasks.join_next().await {
             match joined {
                 Ok(results) => {
-                    for (i, answer) in results {
-                        if let Some(slot) = answers.get_mut(i) {
-                            *slot = Some(answer);
+                    for (i, observations) in results {
+                        if let Some(slot) = judged.get_mut(i) {
+                            *slot = Some(observations);
                         }
                     }
                 }
@@ -190,16 +219,12 @@ impl PrometheusClient {
             }
         }
 
-        queries
+        slots
             .iter()
-            .zip(slots)
-            .map(|(query, slot)| match answers.get(slot) {
-                // A folded member's answer holds only its own series, at most one (every shape
-                // that folds aggregates to one series without `by`), so a reducer sees what the
-                // member's own answer would have shown it.
-                Some(Some(Ok(answer))) => response::observe(answer, query.reducer, now, self.inner.max_age),
-                Some(Some(Err(error))) => Observation::unavailable(error.clone()),
-                _ => Observation::unavailable(QueryError::Protocol("the query task ended without an answer".into())),
+            .zip(judged_as)
+            .map(|(slot, at)| match judged.get(*slot).and_then(Option::as_ref).and_then(|judged| judged.get(at)) {
+                Some(observation) => observation.clone(),
+                None => Observation::unavailable(QueryError::Protocol("the query task ended without an answer".into())),
             })
             .collect()
     }
@@ -389,6 +414,22 @@ impl PrometheusClient {
 }
 
 impl Inner {
+    /// What each of `reducers` sees in `answer` (see `evaluate`): a folded member's answer
+    /// holds only its own series, at most one (every shape that folds aggregates to one series
+    /// without `by`), so a reducer sees what the member's own answer would have shown it.
+    fn judge(
+        &self,
+        answer: Result<Answer, QueryError>,
+        reducers: Option<&Vec<Option<Reducer>>>,
+        now: Timestamp,
+    ) -> Vec<Observation> {
+        let reducers = reducers.map_or(&[][..], Vec::as_slice);
+        match answer {
+            Ok(answer) => reducers.iter().map(|r| response::observe(&answer, *r, now, self.max_age)).collect(),
+            Err(error) => reducers.iter().map(|_| Observation::unavailable(error.clone())).collect(),
+        }
+    }
+
     /// One query as written, with retries, by the cycle's deadline.
     async fn fetch(&self, query: &str, now: Timestamp, deadline: Instant) -> Result<Answer, QueryError> {
         let prepared = self.prepare(query, now);
@@ -563,11 +604,14 @@ impl Inner {
             }
         };
         let request = self.connection.auth.apply(request.timeout(timeout)).await;
+        let until = body::until(timeout);
         let mut response = request.send().await.map_err(|e| self.transport(e, timeout))?;
         let status = response.status().as_u16();
-        let mut body = Vec::new();
-        while let Some(chunk) = response.chunk().await.map_err(|e| self.transport(e, timeout))? {
-            if body.len() + chunk.len() > MAX_BODY_BYTES {
+        let body = match self.bodies.read(&mut response, until).await {
+            Ok(body) => body,
+            Err(BodyError::Transport(error)) => return Err(self.transport(error, timeout)),
+            Err(BodyError::TimedOut) => return Err(timed_out(timeout)),
+            Err(BodyError::TooLarge) => {
                 return Err(Failure::new(
                     QueryError::Protocol(format!(
                         "the answer is larger than {} MiB: the query selects far more series than one value needs",
@@ -575,18 +619,17 @@ impl Inner {
                     )),
                     "protocol",
                     false,
-                ));
+                ))
             }
-            body.extend_from_slice(&chunk);
-        }
-        response::classify(status, &body, &self.connection.display_endpoint, prepared.fold_label.as_deref())
+        };
+        // Parsed while the body holds its share of the budget.
+        response::classify(status, &body.bytes, &self.connection.display_endpoint, prepared.fold_label.as_deref())
     }
 
     /// A request that got no complete answer: timed out, refused, reset, or a TLS failure.
     fn transport(&self, error: reqwest::Error, timeout: Duration) -> Failure {
         if error.is_timeout() {
-            let seconds = timeout.as_secs_f64().ceil().max(1.0) as u64;
-            return Failure::new(QueryError::Timeout(seconds), "timeout", true);
+            return timed_out(timeout);
         }
         // Without the URL: it holds the whole query, and the endpoint says enough.
         let refused_redirect = crate::adapters::backend::trust::is_refused_redirect(&error);
@@ -608,6 +651,12 @@ impl Inner {
             tracing::warn!(backend = %self.name, query, warning = %warning, "Prometheus attached a warning to its answer");
         }
     }
+}
+
+/// An attempt given `timeout` that got no answer in time.
+fn timed_out(timeout: Duration) -> Failure {
+    let seconds = timeout.as_secs_f64().ceil().max(1.0) as u64;
+    Failure::new(QueryError::Timeout(seconds), "timeout", true)
 }
 
 /// Whether `query` goes with the time of its data asked for, so that a `max_age` can find it
