@@ -60,6 +60,9 @@ fn config(url: &str) -> PrometheusBackend {
         basic_auth: None,
         bearer_token: None,
         tls: TlsSettings::default(),
+        fold_queries: true,
+        fold_max_regex_bytes: 4096,
+        fold_max_members: None,
     }
 }
 
@@ -1064,24 +1067,97 @@ async fn a_folded_query_the_server_rejects_is_asked_unfolded_and_its_shape_not_f
 }
 
 #[tokio::test]
-async fn a_folded_query_failing_as_it_runs_fails_every_member_and_folds_again_next_cycle() {
+async fn a_folded_query_failing_as_it_runs_is_asked_unfolded_and_its_shape_not_folded_again() {
     let fleet = proxied_fleet().await;
-    let (proxy, client) = (&fleet.proxy, &fleet.client);
+    let (proxy, client, metrics) = (&fleet.proxy, &fleet.client, &fleet.metrics);
 
+    // Mimir's answer to a query past its per-query series limit: the folded query selects every
+    // member's series, each member alone only its own.
     let queries: Vec<MetricQuery> = fleet_queries().into_iter().take(3).collect();
     let folded_text = written_query(&client.plan(&queries).requests[0].parts[0].text);
-    let refusal =
-        r#"{"status":"error","errorType":"execution","error":"query processing would load too many samples"}"#;
+    let refusal = r#"{"status":"error","errorType":"execution","error":"the query exceeded the maximum number of series (limit: 1000) (err-mimir-max-series-per-query)"}"#;
     proxy.inject(&folded_text, Some(Injected::Reply(Reply::json(422, refusal))));
     let obs = client.evaluate(&queries, now(), by(client)).await;
-    for o in &obs {
-        assert!(matches!(error(o), QueryError::BadQuery(ref m) if m.contains("too many samples")), "{o:?}");
-    }
+    assert_eq!(obs.iter().map(value).collect::<Vec<_>>(), [2.0, 22.0, 42.0]);
     assert_eq!(proxy.injected(&folded_text), 1);
-    assert!(queries.iter().all(|query| proxy.seen(&query.query) == 0), "not asked alone");
+    assert_eq!(requests(metrics, "bad_query"), 1);
+    for query in &queries {
+        assert_eq!(proxy.seen(&query.query), 1, "{}", query.query);
+    }
 
-    proxy.inject(&folded_text, None);
-    assert!(client.plan(&queries).requests[0].parts[0].folded, "not remembered");
+    // Remembered: the next cycles ask the members alone, without trying the folded query.
+    assert!(client.plan(&queries).requests.iter().all(|r| !r.parts[0].folded));
     let obs = client.evaluate(&queries, now(), by(client)).await;
     assert_eq!(obs.iter().map(value).collect::<Vec<_>>(), [2.0, 22.0, 42.0]);
+    assert_eq!(proxy.injected(&folded_text), 1);
+    assert_eq!(metrics.plan_queries.with_label_values(&[NAME, "false"]).get(), 3);
+}
+
+/// A store that answers each member's own query `sum(q{d="N"})` with N and the folded query as
+/// `folded` says.
+async fn store_refusing_folds(folded: impl Fn() -> Reply + Send + Sync + 'static) -> FakeServer {
+    FakeServer::start(move |_, r| {
+        let query = r.written_query().unwrap_or_default();
+        if query.contains("=~") {
+            return folded();
+        }
+        let time: f64 = r.param("time").and_then(|t| t.parse().ok()).unwrap_or(0.0);
+        let n = query.split("d=\"").nth(1).and_then(|rest| rest.split('"').next()).unwrap_or("x").to_string();
+        Reply::vector(time, &[n.as_str()])
+    })
+    .await
+}
+
+/// A folded query is N times heavier than one member's: a 5xx or a timeout on it is not retried
+/// until the deadline, its members are asked alone in the same cycle, within it.
+#[tokio::test]
+async fn a_folded_query_that_fails_or_times_out_leaves_its_members_time_to_be_asked_alone() {
+    let queries: Vec<MetricQuery> = (1..=4).map(|d| q(&format!("sum(q{{d=\"{d}\"}})"))).collect();
+    for (what, folded) in [
+        ("a 503", Reply::text(503, "Service Unavailable")),
+        ("a timeout", Reply::vector(0.0, &["1"]).after(Duration::from_secs(30))),
+        (
+            "the server's own timeout",
+            Reply::json(
+                503,
+                r#"{"status":"error","errorType":"timeout","error":"query timed out in expression evaluation"}"#,
+            ),
+        ),
+    ] {
+        let store = store_refusing_folds(move || folded.clone()).await;
+        let (client, metrics) = build(&config(&store.url()));
+        let started = Instant::now();
+        let obs = client.evaluate(&queries, now(), by(&client)).await;
+        assert_eq!(obs.iter().map(value).collect::<Vec<_>>(), [1.0, 2.0, 3.0, 4.0], "{what}");
+        // The folded query once, not retried; each member once.
+        let sent: Vec<String> = store.requests().iter().filter_map(|r| r.written_query()).collect();
+        assert_eq!(sent.iter().filter(|q| q.contains("=~")).count(), 1, "{what}: {sent:?}");
+        assert_eq!(sent.len(), 5, "{what}: {sent:?}");
+        assert!(started.elapsed() < client.timeout() * 2, "{what}: {:?}", started.elapsed());
+        assert_eq!(requests(&metrics, "ok"), 4, "{what}");
+        assert!(client.plan(&queries).requests.iter().all(|r| !r.parts[0].folded), "{what}");
+    }
+
+    // What every member would meet alone too is every member's, and the shape still folds.
+    let store = store_refusing_folds(|| Reply::text(401, "unauthorized")).await;
+    let (client, _) = build(&config(&store.url()));
+    let obs = client.evaluate(&queries, now(), by(&client)).await;
+    assert!(obs.iter().all(|o| matches!(error(o), QueryError::Configuration(_))), "{obs:?}");
+    assert_eq!(store.requests().len(), 1);
+    assert!(client.plan(&queries).requests[0].parts[0].folded);
+}
+
+#[tokio::test]
+async fn fold_queries_false_sends_every_query_as_written() {
+    let store = store_refusing_folds(|| Reply::text(500, "a folded query was sent")).await;
+    let mut settings = config(&store.url());
+    settings.fold_queries = false;
+    let (client, _) = build(&settings);
+    let queries: Vec<MetricQuery> = (1..=4).map(|d| q(&format!("sum(q{{d=\"{d}\"}})"))).collect();
+    assert!(client.plan(&queries).requests.iter().all(|r| !r.parts[0].folded));
+    let obs = client.evaluate(&queries, now(), by(&client)).await;
+    assert_eq!(obs.iter().map(value).collect::<Vec<_>>(), [1.0, 2.0, 3.0, 4.0]);
+    let sent: Vec<String> = store.requests().iter().filter_map(|r| r.written_query()).collect();
+    assert_eq!(sent.len(), 4);
+    assert!(sent.iter().all(|q| !q.contains("=~")), "{sent:?}");
 }

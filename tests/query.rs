@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use fake_datadog::{Behavior, FakeDatadog, SeriesSpec};
-use prometheus_server::{Exporter, PrometheusServer};
+use prometheus_server::{Exporter, FakeServer, PrometheusServer, Reply};
 use watermarkd::adapters::backend::prometheus::PrometheusClient;
 use watermarkd::adapters::backend::MetricQuery;
 use watermarkd::adapters::telemetry::BackendMetrics;
@@ -313,4 +313,107 @@ recommender = { url = "https://ops:hunter2@127.0.0.1:1/recommend", target_type =
         "web\n  recommender{targetType:cpu}\n    not asked: recommender https://127.0.0.1:1/recommend (only the daemon asks \
          recommenders)\n"
     );
+}
+
+/// What Mimir answers a query past its per-query series limit.
+const SERIES_LIMIT: &str = r#"{"status":"error","errorType":"execution","error":"the query exceeded the maximum number of series (limit: 1000) (err-mimir-max-series-per-query)"}"#;
+
+/// A store that refuses every folded query (`=~`) at its series limit, as Mimir, Thanos and
+/// Cortex do for a query selecting every member's series at once, and answers each member's own
+/// query `sum(m{job="x",dep="d-N..."})` with N.
+async fn series_limited_store() -> FakeServer {
+    FakeServer::start(|_, request| {
+        let query = request.written_query().unwrap_or_default();
+        if query.contains("=~") {
+            return Reply::json(422, SERIES_LIMIT);
+        }
+        let time: f64 = request.param("time").and_then(|t| t.parse().ok()).unwrap_or(0.0);
+        let n = query.split("dep=\"d-").nth(1).and_then(|rest| rest.split(['"', '-']).next()).unwrap_or("x");
+        Reply::vector(time, &[n])
+    })
+    .await
+}
+
+/// `count` autoscalers `d-N` (with `suffix` after N in the label value), each with the query
+/// `sum(m{job="x",dep="d-N<suffix>"})`: they fold on `dep`.
+fn folding_fleet(url: &str, backend_extra: &str, count: usize, suffix: &str) -> String {
+    let mut text = format!("[backend.prom]\ntype = \"prometheus\"\nurl = \"{url}\"\n{backend_extra}\n");
+    for n in 0..count {
+        text.push_str(&format!(
+            "\n[[autoscaler]]\nname = \"d-{n}\"\ntarget = {{ kind = \"Deployment\", namespace = \"prod\", name = \"d-{n}\" }}\n\
+             max_replicas = 10\n[[autoscaler.metric]]\nname = \"load\"\nbackend = \"prom\"\n\
+             query = 'sum(m{{job=\"x\",dep=\"d-{n}{suffix}\"}})'\nhigh_watermark = 1000\n"
+        ));
+    }
+    text
+}
+
+/// The regex of each folded query among `requests`, as sent.
+fn folded_regexes(requests: &[prometheus_server::Recorded]) -> Vec<String> {
+    requests
+        .iter()
+        .filter_map(|r| r.written_query())
+        .filter_map(|q| q.split("dep=~\"").nth(1).and_then(|rest| rest.split('"').next()).map(str::to_string))
+        .collect()
+}
+
+/// A folded query selects the series of all its members at once, so it can meet a store's
+/// per-query limit (HTTP 422 `execution`) that each member alone stays under: the members are
+/// then asked alone in the same run, and each gets its own value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn query_asks_the_members_of_a_folded_query_that_met_a_series_limit_alone() {
+    let store = series_limited_store().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("rules.toml");
+    std::fs::write(&config, folding_fleet(&store.url(), "", 18, "")).unwrap();
+
+    let (code, out) = watermarkd_query(&config, None);
+    assert_eq!(code, 0, "{out}");
+    for n in 0..18 {
+        let shown = format!("d-{n}\n  load via prom: sum(m{{job=\"x\",dep=\"d-{n}\"}})\n    value {n} at ");
+        assert!(out.contains(&shown), "{shown}\nin:\n{out}");
+    }
+    // One folded query, refused; then each member once, on its own.
+    let sent: Vec<String> = store.requests().iter().filter_map(|r| r.written_query()).collect();
+    assert_eq!(sent.iter().filter(|q| q.contains("=~")).count(), 1, "{sent:#?}");
+    for n in 0..18 {
+        let own = format!("sum(m{{job=\"x\",dep=\"d-{n}\"}})");
+        assert_eq!(sent.iter().filter(|q| **q == own).count(), 1, "{own} in {sent:#?}");
+    }
+    assert_eq!(sent.len(), 19);
+
+    // fold_queries = false on a Prometheus backend: nothing is folded.
+    std::fs::write(&config, folding_fleet(&store.url(), "fold_queries = false", 18, "")).unwrap();
+    let before = store.requests().len();
+    let (code, out) = watermarkd_query(&config, None);
+    assert_eq!(code, 0, "{out}");
+    let sent: Vec<String> = store.requests()[before..].iter().filter_map(|r| r.written_query()).collect();
+    assert_eq!(sent.len(), 18, "{sent:#?}");
+    assert!(sent.iter().all(|q| !q.contains("=~")), "{sent:#?}");
+}
+
+/// Mimir's query-frontend does not shard a query whose regex is longer than 4,096 bytes: a
+/// fold stays under that, in as many folded queries as it takes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn query_splits_a_fold_past_four_kib_of_regex() {
+    let store = series_limited_store().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("rules.toml");
+    // 18 values of about 300 bytes: 5.5 KB of regex in one fold.
+    let suffix = format!("-{}", "x".repeat(300));
+    std::fs::write(&config, folding_fleet(&store.url(), "", 18, &suffix)).unwrap();
+    let (code, out) = watermarkd_query(&config, None);
+    assert_eq!(code, 0, "{out}");
+    let regexes = folded_regexes(&store.requests());
+    assert_eq!(regexes.len(), 2, "{regexes:?}");
+    assert!(regexes.iter().all(|r| r.len() <= 4_096), "{:?}", regexes.iter().map(String::len).collect::<Vec<_>>());
+    assert_eq!(regexes.iter().map(|r| r.split('|').count()).sum::<usize>(), 18);
+
+    // A larger bound set on the backend: one fold.
+    std::fs::write(&config, folding_fleet(&store.url(), "fold_max_regex_bytes = 8192", 18, &suffix)).unwrap();
+    let before = store.requests().len();
+    let (code, out) = watermarkd_query(&config, None);
+    assert_eq!(code, 0, "{out}");
+    let regexes = folded_regexes(&store.requests()[before..]);
+    assert_eq!(regexes.len(), 1, "{regexes:?}");
 }

@@ -15,6 +15,7 @@
 //! whatever the interval: the daemon sets it just before the next cycle of the most frequent
 //! autoscaler in the batch, so one cycle never runs into the next.
 
+pub(crate) mod body;
 pub mod datadog;
 pub mod plan;
 pub mod prometheus;

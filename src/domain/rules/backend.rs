@@ -54,6 +54,9 @@ const PROMETHEUS_KEYS: &[&str] = &[
     "client_cert_file",
     "client_key_file",
     "insecure_skip_verify",
+    "fold_queries",
+    "fold_max_regex_bytes",
+    "fold_max_members",
 ];
 const BASIC_AUTH_KEYS: &[&str] = &["username", "password_env", "password_file"];
 const DEFAULT_DATADOG_WINDOW: Duration = Duration::from_secs(300);
@@ -66,6 +69,16 @@ pub(super) const MAX_TIMEOUT: Duration = Duration::from_secs(300);
 pub const DEFAULT_BAD_QUERY_RETRY: Duration = Duration::from_secs(600);
 const DEFAULT_DATADOG_IN_FLIGHT: u32 = 4;
 const DEFAULT_PROMETHEUS_IN_FLIGHT: u32 = 8;
+/// Mimir's query-frontend does not shard a query whose regex matcher is longer than this
+/// (`-query-frontend.query-sharding-max-regexp-size-bytes`, 4,096 since Mimir 2.9), so a longer
+/// folded query runs on one querier, slower than its members would alone. The bound applies to
+/// every Prometheus backend: nothing in an answer says which store is behind a URL, a fold of
+/// 4 KiB still stands for a hundred or more members, and a smaller query also stays under a
+/// store's per-query series and sample limits more often.
+pub const DEFAULT_FOLD_MAX_REGEX_BYTES: u32 = 4_096;
+/// A folded query is at most 16 KiB as sent (VictoriaMetrics' default bound on a query's
+/// length), so a longer regex could never be used.
+const MAX_FOLD_REGEX_BYTES: u32 = 16_384;
 
 /// Reads every backend under `[backend]`. Backends with a problem are reported and map to `None`,
 /// so that metrics naming them are not also told that the backend does not exist.
@@ -224,6 +237,9 @@ fn read_prometheus(table: &mut Table<'_>, sink: &mut Sink) -> Option<PrometheusB
         table.report(sink, "basic_auth", "cannot be combined with a bearer token: choose one way to authenticate");
     }
     let tls = read_tls(table, sink);
+    let fold_queries = table.flag(sink, "fold_queries").unwrap_or(true);
+    let fold_max_regex_bytes = fold_max_regex_bytes(table, sink);
+    let fold_max_members = fold_max_members(table, sink);
     Some(PrometheusBackend {
         url: url?,
         timeout,
@@ -238,7 +254,47 @@ fn read_prometheus(table: &mut Table<'_>, sink: &mut Sink) -> Option<PrometheusB
         },
         bearer_token,
         tls,
+        fold_queries,
+        fold_max_regex_bytes: fold_max_regex_bytes?,
+        fold_max_members: fold_max_members?,
     })
+}
+
+/// `fold_max_regex_bytes`: 1 to 16,384, [`DEFAULT_FOLD_MAX_REGEX_BYTES`] when not set.
+fn fold_max_regex_bytes(table: &mut Table<'_>, sink: &mut Sink) -> Option<u32> {
+    let key = "fold_max_regex_bytes";
+    match table.count(sink, key) {
+        None if table.has(key) => None,
+        None => Some(DEFAULT_FOLD_MAX_REGEX_BYTES),
+        Some(bytes @ 1..=MAX_FOLD_REGEX_BYTES) => Some(bytes),
+        Some(other) => {
+            table.report(
+                sink,
+                key,
+                format!("({other}) must be from 1 to {MAX_FOLD_REGEX_BYTES}: a folded query is sent under 16 KiB"),
+            );
+            None
+        }
+    }
+}
+
+/// `fold_max_members`: at least 2 when set (one member is no fold: `fold_queries = false` turns
+/// folding off); `Some(None)` when not set.
+fn fold_max_members(table: &mut Table<'_>, sink: &mut Sink) -> Option<Option<u32>> {
+    let key = "fold_max_members";
+    match table.count(sink, key) {
+        None if table.has(key) => None,
+        None => Some(None),
+        Some(members @ 2..) => Some(Some(members)),
+        Some(other) => {
+            table.report(
+                sink,
+                key,
+                format!("({other}) must be at least 2; set fold_queries = false to send every query alone"),
+            );
+            None
+        }
+    }
 }
 
 /// `ca_file`, `client_cert_file`, `client_key_file`, `insecure_skip_verify`.
@@ -360,6 +416,47 @@ fn read_secret(table: &mut Table<'_>, sink: &mut Sink, name: &str) -> Option<Sec
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::rules::{parse_rules, Backend};
+
+    fn prometheus(extra: &str) -> Result<PrometheusBackend, Vec<String>> {
+        let text = format!("[backend.prom]\ntype = \"prometheus\"\nurl = \"http://prom:9090\"\n{extra}");
+        match parse_rules(&text, "rules.toml") {
+            Ok(rules) => match rules.backends.get("prom") {
+                Some(Backend::Prometheus(backend)) => Ok(backend.clone()),
+                other => panic!("{other:?}"),
+            },
+            Err(err) => Err(err.problems.iter().map(|p| p.in_file("rules.toml").to_string()).collect()),
+        }
+    }
+
+    #[test]
+    fn a_prometheus_backend_takes_its_folding_settings() {
+        let default = prometheus("").unwrap();
+        assert!(default.fold_queries);
+        assert_eq!((default.fold_max_regex_bytes, default.fold_max_members), (4_096, None));
+        let set = prometheus("fold_queries = false\nfold_max_regex_bytes = 16384\nfold_max_members = 2\n").unwrap();
+        assert!(!set.fold_queries);
+        assert_eq!((set.fold_max_regex_bytes, set.fold_max_members), (16_384, Some(2)));
+
+        for (extra, expected) in [
+            ("fold_queries = \"no\"", "rules.toml:4: backend.prom.fold_queries"),
+            (
+                "fold_max_regex_bytes = 0",
+                "rules.toml:4: backend.prom.fold_max_regex_bytes (0) must be from 1 to 16384: a folded query is sent \
+                 under 16 KiB",
+            ),
+            ("fold_max_regex_bytes = 16385", "rules.toml:4: backend.prom.fold_max_regex_bytes (16385) must be from 1"),
+            (
+                "fold_max_members = 1",
+                "rules.toml:4: backend.prom.fold_max_members (1) must be at least 2; set fold_queries = false to send \
+                 every query alone",
+            ),
+            ("fold_max_members = -3", "rules.toml:4: backend.prom.fold_max_members"),
+        ] {
+            let problems = prometheus(extra).unwrap_err();
+            assert!(problems.iter().any(|p| p.starts_with(expected)), "{extra}: {problems:?}");
+        }
+    }
 
     #[test]
     fn plain_http_is_named_unless_it_stays_on_the_machine() {

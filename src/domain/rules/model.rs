@@ -110,6 +110,13 @@ pub struct PrometheusBackend {
     /// `Authorization: Bearer`; a file is re-read when it changes (rotated service-account tokens).
     pub bearer_token: Option<SecretSource>,
     pub tls: TlsSettings,
+    /// Whether queries of one shape are folded into grouped ones (default true).
+    pub fold_queries: bool,
+    /// The longest regex of a folded query's matcher, in bytes (default 4,096, where Mimir's
+    /// query-frontend stops sharding a query).
+    pub fold_max_regex_bytes: u32,
+    /// The most members one folded query stands for (`None`: only the regex bounds them).
+    pub fold_max_members: Option<u32>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -133,6 +133,7 @@ impl Inner {
         read: &impl Fn(u16, &RateLimitHeaders, &[u8]) -> Result<T, Failure>,
     ) -> Result<T, Failure> {
         let started = Instant::now();
+        let until = body::until(timeout);
         let result = match request().timeout(timeout).send().await {
             Ok(mut response) => {
                 let status = response.status().as_u16();
@@ -147,8 +148,9 @@ impl Inner {
                         "Datadog answered 429 (rate limited): no query requests until the budget resets"
                     );
                 }
-                match self.read_body(&mut response, timeout).await {
-                    Ok(body) => read(status, &rate, &body),
+                match self.read_body(&mut response, timeout, until).await {
+                    // Parsed while the body holds its share of the budget.
+                    Ok(body) => read(status, &rate, &body.bytes),
                     Err(failure) => Err(failure),
                 }
             }
@@ -176,33 +178,39 @@ impl Inner {
         result
     }
 
-    /// The whole body, read in chunks so that an answer beyond `MAX_BODY_BYTES` is refused once
-    /// the cap is passed instead of filling memory. Not retried: the same query would bring the
-    /// same answer, and its budget with it.
+    /// The whole body, within the client's budget for bodies (`body`): an answer beyond
+    /// `MAX_BODY_BYTES` is refused once the cap is passed (or as soon as it announces more)
+    /// instead of filling memory, and a large one waits for the others to be parsed. Not
+    /// retried when too large: the same query would bring the same answer, and its budget with
+    /// it.
     pub(super) async fn read_body(
         &self,
         response: &mut reqwest::Response,
         timeout: Duration,
-    ) -> Result<Vec<u8>, Failure> {
-        let mut body = Vec::new();
-        while let Some(chunk) = response.chunk().await.map_err(|err| self.http_failure(err, timeout))? {
-            if body.len() + chunk.len() > MAX_BODY_BYTES {
-                return Err(Failure {
-                    error: QueryError::Protocol(format!(
-                        "Datadog's answer is larger than {} MiB, so it was not read: the request's queries return \
-                         far more series or points than an autoscaler needs (group or filter them, or shorten \
-                         `window`)",
-                        MAX_BODY_BYTES / (1024 * 1024)
-                    )),
-                    outcome: RequestOutcome::Protocol,
-                    retryable: false,
-                    // Whatever the status said: an oversized 400 is not a reason to split the batch.
-                    status: None,
-                });
-            }
-            body.extend_from_slice(&chunk);
+        until: Instant,
+    ) -> Result<body::Body<'_>, Failure> {
+        match self.bodies.read(response, until).await {
+            Ok(body) => Ok(body),
+            Err(BodyError::Transport(err)) => Err(self.http_failure(err, timeout)),
+            Err(BodyError::TimedOut) => Err(Failure {
+                error: QueryError::Timeout(ceil_secs(timeout)),
+                outcome: RequestOutcome::Timeout,
+                retryable: true,
+                status: None,
+            }),
+            Err(BodyError::TooLarge) => Err(Failure {
+                error: QueryError::Protocol(format!(
+                    "Datadog's answer is larger than {} MiB, so it was not read: the request's queries return \
+                     far more series or points than an autoscaler needs (group or filter them, or shorten \
+                     `window`)",
+                    MAX_BODY_BYTES / (1024 * 1024)
+                )),
+                outcome: RequestOutcome::Protocol,
+                retryable: false,
+                // Whatever the status said: an oversized 400 is not a reason to split the batch.
+                status: None,
+            }),
         }
-        Ok(body)
     }
 
     pub(super) fn http_failure(&self, err: reqwest::Error, timeout: Duration) -> Failure {

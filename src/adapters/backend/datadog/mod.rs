@@ -79,7 +79,9 @@
 //! Never assumed JSON on a non-2xx answer. An answer larger than 16 MiB (`MAX_BODY_BYTES`) is
 //! not read beyond that: every query of its request is `QueryError::Protocol` saying so, and it
 //! is not retried (a grouped query over a whole fleet would otherwise be held in memory, and
-//! re-sent after every restart). 5xx, 408, timeouts and connection failures are
+//! re-sent after every restart). Answers over 1 MiB are read one at a time (`body`), and each
+//! series is read as the body is parsed, keeping only the points the rule looks at (`series`),
+//! so the client holds at most about one body cap of answers, whatever `max_in_flight`. 5xx, 408, timeouts and connection failures are
 //! retried with jittered exponential backoff until the cycle's deadline, which the caller
 //! gives (`backend::QueryBackend`): waiting for a request slot, every attempt (each given
 //! `min(timeout, time left)`) and every backoff sleep fit before it, and what is not answered
@@ -105,6 +107,7 @@ mod http;
 pub(crate) mod pacing;
 pub(crate) mod parse;
 mod recent;
+mod series;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -118,6 +121,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use watermarkd_engine::Timestamp;
 
+use super::body::{self, BodyBudget, BodyError};
 use super::secret::RotatingSecret;
 use super::{
     BackendError, MetricQuery, Observation, ObservationDetail, PlanPart, PlannedFetch, QueryError, QueryPlan, Secret,
@@ -172,6 +176,8 @@ struct Inner {
     /// How long a query Datadog rejected alone is not asked again.
     bad_query_retry: Duration,
     permits: Semaphore,
+    /// The bytes of answers held at once (`body`): one large answer at a time.
+    bodies: BodyBudget,
     pacer: Mutex<Pacer>,
     /// Whether the last answer was a 403, so that it is logged once, not once per request.
     forbidden: AtomicBool,
@@ -267,6 +273,7 @@ impl DatadogClient {
                 timeout: config.timeout,
                 bad_query_retry: config.bad_query_retry,
                 permits: Semaphore::new(usize::try_from(config.max_in_flight.max(1)).unwrap_or(1)),
+                bodies: BodyBudget::new(MAX_BODY_BYTES),
                 pacer: Mutex::new(Pacer::new(Instant::now())),
                 forbidden: AtomicBool::new(false),
                 bad_queries: Mutex::new(HashMap::new()),

@@ -9,6 +9,8 @@ use std::time::Duration;
 use serde::Deserialize;
 use watermarkd_engine::Timestamp;
 
+use super::series::{self, AllPoints, PointSummary, QueryIndex, Readout, Series};
+
 #[cfg(test)]
 use super::pacing::headers::FALLBACK_RATE_LIMIT_WAIT;
 use super::pacing::RateLimitHeaders;
@@ -136,114 +138,99 @@ fn forbidden_advice(status: u16, body: &[u8], site: &str) -> String {
     )
 }
 
-#[derive(Deserialize)]
-struct V1Body {
-    status: Option<String>,
-    error: Option<String>,
-    /// Each series is read on its own (`read_series`), so that one that cannot be read spoils
-    /// only its own query.
-    series: Option<Vec<serde_json::Value>>,
+/// Per sub-query, what its series add up to for each thing it answers (itself, or each member
+/// of a grouped query), gathered as the series are read: how many series, and the first one.
+struct Tally<'a> {
+    cx: &'a V1Context<'a>,
+    /// Per sub-query: for a grouped one, each member's wanted `key:value` tags (lower case);
+    /// `None` for one query.
+    wanted: Vec<Option<Vec<Vec<String>>>>,
+    /// Per sub-query, per member (one for a plain query).
+    found: Vec<Vec<Found>>,
+    /// The first thing that makes the whole answer a protocol error.
+    protocol: Option<String>,
 }
 
-/// One series of a v1 answer; fields we do not use are ignored (`query_index` is read before,
-/// from the raw series, so that a series that cannot be read is still mapped to its query).
-#[derive(Deserialize)]
-struct V1Series {
-    /// Seconds; observed as an integer, accepted as any number.
-    interval: Option<f64>,
-    /// `[ms, value|null]`; ms may be written as an integer or a float.
-    pointlist: Vec<(f64, PointValue)>,
+/// The series that answer one query (or one member): how many, and the first one (or why it
+/// could not be read): an autoscaler's query needs exactly one.
+#[derive(Default)]
+struct Found {
+    count: usize,
+    first: Option<Result<Readout<PointSummary>, QueryError>>,
 }
 
-/// A point's value: a number, null, or one of the marks `mark_non_numbers` leaves where the
-/// body had a token that is not a JSON number.
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum PointValue {
-    Number(Option<f64>),
-    Marked(String),
+impl Found {
+    fn add(&mut self, series: &Result<Readout<PointSummary>, QueryError>) {
+        self.count += 1;
+        if self.first.is_none() {
+            self.first = Some(series.clone());
+        }
+    }
 }
 
-/// What a series' points hold once read: the non-null values, or the first token that is not
-/// a number.
-enum PointValues {
-    Numbers(Vec<(f64, f64)>),
-    NotANumber(String),
-}
+impl<'a> Tally<'a> {
+    fn new(cx: &'a V1Context<'a>) -> Self {
+        let layout = |index: usize| match cx.layout.get(index) {
+            Some(SubQuery::Groups { keys, members }) => Some(
+                members
+                    .iter()
+                    .map(|values| {
+                        keys.iter().zip(values).map(|(k, v)| format!("{k}:{v}").to_ascii_lowercase()).collect()
+                    })
+                    .collect::<Vec<Vec<String>>>(),
+            ),
+            Some(SubQuery::One) | None => None,
+        };
+        let wanted: Vec<Option<Vec<Vec<String>>>> = (0..cx.queries).map(layout).collect();
+        let found = wanted
+            .iter()
+            .map(|members| (0..members.as_ref().map_or(1, Vec::len)).map(|_| Found::default()).collect())
+            .collect();
+        Tally { cx, wanted, found, protocol: None }
+    }
 
-/// Starts every mark, as read back: a value position never holds a string in a real answer,
-/// let alone one starting with a NUL, so a mark cannot be mistaken for data.
-const MARK: &str = "\u{0}watermarkd-not-a-number:";
-/// `MARK` as written into the body (JSON escapes the NUL).
-const MARK_JSON: &str = "\\u0000watermarkd-not-a-number:";
-
-/// Python's `json` (and so some proxies and Datadog's own stack now and then) writes `NaN`,
-/// `Infinity` and `-Infinity` as bare tokens, and a number beyond f64 (`1e999`) is valid JSON
-/// that serde_json refuses. Either would make the whole body unreadable, failing every query of
-/// the request for one bad value. So, outside strings, each such token is replaced by a JSON
-/// string holding `MARK` and the token as written, which `PointValue::Marked` then reads as
-/// "not a number" for that point only. Everything else, numbers included, is kept byte for byte;
-/// `None` when nothing needed replacing. The token is taken as the longest run of characters
-/// that may continue a JSON number or literal (`[A-Za-z0-9+-.]`) after a `-` or a letter or digit.
-fn mark_non_numbers(body: &[u8]) -> Option<Vec<u8>> {
-    let mut out: Option<Vec<u8>> = None;
-    let mut copied = 0;
-    let mut i = 0;
-    let mut in_string = false;
-    while let Some(&byte) = body.get(i) {
-        if in_string {
-            match byte {
-                b'\\' => i += 2,
-                b'"' => {
-                    in_string = false;
-                    i += 1;
+    /// One series of the answer, mapped to its query by `query_index` (a series without one can
+    /// only be a lone query's) and, in a grouped query, to each member whose tags it carries.
+    fn add(&mut self, series: Series<PointSummary>) {
+        if self.protocol.is_some() {
+            return;
+        }
+        let queries = self.cx.queries;
+        let index = match (&series.query_index, queries) {
+            (QueryIndex::Index(i), _) => match usize::try_from(*i) {
+                Ok(i) => i,
+                Err(_) => return self.fail(format!("a series with query_index {i}")),
+            },
+            (QueryIndex::Invalid(index), _) => return self.fail(format!("a series with query_index {index}")),
+            (QueryIndex::Absent, 1) => 0,
+            (QueryIndex::Absent, _) => return self.fail("a series without `query_index` in a batched answer".into()),
+        };
+        let read =
+            series.read.map_err(|why| QueryError::Protocol(format!("a series of the answer cannot be read ({why})")));
+        let (Some(found), Some(wanted)) = (self.found.get_mut(index), self.wanted.get(index)) else {
+            return self.fail(format!("a series with query_index {index} for a request of {queries} queries"));
+        };
+        match wanted {
+            Some(members) => {
+                for (member, wanted) in found.iter_mut().zip(members) {
+                    if wanted.iter().all(|w| series.tags.iter().any(|t| t.eq_ignore_ascii_case(w))) {
+                        member.add(&read);
+                    }
                 }
-                _ => i += 1,
             }
-            continue;
+            None => found.iter_mut().for_each(|one| one.add(&read)),
         }
-        if byte == b'"' {
-            in_string = true;
-            i += 1;
-            continue;
-        }
-        if !(byte == b'-' || byte.is_ascii_alphanumeric()) {
-            i += 1;
-            continue;
-        }
-        let start = i;
-        while body.get(i).is_some_and(|&b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.')) {
-            i += 1;
-        }
-        // `copied <= start <= i <= body.len()`: `i` only passes the end in a string, which ends the loop.
-        let token = body.get(start..i).unwrap_or_default();
-        if !is_non_number(token) {
-            continue;
-        }
-        let out = out.get_or_insert_with(|| Vec::with_capacity(body.len() + 64));
-        out.extend_from_slice(body.get(copied..start).unwrap_or_default());
-        out.push(b'"');
-        out.extend_from_slice(MARK_JSON.as_bytes());
-        // Only ASCII letters, digits, `+`, `-` and `.`: nothing to escape.
-        out.extend_from_slice(token);
-        out.push(b'"');
-        copied = i;
     }
-    let mut out = out?;
-    out.extend_from_slice(body.get(copied..).unwrap_or_default());
-    Some(out)
-}
 
-/// `NaN`, `Infinity` and their signed forms, or a number too large for f64.
-fn is_non_number(token: &[u8]) -> bool {
-    let unsigned = token.strip_prefix(b"-").or_else(|| token.strip_prefix(b"+")).unwrap_or(token);
-    if matches!(unsigned, b"NaN" | b"nan" | b"Infinity" | b"inf" | b"Inf") {
-        return true;
+    fn fail(&mut self, message: String) {
+        self.protocol.get_or_insert(message);
     }
-    let looks_numeric = unsigned.first().is_some_and(u8::is_ascii_digit)
-        && unsigned.iter().all(|b| b.is_ascii_digit() || matches!(b, b'.' | b'e' | b'E' | b'+' | b'-'));
-    looks_numeric
-        && std::str::from_utf8(token).ok().and_then(|t| t.parse::<f64>().ok()).is_some_and(|f| f.is_infinite())
+
+    /// One observation per sub-query, or per member of a grouped one, in order.
+    fn observations(self) -> Vec<Observation> {
+        let cx = self.cx;
+        self.found.iter().flatten().map(|found| observe_v1(found, cx)).collect()
+    }
 }
 
 fn read_v1_ok(body: &[u8], cx: &V1Context<'_>) -> V1Answer {
@@ -252,91 +239,33 @@ fn read_v1_ok(body: &[u8], cx: &V1Context<'_>) -> V1Answer {
         outcome: RequestOutcome::Protocol,
         retryable: false,
     };
-    let marked = mark_non_numbers(body);
-    let parsed: V1Body = match serde_json::from_slice(marked.as_deref().unwrap_or(body)) {
-        Ok(parsed) => parsed,
+    let mut tally = Tally::new(cx);
+    let envelope = match series::read(body, |series| tally.add(series)) {
+        Ok(envelope) => envelope,
         Err(err) => {
             return protocol(format!("HTTP 200 with a body that is not a v1 query answer ({err}){}", snippet(body)))
         }
     };
-    if parsed.status.as_deref() == Some("error") {
+    if envelope.status.as_deref() == Some("error") {
         // A 200 that says "error" is Datadog failing to run a query it accepted (a malformed
         // query is a 400): a server-side error, not a bad query, so the query is not
         // suppressed. Not retried within the cycle: what made it fail (a query too heavy for
         // the window, an internal error) is not known to pass in a second, and each retry is
         // paid from the reserve; the next cycle asks again.
-        let text = parsed.error.filter(|e| !e.trim().is_empty()).unwrap_or_else(|| "status \"error\"".to_string());
+        let text = envelope.error.filter(|e| !e.trim().is_empty()).unwrap_or_else(|| "status \"error\"".to_string());
         return V1Answer::Failed {
             error: QueryError::Server(truncate(&format!("HTTP 200 with status \"error\": {text}"))),
             outcome: RequestOutcome::ServerError,
             retryable: false,
         };
     }
-    let Some(series) = parsed.series else { return protocol("HTTP 200 without `series`".to_string()) };
-    // Per sub-query, its series (or why one of them could not be read), with their tags. A
-    // series without `query_index` can only belong to a lone query.
-    let mut by_index: Vec<Vec<TaggedSeries>> = (0..cx.queries).map(|_| Vec::new()).collect();
-    for value in series {
-        let tags = series_tags(&value);
-        let query_index = match value.get("query_index") {
-            None | Some(serde_json::Value::Null) => None,
-            Some(index) => match index.as_u64().and_then(|i| usize::try_from(i).ok()) {
-                Some(i) => Some(i),
-                None => return protocol(format!("a series with query_index {index}")),
-            },
-        };
-        let index = match (query_index, cx.queries) {
-            (Some(i), _) => i,
-            (None, 1) => 0,
-            (None, _) => return protocol("a series without `query_index` in a batched answer".to_string()),
-        };
-        let read = serde_json::from_value::<V1Series>(value)
-            .map_err(|err| QueryError::Protocol(format!("a series of the answer cannot be read ({err})")));
-        match by_index.get_mut(index) {
-            Some(slot) => slot.push((tags, read)),
-            None => {
-                return protocol(format!("a series with query_index {index} for a request of {} queries", cx.queries))
-            }
-        }
+    if !envelope.has_series {
+        return protocol("HTTP 200 without `series`".to_string());
     }
-    let mut observations = Vec::with_capacity(cx.queries);
-    for (index, found) in by_index.iter().enumerate() {
-        match cx.layout.get(index) {
-            Some(SubQuery::Groups { keys, members }) => {
-                for values in members {
-                    let wanted: Vec<String> =
-                        keys.iter().zip(values).map(|(k, v)| format!("{k}:{v}").to_ascii_lowercase()).collect();
-                    let of_member: Vec<&Result<V1Series, QueryError>> = found
-                        .iter()
-                        .filter(|(tags, _)| wanted.iter().all(|w| tags.iter().any(|t| t.eq_ignore_ascii_case(w))))
-                        .map(|(_, series)| series)
-                        .collect();
-                    observations.push(observe_v1(&of_member, cx));
-                }
-            }
-            Some(SubQuery::One) | None => {
-                let all: Vec<&Result<V1Series, QueryError>> = found.iter().map(|(_, series)| series).collect();
-                observations.push(observe_v1(&all, cx));
-            }
-        }
+    if let Some(message) = tally.protocol.take() {
+        return protocol(message);
     }
-    V1Answer::Answered(observations)
-}
-
-/// A series of an answer, or why it could not be read, with its tags (`series_tags`).
-type TaggedSeries = (Vec<String>, Result<V1Series, QueryError>);
-
-/// The tags that identify a series of a grouped answer: `tag_set` (`["key:value", ...]`), or
-/// else the comma-separated `scope`. Empty when it has neither.
-fn series_tags(series: &serde_json::Value) -> Vec<String> {
-    if let Some(tags) = series.get("tag_set").and_then(serde_json::Value::as_array) {
-        return tags.iter().filter_map(serde_json::Value::as_str).map(str::to_string).collect();
-    }
-    series
-        .get("scope")
-        .and_then(serde_json::Value::as_str)
-        .map(|scope| scope.split(',').map(|t| t.trim().to_string()).collect())
-        .unwrap_or_default()
+    V1Answer::Answered(tally.observations())
 }
 
 /// One series of a range read for a backtest: its rollup and every bucket, null or not.
@@ -363,44 +292,33 @@ pub fn read_v1_history(
         };
     }
     let protocol = |message: String| (QueryError::Protocol(message), RequestOutcome::Protocol, false);
-    let marked = mark_non_numbers(body);
-    let parsed: V1Body = serde_json::from_slice(marked.as_deref().unwrap_or(body)).map_err(|err| {
-        protocol(format!("HTTP 200 with a body that is not a v1 query answer ({err}){}", snippet(body)))
-    })?;
-    if parsed.status.as_deref() == Some("error") {
-        let text = parsed.error.filter(|e| !e.trim().is_empty()).unwrap_or_else(|| "status \"error\"".to_string());
+    let mut read: Vec<HistorySeries> = Vec::new();
+    let mut unreadable: Option<String> = None;
+    let envelope = series::read(body, |series: Series<AllPoints>| match series.read {
+        Ok(readout) if unreadable.is_none() => read.push(HistorySeries {
+            interval_seconds: readout.interval.filter(|i| i.is_finite() && *i > 0.0),
+            points: readout.points,
+        }),
+        Ok(_) => {}
+        Err(why) => {
+            unreadable.get_or_insert(why);
+        }
+    })
+    .map_err(|err| protocol(format!("HTTP 200 with a body that is not a v1 query answer ({err}){}", snippet(body))))?;
+    if envelope.status.as_deref() == Some("error") {
+        let text = envelope.error.filter(|e| !e.trim().is_empty()).unwrap_or_else(|| "status \"error\"".to_string());
         return Err((
             QueryError::Server(truncate(&format!("HTTP 200 with status \"error\": {text}"))),
             RequestOutcome::ServerError,
             false,
         ));
     }
-    let series = parsed.series.ok_or_else(|| protocol("HTTP 200 without `series`".to_string()))?;
-    series
-        .into_iter()
-        .map(|value| {
-            let series = serde_json::from_value::<V1Series>(value)
-                .map_err(|err| protocol(format!("a series of the answer cannot be read ({err})")))?;
-            let points = series
-                .pointlist
-                .into_iter()
-                .map(|(ms, value)| match value {
-                    PointValue::Number(number) => (ms, number.filter(|v| v.is_finite())),
-                    PointValue::Marked(_) => (ms, None),
-                })
-                .collect();
-            Ok(HistorySeries { interval_seconds: series.interval.filter(|i| i.is_finite() && *i > 0.0), points })
-        })
-        .collect()
-}
-
-/// An autoscaler query must resolve to exactly one series; none is "no data", several an error.
-/// The error keeps the series count for the observation's detail.
-fn exactly_one<T>(found: &[T]) -> Result<&T, (QueryError, usize)> {
-    match found {
-        [one] => Ok(one),
-        [] => Err((QueryError::NoData("no series in the query window".into()), 0)),
-        several => Err((QueryError::SeveralSeries { count: several.len() }, several.len())),
+    if !envelope.has_series {
+        return Err(protocol("HTTP 200 without `series`".to_string()));
+    }
+    match unreadable {
+        Some(why) => Err(protocol(format!("a series of the answer cannot be read ({why})"))),
+        None => Ok(read),
     }
 }
 
@@ -408,48 +326,33 @@ fn not_one_series((error, series): (QueryError, usize)) -> Observation {
     Observation::unavailable_with(error, ObservationDetail { series: Some(series), ..ObservationDetail::default() })
 }
 
-fn observe_v1(found: &[&Result<V1Series, QueryError>], cx: &V1Context<'_>) -> Observation {
-    let series = match exactly_one(found) {
-        Ok(Ok(series)) => series,
-        Ok(Err(error)) => {
+fn observe_v1(found: &Found, cx: &V1Context<'_>) -> Observation {
+    let series = match (found.count, &found.first) {
+        (1, Some(Ok(series))) => series,
+        (1, Some(Err(error))) => {
             return Observation::unavailable_with(
                 error.clone(),
                 ObservationDetail { series: Some(1), ..ObservationDetail::default() },
             )
         }
-        Err(why) => return not_one_series(why),
+        (0, _) | (_, None) => return not_one_series((QueryError::NoData("no series in the query window".into()), 0)),
+        (several, _) => return not_one_series((QueryError::SeveralSeries { count: several }, several)),
     };
     let interval_seconds = series.interval.filter(|i| i.is_finite() && *i >= 0.0).map(|i| i.round() as u64);
     let max_age = cx.max_age.unwrap_or_else(|| default_max_age(interval_seconds));
     let detail = ObservationDetail { series: Some(1), interval_seconds, ..ObservationDetail::default() };
-    let points = match non_null_points(&series.pointlist) {
-        PointValues::Numbers(points) => points,
-        PointValues::NotANumber(token) => return Observation::unavailable_with(QueryError::NotANumber(token), detail),
-    };
+    let points = &series.points;
+    // A NaN or an overflow anywhere in the window means the query's arithmetic breaks on this
+    // data, and its neighbours are not to be trusted either.
+    if let Some(token) = &points.not_a_number {
+        return Observation::unavailable_with(QueryError::NotANumber(token.clone()), detail);
+    }
     let buckets = Buckets {
         interval_ms: series.interval.filter(|i| i.is_finite()).map(|i| i * 1000.0),
         window_end_ms: cx.now.unix_millis() as f64,
-        last_ms: series.pointlist.last().map(|p| p.0),
+        last_ms: points.last_ms,
     };
-    choose(&points, buckets, detail, cx.now, max_age)
-}
-
-/// The non-null points, unless one of them is not a number: then the series as a whole has no
-/// usable value (a NaN or an overflow anywhere in the window means the query's arithmetic
-/// breaks on this data, and its neighbours are not to be trusted either).
-fn non_null_points(pointlist: &[(f64, PointValue)]) -> PointValues {
-    let mut points = Vec::with_capacity(pointlist.len());
-    for (ms, value) in pointlist {
-        match value {
-            PointValue::Number(Some(v)) => points.push((*ms, *v)),
-            PointValue::Number(None) => {}
-            PointValue::Marked(text) => {
-                let token = text.strip_prefix(MARK).unwrap_or(text);
-                return PointValues::NotANumber(token.to_string());
-            }
-        }
-    }
-    PointValues::Numbers(points)
+    choose(points, buckets, detail, cx.now, max_age)
 }
 
 /// `max(120s, 3 x rollup)`: a value older than three buckets means the metric stopped
@@ -494,31 +397,31 @@ impl Buckets {
     }
 }
 
-/// From the non-null `(ms, value)` points of the one series: the chosen value, or why not.
-/// As the Cluster Agent, a lone point in the newest bucket is not used: it may be a fraction of
-/// what the bucket will hold, and there is no complete bucket to fall back on.
+/// From the non-null points of the one series (as summed up while it was read): the chosen
+/// value, or why not. As the Cluster Agent, a lone point in the newest bucket is not used: it
+/// may be a fraction of what the bucket will hold, and there is no complete bucket to fall back
+/// on.
 fn choose(
-    points: &[(f64, f64)],
+    points: &PointSummary,
     buckets: Buckets,
     mut detail: ObservationDetail,
     now: Timestamp,
     max_age: Duration,
 ) -> Observation {
-    detail.points = Some(points.len());
-    let Some((chosen, &(ms, value))) = penultimate(points.len()).and_then(|c| Some((c, points.get(c)?))) else {
+    detail.points = Some(points.non_null);
+    let point = if points.non_null >= 2 { points.previous } else { points.last };
+    let Some((chosen, (ms, value))) = penultimate(points.non_null).zip(point) else {
         return Observation::unavailable_with(QueryError::NoData("every point in the window is null".into()), detail);
     };
-    if let [(ms, _)] = points {
-        if buckets.is_newest(*ms) {
-            return Observation::unavailable_with(
-                QueryError::NoData(
-                    "the only non-null point is in the newest bucket, which may still be filling; no complete \
-                     bucket has a value"
-                        .into(),
-                ),
-                detail,
-            );
-        }
+    if points.non_null == 1 && buckets.is_newest(ms) {
+        return Observation::unavailable_with(
+            QueryError::NoData(
+                "the only non-null point is in the newest bucket, which may still be filling; no complete \
+                 bucket has a value"
+                    .into(),
+            ),
+            detail,
+        );
     }
     detail.chosen_point = Some(chosen);
     if !value.is_finite() {
@@ -699,9 +602,16 @@ mod tests {
         let detail = ObservationDetail::default();
         let buckets = Buckets { interval_ms: Some(1.0), window_end_ms: 10.0, last_ms: Some(2.0) };
         let at = Timestamp::from_unix_millis(10);
-        let obs = choose(&[(0.0, f64::NAN), (1.0, 1.0)], buckets, detail.clone(), at, MIN_MAX_AGE);
+        let two = PointSummary {
+            non_null: 2,
+            previous: Some((0.0, f64::NAN)),
+            last: Some((1.0, 1.0)),
+            ..PointSummary::default()
+        };
+        let obs = choose(&two, buckets, detail.clone(), at, MIN_MAX_AGE);
         assert_eq!(obs.detail.error, Some(QueryError::NotANumber("NaN".into())));
-        let obs = choose(&[(0.0, f64::INFINITY)], buckets, detail, at, MIN_MAX_AGE);
+        let one = PointSummary { non_null: 1, last: Some((0.0, f64::INFINITY)), ..PointSummary::default() };
+        let obs = choose(&one, buckets, detail, at, MIN_MAX_AGE);
         assert_eq!(obs.detail.error, Some(QueryError::NotANumber("inf".into())));
     }
 
@@ -756,8 +666,8 @@ mod tests {
     #[test]
     fn marking_keeps_everything_else_byte_for_byte() {
         let clean = br#"{"a":[1,-2.5e3,null,true,false],"s":"NaN \" Infinity 1e999"}"#;
-        assert_eq!(mark_non_numbers(clean), None, "nothing to replace: no copy");
-        let marked = mark_non_numbers(br#"[NaN,-Infinity,1e999,"1e999",2]"#).unwrap();
+        assert_eq!(series::mark_non_numbers(clean), None, "nothing to replace: no copy");
+        let marked = series::mark_non_numbers(br#"[NaN,-Infinity,1e999,"1e999",2]"#).unwrap();
         assert_eq!(
             String::from_utf8(marked).unwrap(),
             r#"["\u0000watermarkd-not-a-number:NaN","\u0000watermarkd-not-a-number:-Infinity","\u0000watermarkd-not-a-number:1e999","1e999",2]"#

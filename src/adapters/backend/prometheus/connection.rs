@@ -199,6 +199,9 @@ mod tests {
             basic_auth: None,
             bearer_token: None,
             tls: TlsSettings::default(),
+            fold_queries: true,
+            fold_max_regex_bytes: 4096,
+            fold_max_members: None,
         }
     }
 

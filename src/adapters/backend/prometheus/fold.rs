@@ -42,6 +42,22 @@ const MAX_PASSES: usize = 4;
 /// Nested function calls followed, at most.
 const MAX_DEPTH: usize = 16;
 
+/// How large one folded query may grow, besides [`MAX_FOLDED_BYTES`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct FoldLimits {
+    /// The longest regex of the folding matcher, in bytes, as the server reads it (after the
+    /// string's own escapes): Mimir stops sharding a query past 4,096.
+    pub max_regex_bytes: usize,
+    /// The most member values one folded query matches.
+    pub max_members: usize,
+}
+
+impl FoldLimits {
+    /// Only the query's own length bounds a fold.
+    #[cfg(test)]
+    pub const UNBOUNDED: FoldLimits = FoldLimits { max_regex_bytes: usize::MAX, max_members: usize::MAX };
+}
+
 /// What one cycle sends.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) enum Fetch {
@@ -70,7 +86,7 @@ pub(super) struct FoldedQuery {
 /// The fetches that answer every one of `texts` (distinct query texts): each index appears in
 /// exactly one fetch. `refused(shape)` says a shape's folded query was rejected recently: its
 /// members go alone.
-pub(super) fn plan(texts: &[&str], refused: impl Fn(&str) -> bool) -> Vec<Fetch> {
+pub(super) fn plan(texts: &[&str], refused: impl Fn(&str) -> bool, limits: FoldLimits) -> Vec<Fetch> {
     let recognised: Vec<Option<Recognised<'_>>> = texts.iter().map(|text| recognise(text)).collect();
 
     // Texts alike but for the values of their plain `L="v"` matchers, in order of appearance.
@@ -92,7 +108,7 @@ pub(super) fn plan(texts: &[&str], refused: impl Fn(&str) -> bool) -> Vec<Fetch>
     let mut folded_at = vec![false; texts.len()];
     let mut fetches: Vec<(usize, Fetch)> = Vec::new();
     for members in alike.into_iter().filter(|m| m.len() > 1) {
-        for query in fold_alike(members, &recognised, &refused) {
+        for query in fold_alike(members, &recognised, &refused, limits) {
             let first = query.members.iter().map(|(_, index)| *index).min().unwrap_or(0);
             for (_, index) in &query.members {
                 if let Some(done) = folded_at.get_mut(*index) {
@@ -115,6 +131,7 @@ fn fold_alike(
     mut left: Vec<usize>,
     recognised: &[Option<Recognised<'_>>],
     refused: &impl Fn(&str) -> bool,
+    limits: FoldLimits,
 ) -> Vec<FoldedQuery> {
     let found = |index: usize| recognised.get(index).and_then(Option::as_ref);
     let keys = left.first().and_then(|first| found(*first)).map_or(0, |f| f.keys.len());
@@ -158,7 +175,7 @@ fn fold_alike(
         let Some((position, groups)) = best else { break };
         let mut taken = HashSet::new();
         for members in groups {
-            out.extend(fold_group(&members, position, &found, refused));
+            out.extend(fold_group(&members, position, &found, refused, limits));
             taken.extend(members);
         }
         left.retain(|index| !taken.contains(index));
@@ -179,13 +196,14 @@ fn distinct_values<'r, 'a: 'r>(
 }
 
 /// One group of members (alike but for the value at `position`) as folded queries, each under
-/// [`MAX_FOLDED_BYTES`] as sent. Nothing when the shape was refused, and no query for a chunk
-/// of one: those members go alone.
+/// [`MAX_FOLDED_BYTES`] as sent and within `limits`. Nothing when the shape was refused, and no
+/// query for a chunk of one: those members go alone.
 fn fold_group<'r, 'a: 'r>(
     members: &[usize],
     position: usize,
     found: &impl Fn(usize) -> Option<&'r Recognised<'a>>,
     refused: &impl Fn(&str) -> bool,
+    limits: FoldLimits,
 ) -> Vec<FoldedQuery> {
     let Some(model) = members.first().and_then(|first| found(*first)) else { return Vec::new() };
     let Some(key) = model.keys.get(position) else { return Vec::new() };
@@ -212,17 +230,25 @@ fn fold_group<'r, 'a: 'r>(
         }
     }
 
+    // Each chunk's regex as written in the query (quoted: what the text's length counts) and as
+    // the server reads it (what a store's regex bound counts).
     let mut chunks: Vec<Vec<(String, Vec<usize>)>> = Vec::new();
     let mut chunk: Vec<(String, Vec<usize>)> = Vec::new();
-    let mut pieces_len = 0;
+    let (mut quoted_len, mut regex_len) = (0, 0);
     for (value, indexes) in values {
-        let piece = quote_body(&regex_escape(&value)).len();
+        let regex = regex_escape(&value);
+        let (quoted, plain) = (quote_body(&regex).len(), regex.len());
         let separator = usize::from(!chunk.is_empty());
-        if !chunk.is_empty() && base + copies * (pieces_len + separator + piece) >= MAX_FOLDED_BYTES {
+        let too_long = base + copies * (quoted_len + separator + quoted) >= MAX_FOLDED_BYTES
+            || regex_len + separator + plain > limits.max_regex_bytes
+            || chunk.len() >= limits.max_members;
+        if !chunk.is_empty() && too_long {
             chunks.push(std::mem::take(&mut chunk));
-            pieces_len = 0;
+            (quoted_len, regex_len) = (0, 0);
         }
-        pieces_len += usize::from(!chunk.is_empty()) + piece;
+        let separator = usize::from(!chunk.is_empty());
+        quoted_len += separator + quoted;
+        regex_len += separator + plain;
         chunk.push((value, indexes));
     }
     chunks.push(chunk);

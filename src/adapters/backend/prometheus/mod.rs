@@ -16,8 +16,12 @@
 //! differ only in the value of one label (`sum(rate(x{deployment="web-17"}[1m]))` for many
 //! deployments) go as one grouped query (`sum by (deployment) (...)`), always as a form POST,
 //! and each gets the series labelled with its own value, judged as its own answer would be.
-//! A grouped query the server rejects as malformed (HTTP 400) is asked again as its members,
-//! in the same cycle, and its shape is not folded for [`REFUSED_SHAPE_FOR`].
+//! A grouped query that fails in a way its members alone may not (the server rejects it as
+//! malformed, hits a per-query series or sample limit, fails or times out running it) is asked
+//! again as its members, in the same cycle, and its shape is not folded for
+//! [`REFUSED_SHAPE_FOR`]. A folded query's regex stays under the backend's
+//! `fold_max_regex_bytes` (Mimir shards no query past 4 KiB of regex), and `fold_queries =
+//! false` turns folding off.
 
 pub(crate) mod connection;
 mod fold;
@@ -38,13 +42,14 @@ use tokio::time::Instant;
 use watermarkd_engine::Timestamp;
 
 use self::connection::{chain, Connection};
-use self::fold::{Fetch, FoldedQuery};
+use self::fold::{Fetch, FoldLimits, FoldedQuery};
 use self::response::{Answer, Failure};
+use super::body::{self, BodyBudget, BodyError};
 use super::{
     BackendError, HistoryError, HistorySpan, MetricQuery, Observation, PlanPart, PlannedFetch, QueryError, QueryPlan,
 };
 use crate::adapters::telemetry::{BackendMetrics, PlanCounts};
-use crate::domain::rules::PrometheusBackend;
+use crate::domain::rules::{PrometheusBackend, Reducer};
 
 /// Steps per range request: Prometheus refuses more than 11,000 points per series.
 pub const MAX_RANGE_POINTS: usize = 10_000;
@@ -57,7 +62,9 @@ const HISTORY_RETRIES: usize = 4;
 const MAX_GET_URL_CHARS: usize = 2_000;
 
 /// An instant query yields one sample per series; an answer this large means the query selects
-/// far more than an autoscaler can use, and is not worth holding in memory.
+/// far more than an autoscaler can use, and is not worth holding in memory. Answers over 1 MiB
+/// are read one at a time (`body`), and each is judged and dropped as soon as it is parsed, so
+/// a client holds about one of these at a time, whatever `max_in_flight`.
 const MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
 
 /// An attempt with less time than this left before the deadline is not started. Not a share of
@@ -67,8 +74,8 @@ const MIN_ATTEMPT: Duration = Duration::from_millis(50);
 /// The first retry waits about this long (jittered up to twice as long), doubling each time.
 const FIRST_RETRY_DELAY: Duration = Duration::from_millis(100);
 
-/// A shape whose folded query the server rejected as malformed is sent unfolded for this long:
-/// long enough not to ask a server that cannot take it every cycle, short enough that a server
+/// A shape whose folded query failed (see `fetch_folded`) is sent unfolded for this long: long
+/// enough not to ask a server that cannot take it every cycle, short enough that a server
 /// upgraded or a limit raised is used again soon.
 pub const REFUSED_SHAPE_FOR: Duration = Duration::from_secs(600);
 
@@ -92,11 +99,17 @@ struct Inner {
     /// Bounds the queries in flight, each with its retries: during an outage that keeps us from
     /// piling more concurrent work on a struggling server.
     limiter: Semaphore,
+    /// The bytes of answers held at once (`body`): one large answer at a time.
+    bodies: BodyBudget,
     metrics: Arc<BackendMetrics>,
     /// Seeds each query's retry jitter differently, so that retries spread out.
     jitter: RandomState,
-    /// Shapes whose folded query the server rejected, and until when they are not folded.
+    /// Shapes whose folded query failed, and until when they are not folded.
     refused_shapes: Mutex<HashMap<String, Instant>>,
+    /// Whether queries of one shape are folded at all (`fold_queries`).
+    fold_queries: bool,
+    /// How large one folded query may grow.
+    fold_limits: FoldLimits,
 }
 
 /// How one query goes over HTTP.
@@ -129,9 +142,17 @@ impl PrometheusClient {
                 timeout: config.timeout,
                 max_age: config.max_age,
                 limiter: Semaphore::new(permits),
+                bodies: BodyBudget::new(MAX_BODY_BYTES),
                 metrics,
                 jitter: RandomState::new(),
                 refused_shapes: Mutex::new(HashMap::new()),
+                fold_queries: config.fold_queries,
+                fold_limits: FoldLimits {
+                    max_regex_bytes: usize::try_from(config.fold_max_regex_bytes).unwrap_or(usize::MAX),
+                    max_members: config
+                        .fold_max_members
+                        .map_or(usize::MAX, |members| usize::try_from(members).unwrap_or(usize::MAX)),
+                },
             }),
         })
     }
@@ -147,27 +168,50 @@ impl PrometheusClient {
         let fetches = self.inner.fold_plan(&texts);
         self.inner.metrics.observe_plan(&self.inner.name, &plan_counts(&fetches, texts.len(), &slots));
 
+        // Each text's reducers (queries of one text may reduce its series differently): an
+        // answer is judged for each as soon as it is read, and dropped, so no answer outlives
+        // its own task while the others are read.
+        let mut reducers: Vec<Vec<Option<Reducer>>> = vec![Vec::new(); texts.len()];
+        let mut judged_as = Vec::with_capacity(queries.len());
+        for (query, slot) in queries.iter().zip(&slots) {
+            let at = reducers.get_mut(*slot).map(|known| match known.iter().position(|r| *r == query.reducer) {
+                Some(at) => at,
+                None => {
+                    known.push(query.reducer);
+                    known.len() - 1
+                }
+            });
+            judged_as.push(at.unwrap_or(0));
+        }
+        let reducers = Arc::new(reducers);
+
         let mut tasks = JoinSet::new();
         for fetch in fetches {
-            let inner = Arc::clone(&self.inner);
+            let (inner, reducers) = (Arc::clone(&self.inner), Arc::clone(&reducers));
             match fetch {
                 Fetch::Alone(i) => {
                     let text = texts.get(i).map(|t| t.to_string()).unwrap_or_default();
-                    tasks.spawn(async move { vec![(i, inner.fetch(&text, now, deadline).await)] });
+                    tasks.spawn(async move {
+                        let answer = inner.fetch(&text, now, deadline).await;
+                        vec![(i, inner.judge(answer, reducers.get(i), now))]
+                    });
                 }
                 Fetch::Folded(folded) => {
                     let alone = folded.members.iter().map(|(_, i)| texts.get(*i).map(|t| t.to_string())).collect();
-                    tasks.spawn(fetch_folded(inner, folded, alone, now, deadline));
+                    tasks.spawn(async move {
+                        let answers = fetch_folded(Arc::clone(&inner), folded, alone, now, deadline).await;
+                        answers.into_iter().map(|(i, answer)| (i, inner.judge(answer, reducers.get(i), now))).collect()
+                    });
                 }
             }
         }
-        let mut answers: Vec<Option<Result<Answer, QueryError>>> = vec![None; texts.len()];
+        let mut judged: Vec<Option<Vec<Observation>>> = vec![None; texts.len()];
         while let Some(joined) = tasks.join_next().await {
             match joined {
                 Ok(results) => {
-                    for (i, answer) in results {
-                        if let Some(slot) = answers.get_mut(i) {
-                            *slot = Some(answer);
+                    for (i, observations) in results {
+                        if let Some(slot) = judged.get_mut(i) {
+                            *slot = Some(observations);
                         }
                     }
                 }
@@ -175,16 +219,12 @@ impl PrometheusClient {
             }
         }
 
-        queries
+        slots
             .iter()
-            .zip(slots)
-            .map(|(query, slot)| match answers.get(slot) {
-                // A folded member's answer holds only its own series, at most one (every shape
-                // that folds aggregates to one series without `by`), so a reducer sees what the
-                // member's own answer would have shown it.
-                Some(Some(Ok(answer))) => response::observe(answer, query.reducer, now, self.inner.max_age),
-                Some(Some(Err(error))) => Observation::unavailable(error.clone()),
-                _ => Observation::unavailable(QueryError::Protocol("the query task ended without an answer".into())),
+            .zip(judged_as)
+            .map(|(slot, at)| match judged.get(*slot).and_then(Option::as_ref).and_then(|judged| judged.get(at)) {
+                Some(observation) => observation.clone(),
+                None => Observation::unavailable(QueryError::Protocol("the query task ended without an answer".into())),
             })
             .collect()
     }
@@ -255,11 +295,17 @@ fn query_plan(fetches: &[Fetch], texts: &[&str], slots: &[usize]) -> QueryPlan {
     QueryPlan { requests }
 }
 
-/// A folded query, and what each of its members gets: the series labelled with its value. If
-/// the server rejects the folded query as malformed, each member is asked alone (its text in
-/// `alone`, in the order of `folded.members`) in this same cycle, and the shape is not folded
-/// for a while: one bad member, or a server that cannot take the grouped form, never blinds the
-/// others. Any other failure is every member's, as each would have met it alone.
+/// A folded query, and what each of its members gets: the series labelled with its value.
+///
+/// A folded query can fail where its members alone would not: the server cannot take its form
+/// (HTTP 400, `bad_data`), it selects N times the series and samples of one member and meets a
+/// per-query limit (a 422 `execution` error from Mimir, Thanos or Cortex), or it runs N times as
+/// long (a 5xx, a timeout). Then each member is asked alone (its text in `alone`, in the order
+/// of `folded.members`) in this same cycle, and the shape is not folded for
+/// [`REFUSED_SHAPE_FOR`]: a member whose own query fails then fails alone, and its siblings keep
+/// their values. That is why the folded query gets one attempt and at most half the time left
+/// (`Asking::Folded`): the other half is its members'. What each member would meet alone too
+/// (credentials, a refused connection, a rate limit, a cycle already over) is every member's.
 async fn fetch_folded(
     inner: Arc<Inner>,
     folded: FoldedQuery,
@@ -271,7 +317,7 @@ async fn fetch_folded(
     // Logs name it by one member: the folded text can be 16 KiB long.
     let first = alone.iter().flatten().next().map_or("", String::as_str);
     let name = format!("{first} and {} more folded by {}", folded.members.len().saturating_sub(1), folded.label);
-    let failure = match inner.fetch_prepared(&name, &prepared, now, deadline).await {
+    let failure = match inner.fetch_prepared(&name, &prepared, now, deadline, Asking::Folded).await {
         Ok(answer) => {
             let parts = answer.split(folded.members.iter().map(|(value, _)| value.as_str()));
             return folded
@@ -289,7 +335,8 @@ async fn fetch_folded(
         }
         Err(failure) => failure,
     };
-    if !failure.malformed {
+    let time_left = deadline.saturating_duration_since(Instant::now()) >= MIN_ATTEMPT;
+    if !failure.may_be_the_folds() || !time_left {
         return folded.members.iter().map(|(_, i)| (*i, Err(failure.error.clone()))).collect();
     }
     inner.refuse_shape(&folded.shape);
@@ -297,8 +344,8 @@ async fn fetch_folded(
         backend = %inner.name,
         query = %name,
         error = %failure.error,
-        "the server rejected a folded query: its members are asked one by one, and queries of its shape are not \
-         folded for the next {} minutes",
+        "a folded query failed: its members are asked one by one, and queries of its shape are not folded for \
+         the next {} minutes",
         REFUSED_SHAPE_FOR.as_secs() / 60
     );
     let mut tasks = JoinSet::new();
@@ -315,6 +362,16 @@ async fn fetch_folded(
         }
     }
     out
+}
+
+/// How one request is asked within its cycle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Asking {
+    /// A query as written: retried on what another attempt may fix, until the deadline.
+    Alone,
+    /// A folded query: given at most half the time left, and not retried on a failure its
+    /// members alone may not meet (`Failure::may_be_the_folds`): they are asked instead.
+    Folded,
 }
 
 impl PrometheusClient {
@@ -357,10 +414,26 @@ impl PrometheusClient {
 }
 
 impl Inner {
+    /// What each of `reducers` sees in `answer` (see `evaluate`): a folded member's answer
+    /// holds only its own series, at most one (every shape that folds aggregates to one series
+    /// without `by`), so a reducer sees what the member's own answer would have shown it.
+    fn judge(
+        &self,
+        answer: Result<Answer, QueryError>,
+        reducers: Option<&Vec<Option<Reducer>>>,
+        now: Timestamp,
+    ) -> Vec<Observation> {
+        let reducers = reducers.map_or(&[][..], Vec::as_slice);
+        match answer {
+            Ok(answer) => reducers.iter().map(|r| response::observe(&answer, *r, now, self.max_age)).collect(),
+            Err(error) => reducers.iter().map(|_| Observation::unavailable(error.clone())).collect(),
+        }
+    }
+
     /// One query as written, with retries, by the cycle's deadline.
     async fn fetch(&self, query: &str, now: Timestamp, deadline: Instant) -> Result<Answer, QueryError> {
         let prepared = self.prepare(query, now);
-        self.fetch_prepared(query, &prepared, now, deadline).await.map_err(|failure| failure.error)
+        self.fetch_prepared(query, &prepared, now, deadline, Asking::Alone).await.map_err(|failure| failure.error)
     }
 
     /// One prepared request (`query`: what logs name it by), with retries, by the deadline.
@@ -370,6 +443,7 @@ impl Inner {
         prepared: &Prepared,
         now: Timestamp,
         deadline: Instant,
+        asking: Asking,
     ) -> Result<Answer, Failure> {
         let started = Instant::now();
         let timed_out = || {
@@ -390,6 +464,10 @@ impl Inner {
             }
             Err(_) => return Err(timed_out()),
         };
+        let deadline = match asking {
+            Asking::Alone => deadline,
+            Asking::Folded => Instant::now() + deadline.saturating_duration_since(Instant::now()) / 2,
+        };
         if deadline.saturating_duration_since(Instant::now()) < MIN_ATTEMPT {
             return Err(timed_out());
         }
@@ -404,7 +482,7 @@ impl Inner {
 
         let result = (|| self.attempt(prepared, deadline))
             .retry(backoff)
-            .when(|failure: &Failure| failure.retry)
+            .when(|failure: &Failure| failure.retry && !(asking == Asking::Folded && failure.may_be_the_folds()))
             .adjust(|_, delay| delay.filter(|d| Instant::now() + *d + MIN_ATTEMPT <= deadline))
             .notify(|failure, delay| {
                 tracing::debug!(backend = %self.name, query, error = %failure.error, ?delay, "retrying");
@@ -438,12 +516,16 @@ impl Inner {
         Prepared { get_url, range: false, form, fold_label: fold_label.map(str::to_string) }
     }
 
-    /// The fetches for `texts` (distinct query texts), without the shapes refused lately.
+    /// The fetches for `texts` (distinct query texts), without the shapes refused lately; each
+    /// alone when folding is off.
     fn fold_plan(&self, texts: &[&str]) -> Vec<Fetch> {
+        if !self.fold_queries {
+            return (0..texts.len()).map(Fetch::Alone).collect();
+        }
         let now = Instant::now();
         let mut refused = self.refused_shapes.lock().unwrap_or_else(PoisonError::into_inner);
         refused.retain(|_, until| *until > now);
-        fold::plan(texts, |shape| refused.contains_key(shape))
+        fold::plan(texts, |shape| refused.contains_key(shape), self.fold_limits)
     }
 
     /// Remembers that the server rejected the folded query of `shape`.
@@ -522,11 +604,14 @@ impl Inner {
             }
         };
         let request = self.connection.auth.apply(request.timeout(timeout)).await;
+        let until = body::until(timeout);
         let mut response = request.send().await.map_err(|e| self.transport(e, timeout))?;
         let status = response.status().as_u16();
-        let mut body = Vec::new();
-        while let Some(chunk) = response.chunk().await.map_err(|e| self.transport(e, timeout))? {
-            if body.len() + chunk.len() > MAX_BODY_BYTES {
+        let body = match self.bodies.read(&mut response, until).await {
+            Ok(body) => body,
+            Err(BodyError::Transport(error)) => return Err(self.transport(error, timeout)),
+            Err(BodyError::TimedOut) => return Err(timed_out(timeout)),
+            Err(BodyError::TooLarge) => {
                 return Err(Failure::new(
                     QueryError::Protocol(format!(
                         "the answer is larger than {} MiB: the query selects far more series than one value needs",
@@ -534,18 +619,17 @@ impl Inner {
                     )),
                     "protocol",
                     false,
-                ));
+                ))
             }
-            body.extend_from_slice(&chunk);
-        }
-        response::classify(status, &body, &self.connection.display_endpoint, prepared.fold_label.as_deref())
+        };
+        // Parsed while the body holds its share of the budget.
+        response::classify(status, &body.bytes, &self.connection.display_endpoint, prepared.fold_label.as_deref())
     }
 
     /// A request that got no complete answer: timed out, refused, reset, or a TLS failure.
     fn transport(&self, error: reqwest::Error, timeout: Duration) -> Failure {
         if error.is_timeout() {
-            let seconds = timeout.as_secs_f64().ceil().max(1.0) as u64;
-            return Failure::new(QueryError::Timeout(seconds), "timeout", true);
+            return timed_out(timeout);
         }
         // Without the URL: it holds the whole query, and the endpoint says enough.
         let refused_redirect = crate::adapters::backend::trust::is_refused_redirect(&error);
@@ -567,6 +651,12 @@ impl Inner {
             tracing::warn!(backend = %self.name, query, warning = %warning, "Prometheus attached a warning to its answer");
         }
     }
+}
+
+/// An attempt given `timeout` that got no answer in time.
+fn timed_out(timeout: Duration) -> Failure {
+    let seconds = timeout.as_secs_f64().ceil().max(1.0) as u64;
+    Failure::new(QueryError::Timeout(seconds), "timeout", true)
 }
 
 /// Whether `query` goes with the time of its data asked for, so that a `max_age` can find it
@@ -602,6 +692,9 @@ mod tests {
             basic_auth: None,
             bearer_token: None,
             tls: TlsSettings::default(),
+            fold_queries: true,
+            fold_max_regex_bytes: 4096,
+            fold_max_members: None,
         };
         match PrometheusClient::new("prom", &config, Arc::new(BackendMetrics::detached())) {
             Ok(client) => client,

@@ -108,6 +108,9 @@ fn a_valid_file_yields_backends_targets_and_rules() {
             basic_auth: None,
             bearer_token: None,
             tls: TlsSettings::default(),
+            fold_queries: true,
+            fold_max_regex_bytes: 4096,
+            fold_max_members: None,
         })
     );
     let billing = rules.autoscaler("billing").unwrap();

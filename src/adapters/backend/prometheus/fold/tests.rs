@@ -4,7 +4,7 @@ use super::*;
 use crate::adapters::backend::prometheus::response::{classify, QueryResult, Sample};
 
 fn plan_all(texts: &[&str]) -> Vec<Fetch> {
-    plan(texts, |_| false)
+    plan(texts, |_| false, FoldLimits::UNBOUNDED)
 }
 
 /// Members `{v}` of `template` for each value, quoted as PromQL strings.
@@ -319,12 +319,67 @@ fn long_member_lists_split_under_the_size_limit_each_member_once() {
 }
 
 #[test]
+fn a_fold_stays_within_its_regex_and_member_bounds() {
+    // 300 deployments of 24-byte names: 7.5 KB of regex, over Mimir's 4,096 bytes for sharding.
+    let values: Vec<String> = (0..300).map(|d| format!("checkout-service-web-{d:03}")).collect();
+    let refs: Vec<&str> = values.iter().map(String::as_str).collect();
+    let texts = members("sum(rate(x{namespace=\"prod\",deployment={v}}[1m]))", &refs);
+    let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let limits = FoldLimits { max_regex_bytes: 4_096, max_members: usize::MAX };
+    let planned = plan(&texts, |_| false, limits);
+    let folds: Vec<&FoldedQuery> = planned
+        .iter()
+        .map(|fetch| match fetch {
+            Fetch::Folded(folded) => folded,
+            Fetch::Alone(i) => panic!("{i} alone"),
+        })
+        .collect();
+    assert_eq!(folds.len(), 2, "7.5 KB of regex in two");
+    for (n, folded) in folds.iter().enumerate() {
+        let regex = regex_of(folded);
+        assert!(regex.len() <= 4_096, "{}", regex.len());
+        // Full but for the last: one more member would have passed the bound.
+        if n + 1 < folds.len() {
+            assert!(regex.len() + 1 + 24 > 4_096, "only {} bytes", regex.len());
+        }
+    }
+    let mut seen: Vec<usize> = folds.iter().flat_map(|f| f.members.iter().map(|(_, i)| *i)).collect();
+    seen.sort_unstable();
+    assert_eq!(seen, (0..300).collect::<Vec<_>>());
+    // The bound is on the regex as the server reads it: escapes count, the string's quoting not.
+    let dotted = members("sum(x{d={v}})", &["a.b", "c.d", "e\\f"]);
+    let dotted: Vec<&str> = dotted.iter().map(String::as_str).collect();
+    let exact = FoldLimits { max_regex_bytes: "a\\.b|c\\.d|e\\\\f".len(), max_members: usize::MAX };
+    assert!(matches!(plan(&dotted, |_| false, exact).as_slice(), [Fetch::Folded(_)]));
+    let short = FoldLimits { max_regex_bytes: exact.max_regex_bytes - 1, ..exact };
+    assert!(matches!(plan(&dotted, |_| false, short).as_slice(), [Fetch::Folded(_), Fetch::Alone(2)]));
+    // A value longer than the bound on its own goes alone.
+    let long = "v".repeat(5_000);
+    let texts = members("sum(x{d={v}})", &[&long, "a", "b"]);
+    let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
+    assert!(matches!(plan(&texts, |_| false, limits).as_slice(), [Fetch::Alone(0), Fetch::Folded(_)]));
+
+    // By count: 300 members at most 128 a query.
+    let texts = members("sum(rate(x{namespace=\"prod\",deployment={v}}[1m]))", &refs);
+    let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let counted = FoldLimits { max_regex_bytes: usize::MAX, max_members: 128 };
+    let sizes: Vec<usize> = plan(&texts, |_| false, counted)
+        .iter()
+        .map(|fetch| match fetch {
+            Fetch::Folded(folded) => folded.members.len(),
+            Fetch::Alone(_) => 1,
+        })
+        .collect();
+    assert_eq!(sizes, [128, 128, 44]);
+}
+
+#[test]
 fn refused_shapes_go_alone_and_other_shapes_still_fold() {
     let texts = ["sum(x{d=\"a\"})", "sum(x{d=\"b\"})", "sum(y{d=\"a\"})", "sum(y{d=\"b\"})"];
     let plan = plan_all(&texts);
     let [Fetch::Folded(x), Fetch::Folded(_)] = plan.as_slice() else { panic!("{plan:?}") };
     let refused = x.shape.clone();
-    let partly = super::plan(&texts, |shape| shape == refused);
+    let partly = super::plan(&texts, |shape| shape == refused, FoldLimits::UNBOUNDED);
     assert!(matches!(partly.as_slice(), [Fetch::Alone(0), Fetch::Alone(1), Fetch::Folded(_)]), "{partly:?}");
 }
 

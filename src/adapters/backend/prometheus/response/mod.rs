@@ -6,8 +6,11 @@
 mod observation;
 
 use std::collections::HashMap;
+use std::fmt;
 
+use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
+use serde_json::value::RawValue;
 
 use super::sample_time;
 use crate::adapters::backend::QueryError;
@@ -66,23 +69,28 @@ pub(super) struct Failure {
     pub outcome: &'static str,
     /// Worth another attempt within this cycle (5xx, timeouts, connection problems).
     pub retry: bool,
-    /// The server could not take the query as written (HTTP 400, `bad_data`), as opposed to
-    /// failing while running it (422, `execution`): a folded query's members are then asked
-    /// alone.
-    pub malformed: bool,
 }
 
 impl Failure {
     pub fn new(error: QueryError, outcome: &'static str, retry: bool) -> Self {
-        Failure { error, outcome, retry, malformed: false }
+        Failure { error, outcome, retry }
+    }
+
+    /// Whether the members of a folded query that failed so might not fail alone: what depends
+    /// on the query's form or weight (malformed, a series or sample limit met while running it,
+    /// a server error or a timeout on a query N times heavier, an answer too large or not
+    /// understood), as opposed to what any request meets (credentials, the URL, a refused
+    /// connection, a rate limit).
+    pub fn may_be_the_folds(&self) -> bool {
+        match self.error {
+            QueryError::BadQuery(_) | QueryError::Timeout(_) | QueryError::Protocol(_) => true,
+            QueryError::Server(_) => self.outcome != "rate_limited",
+            _ => false,
+        }
     }
 
     fn bad_query(message: String) -> Self {
         Failure::new(QueryError::BadQuery(message), "bad_query", false)
-    }
-
-    fn malformed(message: String) -> Self {
-        Failure { malformed: true, ..Failure::bad_query(message) }
     }
 
     fn server(message: String) -> Self {
@@ -97,9 +105,10 @@ impl Failure {
 /// The body as Prometheus (and Thanos, Mimir, VictoriaMetrics) shape it. Every field is
 /// optional: error answers carry only some of them, and proxies may send none.
 #[derive(Deserialize)]
-struct Body {
+struct Body<'a> {
     status: Option<String>,
-    data: Option<Data>,
+    #[serde(borrow)]
+    data: Option<Data<'a>>,
     #[serde(rename = "errorType")]
     error_type: Option<String>,
     error: Option<String>,
@@ -111,25 +120,20 @@ struct Body {
 }
 
 #[derive(Deserialize)]
-struct Data {
+struct Data<'a> {
     #[serde(rename = "resultType")]
     result_type: String,
-    result: serde_json::Value,
+    /// Kept as written, in the body, until `result_type` says how to read it (it may come
+    /// first): never as a JSON tree, which costs several times the body.
+    #[serde(borrow)]
+    result: &'a RawValue,
 }
 
 #[derive(Deserialize)]
 struct MatrixEntry {
     metric: Option<Labels>,
     values: Option<Vec<(f64, String)>>,
-    histograms: Option<serde_json::Value>,
-}
-
-#[derive(Deserialize)]
-struct VectorEntry {
-    /// Every label: a folded query's answer is mapped back by one of them.
-    metric: Option<serde_json::Map<String, serde_json::Value>>,
-    value: Option<(f64, String)>,
-    histogram: Option<serde_json::Value>,
+    histograms: Option<IgnoredAny>,
 }
 
 /// The one label of a series this client reads.
@@ -137,6 +141,229 @@ struct VectorEntry {
 struct Labels {
     #[serde(rename = "watermarkd_sample")]
     sample: Option<String>,
+}
+
+/// A vector's samples, read one at a time into what an `Answer` keeps: the sample, whether it
+/// is a data time (`sample_time`), and for a folded query its value of the fold label.
+struct VectorSeed<'l> {
+    fold_label: Option<&'l str>,
+}
+
+/// What a vector holds, as an `Answer` keeps it.
+#[derive(Default)]
+struct VectorRead {
+    samples: Vec<Sample>,
+    sample_times: Vec<Sample>,
+    fold_values: FoldValues,
+    /// A sample had neither a value nor a histogram.
+    without_value: bool,
+}
+
+impl<'de> DeserializeSeed<'de> for VectorSeed<'_> {
+    type Value = VectorRead;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<VectorRead, D::Error> {
+        deserializer.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for VectorSeed<'_> {
+    type Value = VectorRead;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a list of samples")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<VectorRead, A::Error> {
+        let mut read = VectorRead::default();
+        while let Some(entry) = seq.next_element_seed(EntrySeed { fold_label: self.fold_label })? {
+            let sample = match (entry.value, entry.histogram) {
+                (Some((at_seconds, value)), _) => Sample::Float { at_seconds, value },
+                (None, Some(_)) => Sample::Histogram,
+                (None, None) => {
+                    read.without_value = true;
+                    continue;
+                }
+            };
+            let is_time = entry.labels.sample.as_deref() == Some(sample_time::TIME);
+            if self.fold_label.is_some() {
+                let values = &mut read.fold_values;
+                if is_time { &mut values.times } else { &mut values.samples }.push(entry.labels.fold);
+            }
+            if is_time { &mut read.sample_times } else { &mut read.samples }.push(sample);
+        }
+        Ok(read)
+    }
+}
+
+/// One sample of a vector: `{"metric": {...}, "value": [t, "v"]}` or `"histogram"`.
+struct EntrySeed<'l> {
+    fold_label: Option<&'l str>,
+}
+
+struct Entry {
+    labels: PickedLabels,
+    value: Option<(f64, String)>,
+    histogram: Option<IgnoredAny>,
+}
+
+impl<'de> DeserializeSeed<'de> for EntrySeed<'_> {
+    type Value = Entry;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Entry, D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for EntrySeed<'_> {
+    type Value = Entry;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a sample")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Entry, A::Error> {
+        let mut entry = Entry { labels: PickedLabels::default(), value: None, histogram: None };
+        // A key written twice counts as the last one.
+        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            match key.as_ref() {
+                "metric" => {
+                    entry.labels = map.next_value_seed(LabelsSeed { fold_label: self.fold_label })?.unwrap_or_default();
+                }
+                "value" => entry.value = map.next_value()?,
+                "histogram" => entry.histogram = map.next_value()?,
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(entry)
+    }
+}
+
+/// Of a series' labels, the two this client reads (when they are strings): `watermarkd_sample`
+/// and a folded query's label.
+#[derive(Default)]
+struct PickedLabels {
+    sample: Option<String>,
+    fold: Option<String>,
+}
+
+struct LabelsSeed<'l> {
+    fold_label: Option<&'l str>,
+}
+
+impl<'de> DeserializeSeed<'de> for LabelsSeed<'_> {
+    type Value = Option<PickedLabels>;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_option(self)
+    }
+}
+
+impl<'de> Visitor<'de> for LabelsSeed<'_> {
+    type Value = Option<PickedLabels>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a series' labels")
+    }
+
+    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_map(self)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut labels = PickedLabels::default();
+        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            let slot = if key == sample_time::LABEL {
+                &mut labels.sample
+            } else if Some(key.as_ref()) == self.fold_label {
+                &mut labels.fold
+            } else {
+                map.next_value::<IgnoredAny>()?;
+                continue;
+            };
+            *slot = map.next_value::<LabelValue>()?.0;
+        }
+        Ok(Some(labels))
+    }
+}
+
+/// A label's value when it is a string; anything else reads as none.
+struct LabelValue(Option<String>);
+
+impl<'de> Deserialize<'de> for LabelValue {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(LabelValueVisitor)
+    }
+}
+
+struct LabelValueVisitor;
+
+impl<'de> Visitor<'de> for LabelValueVisitor {
+    type Value = LabelValue;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a label value")
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<LabelValue, E> {
+        Ok(LabelValue(Some(v.to_string())))
+    }
+
+    fn visit_string<E: de::Error>(self, v: String) -> Result<LabelValue, E> {
+        Ok(LabelValue(Some(v)))
+    }
+
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<LabelValue, E> {
+        Ok(LabelValue(None))
+    }
+
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<LabelValue, E> {
+        Ok(LabelValue(None))
+    }
+
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<LabelValue, E> {
+        Ok(LabelValue(None))
+    }
+
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<LabelValue, E> {
+        Ok(LabelValue(None))
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<LabelValue, E> {
+        Ok(LabelValue(None))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<LabelValue, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(LabelValue(None))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<LabelValue, A::Error> {
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(LabelValue(None))
+    }
+}
+
+/// `result` read as `T` (`what` names it in the error).
+fn read_result<'a, T>(
+    result: &'a RawValue,
+    what: &str,
+    read: impl FnOnce(&mut serde_json::Deserializer<serde_json::de::StrRead<'a>>) -> Result<T, serde_json::Error>,
+) -> Result<T, Failure> {
+    let mut deserializer = serde_json::Deserializer::from_str(result.get());
+    read(&mut deserializer)
+        .and_then(|value| deserializer.end().map(|()| value))
+        .map_err(|e| Failure::protocol(format!("malformed {what} result: {e}")))
 }
 
 const HISTOGRAM: &str = "the query returns native histogram samples, not numbers: wrap it in a function that \
@@ -147,7 +374,7 @@ const HISTOGRAM: &str = "the query returns native histogram samples, not numbers
 /// query, each series' value of its `fold_label` is kept, to map it back to its member
 /// (`Answer::split`).
 pub(super) fn classify(status: u16, body: &[u8], endpoint: &str, fold_label: Option<&str>) -> Result<Answer, Failure> {
-    let parsed: Option<Body> = serde_json::from_slice(body).ok();
+    let parsed: Option<Body<'_>> = serde_json::from_slice(body).ok();
     match status {
         200..=299 => match parsed {
             Some(b) if b.status.as_deref() == Some("success") => success(b, fold_label),
@@ -200,7 +427,7 @@ pub(super) fn classify(status: u16, body: &[u8], endpoint: &str, fold_label: Opt
 /// store answering 200 whatever happened), unless it says `bad_data`: then it is the query.
 /// What would be retried with an error status is retried here too; the rest is not, as
 /// nothing says another attempt would fare better.
-fn error_in_success(status: u16, body: Body) -> Failure {
+fn error_in_success(status: u16, body: Body<'_>) -> Failure {
     if body.error_type.as_deref() == Some("bad_data") {
         return api_error(status, body);
     }
@@ -221,19 +448,19 @@ fn error_in_success(status: u16, body: Body) -> Failure {
 }
 
 /// An error answer that says what went wrong in `errorType` and `error`.
-fn api_error(status: u16, body: Body) -> Failure {
+fn api_error(status: u16, body: Body<'_>) -> Failure {
     let error_type = body.error_type.unwrap_or_default();
     let message = body.error.filter(|e| !e.trim().is_empty()).unwrap_or_else(|| format!("HTTP {status}"));
     match error_type.as_str() {
         // `execution` errors (many-to-many matching, duplicate label sets, too many samples) come
         // from the query meeting the data: no retry makes them go away, the query must change.
-        "bad_data" => Failure::malformed(message),
+        "bad_data" => Failure::bad_query(message),
         "execution" => Failure::bad_query(message),
         "timeout" => Failure::new(QueryError::Server(format!("timeout: {message}")), "timeout", true),
         "canceled" | "internal" | "unavailable" => Failure::server(format!("{error_type}: {message}")),
         "not_found" => Failure::new(QueryError::Configuration(message), "protocol", false),
         _ => match status {
-            400 => Failure::malformed(message),
+            400 => Failure::bad_query(message),
             422 => Failure::bad_query(message),
             500..=599 => Failure::server(message),
             _ => Failure::protocol(format!("HTTP {status}, error type {error_type:?}: {message}")),
@@ -244,14 +471,14 @@ fn api_error(status: u16, body: Body) -> Failure {
 /// An error answer without Prometheus' JSON: judged by its status code alone.
 fn by_status(status: u16, body: &[u8]) -> Failure {
     match status {
-        400 => Failure::malformed(format!("HTTP {status}{}", said(body))),
+        400 => Failure::bad_query(format!("HTTP {status}{}", said(body))),
         422 => Failure::bad_query(format!("HTTP {status}{}", said(body))),
         500..=599 => Failure::server(format!("HTTP {status}{}", said(body))),
         _ => Failure::protocol(format!("HTTP {status}{}", said(body))),
     }
 }
 
-fn success(body: Body, fold_label: Option<&str>) -> Result<Answer, Failure> {
+fn success(body: Body<'_>, fold_label: Option<&str>) -> Result<Answer, Failure> {
     let warnings = body.warnings.unwrap_or_default();
     let infos = body.infos.unwrap_or_default();
     let partial = partial_reason(&warnings, &infos, body.is_partial.unwrap_or(false));
@@ -261,33 +488,23 @@ fn success(body: Body, fold_label: Option<&str>) -> Result<Answer, Failure> {
     let mut fold_values = FoldValues::default();
     let result = match data.result_type.as_str() {
         "vector" => {
-            let entries: Vec<VectorEntry> = serde_json::from_value(data.result)
-                .map_err(|e| Failure::protocol(format!("malformed vector result: {e}")))?;
-            let mut samples = Vec::with_capacity(entries.len());
-            for entry in entries {
-                let sample = match (entry.value, entry.histogram) {
-                    (Some((at_seconds, value)), _) => Sample::Float { at_seconds, value },
-                    (None, Some(_)) => Sample::Histogram,
-                    (None, None) => return Err(Failure::protocol("a vector sample without a value".into())),
-                };
-                let label = |name: &str| entry.metric.as_ref().and_then(|m| m.get(name)).and_then(|v| v.as_str());
-                let is_time = label(sample_time::LABEL) == Some(sample_time::TIME);
-                if let Some(fold_label) = fold_label {
-                    let value = label(fold_label).map(str::to_string);
-                    if is_time { &mut fold_values.times } else { &mut fold_values.samples }.push(value);
-                }
-                if is_time { &mut sample_times } else { &mut samples }.push(sample);
+            let read = read_result(data.result, "vector", |d| VectorSeed { fold_label }.deserialize(d))?;
+            if read.without_value {
+                return Err(Failure::protocol("a vector sample without a value".into()));
             }
-            QueryResult::Vector(samples)
+            sample_times = read.sample_times;
+            if fold_label.is_some() {
+                fold_values = read.fold_values;
+            }
+            QueryResult::Vector(read.samples)
         }
         "scalar" => {
-            let (at_seconds, value): (f64, String) = serde_json::from_value(data.result)
-                .map_err(|e| Failure::protocol(format!("malformed scalar result: {e}")))?;
+            let (at_seconds, value): (f64, String) =
+                read_result(data.result, "scalar", |d| Deserialize::deserialize(d))?;
             QueryResult::Scalar(Sample::Float { at_seconds, value })
         }
         "matrix" => {
-            let entries: Vec<MatrixEntry> = serde_json::from_value(data.result)
-                .map_err(|e| Failure::protocol(format!("malformed matrix result: {e}")))?;
+            let entries: Vec<MatrixEntry> = read_result(data.result, "matrix", |d| Deserialize::deserialize(d))?;
             let mut series = Vec::with_capacity(entries.len());
             for entry in entries {
                 let mut samples: Vec<Sample> = entry
@@ -309,7 +526,7 @@ fn success(body: Body, fold_label: Option<&str>) -> Result<Answer, Failure> {
             }
             QueryResult::Matrix(series)
         }
-        "string" => QueryResult::Unusable(data.result_type),
+        "string" => QueryResult::Unusable(data.result_type.clone()),
         other => return Err(Failure::protocol(format!("unknown result type {other:?}"))),
     };
     Ok(Answer { result, warnings, partial, sample_times, fold_values })
@@ -656,14 +873,29 @@ mod tests {
     }
 
     #[test]
-    fn only_a_query_the_server_cannot_take_is_malformed() {
-        assert!(fail(400, r#"{"status":"error","errorType":"bad_data","error":"parse error"}"#).malformed);
-        assert!(fail(400, "bad request").malformed);
-        assert!(fail(200, r#"{"status":"error","errorType":"bad_data","error":"nope"}"#).malformed);
-        assert!(!fail(422, r#"{"status":"error","errorType":"execution","error":"too many samples"}"#).malformed);
-        assert!(!fail(422, "query too long").malformed);
-        assert!(!fail(503, "down").malformed);
-        assert!(!fail(429, "slow down").malformed);
+    fn what_a_folded_query_meets_for_its_weight_or_form_is_the_folds() {
+        for (status, body) in [
+            (400, r#"{"status":"error","errorType":"bad_data","error":"parse error"}"#),
+            (400, "bad request"),
+            (200, r#"{"status":"error","errorType":"bad_data","error":"nope"}"#),
+            (
+                422,
+                r#"{"status":"error","errorType":"execution","error":"the query exceeded the maximum number of series (limit: 1000) (err-mimir-max-series-per-query)"}"#,
+            ),
+            (422, "query too long"),
+            (503, "down"),
+            (503, r#"{"status":"error","errorType":"timeout","error":"query timed out"}"#),
+            (200, r#"{"status":"error","errorType":"execution","error":"out of memory"}"#),
+            (413, "payload too large"),
+            (200, "<html>proxy error</html>"),
+        ] {
+            assert!(fail(status, body).may_be_the_folds(), "{status} {body}");
+        }
+        for (status, body) in [(401, "no"), (403, "no"), (404, "not found"), (429, "slow down")] {
+            assert!(!fail(status, body).may_be_the_folds(), "{status} {body}");
+        }
+        assert!(Failure::new(QueryError::Timeout(10), "timeout", true).may_be_the_folds());
+        assert!(!Failure::new(QueryError::Transport("refused".into()), "transport", true).may_be_the_folds());
     }
 
     #[test]
@@ -672,8 +904,7 @@ mod tests {
             400,
             r#"{"status":"error","errorType":"bad_data","error":"1:5: parse error: unexpected end of input"}"#,
         );
-        assert_eq!(f, Failure::malformed("1:5: parse error: unexpected end of input".into()));
-        assert!(f.malformed);
+        assert_eq!(f, Failure::bad_query("1:5: parse error: unexpected end of input".into()));
         let f = fail(
             422,
             r#"{"status":"error","errorType":"execution","error":"found duplicate series for the match group; many-to-many matching not allowed"}"#,
