@@ -75,6 +75,20 @@ fn a_missing_credential_fails_the_start_and_check_warns_of_it() {
     assert_eq!(err.matches("is not set").count(), 1, "said once: {err}");
 }
 
+/// `watermarkd run` on `rules` without a Lease, its state kept in `state_namespace`.
+fn run_args<'a>(rules: &'a std::path::Path, kubeconfig: &'a std::path::Path, state_namespace: &'a str) -> Vec<&'a str> {
+    let path = |p: &'a std::path::Path| p.to_str().unwrap();
+    vec![
+        "--rules",
+        path(rules),
+        "--kubeconfig",
+        path(kubeconfig),
+        "--lease-namespace",
+        state_namespace,
+        "--no-leader-election",
+    ]
+}
+
 async fn autoscalers(daemon: &DaemonProcess) -> Result<Value, String> {
     let (status, body) = daemon.get("/api/v1/autoscalers").await?;
     if status != 200 {
@@ -94,16 +108,7 @@ async fn a_refused_rules_file_put_back_is_seen_as_put_back() {
     write(&file, &good);
     let kubeconfig = dir.path().join("kubeconfig");
     cluster.write_kubeconfig(&kubeconfig, ADMIN_TOKEN);
-    let args = [
-        "--rules",
-        file.to_str().unwrap(),
-        "--kubeconfig",
-        kubeconfig.to_str().unwrap(),
-        "--lease-namespace",
-        &ns,
-        "--no-leader-election",
-    ];
-    let mut daemon = DaemonProcess::start(&args, &[("WATERMARKD__RELOAD_POLL", "200ms")]);
+    let mut daemon = DaemonProcess::start(&run_args(&file, &kubeconfig, &ns), &[("WATERMARKD__RELOAD_POLL", "200ms")]);
     daemon.wait_ready(STARTUP).await;
     eventually!(STARTUP, "the rules as loaded", autoscalers(&daemon).await);
 
@@ -166,16 +171,7 @@ async fn a_missing_state_namespace_is_said_once_and_by_readyz() {
     let kubeconfig = dir.path().join("kubeconfig");
     cluster.write_kubeconfig(&kubeconfig, ADMIN_TOKEN);
     let missing = format!("{ns}-state");
-    let args = [
-        "--rules",
-        file.to_str().unwrap(),
-        "--kubeconfig",
-        kubeconfig.to_str().unwrap(),
-        "--lease-namespace",
-        &missing,
-        "--no-leader-election",
-    ];
-    let daemon = DaemonProcess::start(&args, &[]);
+    let daemon = DaemonProcess::start(&run_args(&file, &kubeconfig, &missing), &[]);
     let said = eventually!(
         STARTUP,
         "/readyz naming the missing namespace",

@@ -224,21 +224,20 @@ impl StateConfigMaps {
             namespace: self.namespace.as_str().into(),
             name: "watermarkd-probe".into(),
         };
-        let object = object_for(&target, &self.namespace, "{}");
-        let name = object_name(&target);
-        let params = PatchParams::apply(FIELD_MANAGER).force().dry_run();
-        let _permit = self.permits.acquire().await;
-        self.api.patch(&name, &params, &Patch::Apply(&object)).await.map_err(|err| self.error(&name, "patch", err))?;
-        self.succeeded();
-        Ok(())
+        self.apply(&target, "{}", PatchParams::apply(FIELD_MANAGER).force().dry_run()).await
     }
 
     /// Writes `state` as the target's ConfigMap, creating it when missing (a forced
     /// server-side apply: the object is watermarkd's alone).
     pub async fn write(&self, target: &TargetRef, state: &str) -> Result<(), StateObjectError> {
+        self.apply(target, state, PatchParams::apply(FIELD_MANAGER).force()).await
+    }
+
+    /// Applies the target's ConfigMap holding `state` with `params` (a dry run or not); a
+    /// success says the namespace exists.
+    async fn apply(&self, target: &TargetRef, state: &str, params: PatchParams) -> Result<(), StateObjectError> {
         let object = object_for(target, &self.namespace, state);
         let name = object_name(target);
-        let params = PatchParams::apply(FIELD_MANAGER).force();
         let _permit = self.permits.acquire().await;
         self.api.patch(&name, &params, &Patch::Apply(&object)).await.map_err(|err| self.error(&name, "patch", err))?;
         self.succeeded();
