@@ -44,7 +44,10 @@ fn the_documented_examples_decide_as_described() {
     assert_eq!(out[0]["metrics"][0]["position"], "above");
     assert_eq!(out[0]["metrics"][0]["age_seconds"], 30.0);
     assert_eq!(out[0]["new_state"]["last_scale_time"], "2024-05-01T12:00:00Z");
-    assert_eq!(out[0]["reason"], "latency above high watermark: 0.52 > 0.4 (+1%); proposing 13: scaling 10 -> 13");
+    assert_eq!(
+        out[0]["reason"],
+        "latency above high watermark: 0.52 > 0.4 (tolerance 1%); proposing 13: scaling 10 -> 13"
+    );
     // 2: 14 proposed, capped by the 30% up limit to 13.
     assert_eq!(out[1]["proposal"], 14);
     assert_eq!(out[1]["replicas"], 13);

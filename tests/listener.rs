@@ -18,11 +18,15 @@
     reason = "test code: clippy.toml lets #[test] functions unwrap, index and print, and the helpers beside them do the same"
 )]
 
+#[path = "support/raw_http.rs"]
+mod raw_http;
+
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use raw_http::{ask, connect_from};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -165,19 +169,6 @@ async fn connections_beyond_the_cap_are_closed_and_healthz_answers_once_they_are
     }
     let answer = healthz(listener.address).await;
     assert!(answer.starts_with("HTTP/1.1 200") && answer.ends_with("ok\n"), "{answer}");
-}
-
-/// Connects to `address` from the loopback address `from` (127.0.0.0/8 is all this machine's).
-async fn connect_from(from: &str, address: SocketAddr) -> TcpStream {
-    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
-    socket.bind(format!("{from}:0").parse().unwrap()).expect("bind the client's address");
-    socket.connect(address).await.expect("connect")
-}
-
-async fn ask(mut stream: TcpStream, path: &str) -> String {
-    let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-    let _ = stream.write_all(request.as_bytes()).await;
-    closed_by_server(&mut stream).await.expect("the answer ends")
 }
 
 #[tokio::test]

@@ -27,12 +27,16 @@ mod kube_cluster;
 #[path = "support/prometheus_server.rs"]
 mod prometheus_server;
 
+#[path = "support/raw_http.rs"]
+mod raw_http;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use daemon_process::{write, DaemonProcess};
 use kube_cluster::{KubeCluster, ADMIN_TOKEN};
 use prometheus_server::{Exporter, PrometheusServer};
+use raw_http::{ask, connect_from};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -166,22 +170,6 @@ async fn a_search_that_would_cost_the_daemon_is_refused_before_any_work() {
     assert!(nine.1.contains("9 words; at most 8"), "{}", nine.1);
     let eight = json(&listen, "/api/v1/autoscalers?q=q+u+e+u+e+QUEUE+file+deployment").await.unwrap();
     assert_eq!(eight["matched"], 1, "eight words, in any case, still search: {eight}");
-}
-
-/// Connects to `address` from the loopback address `from`.
-async fn connect_from(from: &str, address: SocketAddr) -> TcpStream {
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.bind(format!("{from}:0").parse().unwrap()).unwrap();
-    socket.connect(address).await.unwrap()
-}
-
-/// Sends one request and reads until the server closes: what it answered ("" for nothing).
-async fn ask(mut stream: TcpStream, path: &str) -> String {
-    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
-    let _ = stream.write_all(request.as_bytes()).await;
-    let mut read = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(20), stream.read_to_end(&mut read)).await;
-    String::from_utf8_lossy(&read).into_owned()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

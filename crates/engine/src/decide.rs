@@ -684,24 +684,20 @@ fn metric_list(evaluated: &[Evaluated], keep: impl Fn(&Evaluated) -> bool) -> St
     names.join(", ")
 }
 
-fn percent(tolerance: &Decimal) -> String {
-    human(tolerance.to_f64() * 100.0)
-}
-
 /// What the metrics say, in one clause: the crossings (or the band when nothing crossed) and
 /// the unavailable ones.
 fn describe_metrics(rule: &Rule, evaluated: &[Evaluated]) -> Option<String> {
-    let (up, down) = (percent(rule.upscale_tolerance()), percent(rule.downscale_tolerance()));
+    let (up, down) = (rule.tolerance_words(true), rule.tolerance_words(false));
     let mut clauses = Vec::new();
     for e in evaluated {
         let m = &e.outcome;
         let usage = m.usage.map(human).unwrap_or_else(|| "?".into());
         match m.position {
             Position::Above if m.usage.is_some() => {
-                clauses.push(format!("{} above high watermark: {usage} > {} (+{up}%)", m.name, human(m.high_watermark)))
+                clauses.push(format!("{} above high watermark: {usage} > {} ({up})", m.name, human(m.high_watermark)))
             }
             Position::Below if m.usage.is_some() => {
-                clauses.push(format!("{} below low watermark: {usage} < {} (-{down}%)", m.name, human(m.low_watermark)))
+                clauses.push(format!("{} below low watermark: {usage} < {} ({down})", m.name, human(m.low_watermark)))
             }
             Position::Above | Position::Below => {
                 clauses.push(format!("{}: {}", m.name, m.note.clone().unwrap_or_default()))
@@ -804,22 +800,7 @@ fn velocity_verdict(
     }
     let after_stabilization = normalized.stabilization.map_or(proposal, |s| s.stabilized);
     if normalized.replicas != after_stabilization {
-        let by: String = match normalized.limit {
-            Limit::UpscaleCapping => "the upscale rate limit".into(),
-            Limit::DownscaleCapping => "the downscale rate limit".into(),
-            Limit::TooFew => rule.min_words(),
-            Limit::TooMany => rule.max_words(),
-            Limit::NotReady => "unready replicas (not scaling below the ready count)".into(),
-            // Guards decide before normalization and never reach here.
-            Limit::WithinRange
-            | Limit::ScaledToZero
-            | Limit::Paused
-            | Limit::NoData
-            | Limit::AboveMax
-            | Limit::BelowMin
-            | Limit::MinAvailable
-            | Limit::NoReadyReplicas => "the bounds".into(),
-        };
+        let by = rule.limited_by(normalized.limit);
         text.push_str(&format!(", limited to {} by {by}", normalized.replicas));
     }
     match blocked {

@@ -4,7 +4,8 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::number::Decimal;
+use crate::decision::Limit;
+use crate::number::{human, Decimal};
 use crate::time::Timestamp;
 
 /// How a metric value relates to the load on one replica.
@@ -411,7 +412,7 @@ impl Rule {
         self.bounds_by.as_deref()
     }
 
-    /// `min_replicas`, as a decision names it: with what raised it, if anything did.
+    /// `min_replicas`, as a guard's reason names it: with what raised it, if anything did.
     pub(crate) fn min_words(&self) -> String {
         match self.bounds_by().and_then(|b| b.min_by.as_deref()) {
             Some(by) => format!("min_replicas (raised by {by})"),
@@ -419,12 +420,63 @@ impl Rule {
         }
     }
 
-    /// `max_replicas`, as a decision names it.
+    /// `max_replicas`, as a guard's reason names it.
     pub(crate) fn max_words(&self) -> String {
         match self.bounds_by().and_then(|b| b.max_by.as_deref()) {
             Some(by) => format!("max_replicas (lowered by {by})"),
             None => "max_replicas".into(),
         }
+    }
+
+    /// What limited a proposal, named by the setting that did it and its value: the one
+    /// vocabulary of the decision's reason (logs, Events, simulate) and of the status "why".
+    pub fn limited_by(&self, limit: Limit) -> String {
+        let bound = |by: Option<&str>, name: &str, value: u32, verb: &str| match by {
+            Some(by) => format!("{name} {value} ({verb} by {by})"),
+            None => format!("{name} {value}"),
+        };
+        let bounds = self.bounds_by();
+        match (limit, self.velocity()) {
+            (Limit::UpscaleCapping, Velocity::Watermark(w)) => {
+                format!("scale_up_limit_factor {}%", human(w.scale_up_limit_factor.to_f64()))
+            }
+            (Limit::DownscaleCapping, Velocity::Watermark(w)) => {
+                format!("scale_down_limit_factor {}%", human(w.scale_down_limit_factor.to_f64()))
+            }
+            (Limit::UpscaleCapping, Velocity::Behavior(_)) => "the scale-up policies".into(),
+            (Limit::DownscaleCapping, Velocity::Behavior(_)) => "the scale-down policies".into(),
+            (Limit::TooFew, _) => {
+                bound(bounds.and_then(|b| b.min_by.as_deref()), "min_replicas", self.min_replicas(), "raised")
+            }
+            (Limit::TooMany, _) => {
+                bound(bounds.and_then(|b| b.max_by.as_deref()), "max_replicas", self.max_replicas(), "lowered")
+            }
+            (Limit::NotReady, _) => "unready replicas (never below the ready count while some are not ready)".into(),
+            // Guards decide before the velocity model; a reason never names them as a limit.
+            (
+                Limit::WithinRange
+                | Limit::ScaledToZero
+                | Limit::Paused
+                | Limit::NoData
+                | Limit::AboveMax
+                | Limit::BelowMin
+                | Limit::MinAvailable
+                | Limit::NoReadyReplicas,
+                _,
+            ) => "the rule's bounds".into(),
+        }
+    }
+
+    /// The tolerance that widened this direction's watermark, by the setting's name: `tolerance`
+    /// when both directions share it.
+    pub fn tolerance_words(&self, up: bool) -> String {
+        let (this, name) = if up {
+            (&self.upscale_tolerance, "upscale_tolerance")
+        } else {
+            (&self.downscale_tolerance, "downscale_tolerance")
+        };
+        let name = if self.upscale_tolerance == self.downscale_tolerance { "tolerance" } else { name };
+        format!("{name} {}%", human(this.to_f64() * 100.0))
     }
 
     /// Applies the defaults and checks every invariant, returning all problems at once.

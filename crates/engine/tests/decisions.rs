@@ -70,12 +70,12 @@ fn each_direction_has_its_own_tolerance() {
     });
     let d = decide(&r, target(10), &[value(1.01)], &State::default(), now());
     assert_eq!((d.metrics[0].position, d.metrics[0].band_high), (Position::Above, 1.0));
-    assert!(d.reason.contains("(+0%)"), "{}", d.reason);
+    assert!(d.reason.contains("(upscale_tolerance 0%)"), "{}", d.reason);
     let d = decide(&r, target(10), &[value(0.41)], &State::default(), now());
     assert_eq!((d.metrics[0].position, d.metrics[0].band_low), (Position::Inside, 0.4));
     let d = decide(&r, target(10), &[value(0.39)], &State::default(), now());
     assert_eq!(d.metrics[0].position, Position::Below);
-    assert!(d.reason.contains("(-20%)"), "{}", d.reason);
+    assert!(d.reason.contains("(downscale_tolerance 20%)"), "{}", d.reason);
 
     // Through behavior, and the unset direction keeps the rule's tolerance.
     let r = rule(|s| {
@@ -776,7 +776,7 @@ fn the_reason_reads_like_a_sentence() {
     let d = decide(&r, target(10), &[value(0.52)], &State::default(), now());
     assert_eq!(
         d.reason,
-        "latency above high watermark: 0.52 > 0.4 (+1%); proposing 13, limited to 11 by the upscale rate limit: scaling 10 -> 11"
+        "latency above high watermark: 0.52 > 0.4 (tolerance 1%); proposing 13, limited to 11 by scale_up_limit_factor 10%: scaling 10 -> 11"
     );
 }
 

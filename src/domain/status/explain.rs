@@ -84,33 +84,6 @@ pub fn metric_sentence(metric: &MetricOutcome, ready: u32, per_replica: bool) ->
     format!("{what} {position}{age}{asks}{note}")
 }
 
-/// What limited the proposal, in the rule's own words.
-fn limited_by(rule: &Rule, limit: Limit) -> String {
-    let bound = |by: Option<&str>, name: &str, value: u32, verb: &str| match by {
-        Some(by) => format!("{name} {value} ({verb} by {by})"),
-        None => format!("{name} {value}"),
-    };
-    let bounds = rule.bounds_by();
-    match (limit, rule.velocity()) {
-        (Limit::UpscaleCapping, Velocity::Watermark(w)) => {
-            format!("scale_up_limit_factor {}%", number(w.scale_up_limit_factor.to_f64()))
-        }
-        (Limit::DownscaleCapping, Velocity::Watermark(w)) => {
-            format!("scale_down_limit_factor {}%", number(w.scale_down_limit_factor.to_f64()))
-        }
-        (Limit::UpscaleCapping, Velocity::Behavior(_)) => "the scale-up policies".into(),
-        (Limit::DownscaleCapping, Velocity::Behavior(_)) => "the scale-down policies".into(),
-        (Limit::TooFew, _) => {
-            bound(bounds.and_then(|b| b.min_by.as_deref()), "min_replicas", rule.min_replicas(), "raised")
-        }
-        (Limit::TooMany, _) => {
-            bound(bounds.and_then(|b| b.max_by.as_deref()), "max_replicas", rule.max_replicas(), "lowered")
-        }
-        (Limit::NotReady, _) => "unready replicas (never below the ready count while some are not ready)".into(),
-        _ => "the rule's bounds".into(),
-    }
-}
-
 /// The forbidden window of a direction, as configured (behavior rules have none).
 fn window(rule: &Rule, up: bool) -> Option<Duration> {
     match rule.velocity() {
@@ -187,7 +160,7 @@ fn decision_sentence(decision: &Decision, rule: &Rule) -> String {
         return format!("nothing to propose: holding {spec}");
     };
     let stabilized = decision.stabilization.map_or(proposal, |s| s.stabilized);
-    let limited = (normalized != stabilized).then(|| limited_by(rule, decision.limit));
+    let limited = (normalized != stabilized).then(|| rule.limited_by(decision.limit));
     // A window or delay that kept a move the limits allowed: that, not the limit, is why the
     // replicas stayed where they are.
     if let Some(held) = held_sentence(decision, rule) {
