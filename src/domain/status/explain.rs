@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use watermarkd_engine::{Action, Decision, Guard, Limit, MetricOutcome, Position, Rule, Velocity};
+use watermarkd_engine::{Action, Decision, Guard, MetricOutcome, Position, Rule, Velocity};
 
 /// What the decision alone does not say.
 #[derive(Clone, Copy, Debug, Default)]
@@ -257,7 +257,7 @@ impl Held {
 mod tests {
     use super::*;
     use serde_json::json;
-    use watermarkd_engine::{decide, Fallback, Reading, Recommendation, State, Target, Timestamp};
+    use watermarkd_engine::{decide, Fallback, Limit, Reading, Recommendation, State, Target, Timestamp};
 
     fn rule(extra: serde_json::Value) -> Rule {
         let mut spec = json!({
