@@ -22,6 +22,18 @@ struct Evaluated {
     converging: bool,
 }
 
+/// What §2 made of the metrics' proposals.
+struct Combined {
+    /// The largest proposal, on the modulo's grid and held at `spec` on partial data.
+    proposal: Option<u32>,
+    /// The metric that gave it.
+    proposal_metric: Option<String>,
+    /// Why partial data held a smaller proposal at `spec`.
+    held_note: Option<String>,
+    /// The move is a convergence step (§4): some metric steps and none crossed its band.
+    converging: bool,
+}
+
 /// What the velocity stage made of the proposal.
 struct Normalized {
     replicas: u32,
@@ -48,8 +60,55 @@ pub(crate) fn decide_running(
         .enumerate()
         .map(|(i, metric)| evaluate_metric(rule, metric, readings.get(i), spec, ready, now))
         .collect();
+    let mut decision = holding(rule, spec, ready, &evaluated, state, now);
 
-    let mut decision = Decision {
+    // §5: a person paused the workload; nothing here is ours to change, not even the state. A
+    // workload this rule's earlier version scaled to zero is not paused: a rule that no longer
+    // scales to zero brings it back to its minimum (the guard below).
+    if spec == 0 && !state.scaled_to_zero_here() {
+        decision.metrics = evaluated.into_iter().map(|e| e.outcome).collect();
+        decision.guard = Some(Guard::Paused);
+        decision.limit = Limit::Paused;
+        decision.reason = "spec.replicas is 0: the workload is paused by a person; doing nothing".into();
+        return decision;
+    }
+
+    let usable = evaluated.iter().filter(|e| e.usable).count();
+    let all_usable = usable == evaluated.len();
+    let mut next = carried_state(rule, state, &evaluated, usable, all_usable, now);
+
+    // §1 and §2: the combined proposal.
+    let combined = combine(rule, &evaluated, spec, all_usable);
+    decision.proposal = combined.proposal;
+    decision.proposal_metric = combined.proposal_metric;
+    decision.converging = combined.converging;
+    decision.timing = timing(rule, state, &next, now, decision.converging);
+    let metric_summary = describe_metrics(rule, &evaluated);
+    decision.metrics = evaluated.into_iter().map(|e| e.outcome).collect();
+
+    // §5 guards, in order; without one, §3 or §3b and the windows and delays.
+    let (replicas, action, verdict) = match first_guard(rule, spec, ready, usable, all_usable) {
+        Some((guard, replicas)) => guarded(&mut decision, rule, guard, replicas),
+        None => velocity(&mut decision, rule, state, &mut next, now),
+    };
+
+    // §6: the output and the next state, which records the scale unless the write fails.
+    decision.replicas = replicas;
+    decision.action = action;
+    decision.write = action != Action::Hold && !rule.dry_run();
+    decision.reason = reason(rule, metric_summary, combined.held_note, verdict, action);
+    decision.state_if_not_written = next.clone();
+    if action != Action::Hold {
+        record_scale(rule, &mut next, spec, replicas, now);
+    }
+    decision.state = next;
+    decision
+}
+
+/// The decision before any step has spoken: hold `spec`, with the state as it came. The steps
+/// of [`decide_running`] fill in what they find.
+fn holding(rule: &Rule, spec: u32, ready: u32, evaluated: &[Evaluated], state: &State, now: Timestamp) -> Decision {
+    Decision {
         now,
         spec_replicas: spec,
         ready_replicas: ready,
@@ -82,57 +141,43 @@ pub(crate) fn decide_running(
         fallback: None,
         state: state.clone(),
         state_if_not_written: state.clone(),
-    };
-
-    // §5: a person paused the workload; nothing here is ours to change, not even the state. A
-    // workload this rule's earlier version scaled to zero is not paused: a rule that no longer
-    // scales to zero brings it back to its minimum (the guard below).
-    if spec == 0 && !state.scaled_to_zero_here() {
-        decision.metrics = evaluated.into_iter().map(|e| e.outcome).collect();
-        decision.guard = Some(Guard::Paused);
-        decision.limit = Limit::Paused;
-        decision.reason = "spec.replicas is 0: the workload is paused by a person; doing nothing".into();
-        return decision;
     }
+}
 
-    let usable = evaluated.iter().filter(|e| e.usable).count();
-    let all_usable = usable == evaluated.len();
-    let mut next = carried_state(rule, state, &evaluated, usable, all_usable, now);
-
-    // §1 and §2: the combined proposal.
-    let mut notes: Vec<String> = Vec::new();
+/// §2: the largest proposal, held at `spec` when partial data would scale down, and put on the
+/// modulo's grid.
+fn combine(rule: &Rule, evaluated: &[Evaluated], spec: u32, all_usable: bool) -> Combined {
     // The largest proposal wins and names the reason; among equals prefer a metric that crossed
     // a watermark (and, as `max_by_key` does, the last of those).
-    let combined = evaluated
+    let winner = evaluated
         .iter()
         .filter_map(|e| e.outcome.proposal.map(|p| (e, p)))
         .max_by_key(|&(e, p)| (p, e.outcome.position == Position::Above));
-    decision.converging = evaluated.iter().any(|e| e.converging)
+    let converging = evaluated.iter().any(|e| e.converging)
         && !evaluated.iter().any(|e| matches!(e.outcome.position, Position::Above | Position::Below));
-    decision.timing = timing(rule, state, &next, now, decision.converging);
-
-    if let Some((winner, mut proposal)) = combined {
-        if !all_usable && proposal < spec {
-            notes.push(format!(
-                "{} would allow {proposal} but {} unavailable, and partial data never scales down",
-                metric_list(&evaluated, |e| e.usable),
-                metric_list(&evaluated, |e| !e.usable)
-            ));
-            proposal = spec;
-        }
-        // A metric above the band has already rounded its own formula (§1), so a proposal
-        // equal to `spec` means nothing on the grid above `spec` is asked for: hold.
-        if proposal != spec {
-            proposal = round_up_to_modulo(proposal, rule.replica_modulo(), spec);
-        }
-        decision.proposal = Some(proposal);
-        decision.proposal_metric = Some(winner.outcome.name.clone());
+    let Some((winner, mut proposal)) = winner else {
+        return Combined { proposal: None, proposal_metric: None, held_note: None, converging };
+    };
+    let mut held_note = None;
+    if !all_usable && proposal < spec {
+        held_note = Some(format!(
+            "{} would allow {proposal} but {} unavailable, and partial data never scales down",
+            metric_list(evaluated, |e| e.usable),
+            metric_list(evaluated, |e| !e.usable)
+        ));
+        proposal = spec;
     }
-    let metric_summary = describe_metrics(rule, &evaluated);
-    decision.metrics = evaluated.into_iter().map(|e| e.outcome).collect();
+    // A metric above the band has already rounded its own formula (§1), so a proposal
+    // equal to `spec` means nothing on the grid above `spec` is asked for: hold.
+    if proposal != spec {
+        proposal = round_up_to_modulo(proposal, rule.replica_modulo(), spec);
+    }
+    Combined { proposal: Some(proposal), proposal_metric: Some(winner.outcome.name.clone()), held_note, converging }
+}
 
-    // §5 guards, in order.
-    let guard = if spec > rule.max_replicas() && all_usable {
+/// §5, cases 1 to 6: the first guard that applies, and the count it goes to.
+fn first_guard(rule: &Rule, spec: u32, ready: u32, usable: usize, all_usable: bool) -> Option<(Guard, u32)> {
+    if spec > rule.max_replicas() && all_usable {
         Some((Guard::AboveMax, rule.max_replicas()))
     } else if spec < rule.min_running_replicas() && usable > 0 {
         Some((Guard::BelowMin, rule.min_running_replicas()))
@@ -147,90 +192,74 @@ pub(crate) fn decide_running(
         Some((Guard::NoData, spec))
     } else {
         None
+    }
+}
+
+/// §5: a guard sets the count, without forbidden windows, delays or rate limits. Returns the
+/// count, the action and the verdict for the reason.
+fn guarded(decision: &mut Decision, rule: &Rule, guard: Guard, replicas: u32) -> (u32, Action, String) {
+    let (spec, ready) = (decision.spec_replicas, decision.ready_replicas);
+    decision.guard = Some(guard);
+    decision.limit = Limit::of_guard(guard);
+    let verdict = guard_verdict(guard, rule, spec, ready, &decision.metrics);
+    if guard == Guard::NoData && decision.metrics.iter().all(|m| m.position == Position::Unavailable) {
+        decision.fallback = rule.fallback().map(|f| f.because.clone());
+    }
+    (replicas, action_for(spec, replicas), verdict)
+}
+
+/// §3 or §3b, then the forbidden windows and delays: how far the proposal may move now.
+/// Returns the count, the action and the verdict for the reason.
+fn velocity(
+    decision: &mut Decision,
+    rule: &Rule,
+    old: &State,
+    next: &mut State,
+    now: Timestamp,
+) -> (u32, Action, String) {
+    let spec = decision.spec_replicas;
+    let proposal = decision.proposal.unwrap_or(spec);
+    let normalized = normalize(rule, spec, decision.ready_replicas, proposal, old, next, now);
+    decision.normalized = Some(normalized.replicas);
+    decision.limit = normalized.limit;
+    decision.stabilization = normalized.stabilization;
+    decision.upscale_limit = Some(normalized.upscale_limit);
+    decision.downscale_limit = Some(normalized.downscale_limit);
+    let wanted = action_for(spec, normalized.replicas);
+    let blocked = match wanted {
+        Action::ScaleUp => window_or_delay(rule, &decision.timing, decision.converging, true),
+        Action::ScaleDown => window_or_delay(rule, &decision.timing, decision.converging, false),
+        Action::Hold => None,
     };
+    let (replicas, action) = if blocked.is_some() { (spec, Action::Hold) } else { (normalized.replicas, wanted) };
+    let verdict = velocity_verdict(rule, decision, proposal, &normalized, blocked);
+    (replicas, action, verdict)
+}
 
-    let (replicas, action, verdict) = match guard {
-        Some((guard, replicas)) => {
-            decision.guard = Some(guard);
-            decision.limit = Limit::of_guard(guard);
-            let verdict = guard_verdict(guard, rule, spec, ready, &decision.metrics);
-            if guard == Guard::NoData && decision.metrics.iter().all(|m| m.position == Position::Unavailable) {
-                decision.fallback = rule.fallback().map(|f| f.because.clone());
-            }
-            (replicas, action_for(spec, replicas), verdict)
-        }
-        None => {
-            let proposal = decision.proposal.unwrap_or(spec);
-            let normalized = normalize(rule, spec, ready, proposal, state, &mut next, now);
-            decision.normalized = Some(normalized.replicas);
-            decision.limit = normalized.limit;
-            decision.stabilization = normalized.stabilization;
-            decision.upscale_limit = Some(normalized.upscale_limit);
-            decision.downscale_limit = Some(normalized.downscale_limit);
-            let t = decision.timing;
-            let (action, blocked) = if normalized.replicas > spec {
-                if t.upscale_window_seconds_left > 0.0 {
-                    (Action::Hold, Some(window_note("upscale", t.upscale_window_seconds_left, rule)))
-                } else if t.upscale_delay_seconds_left > 0.0 && !decision.converging {
-                    (
-                        Action::Hold,
-                        Some(delay_note(
-                            "above the high",
-                            t.upscale_delay_seconds_left,
-                            rule.upscale_delay_above_watermark(),
-                        )),
-                    )
-                } else {
-                    (Action::ScaleUp, None)
-                }
-            } else if normalized.replicas < spec {
-                if t.downscale_window_seconds_left > 0.0 {
-                    (Action::Hold, Some(window_note("downscale", t.downscale_window_seconds_left, rule)))
-                } else if t.downscale_delay_seconds_left > 0.0 && !decision.converging {
-                    (
-                        Action::Hold,
-                        Some(delay_note(
-                            "below the low",
-                            t.downscale_delay_seconds_left,
-                            rule.downscale_delay_below_watermark(),
-                        )),
-                    )
-                } else {
-                    (Action::ScaleDown, None)
-                }
-            } else {
-                (Action::Hold, None)
-            };
-            let replicas = if action == Action::Hold { spec } else { normalized.replicas };
-            let verdict = velocity_verdict(rule, &decision, proposal, &normalized, blocked);
-            (replicas, action, verdict)
-        }
+/// §3: what holds a move the rate limits allowed, up or down: the forbidden window since the
+/// last scale, or the delay on the watermark condition, which never holds a convergence step.
+fn window_or_delay(rule: &Rule, timing: &Timing, converging: bool, up: bool) -> Option<String> {
+    let (window_left, delay_left) = if up {
+        (timing.upscale_window_seconds_left, timing.upscale_delay_seconds_left)
+    } else {
+        (timing.downscale_window_seconds_left, timing.downscale_delay_seconds_left)
     };
-
-    decision.replicas = replicas;
-    decision.action = action;
-    decision.write = action != Action::Hold && !rule.dry_run();
-
-    let mut parts = Vec::new();
-    if let Some(summary) = metric_summary {
-        parts.push(summary);
+    if window_left > 0.0 {
+        Some(window_note(rule, window_left, up))
+    } else if delay_left > 0.0 && !converging {
+        Some(delay_note(rule, delay_left, up))
+    } else {
+        None
     }
-    parts.extend(notes);
-    parts.push(verdict);
-    if rule.dry_run() && action != Action::Hold {
-        parts.push("dry-run: nothing written".into());
-    }
-    decision.reason = parts.join("; ");
+}
 
-    decision.state_if_not_written = next.clone();
-    if action != Action::Hold {
-        next.last_scale_time = Some(now);
-        if rule.scale_event_horizon() > Duration::ZERO {
-            history::record_scale_event(&mut next.scale_events, ScaleEvent::new(spec, replicas, now));
-        }
+/// §6: a scale's mark on the next state: its time, and with `behavior` the scale event the
+/// policies count.
+pub(crate) fn record_scale(rule: &Rule, state: &mut State, from: u32, to: u32, now: Timestamp) {
+    state.last_scale_time = Some(now);
+    if rule.scale_event_horizon() > Duration::ZERO {
+        history::record_scale_event(&mut state.scale_events, ScaleEvent::new(from, to, now));
     }
-    decision.state = next;
-    decision
 }
 
 /// §1 for one metric.
@@ -764,16 +793,22 @@ fn guard_verdict(guard: Guard, rule: &Rule, spec: u32, ready: u32, metrics: &[Me
     }
 }
 
-fn window_note(direction: &str, left: f64, rule: &Rule) -> String {
+fn window_note(rule: &Rule, left: f64, up: bool) -> String {
+    let direction = if up { "upscale" } else { "downscale" };
     let window = match rule.velocity() {
-        Velocity::Watermark(w) if direction == "upscale" => w.upscale_forbidden_window,
+        Velocity::Watermark(w) if up => w.upscale_forbidden_window,
         Velocity::Watermark(w) => w.downscale_forbidden_window,
         Velocity::Behavior(_) => Duration::ZERO,
     };
     format!("{direction} forbidden for {}s more ({}s window after the last scale)", human(left), window.as_secs())
 }
 
-fn delay_note(condition: &str, left: f64, delay: Duration) -> String {
+fn delay_note(rule: &Rule, left: f64, up: bool) -> String {
+    let (condition, delay) = if up {
+        ("above the high", rule.upscale_delay_above_watermark())
+    } else {
+        ("below the low", rule.downscale_delay_below_watermark())
+    };
     format!("the metric must stay {condition} watermark {}s more (delay {}s)", human(left), delay.as_secs())
 }
 
@@ -808,4 +843,21 @@ fn velocity_verdict(
         None if normalized.replicas == spec => format!("{text}: holding {spec}"),
         None => format!("{text}: scaling {spec} -> {}", normalized.replicas),
     }
+}
+
+/// §6: the reason a person reads: what the metrics say, what partial data held, the verdict,
+/// and whether dry-run kept the scale from the target.
+fn reason(
+    rule: &Rule,
+    metric_summary: Option<String>,
+    held_note: Option<String>,
+    verdict: String,
+    action: Action,
+) -> String {
+    let mut parts: Vec<String> = metric_summary.into_iter().chain(held_note).collect();
+    parts.push(verdict);
+    if rule.dry_run() && action != Action::Hold {
+        parts.push("dry-run: nothing written".into());
+    }
+    parts.join("; ")
 }
