@@ -262,6 +262,24 @@ pub(crate) fn record_scale(rule: &Rule, state: &mut State, from: u32, to: u32, n
     }
 }
 
+/// One usable value in exact decimals, as §1's formulas and §4's steps read it. Usage is
+/// `value / per` and the load is `ready x usage`; comparisons multiply the other side by `per`
+/// rather than divide by it, so that the arithmetic stays exact.
+struct Load {
+    value: Decimal,
+    /// 1 with `absolute`, the ready count with `average`.
+    per: Decimal,
+    /// `ready x value`: the load times `per`.
+    scaled: Decimal,
+}
+
+impl Load {
+    /// What one replica at `watermark` adds to `scaled`.
+    fn per_replica_at(&self, watermark: &Decimal) -> Decimal {
+        self.per.mul(watermark)
+    }
+}
+
 /// §1 for one metric.
 fn evaluate_metric(
     rule: &Rule,
@@ -271,21 +289,8 @@ fn evaluate_metric(
     ready: u32,
     now: Timestamp,
 ) -> Evaluated {
-    let (band_low, band_high) = rule.band(metric);
-    let mut outcome = MetricOutcome {
-        name: metric.name.clone(),
-        value: None,
-        usage: None,
-        low_watermark: metric.low_watermark.to_f64(),
-        high_watermark: metric.high_watermark.to_f64(),
-        band_low: band_low.to_f64(),
-        band_high: band_high.to_f64(),
-        position: Position::Unavailable,
-        proposal: None,
-        data_time: None,
-        age_seconds: None,
-        note: None,
-    };
+    let band = rule.band(metric);
+    let mut outcome = unread_outcome(metric, &band);
     let unavailable = |mut outcome: MetricOutcome, why: String| {
         outcome.note = Some(why);
         Evaluated { outcome, usable: false, converging: false }
@@ -325,51 +330,94 @@ fn evaluate_metric(
         return Evaluated { outcome, usable: true, converging: false };
     }
 
-    let per_dec = Decimal::from_int(i64::from(per));
-    let load = exact.mul_int(u64::from(ready));
-    let replicas_for = |watermark: &Decimal| per_dec.mul(watermark);
-    // The convergence step lands on the neighbouring multiple of the modulo, so that every
-    // proposal other than `spec` is a multiple of it.
+    let load = Load { per: Decimal::from_int(i64::from(per)), scaled: exact.mul_int(u64::from(ready)), value: exact };
+    let convergence = convergence_step(rule, metric, &load, spec);
+    let (position, proposal) = position_and_proposal(rule, metric, &band, &load, convergence, spec);
+    outcome.position = position;
+    outcome.proposal = (ready > 0).then_some(proposal);
+    let converging = position == Position::Inside && convergence.is_some();
+    Evaluated { outcome, usable: true, converging }
+}
+
+/// A metric's outcome before its reading is looked at: its watermarks and band, unavailable.
+fn unread_outcome(metric: &MetricRule, band: &(Decimal, Decimal)) -> MetricOutcome {
+    MetricOutcome {
+        name: metric.name.clone(),
+        value: None,
+        usage: None,
+        low_watermark: metric.low_watermark.to_f64(),
+        high_watermark: metric.high_watermark.to_f64(),
+        band_low: band.0.to_f64(),
+        band_high: band.1.to_f64(),
+        position: Position::Unavailable,
+        proposal: None,
+        data_time: None,
+        age_seconds: None,
+        note: None,
+    }
+}
+
+/// §4: the step towards the chosen watermark while inside the band, if the load stays within
+/// that watermark afterwards. It lands on the neighbouring multiple of the modulo, so that
+/// every proposal other than `spec` is a multiple of it.
+fn convergence_step(rule: &Rule, metric: &MetricRule, load: &Load, spec: u32) -> Option<u32> {
     let step = rule.replica_modulo();
-    let convergence = match rule.converge_towards_watermark() {
+    match rule.converge_towards_watermark() {
         Some(ConvergeTowards::High) => {
-            let candidate = if spec.is_multiple_of(step) { spec.saturating_sub(step) } else { spec - spec % step };
-            let fits = load <= replicas_for(&metric.high_watermark).mul_int(u64::from(candidate));
+            let candidate = grid_below(spec, step);
+            let fits = load.scaled <= load.per_replica_at(&metric.high_watermark).mul_int(u64::from(candidate));
             (candidate >= 1 && fits).then_some(candidate)
         }
         Some(ConvergeTowards::Low) => {
-            let candidate = (spec / step).saturating_add(1).saturating_mul(step);
-            let fits = load >= replicas_for(&metric.low_watermark).mul_int(u64::from(candidate));
+            let candidate = grid_above(spec, step);
+            let fits = load.scaled >= load.per_replica_at(&metric.low_watermark).mul_int(u64::from(candidate));
             fits.then_some(candidate)
         }
         None => None,
-    };
-    let mut converging = false;
-    if exact > band_high.mul(&per_dec) {
-        outcome.position = Position::Above;
-        let wanted = load.div_ceil(&replicas_for(&metric.high_watermark)).unwrap_or(i64::MAX);
+    }
+}
+
+/// §1: where a usable value stands against the band, and the count it asks for there.
+fn position_and_proposal(
+    rule: &Rule,
+    metric: &MetricRule,
+    band: &(Decimal, Decimal),
+    load: &Load,
+    convergence: Option<u32>,
+    spec: u32,
+) -> (Position, u32) {
+    let (band_low, band_high) = band;
+    if load.value > band_high.mul(&load.per) {
+        let wanted = load.scaled.div_ceil(&load.per_replica_at(&metric.high_watermark)).unwrap_or(i64::MAX);
         // The formula's result is put on the modulo's grid before `spec` floors it, as the WPA
         // does: an off-grid `spec` above what the formula asks for holds rather than rounding
         // up past it (docs/engine.md §1).
-        let wanted = round_up_to_modulo(to_replicas(wanted), step, 0);
+        let wanted = round_up_to_modulo(to_replicas(wanted), rule.replica_modulo(), 0);
         // A crossing never asks for less than the convergence step a lower reading would take,
         // or a higher reading could end with fewer replicas (unready pods, modulo > 1).
         let step_up = convergence.filter(|&c| c > spec).unwrap_or(spec);
-        outcome.proposal = Some(wanted.max(spec).max(step_up));
-    } else if exact < band_low.mul(&per_dec) {
-        outcome.position = Position::Below;
-        let wanted = load.div_floor(&replicas_for(&metric.low_watermark)).unwrap_or(0);
+        (Position::Above, wanted.max(spec).max(step_up))
+    } else if load.value < band_low.mul(&load.per) {
+        let wanted = load.scaled.div_floor(&load.per_replica_at(&metric.low_watermark)).unwrap_or(0);
         let step_down = convergence.filter(|&c| c < spec).unwrap_or(spec);
-        outcome.proposal = Some(to_replicas(wanted).max(1).min(spec).min(step_down));
+        (Position::Below, to_replicas(wanted).max(1).min(spec).min(step_down))
     } else {
-        outcome.position = Position::Inside;
-        converging = convergence.is_some();
-        outcome.proposal = Some(convergence.unwrap_or(spec));
+        (Position::Inside, convergence.unwrap_or(spec))
     }
-    if ready == 0 {
-        outcome.proposal = None;
+}
+
+/// §4: the multiple of `modulo` just below `spec` (`spec - modulo` when `spec` is one).
+fn grid_below(spec: u32, modulo: u32) -> u32 {
+    if spec.is_multiple_of(modulo) {
+        spec.saturating_sub(modulo)
+    } else {
+        spec - spec % modulo
     }
-    Evaluated { outcome, usable: true, converging }
+}
+
+/// §4: the multiple of `modulo` just above `spec`.
+fn grid_above(spec: u32, modulo: u32) -> u32 {
+    (spec / modulo).saturating_add(1).saturating_mul(modulo)
 }
 
 /// §1 for a replica count from the source (a recommender), judged as the WPA judges its
@@ -405,38 +453,12 @@ fn evaluate_replicas(
         }
     }
     let bounded = lower.is_some() || upper.is_some();
-    outcome.position = if replicas == spec {
-        Position::Inside
-    } else if !bounded {
-        if replicas > spec {
-            Position::Above
-        } else {
-            Position::Below
-        }
-    } else if lower.is_some_and(|low| spec < low) {
-        Position::Above
-    } else if upper.is_some_and(|high| spec > high) {
-        Position::Below
-    } else {
-        Position::Inside
-    };
+    outcome.position = recommendation_position(replicas, spec, bounds);
     let mut proposal = replicas;
     let mut converging = bounded && outcome.position == Position::Inside && replicas != spec;
     if replicas == spec && bounded {
-        let step = rule.replica_modulo();
-        let candidate = match rule.converge_towards_watermark() {
-            Some(ConvergeTowards::High) => {
-                let c = if spec.is_multiple_of(step) { spec.saturating_sub(step) } else { spec - spec % step };
-                (c >= 1 && lower.is_some_and(|low| c >= low)).then_some(c)
-            }
-            Some(ConvergeTowards::Low) => {
-                let c = (spec / step).saturating_add(1).saturating_mul(step);
-                upper.is_some_and(|high| c <= high).then_some(c)
-            }
-            None => None,
-        };
-        if let Some(c) = candidate {
-            proposal = c;
+        if let Some(step) = recommendation_convergence_step(rule, spec, bounds) {
+            proposal = step;
             converging = true;
         }
     }
@@ -448,6 +470,45 @@ fn evaluate_replicas(
     outcome.note = Some(note);
     outcome.proposal = (ready > 0).then_some(proposal);
     Evaluated { outcome, usable: true, converging }
+}
+
+/// §1: where a recommendation stands. Without bounds, as it compares with `spec`; with them,
+/// as `spec` compares with the bounds.
+fn recommendation_position(replicas: u32, spec: u32, bounds: (Option<u32>, Option<u32>)) -> Position {
+    let (lower, upper) = bounds;
+    if replicas == spec {
+        Position::Inside
+    } else if lower.is_none() && upper.is_none() {
+        if replicas > spec {
+            Position::Above
+        } else {
+            Position::Below
+        }
+    } else if lower.is_some_and(|low| spec < low) {
+        Position::Above
+    } else if upper.is_some_and(|high| spec > high) {
+        Position::Below
+    } else {
+        Position::Inside
+    }
+}
+
+/// §4 for a recommendation equal to `spec`: one modulo towards the lower bound (`high`) or the
+/// upper bound (`low`), when the step stays within it.
+fn recommendation_convergence_step(rule: &Rule, spec: u32, bounds: (Option<u32>, Option<u32>)) -> Option<u32> {
+    let (lower, upper) = bounds;
+    let step = rule.replica_modulo();
+    match rule.converge_towards_watermark() {
+        Some(ConvergeTowards::High) => {
+            let candidate = grid_below(spec, step);
+            (candidate >= 1 && lower.is_some_and(|low| candidate >= low)).then_some(candidate)
+        }
+        Some(ConvergeTowards::Low) => {
+            let candidate = grid_above(spec, step);
+            upper.is_some_and(|high| candidate <= high).then_some(candidate)
+        }
+        None => None,
+    }
 }
 
 fn to_replicas(v: i64) -> u32 {
