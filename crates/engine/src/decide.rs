@@ -22,6 +22,18 @@ struct Evaluated {
     converging: bool,
 }
 
+/// What §2 made of the metrics' proposals.
+struct Combined {
+    /// The largest proposal, on the modulo's grid and held at `spec` on partial data.
+    proposal: Option<u32>,
+    /// The metric that gave it.
+    proposal_metric: Option<String>,
+    /// Why partial data held a smaller proposal at `spec`.
+    held_note: Option<String>,
+    /// The move is a convergence step (§4): some metric steps and none crossed its band.
+    converging: bool,
+}
+
 /// What the velocity stage made of the proposal.
 struct Normalized {
     replicas: u32,
@@ -48,8 +60,55 @@ pub(crate) fn decide_running(
         .enumerate()
         .map(|(i, metric)| evaluate_metric(rule, metric, readings.get(i), spec, ready, now))
         .collect();
+    let mut decision = holding(rule, spec, ready, &evaluated, state, now);
 
-    let mut decision = Decision {
+    // §5: a person paused the workload; nothing here is ours to change, not even the state. A
+    // workload this rule's earlier version scaled to zero is not paused: a rule that no longer
+    // scales to zero brings it back to its minimum (the guard below).
+    if spec == 0 && !state.scaled_to_zero_here() {
+        decision.metrics = evaluated.into_iter().map(|e| e.outcome).collect();
+        decision.guard = Some(Guard::Paused);
+        decision.limit = Limit::Paused;
+        decision.reason = "spec.replicas is 0: the workload is paused by a person; doing nothing".into();
+        return decision;
+    }
+
+    let usable = evaluated.iter().filter(|e| e.usable).count();
+    let all_usable = usable == evaluated.len();
+    let mut next = carried_state(rule, state, &evaluated, usable, all_usable, now);
+
+    // §1 and §2: the combined proposal.
+    let combined = combine(rule, &evaluated, spec, all_usable);
+    decision.proposal = combined.proposal;
+    decision.proposal_metric = combined.proposal_metric;
+    decision.converging = combined.converging;
+    decision.timing = timing(rule, state, &next, now, decision.converging);
+    let metric_summary = describe_metrics(rule, &evaluated);
+    decision.metrics = evaluated.into_iter().map(|e| e.outcome).collect();
+
+    // §5 guards, in order; without one, §3 or §3b and the windows and delays.
+    let (replicas, action, verdict) = match first_guard(rule, spec, ready, usable, all_usable) {
+        Some((guard, replicas)) => guarded(&mut decision, rule, guard, replicas),
+        None => velocity(&mut decision, rule, state, &mut next, now),
+    };
+
+    // §6: the output and the next state, which records the scale unless the write fails.
+    decision.replicas = replicas;
+    decision.action = action;
+    decision.write = action != Action::Hold && !rule.dry_run();
+    decision.reason = reason(rule, metric_summary, combined.held_note, verdict, action);
+    decision.state_if_not_written = next.clone();
+    if action != Action::Hold {
+        record_scale(rule, &mut next, spec, replicas, now);
+    }
+    decision.state = next;
+    decision
+}
+
+/// The decision before any step has spoken: hold `spec`, with the state as it came. The steps
+/// of [`decide_running`] fill in what they find.
+fn holding(rule: &Rule, spec: u32, ready: u32, evaluated: &[Evaluated], state: &State, now: Timestamp) -> Decision {
+    Decision {
         now,
         spec_replicas: spec,
         ready_replicas: ready,
@@ -82,57 +141,43 @@ pub(crate) fn decide_running(
         fallback: None,
         state: state.clone(),
         state_if_not_written: state.clone(),
-    };
-
-    // §5: a person paused the workload; nothing here is ours to change, not even the state. A
-    // workload this rule's earlier version scaled to zero is not paused: a rule that no longer
-    // scales to zero brings it back to its minimum (the guard below).
-    if spec == 0 && !state.scaled_to_zero_here() {
-        decision.metrics = evaluated.into_iter().map(|e| e.outcome).collect();
-        decision.guard = Some(Guard::Paused);
-        decision.limit = Limit::Paused;
-        decision.reason = "spec.replicas is 0: the workload is paused by a person; doing nothing".into();
-        return decision;
     }
+}
 
-    let usable = evaluated.iter().filter(|e| e.usable).count();
-    let all_usable = usable == evaluated.len();
-    let mut next = carried_state(rule, state, &evaluated, usable, all_usable, now);
-
-    // §1 and §2: the combined proposal.
-    let mut notes: Vec<String> = Vec::new();
+/// §2: the largest proposal, held at `spec` when partial data would scale down, and put on the
+/// modulo's grid.
+fn combine(rule: &Rule, evaluated: &[Evaluated], spec: u32, all_usable: bool) -> Combined {
     // The largest proposal wins and names the reason; among equals prefer a metric that crossed
     // a watermark (and, as `max_by_key` does, the last of those).
-    let combined = evaluated
+    let winner = evaluated
         .iter()
         .filter_map(|e| e.outcome.proposal.map(|p| (e, p)))
         .max_by_key(|&(e, p)| (p, e.outcome.position == Position::Above));
-    decision.converging = evaluated.iter().any(|e| e.converging)
+    let converging = evaluated.iter().any(|e| e.converging)
         && !evaluated.iter().any(|e| matches!(e.outcome.position, Position::Above | Position::Below));
-    decision.timing = timing(rule, state, &next, now, decision.converging);
-
-    if let Some((winner, mut proposal)) = combined {
-        if !all_usable && proposal < spec {
-            notes.push(format!(
-                "{} would allow {proposal} but {} unavailable, and partial data never scales down",
-                metric_list(&evaluated, |e| e.usable),
-                metric_list(&evaluated, |e| !e.usable)
-            ));
-            proposal = spec;
-        }
-        // A metric above the band has already rounded its own formula (§1), so a proposal
-        // equal to `spec` means nothing on the grid above `spec` is asked for: hold.
-        if proposal != spec {
-            proposal = round_up_to_modulo(proposal, rule.replica_modulo(), spec);
-        }
-        decision.proposal = Some(proposal);
-        decision.proposal_metric = Some(winner.outcome.name.clone());
+    let Some((winner, mut proposal)) = winner else {
+        return Combined { proposal: None, proposal_metric: None, held_note: None, converging };
+    };
+    let mut held_note = None;
+    if !all_usable && proposal < spec {
+        held_note = Some(format!(
+            "{} would allow {proposal} but {} unavailable, and partial data never scales down",
+            metric_list(evaluated, |e| e.usable),
+            metric_list(evaluated, |e| !e.usable)
+        ));
+        proposal = spec;
     }
-    let metric_summary = describe_metrics(rule, &evaluated);
-    decision.metrics = evaluated.into_iter().map(|e| e.outcome).collect();
+    // A metric above the band has already rounded its own formula (§1), so a proposal
+    // equal to `spec` means nothing on the grid above `spec` is asked for: hold.
+    if proposal != spec {
+        proposal = round_up_to_modulo(proposal, rule.replica_modulo(), spec);
+    }
+    Combined { proposal: Some(proposal), proposal_metric: Some(winner.outcome.name.clone()), held_note, converging }
+}
 
-    // §5 guards, in order.
-    let guard = if spec > rule.max_replicas() && all_usable {
+/// §5, cases 1 to 6: the first guard that applies, and the count it goes to.
+fn first_guard(rule: &Rule, spec: u32, ready: u32, usable: usize, all_usable: bool) -> Option<(Guard, u32)> {
+    if spec > rule.max_replicas() && all_usable {
         Some((Guard::AboveMax, rule.max_replicas()))
     } else if spec < rule.min_running_replicas() && usable > 0 {
         Some((Guard::BelowMin, rule.min_running_replicas()))
@@ -147,90 +192,92 @@ pub(crate) fn decide_running(
         Some((Guard::NoData, spec))
     } else {
         None
+    }
+}
+
+/// §5: a guard sets the count, without forbidden windows, delays or rate limits. Returns the
+/// count, the action and the verdict for the reason.
+fn guarded(decision: &mut Decision, rule: &Rule, guard: Guard, replicas: u32) -> (u32, Action, String) {
+    let (spec, ready) = (decision.spec_replicas, decision.ready_replicas);
+    decision.guard = Some(guard);
+    decision.limit = Limit::of_guard(guard);
+    let verdict = guard_verdict(guard, rule, spec, ready, &decision.metrics);
+    if guard == Guard::NoData && decision.metrics.iter().all(|m| m.position == Position::Unavailable) {
+        decision.fallback = rule.fallback().map(|f| f.because.clone());
+    }
+    (replicas, action_for(spec, replicas), verdict)
+}
+
+/// §3 or §3b, then the forbidden windows and delays: how far the proposal may move now.
+/// Returns the count, the action and the verdict for the reason.
+fn velocity(
+    decision: &mut Decision,
+    rule: &Rule,
+    old: &State,
+    next: &mut State,
+    now: Timestamp,
+) -> (u32, Action, String) {
+    let spec = decision.spec_replicas;
+    let proposal = decision.proposal.unwrap_or(spec);
+    let normalized = normalize(rule, spec, decision.ready_replicas, proposal, old, next, now);
+    decision.normalized = Some(normalized.replicas);
+    decision.limit = normalized.limit;
+    decision.stabilization = normalized.stabilization;
+    decision.upscale_limit = Some(normalized.upscale_limit);
+    decision.downscale_limit = Some(normalized.downscale_limit);
+    let wanted = action_for(spec, normalized.replicas);
+    let blocked = match wanted {
+        Action::ScaleUp => window_or_delay(rule, &decision.timing, decision.converging, true),
+        Action::ScaleDown => window_or_delay(rule, &decision.timing, decision.converging, false),
+        Action::Hold => None,
     };
+    let (replicas, action) = if blocked.is_some() { (spec, Action::Hold) } else { (normalized.replicas, wanted) };
+    let verdict = velocity_verdict(rule, decision, proposal, &normalized, blocked);
+    (replicas, action, verdict)
+}
 
-    let (replicas, action, verdict) = match guard {
-        Some((guard, replicas)) => {
-            decision.guard = Some(guard);
-            decision.limit = Limit::of_guard(guard);
-            let verdict = guard_verdict(guard, rule, spec, ready, &decision.metrics);
-            if guard == Guard::NoData && decision.metrics.iter().all(|m| m.position == Position::Unavailable) {
-                decision.fallback = rule.fallback().map(|f| f.because.clone());
-            }
-            (replicas, action_for(spec, replicas), verdict)
-        }
-        None => {
-            let proposal = decision.proposal.unwrap_or(spec);
-            let normalized = normalize(rule, spec, ready, proposal, state, &mut next, now);
-            decision.normalized = Some(normalized.replicas);
-            decision.limit = normalized.limit;
-            decision.stabilization = normalized.stabilization;
-            decision.upscale_limit = Some(normalized.upscale_limit);
-            decision.downscale_limit = Some(normalized.downscale_limit);
-            let t = decision.timing;
-            let (action, blocked) = if normalized.replicas > spec {
-                if t.upscale_window_seconds_left > 0.0 {
-                    (Action::Hold, Some(window_note("upscale", t.upscale_window_seconds_left, rule)))
-                } else if t.upscale_delay_seconds_left > 0.0 && !decision.converging {
-                    (
-                        Action::Hold,
-                        Some(delay_note(
-                            "above the high",
-                            t.upscale_delay_seconds_left,
-                            rule.upscale_delay_above_watermark(),
-                        )),
-                    )
-                } else {
-                    (Action::ScaleUp, None)
-                }
-            } else if normalized.replicas < spec {
-                if t.downscale_window_seconds_left > 0.0 {
-                    (Action::Hold, Some(window_note("downscale", t.downscale_window_seconds_left, rule)))
-                } else if t.downscale_delay_seconds_left > 0.0 && !decision.converging {
-                    (
-                        Action::Hold,
-                        Some(delay_note(
-                            "below the low",
-                            t.downscale_delay_seconds_left,
-                            rule.downscale_delay_below_watermark(),
-                        )),
-                    )
-                } else {
-                    (Action::ScaleDown, None)
-                }
-            } else {
-                (Action::Hold, None)
-            };
-            let replicas = if action == Action::Hold { spec } else { normalized.replicas };
-            let verdict = velocity_verdict(rule, &decision, proposal, &normalized, blocked);
-            (replicas, action, verdict)
-        }
+/// §3: what holds a move the rate limits allowed, up or down: the forbidden window since the
+/// last scale, or the delay on the watermark condition, which never holds a convergence step.
+fn window_or_delay(rule: &Rule, timing: &Timing, converging: bool, up: bool) -> Option<String> {
+    let (window_left, delay_left) = if up {
+        (timing.upscale_window_seconds_left, timing.upscale_delay_seconds_left)
+    } else {
+        (timing.downscale_window_seconds_left, timing.downscale_delay_seconds_left)
     };
-
-    decision.replicas = replicas;
-    decision.action = action;
-    decision.write = action != Action::Hold && !rule.dry_run();
-
-    let mut parts = Vec::new();
-    if let Some(summary) = metric_summary {
-        parts.push(summary);
+    if window_left > 0.0 {
+        Some(window_note(rule, window_left, up))
+    } else if delay_left > 0.0 && !converging {
+        Some(delay_note(rule, delay_left, up))
+    } else {
+        None
     }
-    parts.extend(notes);
-    parts.push(verdict);
-    if rule.dry_run() && action != Action::Hold {
-        parts.push("dry-run: nothing written".into());
-    }
-    decision.reason = parts.join("; ");
+}
 
-    decision.state_if_not_written = next.clone();
-    if action != Action::Hold {
-        next.last_scale_time = Some(now);
-        if rule.scale_event_horizon() > Duration::ZERO {
-            history::record_scale_event(&mut next.scale_events, ScaleEvent::new(spec, replicas, now));
-        }
+/// §6: a scale's mark on the next state: its time, and with `behavior` the scale event the
+/// policies count.
+pub(crate) fn record_scale(rule: &Rule, state: &mut State, from: u32, to: u32, now: Timestamp) {
+    state.last_scale_time = Some(now);
+    if rule.scale_event_horizon() > Duration::ZERO {
+        history::record_scale_event(&mut state.scale_events, ScaleEvent::new(from, to, now));
     }
-    decision.state = next;
-    decision
+}
+
+/// One usable value in exact decimals, as §1's formulas and §4's steps read it. Usage is
+/// `value / per` and the load is `ready x usage`; comparisons multiply the other side by `per`
+/// rather than divide by it, so that the arithmetic stays exact.
+struct Load {
+    value: Decimal,
+    /// 1 with `absolute`, the ready count with `average`.
+    per: Decimal,
+    /// `ready x value`: the load times `per`.
+    scaled: Decimal,
+}
+
+impl Load {
+    /// What one replica at `watermark` adds to `scaled`.
+    fn per_replica_at(&self, watermark: &Decimal) -> Decimal {
+        self.per.mul(watermark)
+    }
 }
 
 /// §1 for one metric.
@@ -242,21 +289,8 @@ fn evaluate_metric(
     ready: u32,
     now: Timestamp,
 ) -> Evaluated {
-    let (band_low, band_high) = rule.band(metric);
-    let mut outcome = MetricOutcome {
-        name: metric.name.clone(),
-        value: None,
-        usage: None,
-        low_watermark: metric.low_watermark.to_f64(),
-        high_watermark: metric.high_watermark.to_f64(),
-        band_low: band_low.to_f64(),
-        band_high: band_high.to_f64(),
-        position: Position::Unavailable,
-        proposal: None,
-        data_time: None,
-        age_seconds: None,
-        note: None,
-    };
+    let band = rule.band(metric);
+    let mut outcome = unread_outcome(metric, &band);
     let unavailable = |mut outcome: MetricOutcome, why: String| {
         outcome.note = Some(why);
         Evaluated { outcome, usable: false, converging: false }
@@ -296,51 +330,94 @@ fn evaluate_metric(
         return Evaluated { outcome, usable: true, converging: false };
     }
 
-    let per_dec = Decimal::from_int(i64::from(per));
-    let load = exact.mul_int(u64::from(ready));
-    let replicas_for = |watermark: &Decimal| per_dec.mul(watermark);
-    // The convergence step lands on the neighbouring multiple of the modulo, so that every
-    // proposal other than `spec` is a multiple of it.
+    let load = Load { per: Decimal::from_int(i64::from(per)), scaled: exact.mul_int(u64::from(ready)), value: exact };
+    let convergence = convergence_step(rule, metric, &load, spec);
+    let (position, proposal) = position_and_proposal(rule, metric, &band, &load, convergence, spec);
+    outcome.position = position;
+    outcome.proposal = (ready > 0).then_some(proposal);
+    let converging = position == Position::Inside && convergence.is_some();
+    Evaluated { outcome, usable: true, converging }
+}
+
+/// A metric's outcome before its reading is looked at: its watermarks and band, unavailable.
+fn unread_outcome(metric: &MetricRule, band: &(Decimal, Decimal)) -> MetricOutcome {
+    MetricOutcome {
+        name: metric.name.clone(),
+        value: None,
+        usage: None,
+        low_watermark: metric.low_watermark.to_f64(),
+        high_watermark: metric.high_watermark.to_f64(),
+        band_low: band.0.to_f64(),
+        band_high: band.1.to_f64(),
+        position: Position::Unavailable,
+        proposal: None,
+        data_time: None,
+        age_seconds: None,
+        note: None,
+    }
+}
+
+/// §4: the step towards the chosen watermark while inside the band, if the load stays within
+/// that watermark afterwards. It lands on the neighbouring multiple of the modulo, so that
+/// every proposal other than `spec` is a multiple of it.
+fn convergence_step(rule: &Rule, metric: &MetricRule, load: &Load, spec: u32) -> Option<u32> {
     let step = rule.replica_modulo();
-    let convergence = match rule.converge_towards_watermark() {
+    match rule.converge_towards_watermark() {
         Some(ConvergeTowards::High) => {
-            let candidate = if spec.is_multiple_of(step) { spec.saturating_sub(step) } else { spec - spec % step };
-            let fits = load <= replicas_for(&metric.high_watermark).mul_int(u64::from(candidate));
+            let candidate = grid_below(spec, step);
+            let fits = load.scaled <= load.per_replica_at(&metric.high_watermark).mul_int(u64::from(candidate));
             (candidate >= 1 && fits).then_some(candidate)
         }
         Some(ConvergeTowards::Low) => {
-            let candidate = (spec / step).saturating_add(1).saturating_mul(step);
-            let fits = load >= replicas_for(&metric.low_watermark).mul_int(u64::from(candidate));
+            let candidate = grid_above(spec, step);
+            let fits = load.scaled >= load.per_replica_at(&metric.low_watermark).mul_int(u64::from(candidate));
             fits.then_some(candidate)
         }
         None => None,
-    };
-    let mut converging = false;
-    if exact > band_high.mul(&per_dec) {
-        outcome.position = Position::Above;
-        let wanted = load.div_ceil(&replicas_for(&metric.high_watermark)).unwrap_or(i64::MAX);
+    }
+}
+
+/// §1: where a usable value stands against the band, and the count it asks for there.
+fn position_and_proposal(
+    rule: &Rule,
+    metric: &MetricRule,
+    band: &(Decimal, Decimal),
+    load: &Load,
+    convergence: Option<u32>,
+    spec: u32,
+) -> (Position, u32) {
+    let (band_low, band_high) = band;
+    if load.value > band_high.mul(&load.per) {
+        let wanted = load.scaled.div_ceil(&load.per_replica_at(&metric.high_watermark)).unwrap_or(i64::MAX);
         // The formula's result is put on the modulo's grid before `spec` floors it, as the WPA
         // does: an off-grid `spec` above what the formula asks for holds rather than rounding
         // up past it (docs/engine.md §1).
-        let wanted = round_up_to_modulo(to_replicas(wanted), step, 0);
+        let wanted = round_up_to_modulo(to_replicas(wanted), rule.replica_modulo(), 0);
         // A crossing never asks for less than the convergence step a lower reading would take,
         // or a higher reading could end with fewer replicas (unready pods, modulo > 1).
         let step_up = convergence.filter(|&c| c > spec).unwrap_or(spec);
-        outcome.proposal = Some(wanted.max(spec).max(step_up));
-    } else if exact < band_low.mul(&per_dec) {
-        outcome.position = Position::Below;
-        let wanted = load.div_floor(&replicas_for(&metric.low_watermark)).unwrap_or(0);
+        (Position::Above, wanted.max(spec).max(step_up))
+    } else if load.value < band_low.mul(&load.per) {
+        let wanted = load.scaled.div_floor(&load.per_replica_at(&metric.low_watermark)).unwrap_or(0);
         let step_down = convergence.filter(|&c| c < spec).unwrap_or(spec);
-        outcome.proposal = Some(to_replicas(wanted).max(1).min(spec).min(step_down));
+        (Position::Below, to_replicas(wanted).max(1).min(spec).min(step_down))
     } else {
-        outcome.position = Position::Inside;
-        converging = convergence.is_some();
-        outcome.proposal = Some(convergence.unwrap_or(spec));
+        (Position::Inside, convergence.unwrap_or(spec))
     }
-    if ready == 0 {
-        outcome.proposal = None;
+}
+
+/// §4: the multiple of `modulo` just below `spec` (`spec - modulo` when `spec` is one).
+fn grid_below(spec: u32, modulo: u32) -> u32 {
+    if spec.is_multiple_of(modulo) {
+        spec.saturating_sub(modulo)
+    } else {
+        spec - spec % modulo
     }
-    Evaluated { outcome, usable: true, converging }
+}
+
+/// §4: the multiple of `modulo` just above `spec`.
+fn grid_above(spec: u32, modulo: u32) -> u32 {
+    (spec / modulo).saturating_add(1).saturating_mul(modulo)
 }
 
 /// §1 for a replica count from the source (a recommender), judged as the WPA judges its
@@ -376,38 +453,12 @@ fn evaluate_replicas(
         }
     }
     let bounded = lower.is_some() || upper.is_some();
-    outcome.position = if replicas == spec {
-        Position::Inside
-    } else if !bounded {
-        if replicas > spec {
-            Position::Above
-        } else {
-            Position::Below
-        }
-    } else if lower.is_some_and(|low| spec < low) {
-        Position::Above
-    } else if upper.is_some_and(|high| spec > high) {
-        Position::Below
-    } else {
-        Position::Inside
-    };
+    outcome.position = recommendation_position(replicas, spec, bounds);
     let mut proposal = replicas;
     let mut converging = bounded && outcome.position == Position::Inside && replicas != spec;
     if replicas == spec && bounded {
-        let step = rule.replica_modulo();
-        let candidate = match rule.converge_towards_watermark() {
-            Some(ConvergeTowards::High) => {
-                let c = if spec.is_multiple_of(step) { spec.saturating_sub(step) } else { spec - spec % step };
-                (c >= 1 && lower.is_some_and(|low| c >= low)).then_some(c)
-            }
-            Some(ConvergeTowards::Low) => {
-                let c = (spec / step).saturating_add(1).saturating_mul(step);
-                upper.is_some_and(|high| c <= high).then_some(c)
-            }
-            None => None,
-        };
-        if let Some(c) = candidate {
-            proposal = c;
+        if let Some(step) = recommendation_convergence_step(rule, spec, bounds) {
+            proposal = step;
             converging = true;
         }
     }
@@ -419,6 +470,45 @@ fn evaluate_replicas(
     outcome.note = Some(note);
     outcome.proposal = (ready > 0).then_some(proposal);
     Evaluated { outcome, usable: true, converging }
+}
+
+/// §1: where a recommendation stands. Without bounds, as it compares with `spec`; with them,
+/// as `spec` compares with the bounds.
+fn recommendation_position(replicas: u32, spec: u32, bounds: (Option<u32>, Option<u32>)) -> Position {
+    let (lower, upper) = bounds;
+    if replicas == spec {
+        Position::Inside
+    } else if lower.is_none() && upper.is_none() {
+        if replicas > spec {
+            Position::Above
+        } else {
+            Position::Below
+        }
+    } else if lower.is_some_and(|low| spec < low) {
+        Position::Above
+    } else if upper.is_some_and(|high| spec > high) {
+        Position::Below
+    } else {
+        Position::Inside
+    }
+}
+
+/// §4 for a recommendation equal to `spec`: one modulo towards the lower bound (`high`) or the
+/// upper bound (`low`), when the step stays within it.
+fn recommendation_convergence_step(rule: &Rule, spec: u32, bounds: (Option<u32>, Option<u32>)) -> Option<u32> {
+    let (lower, upper) = bounds;
+    let step = rule.replica_modulo();
+    match rule.converge_towards_watermark() {
+        Some(ConvergeTowards::High) => {
+            let candidate = grid_below(spec, step);
+            (candidate >= 1 && lower.is_some_and(|low| candidate >= low)).then_some(candidate)
+        }
+        Some(ConvergeTowards::Low) => {
+            let candidate = grid_above(spec, step);
+            upper.is_some_and(|high| candidate <= high).then_some(candidate)
+        }
+        None => None,
+    }
 }
 
 fn to_replicas(v: i64) -> u32 {
@@ -764,16 +854,22 @@ fn guard_verdict(guard: Guard, rule: &Rule, spec: u32, ready: u32, metrics: &[Me
     }
 }
 
-fn window_note(direction: &str, left: f64, rule: &Rule) -> String {
+fn window_note(rule: &Rule, left: f64, up: bool) -> String {
+    let direction = if up { "upscale" } else { "downscale" };
     let window = match rule.velocity() {
-        Velocity::Watermark(w) if direction == "upscale" => w.upscale_forbidden_window,
+        Velocity::Watermark(w) if up => w.upscale_forbidden_window,
         Velocity::Watermark(w) => w.downscale_forbidden_window,
         Velocity::Behavior(_) => Duration::ZERO,
     };
     format!("{direction} forbidden for {}s more ({}s window after the last scale)", human(left), window.as_secs())
 }
 
-fn delay_note(condition: &str, left: f64, delay: Duration) -> String {
+fn delay_note(rule: &Rule, left: f64, up: bool) -> String {
+    let (condition, delay) = if up {
+        ("above the high", rule.upscale_delay_above_watermark())
+    } else {
+        ("below the low", rule.downscale_delay_below_watermark())
+    };
     format!("the metric must stay {condition} watermark {}s more (delay {}s)", human(left), delay.as_secs())
 }
 
@@ -808,4 +904,21 @@ fn velocity_verdict(
         None if normalized.replicas == spec => format!("{text}: holding {spec}"),
         None => format!("{text}: scaling {spec} -> {}", normalized.replicas),
     }
+}
+
+/// §6: the reason a person reads: what the metrics say, what partial data held, the verdict,
+/// and whether dry-run kept the scale from the target.
+fn reason(
+    rule: &Rule,
+    metric_summary: Option<String>,
+    held_note: Option<String>,
+    verdict: String,
+    action: Action,
+) -> String {
+    let mut parts: Vec<String> = metric_summary.into_iter().chain(held_note).collect();
+    parts.push(verdict);
+    if rule.dry_run() && action != Action::Hold {
+        parts.push("dry-run: nothing written".into());
+    }
+    parts.join("; ")
 }

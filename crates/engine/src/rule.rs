@@ -484,97 +484,10 @@ impl Rule {
         let mut errors = Vec::new();
         let min_replicas = spec.min_replicas.unwrap_or(DEFAULT_MIN_REPLICAS);
         let scale_to_zero = check_scale_to_zero(&spec, min_replicas, &mut errors);
-        let max_replicas = match spec.max_replicas {
-            Some(max) => max,
-            None => {
-                errors.push(RuleError::new("max_replicas", "is required"));
-                min_replicas
-            }
-        };
-        if spec.max_replicas.is_some() && min_replicas > max_replicas {
-            errors.push(RuleError::exceeds("min_replicas", min_replicas, "max_replicas", max_replicas));
-        }
-        let tolerance = spec.tolerance.clone().unwrap_or(Decimal::from_parts(DEFAULT_TOLERANCE_PERCENT, -2));
-        check_tolerance("tolerance", &tolerance, &mut errors);
-        let behavior_tolerance = |direction: fn(&BehaviorSpec) -> Option<&ScalingRulesSpec>| {
-            spec.behavior.as_ref().and_then(direction).and_then(|rules| rules.tolerance.clone())
-        };
-        let upscale_tolerance = directional_tolerance(
-            ("upscale_tolerance", spec.upscale_tolerance.clone()),
-            ("behavior.scale_up.tolerance", behavior_tolerance(|b| b.scale_up.as_ref())),
-            &tolerance,
-            &mut errors,
-        );
-        let downscale_tolerance = directional_tolerance(
-            ("downscale_tolerance", spec.downscale_tolerance.clone()),
-            ("behavior.scale_down.tolerance", behavior_tolerance(|b| b.scale_down.as_ref())),
-            &tolerance,
-            &mut errors,
-        );
-        if spec.metrics.is_empty() {
-            errors.push(RuleError::new("metric", "at least one metric is required"));
-        }
-        let mut metrics: Vec<MetricRule> =
-            spec.metrics.iter().enumerate().filter_map(|(i, m)| check_metric(i, m, &mut errors)).collect();
-        // A filtered collect starts at four places; a rule lives as long as its autoscaler,
-        // and 10,000 of them would keep 3.6 MB of spare room.
-        metrics.shrink_to_fit();
-
-        let knobs_set: Vec<&str> = [
-            ("scale_up_limit_factor", spec.scale_up_limit_factor.is_some()),
-            ("scale_down_limit_factor", spec.scale_down_limit_factor.is_some()),
-            ("upscale_forbidden_window", spec.upscale_forbidden_window.is_some()),
-            ("downscale_forbidden_window", spec.downscale_forbidden_window.is_some()),
-        ]
-        .into_iter()
-        .filter_map(|(name, set)| set.then_some(name))
-        .collect();
-        let velocity = match &spec.behavior {
-            Some(behavior) => {
-                for knob in &knobs_set {
-                    errors.push(RuleError::new(
-                        *knob,
-                        "cannot be combined with a behavior block: use the behavior policies, or remove behavior",
-                    ));
-                }
-                Velocity::Behavior(Behavior {
-                    scale_up: check_scaling_rules(
-                        "behavior.scale_up",
-                        behavior.scale_up.as_ref(),
-                        default_scale_up(),
-                        &mut errors,
-                    ),
-                    scale_down: check_scaling_rules(
-                        "behavior.scale_down",
-                        behavior.scale_down.as_ref(),
-                        default_scale_down(),
-                        &mut errors,
-                    ),
-                })
-            }
-            None => {
-                let up = spec.scale_up_limit_factor.clone().unwrap_or(Decimal::from_int(DEFAULT_SCALE_UP_LIMIT_FACTOR));
-                if up.is_negative() {
-                    errors.push(RuleError::new("scale_up_limit_factor", format!("({up}) must not be negative")));
-                }
-                let down =
-                    spec.scale_down_limit_factor.clone().unwrap_or(Decimal::from_int(DEFAULT_SCALE_DOWN_LIMIT_FACTOR));
-                if down.is_negative() || down >= Decimal::from_int(100) {
-                    errors.push(RuleError::new(
-                        "scale_down_limit_factor",
-                        format!("({down}) must be a percentage from 0 (inclusive) to 100 (exclusive)"),
-                    ));
-                }
-                Velocity::Watermark(WatermarkVelocity {
-                    scale_up_limit_factor: up,
-                    scale_down_limit_factor: down,
-                    upscale_forbidden_window: spec.upscale_forbidden_window.unwrap_or(DEFAULT_UPSCALE_FORBIDDEN_WINDOW),
-                    downscale_forbidden_window: spec
-                        .downscale_forbidden_window
-                        .unwrap_or(DEFAULT_DOWNSCALE_FORBIDDEN_WINDOW),
-                })
-            }
-        };
+        let max_replicas = check_max_replicas(&spec, min_replicas, &mut errors);
+        let (upscale_tolerance, downscale_tolerance) = check_tolerances(&spec, &mut errors);
+        let metrics = check_metrics(&spec.metrics, &mut errors);
+        let velocity = check_velocity(&spec, &mut errors);
         let replica_modulo = spec.replica_modulo.unwrap_or(1);
         if replica_modulo == 0 {
             errors.push(RuleError::new("replica_modulo", "must be at least 1"));
@@ -727,6 +640,54 @@ impl MetricRule {
     }
 }
 
+/// `max_replicas`: required, and not below `min_replicas`. When missing, the minimum stands in
+/// so that the other checks still run and report their own problems.
+fn check_max_replicas(spec: &RuleSpec, min_replicas: u32, errors: &mut Vec<RuleError>) -> u32 {
+    let Some(max_replicas) = spec.max_replicas else {
+        errors.push(RuleError::new("max_replicas", "is required"));
+        return min_replicas;
+    };
+    if min_replicas > max_replicas {
+        errors.push(RuleError::exceeds("min_replicas", min_replicas, "max_replicas", max_replicas));
+    }
+    max_replicas
+}
+
+/// `tolerance` and the two directions' own: `(upscale, downscale)`.
+fn check_tolerances(spec: &RuleSpec, errors: &mut Vec<RuleError>) -> (Decimal, Decimal) {
+    let tolerance = spec.tolerance.clone().unwrap_or(Decimal::from_parts(DEFAULT_TOLERANCE_PERCENT, -2));
+    check_tolerance("tolerance", &tolerance, errors);
+    let behavior_tolerance = |direction: fn(&BehaviorSpec) -> Option<&ScalingRulesSpec>| {
+        spec.behavior.as_ref().and_then(direction).and_then(|rules| rules.tolerance.clone())
+    };
+    let upscale_tolerance = directional_tolerance(
+        ("upscale_tolerance", spec.upscale_tolerance.clone()),
+        ("behavior.scale_up.tolerance", behavior_tolerance(|b| b.scale_up.as_ref())),
+        &tolerance,
+        errors,
+    );
+    let downscale_tolerance = directional_tolerance(
+        ("downscale_tolerance", spec.downscale_tolerance.clone()),
+        ("behavior.scale_down.tolerance", behavior_tolerance(|b| b.scale_down.as_ref())),
+        &tolerance,
+        errors,
+    );
+    (upscale_tolerance, downscale_tolerance)
+}
+
+/// One or more metrics, each checked on its own.
+fn check_metrics(specs: &[MetricSpec], errors: &mut Vec<RuleError>) -> Vec<MetricRule> {
+    if specs.is_empty() {
+        errors.push(RuleError::new("metric", "at least one metric is required"));
+    }
+    let mut metrics: Vec<MetricRule> =
+        specs.iter().enumerate().filter_map(|(i, m)| check_metric(i, m, errors)).collect();
+    // A filtered collect starts at four places; a rule lives as long as its autoscaler,
+    // and 10,000 of them would keep 3.6 MB of spare room.
+    metrics.shrink_to_fit();
+    metrics
+}
+
 fn check_metric(index: usize, m: &MetricSpec, errors: &mut Vec<RuleError>) -> Option<MetricRule> {
     let field = |name: &str| format!("metric[{index}].{name}");
     let before = errors.len();
@@ -794,6 +755,57 @@ fn check_scale_to_zero(spec: &RuleSpec, min_replicas: u32, errors: &mut Vec<Rule
         }
     }
     Some(Box::new(ScaleToZero { activations, delay: spec.scale_to_zero_delay.unwrap_or(DEFAULT_SCALE_TO_ZERO_DELAY) }))
+}
+
+/// Velocity: the WPA knobs (docs/engine.md §3) or a `behavior` block (§3b), never both.
+fn check_velocity(spec: &RuleSpec, errors: &mut Vec<RuleError>) -> Velocity {
+    let Some(behavior) = &spec.behavior else {
+        return Velocity::Watermark(check_watermark_velocity(spec, errors));
+    };
+    let knobs = [
+        ("scale_up_limit_factor", spec.scale_up_limit_factor.is_some()),
+        ("scale_down_limit_factor", spec.scale_down_limit_factor.is_some()),
+        ("upscale_forbidden_window", spec.upscale_forbidden_window.is_some()),
+        ("downscale_forbidden_window", spec.downscale_forbidden_window.is_some()),
+    ];
+    for (knob, set) in knobs {
+        if set {
+            errors.push(RuleError::new(
+                knob,
+                "cannot be combined with a behavior block: use the behavior policies, or remove behavior",
+            ));
+        }
+    }
+    Velocity::Behavior(Behavior {
+        scale_up: check_scaling_rules("behavior.scale_up", behavior.scale_up.as_ref(), default_scale_up(), errors),
+        scale_down: check_scaling_rules(
+            "behavior.scale_down",
+            behavior.scale_down.as_ref(),
+            default_scale_down(),
+            errors,
+        ),
+    })
+}
+
+/// §3: the limit factors and forbidden windows, with their defaults.
+fn check_watermark_velocity(spec: &RuleSpec, errors: &mut Vec<RuleError>) -> WatermarkVelocity {
+    let up = spec.scale_up_limit_factor.clone().unwrap_or(Decimal::from_int(DEFAULT_SCALE_UP_LIMIT_FACTOR));
+    if up.is_negative() {
+        errors.push(RuleError::new("scale_up_limit_factor", format!("({up}) must not be negative")));
+    }
+    let down = spec.scale_down_limit_factor.clone().unwrap_or(Decimal::from_int(DEFAULT_SCALE_DOWN_LIMIT_FACTOR));
+    if down.is_negative() || down >= Decimal::from_int(100) {
+        errors.push(RuleError::new(
+            "scale_down_limit_factor",
+            format!("({down}) must be a percentage from 0 (inclusive) to 100 (exclusive)"),
+        ));
+    }
+    WatermarkVelocity {
+        scale_up_limit_factor: up,
+        scale_down_limit_factor: down,
+        upscale_forbidden_window: spec.upscale_forbidden_window.unwrap_or(DEFAULT_UPSCALE_FORBIDDEN_WINDOW),
+        downscale_forbidden_window: spec.downscale_forbidden_window.unwrap_or(DEFAULT_DOWNSCALE_FORBIDDEN_WINDOW),
+    }
 }
 
 fn check_scaling_rules(

@@ -11,9 +11,11 @@
 //! The activation compares the metric's value as read (a queue depth, a request rate at the
 //! load balancer), never divided by replicas: at zero there are none to divide by.
 
-use crate::decide::decide_running;
+use std::time::Duration;
+
+use crate::decide::{decide_running, record_scale};
 use crate::decision::{Action, Decision, Guard, Limit};
-use crate::input::{Reading, ScaleEvent, State, Target, ZeroState};
+use crate::input::{Reading, State, Target, ZeroState};
 use crate::number::human;
 use crate::rule::{Rule, ScaleToZero};
 use crate::time::Timestamp;
@@ -28,6 +30,8 @@ enum Activity {
     Unknown(String),
 }
 
+/// §5b around §1 to §5: from zero, wake or stay; while running, the ordinary decision with the
+/// idle clock carried, and at one replica the wait for (and the move to) zero.
 pub(crate) fn decide(
     rule: &Rule,
     zero: &ScaleToZero,
@@ -76,10 +80,22 @@ pub(crate) fn decide(
         ));
         return decision;
     }
+    to_zero(rule, zero, decision, &activity, idle_for, now)
+}
 
+/// 1 -> 0, once the idle delay and the downscale window are over: the decision that held at one
+/// replica becomes the scale to zero, and the state marks the zero as this rule's own.
+fn to_zero(
+    rule: &Rule,
+    zero: &ScaleToZero,
+    mut decision: Decision,
+    activity: &[Activity],
+    idle_for: Duration,
+    now: Timestamp,
+) -> Decision {
     let mut reason = format!(
         "{} for {}s (scale_to_zero_delay {}s): scaling 1 -> 0",
-        summary(&activity),
+        summary(activity),
         human(idle_for.as_secs_f64()),
         zero.delay.as_secs()
     );
@@ -144,13 +160,6 @@ fn at_zero(
     record_scale(rule, &mut next, 0, 1, now);
     decision.state = next;
     decision
-}
-
-fn record_scale(rule: &Rule, state: &mut State, from: u32, to: u32, now: Timestamp) {
-    state.last_scale_time = Some(now);
-    if rule.scale_event_horizon() > std::time::Duration::ZERO {
-        crate::history::record_scale_event(&mut state.scale_events, ScaleEvent::new(from, to, now));
-    }
 }
 
 /// Each metric against its activation, in the rule's order.
