@@ -1039,3 +1039,29 @@ fn a_declared_fallback_goes_to_its_count_when_no_metric_is_usable_and_only_up_un
     let with_data = decide(&r.falling_back(fallback(8, false)), target(4), &[value(0.7)], &State::default(), now());
     assert_eq!(with_data.replicas, 4, "{}", with_data.reason);
 }
+
+#[test]
+fn every_problem_of_a_rule_is_named_at_once_in_the_order_of_its_fields() {
+    let err = Rule::new(RuleSpec {
+        min_replicas: Some(5),
+        max_replicas: Some(4),
+        tolerance: Some(dec("1.5")),
+        metrics: vec![metric("m", "3", "2")],
+        upscale_forbidden_window: Some(secs(60)),
+        scale_up_limit_factor: None,
+        scale_down_limit_factor: None,
+        behavior: Some(BehaviorSpec::default()),
+        ..Default::default()
+    })
+    .unwrap_err();
+    let shown: Vec<String> = err.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        shown,
+        [
+            "min_replicas: (5) must not exceed max_replicas (4)",
+            "tolerance: (1.5) must be a fraction from 0 (inclusive) to 1 (exclusive), e.g. 0.1 for 10%",
+            "metric[0].low_watermark: (3) must not exceed high_watermark (2)",
+            "upscale_forbidden_window: cannot be combined with a behavior block: use the behavior policies, or remove behavior"
+        ]
+    );
+}
