@@ -14,8 +14,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use watermarkd::adapters::status::board::{Extras, Identity, ListQuery, TargetView};
+use watermarkd::adapters::status::board::ListQuery;
 use watermarkd::adapters::status::Board;
+use watermarkd::domain::outcome::{Identity, Ledger, Outcome, SeriesLabels};
 use watermarkd_engine::{decide, Action, Reading, State, Target, Timestamp};
 
 const INTERVAL: i64 = 15;
@@ -47,46 +48,57 @@ fn identity(i: usize) -> Identity {
     let name: Arc<str> = format!("web-{i}").into();
     Identity {
         id: format!("file/web-{i}").into(),
-        name: Arc::clone(&name),
-        namespace: "prod".into(),
+        labels: Arc::new(labels(name)),
         source: "file",
-        target: TargetView { kind: "Deployment".into(), namespace: "prod".into(), name },
         interval_seconds: INTERVAL as u64,
-        dry_run: false,
         paused_until: None,
         backends: vec!["dd".into()],
         shadows: Vec::new(),
+        min_replicas: 1,
+        max_replicas: 20,
+    }
+}
+
+fn labels(name: Arc<str>) -> SeriesLabels {
+    SeriesLabels {
+        wpa_name: Arc::clone(&name),
+        wpa_namespace: "prod".into(),
+        resource_name: name,
+        resource_namespace: "prod".into(),
+        resource_kind: "Deployment".into(),
+        tags: Vec::new(),
+        dry_run: false,
     }
 }
 
 /// Fills a board: every autoscaler evaluated `EVALUATIONS` times. `moving`: the value changes
 /// at every evaluation (the worst case of the encoding); else it holds.
-fn fill(n: usize, moving: bool) -> (Board, Duration) {
+fn fill(n: usize, moving: bool) -> (Arc<Ledger>, Duration) {
     let rule = watermarkd::domain::rules::rule_from_json(&json!({
         "min_replicas": 1, "max_replicas": 20, "algorithm": "average",
         "metric": [{ "name": "p99_latency", "query": "q", "high_watermark": 0.5, "low_watermark": 0.2 }]
     }))
     .unwrap();
-    let board = Board::new(Duration::from_secs(3600));
-    for i in 0..n {
-        board.admit(identity(i));
+    let ledger = Arc::new(Ledger::new(Duration::from_secs(3600)));
+    let identities: Vec<Identity> = (0..n).map(identity).collect();
+    for identity in &identities {
+        ledger.admit(identity.clone());
     }
     let mut recording = Duration::ZERO;
     for step in 0..EVALUATIONS {
         let now = Timestamp::from_unix_millis((1_800_000_000 + step * INTERVAL) * 1000);
-        for i in 0..n {
+        for (i, identity) in identities.iter().enumerate() {
             let value = if moving { 1.2 + ((step as usize * 7 + i) % 13) as f64 * 0.01 } else { 1.3 };
             let reading = [Reading::Value { value, at: now }];
             let target = Target { spec_replicas: 4, status_replicas: Some(4), ready_replicas: Some(4) };
             let decision = decide(&rule, target, &reading, &State::default(), now);
             let scaled = decision.action != Action::Hold;
-            let id = format!("file/web-{i}");
             let started = Instant::now();
-            board.record(&id, &rule, decision, Extras { scaled, ..Extras::default() });
+            ledger.record(&identity.id, &identity.labels, Outcome::of_decision(decision, &rule, scaled));
             recording += started.elapsed();
         }
     }
-    (board, recording)
+    (ledger, recording)
 }
 
 fn timed<T>(runs: u32, mut f: impl FnMut() -> T) -> (T, Duration) {
@@ -100,8 +112,9 @@ fn timed<T>(runs: u32, mut f: impl FnMut() -> T) -> (T, Duration) {
 
 fn report(n: usize, moving: bool) {
     let (before, heap_before) = (resident_mib(), live_heap_mib());
-    let (board, recording) = fill(n, moving);
+    let (ledger, recording) = fill(n, moving);
     let (after, heap_after) = (resident_mib(), live_heap_mib());
+    let board = Board::new(Arc::clone(&ledger));
     let records = n as u32 * EVALUATIONS as u32;
     println!(
         "\n== {n} autoscalers, {} values, {EVALUATIONS} evaluations each ==",
@@ -109,8 +122,8 @@ fn report(n: usize, moving: bool) {
     );
     println!(
         "history: {:.1} MiB in all, {:.0} bytes per autoscaler; board and history resident: {:.1} MiB ({:.1} KiB per autoscaler)",
-        board.history_bytes() as f64 / 1_048_576.0,
-        board.history_bytes() as f64 / n as f64,
+        ledger.history_bytes() as f64 / 1_048_576.0,
+        ledger.history_bytes() as f64 / n as f64,
         after - before,
         (after - before) * 1024.0 / n as f64
     );

@@ -27,8 +27,9 @@ use kube_cluster::KubeCluster;
 use serde_json::{json, Value};
 use watermarkd::domain::crd::{
     custom_resource_definition, map_wpa, next_status, status_changed, AllowedUrl, MapError, MappingOptions,
-    NoDatadogMetrics, RecommenderPolicy, ScaleWrite, WatermarkPodAutoscaler,
+    NoDatadogMetrics, RecommenderPolicy, WatermarkPodAutoscaler,
 };
+use watermarkd::domain::outcome::ScaleWrite;
 use watermarkd::domain::rules::load_rules;
 use watermarkd_engine::{decide, Action, ConvergeTowards, Decimal, Reading, State, Target, Timestamp};
 

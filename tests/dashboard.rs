@@ -4,7 +4,7 @@
 //!
 //! The exported series are built in-process from the telemetry types: the daemon's, backend and
 //! recommender-client metrics on one registry, the per-autoscaler series from an
-//! `AutoscalerMetrics` that has seen one decision (with a forecast, a fallback and a pause) and
+//! `AutoscalerMetrics` over a ledger that has seen one decision (with a forecast, a fallback and a pause) and
 //! one shadow outcome.
 
 #![allow(
@@ -25,8 +25,9 @@ use prometheus::core::{Collector, MetricVec, MetricVecBuilder};
 use prometheus::{Registry, TextEncoder};
 use serde_json::Value;
 use watermarkd::adapters::telemetry::{
-    AheadSeries, AutoscalerMetrics, BackendMetrics, DaemonMetrics, HttpClientMetrics, SeriesLabels, ShadowOutcome,
+    AutoscalerMetrics, BackendMetrics, DaemonMetrics, HttpClientMetrics, LabelsAsTags, SeriesLabels,
 };
+use watermarkd::domain::outcome::{Identity, Ledger, Outcome, Outlook, ShadowOutcome};
 use watermarkd_engine::{decide, Reading, State, Target, Timestamp};
 
 const DASHBOARD: &str = "deploy/grafana/watermarkd.json";
@@ -141,7 +142,8 @@ fn registry_text() -> String {
 /// The per-autoscaler series after one decision and one shadow outcome, which is when every
 /// family (the shadow ones included) has a sample.
 fn autoscaler_text() -> String {
-    let metrics = AutoscalerMetrics::new();
+    let ledger = Arc::new(Ledger::new(std::time::Duration::ZERO));
+    let metrics = AutoscalerMetrics::new(Arc::clone(&ledger), LabelsAsTags::default());
     let labels = Arc::new(SeriesLabels {
         wpa_name: "web".into(),
         wpa_namespace: "prod".into(),
@@ -159,17 +161,29 @@ fn autoscaler_text() -> String {
     let now = Timestamp::from_unix_millis(1_700_000_000_000);
     let target = Target { spec_replicas: 2, status_replicas: Some(2), ready_replicas: Some(2) };
     let decision = decide(&rule, target, &[Reading::Value { value: 30.0, at: now }], &State::default(), now);
-    metrics.admit(&labels);
+    ledger.admit(Identity {
+        id: "file/web".into(),
+        labels: Arc::clone(&labels),
+        source: "file",
+        interval_seconds: 15,
+        paused_until: None,
+        backends: Vec::new(),
+        shadows: vec!["web-next".into()],
+        min_replicas: 1,
+        max_replicas: 10,
+    });
     // An autoscaler with a forecast, a fallback and a pause, so that their series are exported.
-    let ahead = AheadSeries {
+    let ahead = Outlook {
         forecast_demand: vec![("latency".into(), 12.0)],
         forecast_replicas: Some(4),
         fallback_active: Some(false),
         paused: Some(false),
     };
-    let conditions = [("AbleToScale", true), ("ScalingLimited", false)];
-    metrics.observe(&labels, &rule, &decision, true, conditions, Some(ahead));
-    metrics.observe_shadows(&labels, &[ShadowOutcome { name: "web-next".into(), replicas: 3, diverged: true }]);
+    let mut outcome = Outcome::of_decision(decision, &rule, true);
+    outcome.conditions = vec![("AbleToScale", true), ("ScalingLimited", false)];
+    outcome.ahead = Some(ahead);
+    outcome.shadows = Some(vec![ShadowOutcome { name: "web-next".into(), replicas: 3, diverged: true }]);
+    ledger.record("file/web", &labels, outcome);
     watermarkd::testing::render_all(&metrics)
 }
 

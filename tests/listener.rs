@@ -30,7 +30,8 @@ use raw_http::{ask, connect_from};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_util::sync::{CancellationToken, DropGuard};
-use watermarkd::adapters::telemetry::{serve, AutoscalerMetrics, ListenerLimits, Readiness};
+use watermarkd::adapters::telemetry::{serve, AutoscalerMetrics, LabelsAsTags, ListenerLimits, Readiness};
+use watermarkd::domain::outcome::Ledger;
 
 /// Longer than any limit used here: what "never" means in these tests.
 const NEVER: Duration = Duration::from_secs(20);
@@ -48,7 +49,7 @@ async fn listen(limits: ListenerLimits) -> Listener {
         "127.0.0.1:0".parse().unwrap(),
         limits,
         prometheus::Registry::new(),
-        Arc::new(AutoscalerMetrics::new()),
+        Arc::new(AutoscalerMetrics::new(Arc::new(Ledger::new(Duration::ZERO)), LabelsAsTags::default())),
         readiness,
         None,
         stop.clone(),

@@ -23,7 +23,8 @@ use tokio_util::sync::CancellationToken;
 use watermarkd::adapters::telemetry::{
     serve, AutoscalerMetrics, HttpClientMetrics, LabelsAsTags, ListenerLimits, Readiness, SeriesLabels,
 };
-use watermarkd::domain::crd::{self, ScaleWrite, WatermarkPodAutoscalerSpec};
+use watermarkd::domain::crd;
+use watermarkd::domain::outcome::{Identity, Ledger, Outcome, ScaleWrite};
 use watermarkd_engine::{decide, Reading, State, Target, Timestamp};
 
 /// The per-autoscaler labels of the Datadog controller (`defaultPromLabels`).
@@ -157,7 +158,8 @@ async fn every_datadog_controller_series_and_label_is_served() {
     assert!(overlap.is_empty(), "both required and not applicable: {overlap:?}");
 
     let tags = LabelsAsTags::new(&[TAG]).expect("valid");
-    let metrics = Arc::new(AutoscalerMetrics::with_labels_as_tags(tags));
+    let ledger = Arc::new(Ledger::new(std::time::Duration::ZERO));
+    let metrics = Arc::new(AutoscalerMetrics::new(Arc::clone(&ledger), tags));
     // Two autoscalers, one that scales and one that only reports, so both values of `dry_run`
     // are checked: (wpa_name, namespace, target, team label, dry_run).
     let autoscalers =
@@ -182,13 +184,24 @@ async fn every_datadog_controller_series_and_label_is_served() {
         }))
         .expect("rule");
         let decision = decide(&rule, target, &[Reading::Value { value: 30.0, at: now }], &State::default(), now);
-        // The conditions as the daemon derives them for the metrics: from the WPA status shape.
-        let status =
-            crd::next_status(None, &WatermarkPodAutoscalerSpec::default(), &decision, &ScaleWrite::Succeeded, now);
-        let conditions = status.conditions.iter().map(|c| (c.type_.as_str(), c.status == "True"));
+        // The conditions as the daemon derives them for the metrics and a WPA's status.
+        let conditions = crd::conditions(&decision, &ScaleWrite::Succeeded);
         // As the scheduler does for a running autoscaler, before its evaluations report.
-        metrics.admit(&labels);
-        metrics.observe(&labels, &rule, &decision, true, conditions, None);
+        let id = format!("crd/{namespace}/{name}");
+        ledger.admit(Identity {
+            id: id.as_str().into(),
+            labels: Arc::clone(&labels),
+            source: "crd",
+            interval_seconds: 15,
+            paused_until: None,
+            backends: Vec::new(),
+            shadows: Vec::new(),
+            min_replicas: 1,
+            max_replicas: 10,
+        });
+        let mut outcome = Outcome::of_decision(decision, &rule, true);
+        outcome.conditions = conditions;
+        ledger.record(&id, &labels, outcome);
     }
 
     let stop = CancellationToken::new();

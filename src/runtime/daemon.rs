@@ -39,6 +39,7 @@ use crate::adapters::telemetry::{
     AutoscalerMetrics, BackendMetrics, DaemonMetrics, HttpClientMetrics, ListenerTask, Readiness,
 };
 use crate::adapters::workload::Workloads;
+use crate::domain::outcome::Ledger;
 use crate::domain::rules::{self, RulesFile};
 use crate::runtime::settings::{Settings, StatusSettings};
 
@@ -105,8 +106,7 @@ impl Daemon {
         let mut scheduler = Scheduler::new(
             settings.default_interval,
             Arc::clone(&telemetry.backends),
-            Arc::clone(&telemetry.autoscalers),
-            Arc::clone(&telemetry.board),
+            Arc::clone(&telemetry.ledger),
             telemetry.daemon.clone(),
         );
         let sources = Sources::start(&settings, rules, &shared, &mut scheduler);
@@ -209,6 +209,8 @@ struct Telemetry {
     registry: Registry,
     backends: Arc<BackendMetrics>,
     autoscalers: Arc<AutoscalerMetrics>,
+    /// Every running autoscaler's last outcome and history: the series and the board read it.
+    ledger: Arc<Ledger>,
     /// What the status API and page show.
     board: Arc<Board>,
     daemon: DaemonMetrics,
@@ -219,11 +221,13 @@ impl Telemetry {
     fn register(settings: &Settings) -> Result<Telemetry, RunError> {
         let registry = Registry::new();
         let backends = Arc::new(BackendMetrics::new(&registry)?);
-        let autoscalers = Arc::new(AutoscalerMetrics::with_labels_as_tags(settings.labels_as_tags.clone()));
+        // Without the status service, nobody reads a history: none is kept.
+        let history = if settings.status.enabled { settings.status.history } else { Duration::ZERO };
+        let ledger = Arc::new(Ledger::new(history));
+        let autoscalers = Arc::new(AutoscalerMetrics::new(Arc::clone(&ledger), settings.labels_as_tags.clone()));
         let daemon = DaemonMetrics::new(&registry)?;
-        let board =
-            Arc::new(if settings.status.enabled { Board::new(settings.status.history) } else { Board::disabled() });
-        Ok(Telemetry { registry, backends, autoscalers, board, daemon, readiness: Arc::default() })
+        let board = Arc::new(Board::new(Arc::clone(&ledger)));
+        Ok(Telemetry { registry, backends, autoscalers, ledger, board, daemon, readiness: Arc::default() })
     }
 
     /// The status API and page, unless the settings turn them off.
@@ -283,7 +287,7 @@ fn share(
         targets: Workloads::new(client.clone()),
         states: StateConfigMaps::new(client.clone(), &settings.lease.namespace),
         events: Some(events),
-        autoscaler_metrics: Arc::clone(&telemetry.autoscalers),
+        ledger: Arc::clone(&telemetry.ledger),
         board: Arc::clone(&telemetry.board),
         daemon: telemetry.daemon.clone(),
         resources: ResourceMetrics::new(client.clone(), Arc::clone(&telemetry.backends)),

@@ -22,35 +22,36 @@ use super::source::Desired;
 use crate::adapters::backend::{Observation, QueryError};
 use crate::adapters::state_store;
 use crate::adapters::state_store::{StateObjectError, Stored};
-use crate::adapters::telemetry::{AheadSeries, ShadowOutcome};
 use crate::adapters::workload::{ScaleReading, WorkloadError};
-use crate::domain::crd::{self, ScaleWrite, WatermarkPodAutoscaler, WatermarkPodAutoscalerStatus};
+use crate::domain::crd::{self, WatermarkPodAutoscaler, WatermarkPodAutoscalerStatus};
 use crate::domain::fallback;
 use crate::domain::forecast::{Ahead, Forecast, ForecastMode, ForecastRule, Forecaster};
+use crate::domain::outcome::{Outcome, Outlook, ScaleWrite, Sentences, ShadowOutcome};
 use crate::domain::rules::TargetRef;
 use crate::domain::schedule;
 use crate::domain::sparse::Sparse;
 use crate::domain::state;
+use crate::domain::status::explain::{self, Context};
 
 /// Attempts at a scale write that keeps meeting a newer object.
 pub const CONFLICT_ATTEMPTS: usize = 3;
 
 /// What an evaluation ended in, for the evaluations counter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Outcome {
+pub enum Ending {
     Scaled,
     Held,
     DryRun,
     Failed,
 }
 
-impl Outcome {
+impl Ending {
     pub fn label(self) -> &'static str {
         match self {
-            Outcome::Scaled => "scaled",
-            Outcome::Held => "held",
-            Outcome::DryRun => "dry_run",
-            Outcome::Failed => "failed",
+            Ending::Scaled => "scaled",
+            Ending::Held => "held",
+            Ending::DryRun => "dry_run",
+            Ending::Failed => "failed",
         }
     }
 }
@@ -79,7 +80,7 @@ pub enum Need {
     /// The decision stands: report and persist it.
     Done(Box<Done>),
     /// Nothing to report: leadership was lost, or the hold only kept a pacing budget.
-    End(Outcome),
+    End(Ending),
 }
 
 /// The answer to the last [`Need`].
@@ -104,25 +105,11 @@ pub enum Answer {
 /// What an evaluation decided, for the executor to report and persist.
 #[derive(Debug)]
 pub struct Done {
-    pub decision: Decision,
-    pub write: ScaleWrite,
+    /// What it produced, for everything that reports it.
+    pub outcome: Outcome,
     /// The state after this evaluation, as persisted.
     pub next_state: State,
-    /// Whether the target was scaled (or would have been, in a dry run).
-    pub scaled: bool,
-    /// The conditions this evaluation sets.
-    pub conditions: Vec<(&'static str, bool)>,
-    /// The shadow rules' decisions; `None` without shadow rules.
-    pub shadows: Option<Vec<ShadowOutcome>>,
-    /// Whether a metric was deferred by the Datadog pacing (no event for a hold then).
-    pub deferred: bool,
-    pub outcome: Outcome,
-    /// The autoscaler entered or left fallback at this evaluation (an event says so).
-    pub fallback: Option<fallback::Change>,
-    /// The series of its forecast, fallback and pause, when it has one of them.
-    pub ahead: Option<AheadSeries>,
-    /// What its forecast says (`Ok`), or why it cannot forecast (`Err`): for a WPA's status.
-    pub forecast_says: Option<Result<String, String>>,
+    pub ending: Ending,
 }
 
 #[derive(Debug)]
@@ -155,7 +142,7 @@ struct Pending {
     /// The autoscaler entered or left fallback at this evaluation.
     fallback: Option<fallback::Change>,
     /// The series of its forecast, fallback and pause, when it has one of them.
-    ahead: Option<AheadSeries>,
+    ahead: Option<Outlook>,
     /// What its forecast says (`Ok`), or why it cannot forecast (`Err`), when it has one.
     forecast_says: Option<Result<String, String>>,
 }
@@ -203,11 +190,6 @@ impl<'a> Evaluation<'a> {
         }
     }
 
-    /// The rule this evaluation decides by (a dry-run copy under `--dry-run`).
-    pub fn rule(&self) -> &Rule {
-        &self.rule
-    }
-
     /// The next need, given the answer to the last one. After `TargetFailed`,
     /// `StateUnreadable`, `Done` or `End` the evaluation is over.
     pub fn resume(&mut self, memory: &mut Memory, answer: Answer) -> Need {
@@ -219,7 +201,7 @@ impl<'a> Evaluation<'a> {
             (Phase::Read, Answer::Start) | (Phase::Refresh, Answer::CacheMoved) => self.read(),
             (Phase::SettleAsk, Answer::NoWriteBudget) | (Phase::Write(_), Answer::NoWriteBudget) => {
                 // Leadership was lost, or can no longer be proven: the leader decides.
-                Need::End(Outcome::Held)
+                Need::End(Ending::Held)
             }
             (Phase::SettleAsk, Answer::ApiVersion(Err(why))) => {
                 Need::TargetFailed(WorkloadError::Unsettled(format!("the API server cannot say which yet: {why}")))
@@ -251,7 +233,7 @@ impl<'a> Evaluation<'a> {
                 // The executor answers each need with its answer: anything else is a bug there,
                 // and ends the evaluation without a decision rather than deciding on a guess.
                 tracing::error!(?phase, ?answer, "evaluation answered out of turn; holding");
-                Need::End(Outcome::Failed)
+                Need::End(Ending::Failed)
             }
         }
     }
@@ -314,7 +296,7 @@ impl<'a> Evaluation<'a> {
         // and a pause keeps it from writing.
         let mut rule = schedule::rule_at(&self.rule, &self.desired.autoscaler.schedules, now);
         let autoscaler = &self.desired.autoscaler;
-        let mut ahead = AheadSeries::default();
+        let mut ahead = Outlook::default();
         // What the forecast says, for a WPA's status.
         let mut says = None;
         if let Some(forecast) = autoscaler.forecast.as_deref() {
@@ -443,7 +425,7 @@ impl<'a> Evaluation<'a> {
             // Skipped to stay within the Datadog budget: nothing failed and nothing is known
             // that was not known last time, so the series, the WPA conditions and the persisted
             // state stay as the last real evaluation left them.
-            return Need::End(Outcome::Held);
+            return Need::End(Ending::Held);
         }
         // The conditions this evaluation sets (a WPA's status shows them too); the metrics keep
         // the status of those it does not set.
@@ -452,25 +434,33 @@ impl<'a> Evaluation<'a> {
             let observations = mem::take(&mut self.shadow_observations);
             evaluate_shadows(self.desired, memory, observed, observations, (&current, &decision, &next_state), now)
         });
-        let outcome = match (&write, decision.action) {
-            (ScaleWrite::Failed(_), _) => Outcome::Failed,
-            (_, Action::Hold) => Outcome::Held,
-            _ if decision.dry_run => Outcome::DryRun,
-            _ => Outcome::Scaled,
+        let ending = match (&write, decision.action) {
+            (ScaleWrite::Failed(_), _) => Ending::Failed,
+            (_, Action::Hold) => Ending::Held,
+            _ if decision.dry_run => Ending::DryRun,
+            _ => Ending::Scaled,
         };
-        Need::Done(Box::new(Done {
+        let rule = &*self.rule;
+        let paused = ahead.as_ref().and_then(|a| a.paused) == Some(true);
+        let paused_until = self.desired.autoscaler.paused_until.map(|t| t.to_string());
+        let context = Context { paused_until: paused_until.as_deref().filter(|_| paused), scaled };
+        let explanation = explain::explain(&decision, rule, context);
+        let outcome = Outcome {
             decision,
             write,
-            next_state,
             scaled,
             conditions,
             shadows,
             deferred: self.deferred,
-            outcome,
             fallback,
             ahead,
             forecast_says,
-        }))
+            min_replicas: rule.min_replicas(),
+            max_replicas: rule.max_replicas(),
+            per_replica: rule.algorithm() == Algorithm::Average,
+            explanation: Sentences::new(&explanation),
+        };
+        Need::Done(Box::new(Done { outcome, next_state, ending }))
     }
 }
 
@@ -516,7 +506,7 @@ pub fn to_persist<'m>(
     now: Timestamp,
     at: tokio::time::Instant,
 ) -> Option<Persist<'m>> {
-    let decision = &done.decision;
+    let decision = &done.outcome.decision;
     match persisted {
         Persisted::ConfigMap { written } => {
             let rule = &desired.autoscaler.rule;
@@ -528,9 +518,9 @@ pub fn to_persist<'m>(
         }
         Persisted::Status { wpa, status, written_at } => {
             let previous = status.as_deref().cloned().or_else(|| wpa.status.clone());
-            let mut next = crd::next_status(previous.as_ref(), &wpa.spec, decision, &done.write, now);
-            if let Some(ahead) = &done.ahead {
-                let forecast = done.forecast_says.as_ref().map(|says| says.as_deref().map_err(String::as_str));
+            let mut next = crd::next_status(previous.as_ref(), &wpa.spec, decision, &done.outcome.write, now);
+            if let Some(ahead) = &done.outcome.ahead {
+                let forecast = done.outcome.forecast_says.as_ref().map(|says| says.as_deref().map_err(String::as_str));
                 crd::with_ahead(&mut next, forecast, ahead.fallback_active, now);
             }
             if !crd::status_changed(previous.as_ref(), &next) {

@@ -10,6 +10,9 @@
 //! - `cycle` queries the autoscalers due together (one `evaluate` call per backend, so Datadog
 //!   batches are shared) and decides each in its own task (`evaluate`), at most
 //!   `max_concurrency` at once. One still running when it falls due again skips that turn.
+//! - `fanout` is where an autoscaler's admission and removal and each evaluation's outcome go,
+//!   once: persisted, published as Events, and recorded in the ledger the series and the
+//!   status board read.
 //! - `report` writes WPA statuses and events (the loop reports the WPAs that cannot run);
 //!   `health` keeps `/readyz` and systemd's watchdog, and is the one place that trims the
 //!   allocator (`allocator::Trim` asks it to).
@@ -19,6 +22,7 @@ mod cycle;
 mod daemon;
 mod evaluate;
 mod evaluation;
+mod fanout;
 mod health;
 mod memory;
 mod report;

@@ -17,8 +17,9 @@ use super::wpa_index::{ObjectKey, Rejection};
 use super::Shared;
 use crate::adapters::events::{EventType, Repeats};
 use crate::adapters::workload::WorkloadError;
-use crate::domain::crd::{self, MapError, ScaleWrite, WatermarkPodAutoscaler, WatermarkPodAutoscalerStatus};
+use crate::domain::crd::{self, MapError, WatermarkPodAutoscaler, WatermarkPodAutoscalerStatus};
 use crate::domain::fallback;
+use crate::domain::outcome::ScaleWrite;
 
 /// Merge-patches a WPA's status; true when it was written.
 pub async fn write_status(

@@ -12,13 +12,14 @@ use std::time::Duration;
 use tokio::sync::{Mutex, OwnedMutexGuard};
 use tokio::time::Instant;
 
+use super::fanout;
 use super::memory::Memory;
 use super::schedule;
 use super::source::{AutoscalerKey, Desired, Source, SourceKind};
 use crate::adapters::backend::MetricBackend;
-use crate::adapters::status::Board;
-use crate::adapters::telemetry::{AutoscalerMetrics, BackendMetrics, DaemonMetrics};
+use crate::adapters::telemetry::{BackendMetrics, DaemonMetrics};
 use crate::domain::crd::WatermarkPodAutoscaler;
+use crate::domain::outcome::Ledger;
 use crate::domain::rules::{self, Recommender, RulesFile, TargetRef};
 
 /// What the sources tell the scheduler.
@@ -65,9 +66,8 @@ pub struct Scheduler {
     epoch: Instant,
     default_interval: Duration,
     backend_metrics: Arc<BackendMetrics>,
-    autoscaler_metrics: Arc<AutoscalerMetrics>,
-    /// The status board: an autoscaler is on it while it runs.
-    board: Arc<Board>,
+    /// Who runs, for the series and the status board: an autoscaler is in it while it runs.
+    ledger: Arc<Ledger>,
     daemon: DaemonMetrics,
 }
 
@@ -75,8 +75,7 @@ impl Scheduler {
     pub fn new(
         default_interval: Duration,
         backend_metrics: Arc<BackendMetrics>,
-        autoscaler_metrics: Arc<AutoscalerMetrics>,
-        board: Arc<Board>,
+        ledger: Arc<Ledger>,
         daemon: DaemonMetrics,
     ) -> Scheduler {
         Scheduler {
@@ -85,8 +84,7 @@ impl Scheduler {
             epoch: Instant::now(),
             default_interval,
             backend_metrics,
-            autoscaler_metrics,
-            board,
+            ledger,
             daemon,
         }
     }
@@ -148,11 +146,10 @@ impl Scheduler {
                 None => stopped.push(key.clone()),
                 Some(next) if next.autoscaler == entry.desired.autoscaler => {
                     // Unchanged: same state and schedule; the object may carry a newer status,
-                    // or new labels (labels-as-tags), whose series start over under them.
-                    self.autoscaler_metrics.relabel(&entry.desired.labels, &next.labels);
-                    // What the board shows of it beyond the autoscaler: its dry run and shadows.
-                    if next.labels.dry_run != entry.desired.labels.dry_run || next.shadows != entry.desired.shadows {
-                        self.board.admit(next.identity(self.default_interval));
+                    // or new labels (labels-as-tags), whose series start over under them, or
+                    // new shadows.
+                    if next.labels != entry.desired.labels || next.shadows != entry.desired.shadows {
+                        fanout::admit(&self.ledger, &next, self.default_interval);
                     }
                     entry.desired = Arc::new(next);
                 }
@@ -164,8 +161,7 @@ impl Scheduler {
                     changes.unfollow.push(entry.desired.autoscaler.target.clone());
                     // A flip of the rule's dry_run lands here: the `dry_run` label changes with
                     // it, and the series start over under the new label set.
-                    self.autoscaler_metrics.relabel(&entry.desired.labels, &next.labels);
-                    self.board.admit(next.identity(self.default_interval));
+                    fanout::admit(&self.ledger, &next, self.default_interval);
                     let interval = next.autoscaler.interval(self.default_interval);
                     entry.due = first_due(self.epoch, now, key, interval, uses_datadog(&self.backends, &next));
                     entry.interval = interval;
@@ -178,15 +174,13 @@ impl Scheduler {
             if let Some(entry) = self.entries.remove(&key) {
                 tracing::info!(autoscaler = %entry.desired.autoscaler.name, "autoscaler removed");
                 changes.unfollow.push(entry.desired.autoscaler.target.clone());
-                self.autoscaler_metrics.remove(&entry.desired.labels);
-                self.board.remove(&key.to_string());
+                fanout::remove(&self.ledger, &entry.desired);
             }
         }
         for (key, next) in wanted {
             tracing::info!(autoscaler = %next.autoscaler.name, workload = %next.autoscaler.target.name, "autoscaler started");
             changes.follow.push(next.autoscaler.target.clone());
-            self.autoscaler_metrics.admit(&next.labels);
-            self.board.admit(next.identity(self.default_interval));
+            fanout::admit(&self.ledger, &next, self.default_interval);
             let interval = next.autoscaler.interval(self.default_interval);
             let due = first_due(self.epoch, now, &key, interval, uses_datadog(&self.backends, &next));
             let memory = Arc::new(Mutex::new(Memory::for_source(&next.source)));
@@ -288,8 +282,7 @@ app_key_env = "HOME"
         let mut scheduler = Scheduler::new(
             Duration::from_secs(15),
             Arc::new(BackendMetrics::new(&registry).expect("metrics")),
-            Arc::new(AutoscalerMetrics::new()),
-            Arc::new(Board::new(Duration::from_secs(3600))),
+            Arc::new(Ledger::new(Duration::from_secs(3600))),
             daemon.clone(),
         );
         let desired = rules.autoscalers.into_iter().map(|a| Desired::from_rules_file(a, false)).collect();

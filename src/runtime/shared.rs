@@ -16,8 +16,9 @@ use crate::adapters::lease::Authority;
 use crate::adapters::resource::ResourceMetrics;
 use crate::adapters::state_store::StateConfigMaps;
 use crate::adapters::status::Board;
-use crate::adapters::telemetry::{AutoscalerMetrics, DaemonMetrics};
+use crate::adapters::telemetry::DaemonMetrics;
 use crate::adapters::workload::Workloads;
+use crate::domain::outcome::Ledger;
 
 /// Wall time that advances with tokio's clock: monotonic (a clock step does not open or close a
 /// window) and paused with it in tests.
@@ -43,8 +44,11 @@ pub struct Shared {
     /// Where the rules file's autoscalers keep their state.
     pub states: StateConfigMaps,
     pub events: Option<EventPublisher>,
-    pub autoscaler_metrics: Arc<AutoscalerMetrics>,
-    /// What the status API and page show of each autoscaler.
+    /// Every running autoscaler's last outcome and history: what the series and the status
+    /// board show (see `fanout`).
+    pub ledger: Arc<Ledger>,
+    /// What the status API and page say of the daemon itself: whether it leads, whether the
+    /// rules file on disk was refused.
     pub board: Arc<Board>,
     pub daemon: DaemonMetrics,
     /// HTTP clients of the replica recommenders.

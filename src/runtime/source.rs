@@ -11,9 +11,9 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::adapters::status::{Identity, TargetView};
 use crate::adapters::telemetry::SeriesLabels;
 use crate::domain::crd::WatermarkPodAutoscaler;
+use crate::domain::outcome::Identity;
 use crate::domain::rules::{intern, Autoscaler};
 use crate::domain::sparse::Sparse;
 
@@ -61,12 +61,6 @@ impl AutoscalerKey {
     pub fn namespace(&self) -> Option<&str> {
         self.namespace.as_deref()
     }
-
-    /// The name in its source: the rules file's `name`, or the WPA object's `metadata.name`
-    /// (without its namespace, which [`AutoscalerKey::namespace`] says).
-    pub fn name(&self) -> &str {
-        &self.name
-    }
 }
 
 /// `file/NAME` or `crd/NAMESPACE/NAME`. The schedule's phase is a hash of this text, so it must
@@ -102,7 +96,7 @@ impl Source {
 pub struct Desired {
     pub key: AutoscalerKey,
     pub autoscaler: Autoscaler,
-    /// Shared with the autoscaler's series (see `AutoscalerMetrics::admit`).
+    /// Its series' label set, shared with its identity in the ledger.
     pub labels: Arc<SeriesLabels>,
     pub source: Source,
     /// The shadow rules on the same target, evaluated with this autoscaler and compared with it.
@@ -118,30 +112,22 @@ pub struct Shadow {
 }
 
 impl Desired {
-    /// Who this autoscaler is on the status board.
+    /// Who this autoscaler is, for the ledger: its names are its label set's, shared.
     pub fn identity(&self, default_interval: Duration) -> Identity {
         let autoscaler = &self.autoscaler;
-        let target = &autoscaler.target;
-        let mut backends: Vec<String> = autoscaler.metrics.iter().map(|m| m.backend.clone()).collect();
+        let mut backends: Vec<Arc<str>> = autoscaler.metrics.iter().map(|m| Arc::from(m.backend.as_str())).collect();
         backends.sort();
         backends.dedup();
         Identity {
             id: self.key.to_string().into(),
-            // The object's own name: a WPA's `autoscaler.name` is `NAMESPACE/NAME` (what its
-            // log lines say), and the board has the namespace in a field of its own.
-            name: Arc::from(self.key.name()),
-            namespace: self.key.namespace().map_or_else(|| Arc::clone(&target.namespace), Arc::from),
+            labels: Arc::clone(&self.labels),
             source: self.key.source().label(),
-            target: TargetView {
-                kind: Arc::clone(&target.kind),
-                namespace: Arc::clone(&target.namespace),
-                name: Arc::clone(&target.name),
-            },
             interval_seconds: autoscaler.interval(default_interval).as_secs(),
-            dry_run: self.labels.dry_run,
             paused_until: autoscaler.paused_until.map(|t| t.to_string()),
             backends,
             shadows: self.shadows.iter().map(|s| Arc::clone(&s.name)).collect(),
+            min_replicas: autoscaler.rule.min_replicas(),
+            max_replicas: autoscaler.rule.max_replicas(),
         }
     }
 }
@@ -321,7 +307,7 @@ mod tests {
         autoscaler.name = "other/esc".into();
         let identity =
             Desired::from_wpa(Arc::new(wpa), autoscaler, Vec::new(), false).identity(Duration::from_secs(15));
-        assert_eq!((&*identity.id, &*identity.name, &*identity.namespace), ("crd/other/esc", "esc", "other"));
+        assert_eq!((&*identity.id, &**identity.name(), &**identity.namespace()), ("crd/other/esc", "esc", "other"));
     }
 
     #[test]
@@ -330,6 +316,6 @@ mod tests {
         assert_eq!(AutoscalerKey::wpa("shop", "web").to_string(), "crd/shop/web");
         assert_ne!(AutoscalerKey::rules_file("web"), AutoscalerKey::wpa("", "web"));
         assert_eq!(AutoscalerKey::wpa("a", "b").source(), SourceKind::Wpa);
-        assert_eq!((AutoscalerKey::wpa("a", "b").namespace(), AutoscalerKey::wpa("a", "b").name()), (Some("a"), "b"));
+        assert_eq!((AutoscalerKey::wpa("a", "b").namespace(), &*AutoscalerKey::wpa("a", "b").name), (Some("a"), "b"));
     }
 }

@@ -320,24 +320,33 @@ fn backends_view(metrics: &BackendMetrics, board: &Board) -> Vec<BackendView> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::adapters::status::board::{Extras, Identity, TargetView};
+    use crate::domain::outcome::{Identity, Ledger, Outcome, SeriesLabels};
     use prometheus::Registry;
     use serde_json::json;
+    use std::sync::Arc;
     use watermarkd_engine::{decide, Reading, State as EngineState, Target};
 
     fn board_with(name: &str, note: &str) -> Board {
-        let board = Board::new(std::time::Duration::from_secs(3600));
-        board.admit(Identity {
-            id: format!("file/{name}").into(),
-            name: name.into(),
-            namespace: "prod".into(),
-            source: "file",
-            target: TargetView { kind: "Deployment".into(), namespace: "prod".into(), name: name.into() },
-            interval_seconds: 15,
+        let ledger = Arc::new(Ledger::new(std::time::Duration::from_secs(3600)));
+        let labels = Arc::new(SeriesLabels {
+            wpa_name: name.into(),
+            wpa_namespace: "prod".into(),
+            resource_name: name.into(),
+            resource_namespace: "prod".into(),
+            resource_kind: "Deployment".into(),
+            tags: Vec::new(),
             dry_run: false,
+        });
+        ledger.admit(Identity {
+            id: format!("file/{name}").into(),
+            labels: Arc::clone(&labels),
+            source: "file",
+            interval_seconds: 15,
             paused_until: None,
             backends: vec!["prom".into()],
             shadows: Vec::new(),
+            min_replicas: 1,
+            max_replicas: 20,
         });
         let rule = crate::domain::rules::rule_from_json(&json!({
             "min_replicas": 1, "max_replicas": 20, "algorithm": "absolute",
@@ -348,8 +357,8 @@ mod tests {
         let now = Timestamp::from_unix_millis(1_700_000_000_000);
         let reading = [Reading::Unavailable { reason: note.into() }];
         let decision = decide(&rule, target, &reading, &EngineState::default(), now);
-        board.record(&format!("file/{name}"), &rule, decision, Extras::default());
-        board
+        ledger.record(&format!("file/{name}"), &labels, Outcome::of_decision(decision, &rule, false));
+        Board::new(ledger)
     }
 
     fn ask(board: &Board, path: &str, query: &str) -> Answer {

@@ -9,5 +9,5 @@ pub mod page;
 pub mod worker;
 
 pub use access::{Access, TokenReviewer};
-pub use board::{Board, Extras, Identity, Leadership, ListQuery, State, TargetView};
+pub use board::{Board, Identity, Leadership, ListQuery, State, TargetView};
 pub use http::StatusApi;

@@ -8,7 +8,7 @@ pub mod logging;
 mod server;
 pub mod slots;
 
-pub use autoscaler::{AheadSeries, AutoscalerMetrics, LabelsAsTags, SeriesLabels, ShadowOutcome};
+pub use autoscaler::{AutoscalerMetrics, LabelsAsTags, SeriesLabels};
 pub use daemon::DaemonMetrics;
 pub use http_client::HttpClientMetrics;
 pub use server::{accept_backoff, serve, ListenerLimits, ListenerTask, Readiness};

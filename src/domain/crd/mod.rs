@@ -25,7 +25,7 @@ pub(crate) use query::DatadogMetricIndex;
 pub use query::NoDatadogMetrics;
 pub use recommender_policy::{check_tls_dir, AllowedUrl, RecommenderPolicy, ALLOWED_URLS_SETTING, TLS_DIR_SETTING};
 pub use schema::{crd_yaml, custom_resource_definition};
-pub use status::{conditions, next_status, status_changed, with_ahead, ScaleWrite};
+pub use status::{conditions, next_status, status_changed, with_ahead};
 pub(crate) use status::{
     rejected_status, set_condition, ABLE_TO_SCALE, ABOVE_HIGH_WATERMARK, BELOW_LOW_WATERMARK, TARGET_CONFLICT,
 };

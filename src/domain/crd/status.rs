@@ -20,6 +20,7 @@ use super::types::{
     Condition, ExternalMetricStatus, MetricSpec, MetricStatus, Quantity, ResourceMetricStatus,
     WatermarkPodAutoscalerSpec, WatermarkPodAutoscalerStatus,
 };
+use crate::domain::outcome::ScaleWrite;
 use crate::domain::rules::Problem;
 
 pub const ABLE_TO_SCALE: &str = "AbleToScale";
@@ -35,17 +36,6 @@ pub const TARGET_CONFLICT: &str = "TargetConflict";
 /// its declared fallback (`watermarkd.io/fallback`). Only on a WPA that has one.
 pub const FORECAST: &str = "Forecast";
 pub const FALLBACK: &str = "Fallback";
-
-/// What became of the scale write the decision asked for.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ScaleWrite {
-    /// Nothing was written: the decision holds, or it is a dry run.
-    NotAttempted,
-    /// The new replica count was written to the target's `/scale`.
-    Succeeded,
-    /// The write failed with this error; the target keeps its replicas.
-    Failed(String),
-}
 
 /// One condition as a reconcile sets it.
 struct Update {

@@ -142,17 +142,17 @@ fn a_first_decision_restores_the_state_then_writes_the_scale() {
     let (needs, end) = cluster.evaluate(&desired, &mut memory, 30.0);
     assert_eq!(needs, ["target", "persisted-state", "scale 3 on 1"]);
     let done = done(end);
-    assert_eq!((done.write, done.outcome, done.scaled), (ScaleWrite::Succeeded, Outcome::Scaled, true));
+    assert_eq!((done.outcome.write, done.ending, done.outcome.scaled), (ScaleWrite::Succeeded, Ending::Scaled, true));
     assert_eq!(memory.state.as_ref().and_then(|s| s.last_scale_time), Some(cluster.now));
     assert_eq!(memory.suspicion.written, Some(3), "6 asked, at most half again per scale by default");
     // Restored once per leadership: the next evaluation reads the target only.
     let (needs, end) = cluster.evaluate(&desired, &mut memory, 7.0);
     assert_eq!(needs, ["target"]);
-    assert_eq!(done_outcome(end), Outcome::Held);
+    assert_eq!(done_outcome(end), Ending::Held);
 }
 
-fn done_outcome(end: Need) -> Outcome {
-    done(end).outcome
+fn done_outcome(end: Need) -> Ending {
+    done(end).ending
 }
 
 #[test]
@@ -177,7 +177,7 @@ fn a_conflict_reads_the_target_again_and_decides_again_three_times_at_most() {
             "scale 3 on 3"
         ]
     );
-    assert_eq!(done(end).write, ScaleWrite::Succeeded);
+    assert_eq!(done(end).outcome.write, ScaleWrite::Succeeded);
 
     let mut memory = Memory::for_source(&Source::RulesFile);
     cluster.cache = VecDeque::from(["1", "2", "3"]);
@@ -185,8 +185,8 @@ fn a_conflict_reads_the_target_again_and_decides_again_three_times_at_most() {
     let (needs, end) = cluster.evaluate(&desired, &mut memory, 30.0);
     assert_eq!(needs.iter().filter(|n| n.starts_with("scale")).count(), CONFLICT_ATTEMPTS);
     let done = done(end);
-    assert!(matches!(done.write, ScaleWrite::Failed(_)), "{:?}", done.write);
-    assert_eq!(done.outcome, Outcome::Failed);
+    assert!(matches!(done.outcome.write, ScaleWrite::Failed(_)), "{:?}", done.outcome.write);
+    assert_eq!(done.ending, Ending::Failed);
     // A conflict leaves nothing unknown: the write did not land.
     assert_eq!(memory.unconfirmed_write, None);
     assert_eq!(memory.state.as_ref().and_then(|s| s.last_scale_time), None, "no window from a failed write");
@@ -199,7 +199,7 @@ fn a_write_of_unknown_outcome_is_settled_before_the_next_decision() {
     let mut cluster = FakeCluster::new();
     cluster.writes = VecDeque::from([Err(WorkloadError::timeout(std::time::Duration::from_secs(4), "the test"))]);
     let (_, end) = cluster.evaluate(&desired, &mut memory, 30.0);
-    assert_eq!(done(end).outcome, Outcome::Failed);
+    assert_eq!(done(end).ending, Ending::Failed);
     assert_eq!(memory.unconfirmed_write.as_deref(), Some("1"));
     assert_eq!(memory.suspicion.unconfirmed_since, Some(cluster.now));
 
@@ -225,7 +225,7 @@ fn a_write_of_unknown_outcome_is_settled_before_the_next_decision() {
     cluster.spec_replicas = 6;
     let (needs, end) = cluster.evaluate(&desired, &mut memory, 7.0);
     assert_eq!(needs, ["api-version", "target", "target"]);
-    assert_eq!(done(end).outcome, Outcome::Held);
+    assert_eq!(done(end).ending, Ending::Held);
     assert_eq!((memory.unconfirmed_write.as_deref(), memory.suspicion.unconfirmed_since), (None, None));
 }
 
@@ -237,11 +237,11 @@ fn without_a_write_budget_the_evaluation_holds() {
     cluster.leading = false;
     let (needs, end) = cluster.evaluate(&desired, &mut memory, 30.0);
     assert_eq!(needs, ["target", "persisted-state", "scale 3 on 1"]);
-    assert!(matches!(end, Need::End(Outcome::Held)), "{end:?}");
+    assert!(matches!(end, Need::End(Ending::Held)), "{end:?}");
     memory.unconfirmed_write = Some("1".into());
     let (needs, end) = cluster.evaluate(&desired, &mut memory, 30.0);
     assert_eq!(needs, ["api-version"]);
-    assert!(matches!(end, Need::End(Outcome::Held)), "{end:?}");
+    assert!(matches!(end, Need::End(Ending::Held)), "{end:?}");
 }
 
 #[test]
@@ -283,12 +283,12 @@ fn the_persisted_state_holds_the_windows_after_a_restart() {
     cluster.now = cluster.now.plus(std::time::Duration::from_secs(60));
     let (_, end) = cluster.evaluate(&desired, &mut restarted, 30.0);
     let held = done_outcome(end);
-    assert_eq!(held, Outcome::Held);
+    assert_eq!(held, Ending::Held);
     // Without it, it would scale again at once.
     let mut forgetful = Memory::for_source(&Source::RulesFile);
     cluster.stored = Ok(Stored::Absent);
     let (_, end) = cluster.evaluate(&desired, &mut forgetful, 30.0);
-    assert_eq!(done_outcome(end), Outcome::Scaled);
+    assert_eq!(done_outcome(end), Ending::Scaled);
 
     // Written once: the same state again is not written again; a dry run never is.
     let at = tokio::time::Instant::now();
@@ -296,7 +296,7 @@ fn the_persisted_state_holds_the_windows_after_a_restart() {
     what.stored(&done.next_state, at);
     assert!(to_persist(&desired, &mut first.persisted, &done, cluster.now, at).is_none());
     let mut dry = Memory::for_source(&Source::RulesFile);
-    done.decision.dry_run = true;
+    done.outcome.decision.dry_run = true;
     assert!(to_persist(&desired, &mut dry.persisted, &done, cluster.now, at).is_none());
 }
 
@@ -309,13 +309,21 @@ fn a_paused_autoscaler_decides_and_writes_nothing_until_its_pause_ends() {
     let (needs, end) = cluster.evaluate(&desired, &mut memory, 30.0);
     assert_eq!(needs, ["target", "persisted-state"], "no scale write while paused");
     let paused = done(end);
-    assert_eq!((paused.outcome, paused.decision.replicas), (Outcome::DryRun, 3), "it still says what it would do");
-    assert!(paused.decision.reason.starts_with("paused until 2023-11-14T23:00:00Z: "), "{}", paused.decision.reason);
+    assert_eq!(
+        (paused.ending, paused.outcome.decision.replicas),
+        (Ending::DryRun, 3),
+        "it still says what it would do"
+    );
+    assert!(
+        paused.outcome.decision.reason.starts_with("paused until 2023-11-14T23:00:00Z: "),
+        "{}",
+        paused.outcome.decision.reason
+    );
     // An hour later the pause is over, and the same load scales.
     cluster.now = cluster.now.plus(std::time::Duration::from_secs(3600));
     let (needs, end) = cluster.evaluate(&desired, &mut memory, 30.0);
     assert_eq!(needs, ["target", "scale 3 on 1"]);
-    assert_eq!(done_outcome(end), Outcome::Scaled);
+    assert_eq!(done_outcome(end), Ending::Scaled);
 }
 
 #[test]
@@ -327,15 +335,19 @@ fn a_declared_fallback_is_entered_once_the_data_has_been_missing_long_enough() {
     let (needs, end) = cluster.evaluate(&desired, &mut memory, f64::NAN);
     assert_eq!(needs, ["target", "persisted-state"]);
     let first = done(end);
-    assert_eq!((first.outcome, first.fallback), (Outcome::Held, None));
+    assert_eq!((first.ending, first.outcome.fallback), (Ending::Held, None));
     cluster.now = cluster.now.plus(std::time::Duration::from_secs(300));
     let (needs, end) = cluster.evaluate(&desired, &mut memory, f64::NAN);
     assert_eq!(needs, ["target", "scale 6 on 1"]);
     let entered = done(end);
-    assert_eq!(entered.outcome, Outcome::Scaled);
+    assert_eq!(entered.ending, Ending::Scaled);
     assert_eq!(
-        entered.fallback,
+        entered.outcome.fallback,
         Some(fallback::Change::Entered { why: "no usable metric value for 5m: falling back to 6 replicas".into() })
     );
-    assert!(entered.decision.reason.contains("falling back to 6 replicas"), "{}", entered.decision.reason);
+    assert!(
+        entered.outcome.decision.reason.contains("falling back to 6 replicas"),
+        "{}",
+        entered.outcome.decision.reason
+    );
 }

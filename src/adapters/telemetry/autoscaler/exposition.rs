@@ -1,10 +1,13 @@
 //! The text format of one scrape: the families in their output order, each written out a slice
-//! of autoscalers at a time from the records the bookkeeping (`super`) keeps.
+//! of autoscalers at a time from the ledger's entries.
 
+use std::collections::HashMap;
 use std::fmt::Write;
-use std::sync::Arc;
 
-use super::{MetricRecord, Record, CONDITIONS};
+use watermarkd_engine::{Limit, MetricOutcome, Position};
+
+use super::{escape, Render, CONDITIONS};
+use crate::domain::outcome::{Entry, Outcome, Outlook};
 
 /// The series of one scrape, written out a family and a slice of autoscalers at a time.
 pub struct Snapshot {
@@ -15,11 +18,30 @@ pub struct Snapshot {
     ahead: bool,
 }
 
-/// A record with its label sets rendered for this scrape.
+/// An entry with its label sets rendered for this scrape.
 struct Rendered {
     labels: String,
     info_labels: String,
-    record: Arc<Record>,
+    entry: Entry,
+}
+
+impl Rendered {
+    /// The last decision, unless the last evaluation could not decide: then the series of an
+    /// autoscaler that is not active (no values, no effective replicas).
+    fn deciding(&self) -> Option<&Outcome> {
+        self.entry.last.as_deref().filter(|_| self.entry.failure.is_none())
+    }
+
+    /// What looks ahead or stands in: after a failed evaluation nothing was forecast, and the
+    /// rest keeps what it last said.
+    fn ahead(&self) -> Option<Outlook> {
+        let ahead = self.entry.last.as_ref()?.ahead.clone()?;
+        Some(if self.entry.failure.is_some() {
+            Outlook { forecast_demand: Vec::new(), forecast_replicas: None, ..ahead }
+        } else {
+            ahead
+        })
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -166,15 +188,25 @@ fn ahead_family(family: Family) -> bool {
 }
 
 impl Snapshot {
-    /// The records of one scrape with their label sets rendered, in the order of those.
-    pub(super) fn of(records: Vec<Arc<Record>>) -> Snapshot {
-        let mut records: Vec<Rendered> = records
-            .into_iter()
-            .map(|record| Rendered { labels: record.labels.render(), info_labels: record.labels.render_info(), record })
-            .collect();
+    /// The entries of one scrape with their label sets rendered, in the order of those. Only
+    /// entries an evaluation has reported for under their current labels; where two running
+    /// autoscalers share a label set (a rules-file autoscaler and a WPA of the same name,
+    /// namespace and target), the one evaluated last speaks for it.
+    pub(super) fn of(entries: Vec<Entry>) -> Snapshot {
+        let mut by_labels: HashMap<String, Rendered> = HashMap::with_capacity(entries.len());
+        for entry in entries.into_iter().filter(|e| e.reported) {
+            let labels = entry.identity.labels.render();
+            let at = |e: &Entry| (e.last.as_ref().map(|l| l.decision.now), e.failure.as_ref().map(|f| f.at));
+            if by_labels.get(&labels).is_some_and(|kept| at(&kept.entry) >= at(&entry)) {
+                continue;
+            }
+            let info_labels = entry.identity.labels.render_info();
+            by_labels.insert(labels.clone(), Rendered { labels, info_labels, entry });
+        }
+        let mut records: Vec<Rendered> = by_labels.into_values().collect();
         records.sort_by(|a, b| a.labels.cmp(&b.labels));
-        let shadows = records.iter().any(|r| !r.record.shadows.is_empty());
-        let ahead = records.iter().any(|r| r.record.ahead.is_some());
+        let shadows = records.iter().any(|r| !r.entry.counters.shadows.is_empty());
+        let ahead = records.iter().any(|r| r.entry.last.as_ref().is_some_and(|l| l.ahead.is_some()));
         Snapshot { records, shadows, ahead }
     }
 
@@ -221,45 +253,81 @@ fn line(out: &mut String, name: &str, labels: &str, extra: Option<(&str, &str)>,
     };
 }
 
+/// The `wpa_controller_restricted_scaling` reason set by a decision's limit, as the Datadog
+/// controller sets it (an index into [`RESTRICTIONS`]; none for the others).
+fn restriction(limit: Limit) -> Option<usize> {
+    match limit {
+        Limit::TooFew | Limit::TooMany | Limit::AboveMax | Limit::BelowMin => Some(0),
+        Limit::UpscaleCapping => Some(1),
+        Limit::DownscaleCapping | Limit::NotReady => Some(2),
+        Limit::WithinRange
+        | Limit::ScaledToZero
+        | Limit::Paused
+        | Limit::NoData
+        | Limit::MinAvailable
+        | Limit::NoReadyReplicas => None,
+    }
+}
+
+/// A metric's value, when the decision could use it.
+fn usable_age(m: &MetricOutcome) -> Option<f64> {
+    m.usable_value().and(m.age_seconds).filter(|a| a.is_finite() && m.position != Position::Unavailable)
+}
+
 fn write_samples(out: &mut String, family: Family, name: &str, rendered: &Rendered) {
-    let (labels, record) = (rendered.labels.as_str(), &*rendered.record);
-    let per_metric = |out: &mut String, value: &dyn Fn(&MetricRecord) -> Option<String>| {
-        for m in &record.metrics {
+    let labels = rendered.labels.as_str();
+    let (identity, counters) = (&rendered.entry.identity, &rendered.entry.counters);
+    let deciding = rendered.deciding();
+    let per_metric = |out: &mut String, value: &dyn Fn(&MetricOutcome) -> Option<String>| {
+        for m in deciding.iter().flat_map(|d| &d.decision.metrics) {
             if let Some(v) = value(m) {
-                line(out, name, labels, Some(("metric_name", &m.name)), v);
+                line(out, name, labels, Some(("metric_name", &escape(&m.name))), v);
             }
         }
     };
     match family {
-        Family::Value => per_metric(out, &|m| m.value.map(number)),
-        Family::Age => per_metric(out, &|m| m.value.and(m.age_seconds).map(number)),
+        Family::Value => per_metric(out, &|m| m.usable_value().map(number)),
+        Family::Age => per_metric(out, &|m| usable_age(m).map(number)),
         Family::HighWatermark => per_metric(out, &|m| Some(number(m.high_watermark))),
         Family::LowWatermark => per_metric(out, &|m| Some(number(m.low_watermark))),
         Family::Proposal => per_metric(out, &|m| m.proposal.map(|p| p.to_string())),
         Family::Effective => {
-            if let Some(effective) = record.effective {
-                line(out, name, labels, None, effective);
+            if let Some(d) = deciding {
+                line(out, name, labels, None, d.decision.replicas);
             }
         }
-        Family::Restricted if record.effective.is_some() => {
-            for (reason, on) in RESTRICTIONS.iter().zip(record.restricted) {
-                line(out, name, labels, Some(("reason", reason)), u8::from(on));
+        Family::Restricted => {
+            if let Some(d) = deciding {
+                let on = restriction(d.decision.limit);
+                for (i, reason) in RESTRICTIONS.iter().enumerate() {
+                    line(out, name, labels, Some(("reason", reason)), u8::from(on == Some(i)));
+                }
             }
         }
-        Family::Countdown if record.effective.is_some() => {
-            for (transition, seconds) in TRANSITIONS.iter().zip(record.countdown) {
-                line(out, name, labels, Some(("transition", transition)), number(seconds));
+        Family::Countdown => {
+            if let Some(d) = deciding {
+                let (up, down) = d.blocked_seconds();
+                for (transition, seconds) in TRANSITIONS.iter().zip([up, down]) {
+                    line(out, name, labels, Some(("transition", transition)), number(seconds));
+                }
             }
         }
-        Family::Restricted | Family::Countdown => {}
-        Family::MinReplicas => line(out, name, labels, None, record.min_replicas),
-        Family::MaxReplicas => line(out, name, labels, None, record.max_replicas),
-        Family::ScalingActive => line(out, name, labels, None, u8::from(record.scaling_active)),
-        Family::DryRun => line(out, name, labels, None, u8::from(record.dry_run)),
-        Family::UpscaleTotal => line(out, name, labels, None, record.upscale_total),
-        Family::DownscaleTotal => line(out, name, labels, None, record.downscale_total),
+        Family::MinReplicas => {
+            line(out, name, labels, None, deciding.map_or(identity.min_replicas, |d| d.min_replicas))
+        }
+        Family::MaxReplicas => {
+            line(out, name, labels, None, deciding.map_or(identity.max_replicas, |d| d.max_replicas))
+        }
+        Family::ScalingActive => {
+            line(out, name, labels, None, u8::from(deciding.is_some_and(|d| d.decision.proposal.is_some())))
+        }
+        // The label's value, which is the decision's (both come from the rule and the daemon's
+        // --dry-run), so the gauge never contradicts the label.
+        Family::DryRun => line(out, name, labels, None, u8::from(identity.labels.dry_run)),
+        Family::UpscaleTotal => line(out, name, labels, None, counters.upscale_replicas_total),
+        Family::DownscaleTotal => line(out, name, labels, None, counters.downscale_replicas_total),
         Family::Conditions => {
-            for ((_, condition), status) in CONDITIONS.iter().zip(record.conditions) {
+            for ((_, condition), status) in CONDITIONS.iter().zip(counters.conditions) {
                 if let Some(status) = status {
                     line(out, name, labels, Some(("condition", condition)), u8::from(status));
                 }
@@ -269,39 +337,39 @@ fn write_samples(out: &mut String, family: Family, name: &str, rendered: &Render
             let _ = writeln!(out, "{name}{{{}}} 1", rendered.info_labels);
         }
         Family::ShadowReplicas => {
-            for shadow in record.shadows.iter() {
+            for shadow in counters.shadows.iter() {
                 if let Some(replicas) = shadow.replicas {
-                    line(out, name, labels, Some(("shadow", &shadow.name)), replicas);
+                    line(out, name, labels, Some(("shadow", &escape(&shadow.name))), replicas);
                 }
             }
         }
         Family::ShadowEvaluations => {
-            for shadow in record.shadows.iter() {
-                line(out, name, labels, Some(("shadow", &shadow.name)), shadow.evaluations_total);
+            for shadow in counters.shadows.iter() {
+                line(out, name, labels, Some(("shadow", &escape(&shadow.name))), shadow.evaluations_total);
             }
         }
         Family::ShadowDivergence => {
-            for shadow in record.shadows.iter() {
-                line(out, name, labels, Some(("shadow", &shadow.name)), shadow.divergence_total);
+            for shadow in counters.shadows.iter() {
+                line(out, name, labels, Some(("shadow", &escape(&shadow.name))), shadow.divergence_total);
             }
         }
         Family::ForecastDemand => {
-            for (metric, demand) in record.ahead.iter().flat_map(|a| &a.forecast_demand) {
-                line(out, name, labels, Some(("metric_name", metric)), number(*demand));
+            for (metric, demand) in rendered.ahead().iter().flat_map(|a| &a.forecast_demand) {
+                line(out, name, labels, Some(("metric_name", &escape(metric))), number(*demand));
             }
         }
         Family::ForecastReplicas => {
-            if let Some(replicas) = record.ahead.as_ref().and_then(|a| a.forecast_replicas) {
+            if let Some(replicas) = rendered.ahead().and_then(|a| a.forecast_replicas) {
                 line(out, name, labels, None, replicas);
             }
         }
         Family::FallbackActive => {
-            if let Some(active) = record.ahead.as_ref().and_then(|a| a.fallback_active) {
+            if let Some(active) = rendered.ahead().and_then(|a| a.fallback_active) {
                 line(out, name, labels, None, u8::from(active));
             }
         }
         Family::Paused => {
-            if let Some(paused) = record.ahead.as_ref().and_then(|a| a.paused) {
+            if let Some(paused) = rendered.ahead().and_then(|a| a.paused) {
                 line(out, name, labels, None, u8::from(paused));
             }
         }
@@ -323,7 +391,7 @@ fn number(value: f64) -> String {
     }
 }
 
-/// The `reason` labels of `Record::restricted` and the `transition` labels of
-/// `Record::countdown`, in their order.
+/// The `reason` labels of `wpa_controller_restricted_scaling` and the `transition` labels of
+/// `wpa_controller_transition_countdown`, in their order.
 const RESTRICTIONS: [&str; 3] = ["within_bounds", "upscale_capping", "downscale_capping"];
 const TRANSITIONS: [&str; 2] = ["upscale", "downscale"];

@@ -3,46 +3,31 @@
 //! series of its autoscaler (a metric without a value has no value sample, never a 0), and an
 //! autoscaler that goes away takes all its series with it.
 //!
-//! They are kept here, not in `prometheus` collectors: one compact record per autoscaler (its
-//! label set rendered once, then numbers), written out in the text format at scrape time in
-//! chunks (`exposition.rs`). The `prometheus` crate's labelled vectors cost about 14 kB per
-//! autoscaler for these 13 families (per-child label pairs and protobuf copies on every
-//! gather), which is 140 MB at 10,000 autoscalers; this costs well under 1 kB. The daemon's own
-//! few series stay in the registry.
+//! They are not kept in `prometheus` collectors: they are a view of the ledger
+//! (`domain::outcome::Ledger`), which holds each autoscaler's last outcome and counters once,
+//! written out in the text format at scrape time in chunks (`exposition.rs`). The `prometheus`
+//! crate's labelled vectors cost about 14 kB per autoscaler for these families (per-child label
+//! pairs and protobuf copies on every gather), which is 140 MB at 10,000 autoscalers. The
+//! daemon's own few series stay in the registry.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt::Write;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
-use watermarkd_engine::{Action, Decision, Limit, Position, Rule};
-
-use crate::domain::sparse::Sparse;
+use crate::domain::outcome::Ledger;
+pub use crate::domain::outcome::SeriesLabels;
 
 mod exposition;
 
 pub use exposition::Snapshot;
 
-/// Who an autoscaler's series are about.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct SeriesLabels {
-    /// The WPA name, or the rules-file autoscaler's name.
-    pub wpa_name: Arc<str>,
-    /// The WPA namespace; for a rules-file autoscaler, its target's namespace.
-    pub wpa_namespace: Arc<str>,
-    pub resource_name: Arc<str>,
-    pub resource_namespace: Arc<str>,
-    pub resource_kind: Arc<str>,
-    /// Labels-as-tags for `wpa_controller_labels_info`: (Prometheus label name, value) of the
-    /// object's Kubernetes labels that [`LabelsAsTags`] selects, sorted by name, empty values
-    /// left out. See [`LabelsAsTags::tags`].
-    pub tags: Vec<(String, String)>,
-    /// Whether the autoscaler only reports: its rule's `dry_run` or the daemon's `--dry-run`.
-    /// Exported as the `dry_run` label, which users' dashboards filter on; when it flips, the
-    /// autoscaler's series start over under the new label set.
-    pub dry_run: bool,
+/// The label sets of an autoscaler's series.
+trait Render {
+    fn render(&self) -> String;
+    fn render_info(&self) -> String;
 }
 
-impl SeriesLabels {
+impl Render for SeriesLabels {
     /// The label set of every per-autoscaler series, sorted by label name as the text format
     /// conventionally is. `target_name` and `namespace` repeat `resource_name` and the WPA
     /// namespace, as the Datadog controller adds them (to compare with its newer autoscaler).
@@ -191,121 +176,17 @@ pub const CONDITIONS: [(&str, &str); 6] = [
     ("BelowLowWatermark", "below_low_watermark"),
 ];
 
-#[derive(Clone, Debug)]
-struct MetricRecord {
-    /// The `metric_name` label's value, escaped.
-    name: String,
-    value: Option<f64>,
-    /// How old the value's data point was at the decision, in seconds.
-    age_seconds: Option<f64>,
-    high_watermark: f64,
-    low_watermark: f64,
-    proposal: Option<u32>,
-}
-
-/// What one shadow rule made of an evaluation of its active autoscaler.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ShadowOutcome {
-    /// The `shadow` label.
-    pub name: Arc<str>,
-    /// What it would have set.
-    pub replicas: u32,
-    /// Whether that differs from what the active rule set (or, in a dry run, would have).
-    pub diverged: bool,
-}
-
-#[derive(Clone, Debug)]
-struct ShadowRecord {
-    /// The `shadow` label's value, escaped.
-    name: String,
-    /// `None` after an evaluation that could not decide.
-    replicas: Option<u32>,
-    evaluations_total: u64,
-    divergence_total: u64,
-}
-
-/// Everything exported about one autoscaler. The label set is the running autoscaler's own,
-/// rendered once per scrape rather than kept rendered: at 10,000 autoscalers the texts would
-/// hold 3 MB between scrapes.
-#[derive(Clone, Debug)]
-struct Record {
-    labels: Arc<SeriesLabels>,
-    metrics: Vec<MetricRecord>,
-    effective: Option<u32>,
-    restricted: [bool; 3],
-    countdown: [f64; 2],
-    min_replicas: u32,
-    max_replicas: u32,
-    scaling_active: bool,
-    dry_run: bool,
-    upscale_total: u64,
-    downscale_total: u64,
-    /// Per [`CONDITIONS`] entry: its status as last set (`None`: never set).
-    conditions: [Option<bool>; CONDITIONS.len()],
-    shadows: Sparse<ShadowRecord>,
-    /// What looks ahead or stands in, for an autoscaler with a forecast, fallback or pause.
-    ahead: Option<Box<AheadSeries>>,
-}
-
-/// The series of what looks ahead or stands in: a forecast (also in `observe` mode, where it
-/// is reported and not used), a fallback, a pause. Each only for an autoscaler that has it.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct AheadSeries {
-    /// Per metric (its escaped name), the demand forecast `lead_time` ahead, when there is one.
-    pub forecast_demand: Vec<(String, f64)>,
-    /// The floor the forecast sets (or would set, observing), when it raises the rule's.
-    pub forecast_replicas: Option<u32>,
-    /// `Some` for an autoscaler with a fallback: whether it is in it.
-    pub fallback_active: Option<bool>,
-    /// `Some` for an autoscaler with `paused_until`: whether it is paused.
-    pub paused: Option<bool>,
-}
-
-/// The previous conditions with these set; a condition not set this time keeps its status, as
-/// a WPA status does.
-fn conditions<'a>(
-    previous: Option<&Record>,
-    set: impl IntoIterator<Item = (&'a str, bool)>,
-) -> [Option<bool>; CONDITIONS.len()] {
-    let mut out = previous.map_or([None; CONDITIONS.len()], |p| p.conditions);
-    for (type_, status) in set {
-        if let Some((_, slot)) = CONDITIONS.iter().zip(&mut out).find(|((t, _), _)| *t == type_) {
-            *slot = Some(status);
-        }
-    }
-    out
-}
-
-/// One label set's place in [`AutoscalerMetrics`].
-#[derive(Default)]
-struct SeriesEntry {
-    /// How many running autoscalers have this label set (normally one; a rules-file
-    /// autoscaler and a WPA may share one).
-    holders: usize,
-    /// `None` until the first evaluation reports.
-    record: Option<Arc<Record>>,
-}
-
-/// The per-autoscaler series. Only label sets that the scheduler has [admitted](Self::admit)
-/// and not yet [removed](Self::remove) take reports: an evaluation that was under way when its
-/// autoscaler stopped or changed labels (a `dry_run` flip, a new labels-as-tags value) reports
-/// under the old label set after the scheduler removed it, and would otherwise bring back a
-/// stale duplicate of every series that nothing removes again.
-#[derive(Default)]
+/// The per-autoscaler series: a view of the ledger.
 pub struct AutoscalerMetrics {
-    /// Keyed by the running autoscaler's own label set (shared, not copied).
-    slots: Mutex<HashMap<Arc<SeriesLabels>, SeriesEntry>>,
+    ledger: Arc<Ledger>,
     labels_as_tags: LabelsAsTags,
 }
 
 impl AutoscalerMetrics {
-    pub fn new() -> Self {
-        AutoscalerMetrics::default()
-    }
-
-    /// Metrics whose `wpa_controller_labels_info` carries these labels-as-tags.
-    pub fn with_labels_as_tags(labels_as_tags: LabelsAsTags) -> Self {
-        AutoscalerMetrics { slots: Mutex::default(), labels_as_tags }
+    /// The series of what `ledger` holds, with `wpa_controller_labels_info` carrying these
+    /// labels-as-tags.
+    pub fn new(ledger: Arc<Ledger>, labels_as_tags: LabelsAsTags) -> Self {
+        AutoscalerMetrics { ledger, labels_as_tags }
     }
 
     /// The tags of an object with these Kubernetes labels, for [`SeriesLabels::tags`].
@@ -313,197 +194,96 @@ impl AutoscalerMetrics {
         self.labels_as_tags.tags(labels)
     }
 
-    /// An autoscaler with this label set is running: its evaluations may report. Each call is
-    /// undone by one [`remove`](Self::remove).
-    pub fn admit(&self, labels: &Arc<SeriesLabels>) {
-        let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
-        slots.entry(Arc::clone(labels)).or_default().holders += 1;
-    }
-
-    /// An autoscaler with this label set stopped, or now runs under other labels: when no
-    /// other holds the label set, every series of it goes, and later reports under it are
-    /// dropped until it is admitted again.
-    pub fn remove(&self, labels: &SeriesLabels) {
-        let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(slot) = slots.get_mut(labels) {
-            slot.holders = slot.holders.saturating_sub(1);
-            if slot.holders == 0 {
-                slots.remove(labels);
-            }
-        }
-    }
-
-    /// A running autoscaler's label set changes (a `dry_run` flip, new labels-as-tags): its
-    /// series go, and start over under the new labels at its next report.
-    pub fn relabel(&self, old: &SeriesLabels, new: &Arc<SeriesLabels>) {
-        if *old != **new {
-            self.remove(old);
-            self.admit(new);
-        }
-    }
-
-    /// Replaces the record of an admitted label set; a report under any other is late (see
-    /// [`AutoscalerMetrics`]) and dropped.
-    fn replace(&self, labels: &SeriesLabels, build: impl FnOnce(Arc<SeriesLabels>, Option<&Record>) -> Record) {
-        let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
-        let Some(key) = slots.get_key_value(labels).map(|(key, _)| Arc::clone(key)) else { return };
-        if let Some(slot) = slots.get_mut(labels) {
-            slot.record = Some(Arc::new(build(key, slot.record.as_deref())));
-        }
-    }
-
-    /// Sets every series of one evaluation. `scaled` says whether the decision's scale was
-    /// written (or would have been, in a dry run), which is when the counters move.
-    /// `conditions` are the WPA conditions (type, status) this evaluation set.
-    pub fn observe<'a>(
-        &self,
-        labels: &SeriesLabels,
-        rule: &Rule,
-        decision: &Decision,
-        scaled: bool,
-        set_conditions: impl IntoIterator<Item = (&'a str, bool)>,
-        ahead: Option<AheadSeries>,
-    ) {
-        let active = match decision.limit {
-            Limit::UpscaleCapping => 1,
-            Limit::DownscaleCapping | Limit::NotReady => 2,
-            Limit::TooFew | Limit::TooMany | Limit::AboveMax | Limit::BelowMin => 0,
-            Limit::WithinRange
-            | Limit::ScaledToZero
-            | Limit::Paused
-            | Limit::NoData
-            | Limit::MinAvailable
-            | Limit::NoReadyReplicas => usize::MAX,
-        };
-        let timing = &decision.timing;
-        let up = timing.upscale_window_seconds_left.max(timing.upscale_delay_seconds_left).max(0.0);
-        let down = timing.downscale_window_seconds_left.max(timing.downscale_delay_seconds_left).max(0.0);
-        let from = u64::from(decision.spec_replicas);
-        let to = u64::from(decision.replicas);
-        let (added, removed) = match (scaled, decision.action) {
-            (true, Action::ScaleUp) => (to.saturating_sub(from), 0),
-            (true, Action::ScaleDown) => (0, from.saturating_sub(to)),
-            _ => (0, 0),
-        };
-        let labels_dry_run = labels.dry_run;
-        self.replace(labels, |labels, previous| {
-            Record {
-                labels,
-                metrics: decision
-                    .metrics
-                    .iter()
-                    .map(|m| MetricRecord {
-                        name: escape(&m.name),
-                        value: m.usable_value(),
-                        age_seconds: m
-                            .age_seconds
-                            .filter(|a| a.is_finite() && m.value.is_some() && m.position != Position::Unavailable),
-                        high_watermark: m.high_watermark,
-                        low_watermark: m.low_watermark,
-                        proposal: m.proposal,
-                    })
-                    .collect(),
-                effective: Some(decision.replicas),
-                restricted: [active == 0, active == 1, active == 2],
-                countdown: [up, down],
-                min_replicas: rule.min_replicas(),
-                max_replicas: rule.max_replicas(),
-                scaling_active: decision.proposal.is_some(),
-                // The label's value, which is the decision's (both come from the rule and the
-                // daemon's --dry-run), so the gauge never contradicts the label.
-                dry_run: labels_dry_run,
-                upscale_total: previous.map_or(0, |p| p.upscale_total) + added,
-                downscale_total: previous.map_or(0, |p| p.downscale_total) + removed,
-                conditions: conditions(previous, set_conditions),
-                shadows: previous.map(|p| p.shadows.clone()).unwrap_or_default(),
-                ahead: ahead.map(|mut a| {
-                    for (name, _) in &mut a.forecast_demand {
-                        *name = escape(name);
-                    }
-                    Box::new(a)
-                }),
-            }
-        });
-    }
-
-    /// Sets the series of the shadow rules evaluated with the autoscaler's last evaluation
-    /// (after [`observe`](Self::observe)). A shadow no longer listed loses its series.
-    pub fn observe_shadows(&self, labels: &SeriesLabels, outcomes: &[ShadowOutcome]) {
-        let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
-        let Some(slot) = slots.get_mut(labels) else { return };
-        if let Some(previous) = slot.record.as_deref() {
-            let mut record = previous.clone();
-            let before = record.shadows.take();
-            let shadows: Vec<ShadowRecord> = outcomes
-                .iter()
-                .map(|outcome| {
-                    let name = escape(&outcome.name);
-                    let (evaluations, divergences) = before
-                        .iter()
-                        .find(|s| s.name == name)
-                        .map_or((0, 0), |s| (s.evaluations_total, s.divergence_total));
-                    ShadowRecord {
-                        name,
-                        replicas: Some(outcome.replicas),
-                        evaluations_total: evaluations + 1,
-                        divergence_total: divergences + u64::from(outcome.diverged),
-                    }
-                })
-                .collect();
-            record.shadows = Sparse::from(shadows);
-            slot.record = Some(Arc::new(record));
-        }
-    }
-
-    /// An evaluation that could not decide (target unreadable): the autoscaler is not active
-    /// and its per-evaluation series no longer describe anything current. As the Datadog
-    /// controller does on a failed reconcile, AbleToScale and ScalingActive turn False.
-    pub fn observe_failure(&self, labels: &SeriesLabels, rule: &Rule) {
-        let dry_run = labels.dry_run;
-        self.replace(labels, |labels, previous| {
-            Record {
-                labels,
-                metrics: Vec::new(),
-                effective: None,
-                restricted: [false; 3],
-                countdown: [0.0; 2],
-                min_replicas: rule.min_replicas(),
-                max_replicas: rule.max_replicas(),
-                scaling_active: false,
-                // From the label, not `rule`, which does not know about the daemon's --dry-run.
-                dry_run,
-                upscale_total: previous.map_or(0, |p| p.upscale_total),
-                downscale_total: previous.map_or(0, |p| p.downscale_total),
-                conditions: conditions(
-                    previous,
-                    [("AbleToScale", false), ("ScalingActive", false), ("DryRun", dry_run)],
-                ),
-                // Nothing was evaluated: the shadows keep their counts and lose their value.
-                shadows: previous
-                    .map(|p| p.shadows.iter().map(|s| ShadowRecord { replicas: None, ..s.clone() }).collect::<Vec<_>>())
-                    .unwrap_or_default()
-                    .into(),
-                // Nothing was forecast either; the rest keeps what it last said.
-                ahead: previous
-                    .and_then(|p| p.ahead.clone())
-                    .map(|a| Box::new(AheadSeries { forecast_demand: Vec::new(), forecast_replicas: None, ..*a })),
-            }
-        });
-    }
-
-    /// The records as they are now, for one scrape.
+    /// The series as they are now, for one scrape.
     pub fn snapshot(&self) -> Snapshot {
-        let slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
-        let records: Vec<Arc<Record>> = slots.values().filter_map(|slot| slot.record.clone()).collect();
-        drop(slots);
-        Snapshot::of(records)
+        Snapshot::of(self.ledger.entries())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use watermarkd_engine::{decide, Reading, State, Target, Timestamp};
+    use crate::domain::outcome::{Identity, Outcome, Outlook, ShadowOutcome, CONDITION_TYPES};
+    use watermarkd_engine::{decide, Decision, Reading, Rule, State, Target, Timestamp};
+
+    /// The series over a ledger, fed as the runtime's fan-out feeds it.
+    struct Metrics {
+        ledger: Arc<Ledger>,
+        series: AutoscalerMetrics,
+    }
+
+    impl Metrics {
+        fn new() -> Metrics {
+            let ledger = Arc::new(Ledger::new(std::time::Duration::ZERO));
+            Metrics { series: AutoscalerMetrics::new(Arc::clone(&ledger), LabelsAsTags::default()), ledger }
+        }
+
+        /// An autoscaler with this label set runs, under `id`.
+        fn admit_as(&self, id: &str, labels: &SeriesLabels) {
+            self.ledger.admit(Identity {
+                id: id.into(),
+                labels: Arc::new(labels.clone()),
+                source: "file",
+                interval_seconds: 15,
+                paused_until: None,
+                backends: Vec::new(),
+                shadows: Vec::new(),
+                min_replicas: 1,
+                max_replicas: 10,
+            });
+        }
+
+        fn admit(&self, labels: &SeriesLabels) {
+            self.admit_as(&format!("file/{}", labels.wpa_name), labels);
+        }
+
+        fn remove_id(&self, id: &str) {
+            self.ledger.remove(id);
+        }
+
+        fn remove(&self, labels: &SeriesLabels) {
+            self.remove_id(&format!("file/{}", labels.wpa_name));
+        }
+
+        #[expect(clippy::too_many_arguments, reason = "each part of an outcome a test sets")]
+        fn report(
+            &self,
+            labels: &SeriesLabels,
+            rule: &Rule,
+            decision: &Decision,
+            scaled: bool,
+            conditions: &[(&'static str, bool)],
+            ahead: Option<Outlook>,
+            shadows: Option<Vec<ShadowOutcome>>,
+        ) {
+            let mut outcome = Outcome::of_decision(decision.clone(), rule, scaled);
+            outcome.conditions = conditions.to_vec();
+            outcome.ahead = ahead;
+            outcome.shadows = shadows;
+            self.ledger.record(&format!("file/{}", labels.wpa_name), labels, outcome);
+        }
+
+        fn observe(
+            &self,
+            labels: &SeriesLabels,
+            rule: &Rule,
+            decision: &Decision,
+            scaled: bool,
+            conditions: &[(&'static str, bool)],
+            ahead: Option<Outlook>,
+        ) {
+            self.report(labels, rule, decision, scaled, conditions, ahead, None);
+        }
+
+        fn observe_failure(&self, labels: &SeriesLabels) {
+            let now = Timestamp::from_unix_millis(1_700_000_030_000);
+            self.ledger.failed(&format!("file/{}", labels.wpa_name), labels, now, "the target is unreadable");
+        }
+
+        fn snapshot(&self) -> Snapshot {
+            self.series.snapshot()
+        }
+    }
 
     fn labels(name: &str) -> SeriesLabels {
         SeriesLabels {
@@ -518,20 +298,21 @@ mod tests {
     }
 
     /// Metrics with these label sets admitted, as the scheduler does for running autoscalers.
-    fn admitted(metrics: AutoscalerMetrics, running: &[&SeriesLabels]) -> AutoscalerMetrics {
-        running.iter().for_each(|labels| metrics.admit(&Arc::new((*labels).clone())));
+    fn admitted(running: &[&SeriesLabels]) -> Metrics {
+        let metrics = Metrics::new();
+        running.iter().for_each(|labels| metrics.admit(labels));
         metrics
     }
 
     const WEB: &str = r#"dry_run="false",namespace="prod",resource_kind="Deployment",resource_name="web",resource_namespace="prod",target_name="web",wpa_name="web",wpa_namespace="prod""#;
 
-    fn exported(metrics: &AutoscalerMetrics) -> String {
+    fn exported(metrics: &Metrics) -> String {
         metrics.snapshot().render_all()
     }
 
     #[test]
     fn series_follow_each_evaluation_and_go_with_the_autoscaler() {
-        let metrics = admitted(AutoscalerMetrics::new(), &[&labels("web")]);
+        let metrics = admitted(&[&labels("web")]);
         let rule = crate::domain::rules::rule_from_json(&serde_json::json!({
             "min_replicas": 1, "max_replicas": 10, "algorithm": "absolute",
             "metric": [{ "name": "load", "query": "q", "high_watermark": 10, "low_watermark": 5 }]
@@ -546,7 +327,7 @@ mod tests {
             &rule,
             &decision,
             true,
-            [("AbleToScale", true), ("ScalingLimited", true)],
+            &[("AbleToScale", true), ("ScalingLimited", true)],
             None,
         );
         let text = exported(&metrics);
@@ -566,7 +347,7 @@ mod tests {
         // No value: the value series goes (never 0), the watermarks stay.
         let none = [Reading::Unavailable { reason: "no data".into() }];
         let decision = decide(&rule, target, &none, &State::default(), now);
-        metrics.observe(&labels("web"), &rule, &decision, false, [("ScalingActive", false)], None);
+        metrics.observe(&labels("web"), &rule, &decision, false, &[("ScalingActive", false)], None);
         let text = exported(&metrics);
         assert!(!text.contains("wpa_controller_value{"), "{text}");
         assert!(!text.contains("watermarkd_metric_age_seconds{"), "{text}");
@@ -591,7 +372,7 @@ mod tests {
         let old = [Reading::Value { value: 30.0, at: Timestamp::from_unix_millis(1_700_000_000_000 - 40_000) }];
         let decision = decide(&rule_max_age, target, &old, &State::default(), now);
         assert_eq!(decision.metrics[0].value, Some(30.0), "the decision still says what was read");
-        metrics.observe(&labels("web"), &rule_max_age, &decision, false, [], None);
+        metrics.observe(&labels("web"), &rule_max_age, &decision, false, &[], None);
         let text = exported(&metrics);
         assert!(!text.contains("wpa_controller_value{"), "{text}");
 
@@ -609,13 +390,8 @@ mod tests {
 
     #[test]
     fn a_failed_evaluation_turns_able_to_scale_and_scaling_active_false() {
-        let metrics = admitted(AutoscalerMetrics::new(), &[&labels("web")]);
-        let rule = crate::domain::rules::rule_from_json(&serde_json::json!({
-            "min_replicas": 1, "max_replicas": 10,
-            "metric": [{ "name": "load", "query": "q", "high_watermark": 10, "low_watermark": 5 }]
-        }))
-        .expect("rule");
-        metrics.observe_failure(&labels("web"), &rule);
+        let metrics = admitted(&[&labels("web")]);
+        metrics.observe_failure(&labels("web"));
         let text = exported(&metrics);
         for (condition, status) in [("able_to_scale", 0), ("scaling_active", 0), ("dry_run", 0)] {
             let expected = format!("wpa_controller_conditions{{{WEB},condition=\"{condition}\"}} {status}\n");
@@ -623,6 +399,12 @@ mod tests {
         }
         assert!(!text.contains("wpa_controller_replicas_scaling_effective{"), "{text}");
         assert_eq!(text.matches("wpa_controller_labels_info{").count(), 1, "{text}");
+    }
+
+    #[test]
+    fn the_condition_labels_follow_the_ledgers_condition_types() {
+        let types: Vec<&str> = CONDITIONS.iter().map(|(type_, _)| *type_).collect();
+        assert_eq!(types, CONDITION_TYPES);
     }
 
     #[test]
@@ -640,19 +422,15 @@ mod tests {
                 .into_iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect();
-        let metrics = AutoscalerMetrics::with_labels_as_tags(tags);
+        let metrics = Metrics::new();
         let mut series = labels("web");
-        series.tags = metrics.tags(Some(&object));
+        series.tags = AutoscalerMetrics::new(Arc::clone(&metrics.ledger), tags).tags(Some(&object));
         assert_eq!(
             series.tags,
             vec![("app_kubernetes_io_name".into(), "web".into()), ("team".into(), "pay\"ments\\eu\nwest".into())]
         );
-        let rule = crate::domain::rules::rule_from_json(&serde_json::json!({
-            "max_replicas": 10, "metric": [{ "name": "load", "query": "q", "high_watermark": 10 }]
-        }))
-        .expect("rule");
-        metrics.admit(&Arc::new(series.clone()));
-        metrics.observe_failure(&series, &rule);
+        metrics.admit(&series);
+        metrics.observe_failure(&series);
         let text = exported(&metrics);
         let info = r#"wpa_controller_labels_info{app_kubernetes_io_name="web",namespace="prod",resource_namespace="prod",team="pay\"ments\\eu\nwest",wpa_name="web",wpa_namespace="prod"} 1"#;
         assert!(text.contains(info), "{text}");
@@ -674,7 +452,7 @@ mod tests {
 
     #[test]
     fn a_dry_run_flip_starts_the_series_over_and_a_late_report_brings_back_none() {
-        let metrics = AutoscalerMetrics::new();
+        let metrics = Metrics::new();
         let rule = crate::domain::rules::rule_from_json(&serde_json::json!({
             "min_replicas": 1, "max_replicas": 10, "algorithm": "absolute",
             "metric": [{ "name": "load", "query": "q", "high_watermark": 10, "low_watermark": 5 }]
@@ -688,11 +466,11 @@ mod tests {
 
         // Not admitted: nothing is exported for it.
         let decision = decide(&rule, target, &high, &State::default(), now);
-        metrics.observe(&reporting, &rule, &decision, true, [("AbleToScale", true)], None);
+        metrics.observe(&reporting, &rule, &decision, true, &[("AbleToScale", true)], None);
         assert_eq!(exported(&metrics), "", "a report before the autoscaler is admitted is dropped");
 
-        metrics.admit(&Arc::new(reporting.clone()));
-        metrics.observe(&reporting, &rule, &decision, true, [("AbleToScale", true)], None);
+        metrics.admit(&reporting);
+        metrics.observe(&reporting, &rule, &decision, true, &[("AbleToScale", true)], None);
         let before = exported(&metrics);
         let per_autoscaler: Vec<&str> =
             lines_of(&before, "web").into_iter().filter(|l| !l.starts_with("wpa_controller_labels_info")).collect();
@@ -702,17 +480,17 @@ mod tests {
         );
         assert!(before.contains(&format!("wpa_controller_dry_run{{{WEB}}} 0\n")), "{before}");
 
-        // The flip, as the scheduler makes it: the old label set goes, the new one is admitted.
-        metrics.remove(&reporting);
-        metrics.admit(&Arc::new(dry.clone()));
+        // The flip, as the scheduler makes it: the autoscaler is admitted again, with the new
+        // label set.
+        metrics.admit(&dry);
         // An evaluation still under way with the old labels reports late: dropped.
-        metrics.observe(&reporting, &rule, &decision, true, [("AbleToScale", true)], None);
-        metrics.observe_failure(&reporting, &rule);
+        metrics.observe(&reporting, &rule, &decision, true, &[("AbleToScale", true)], None);
+        metrics.observe_failure(&reporting);
         assert_eq!(exported(&metrics), "", "no series under the old label set; the new has not reported yet");
 
         let dry_rule = rule.clone().with_dry_run(true);
         let decision = decide(&dry_rule, target, &high, &State::default(), now);
-        metrics.observe(&dry, &dry_rule, &decision, true, [("AbleToScale", true), ("DryRun", true)], None);
+        metrics.observe(&dry, &dry_rule, &decision, true, &[("AbleToScale", true), ("DryRun", true)], None);
         let after = exported(&metrics);
         let lines = lines_of(&after, "web");
         let per_autoscaler: Vec<&&str> =
@@ -731,16 +509,26 @@ mod tests {
         assert_eq!(counted(&after, &dry_labels), counted(&before, WEB), "{after}");
         assert_ne!(counted(&before, WEB).as_deref(), Some("0"), "the first report counted a scale-up: {before}");
 
-        // A label set two autoscalers share stays until both have gone.
-        metrics.admit(&Arc::new(dry.clone()));
+        // A label set two autoscalers share (a rules-file autoscaler and a WPA of the same name,
+        // namespace and target) is exported once, by the one evaluated last, and stays while
+        // either reports.
+        metrics.admit_as("crd/prod/web", &dry);
+        let later = Timestamp::from_unix_millis(1_700_000_015_000);
+        let decision = decide(&dry_rule, target, &[Reading::Value { value: 7.0, at: later }], &State::default(), later);
+        let mut outcome = Outcome::of_decision(decision, &dry_rule, false);
+        outcome.conditions = vec![("AbleToScale", true)];
+        metrics.ledger.record("crd/prod/web", &dry, outcome);
+        let both = exported(&metrics);
+        assert_eq!(both.matches("wpa_controller_labels_info{").count(), 1, "{both}");
+        assert!(both.contains(&format!("wpa_controller_replicas_scaling_effective{{{dry_labels}}} 2\n")), "{both}");
         metrics.remove(&dry);
-        assert!(!exported(&metrics).is_empty(), "one holder left");
-        metrics.remove(&dry);
+        assert!(!exported(&metrics).is_empty(), "one left");
+        metrics.remove_id("crd/prod/web");
         assert_eq!(exported(&metrics), "");
     }
     #[test]
     fn shadow_series_count_evaluations_and_divergences_and_exist_only_with_a_shadow() {
-        let metrics = admitted(AutoscalerMetrics::new(), &[&labels("web")]);
+        let metrics = admitted(&[&labels("web")]);
         let rule = crate::domain::rules::rule_from_json(&serde_json::json!({
             "min_replicas": 1, "max_replicas": 10,
             "metric": [{ "name": "load", "query": "q", "high_watermark": 10, "low_watermark": 5 }]
@@ -749,13 +537,13 @@ mod tests {
         let target = Target { spec_replicas: 2, status_replicas: Some(2), ready_replicas: Some(2) };
         let now = Timestamp::from_unix_millis(1_700_000_000_000);
         let decision = decide(&rule, target, &[Reading::Value { value: 7.0, at: now }], &State::default(), now);
-        metrics.observe(&labels("web"), &rule, &decision, false, [], None);
+        metrics.observe(&labels("web"), &rule, &decision, false, &[], None);
         assert!(!exported(&metrics).contains("watermarkd_shadow"), "no shadow, no family: {}", exported(&metrics));
 
-        let next = |replicas: u32, diverged: bool| ShadowOutcome { name: "web-next".into(), replicas, diverged };
-        metrics.observe_shadows(&labels("web"), &[next(3, true)]);
-        metrics.observe(&labels("web"), &rule, &decision, false, [], None);
-        metrics.observe_shadows(&labels("web"), &[next(2, false)]);
+        let next =
+            |replicas: u32, diverged: bool| Some(vec![ShadowOutcome { name: "web-next".into(), replicas, diverged }]);
+        metrics.report(&labels("web"), &rule, &decision, false, &[], None, next(3, true));
+        metrics.report(&labels("web"), &rule, &decision, false, &[], None, next(2, false));
         let text = exported(&metrics);
         assert!(text.contains(&format!("watermarkd_shadow_replicas{{{WEB},shadow=\"web-next\"}} 2\n")), "{text}");
         assert!(
@@ -769,7 +557,7 @@ mod tests {
         assert!(text.contains("# TYPE watermarkd_shadow_divergence_total counter\n"), "{text}");
 
         // A failed evaluation: the counts stay, the would-be replicas go.
-        metrics.observe_failure(&labels("web"), &rule);
+        metrics.observe_failure(&labels("web"));
         let text = exported(&metrics);
         assert!(!text.contains("watermarkd_shadow_replicas{"), "{text}");
         assert!(
@@ -778,15 +566,14 @@ mod tests {
         );
 
         // The shadow is removed from the rules: its series go with the next evaluation.
-        metrics.observe(&labels("web"), &rule, &decision, false, [], None);
-        metrics.observe_shadows(&labels("web"), &[]);
+        metrics.observe(&labels("web"), &rule, &decision, false, &[], None);
         assert!(!exported(&metrics).contains("watermarkd_shadow"), "{}", exported(&metrics));
     }
 
     #[test]
     fn a_forecast_fallback_or_pause_has_series_only_where_there_is_one() {
         let web = labels("web");
-        let metrics = admitted(AutoscalerMetrics::new(), &[&web]);
+        let metrics = admitted(&[&web]);
         let rule = crate::domain::rules::rule_from_json(&serde_json::json!({
             "min_replicas": 1, "max_replicas": 10, "metric": [{ "name": "rps", "high_watermark": 10 }]
         }))
@@ -799,15 +586,15 @@ mod tests {
             &State::default(),
             now,
         );
-        metrics.observe(&web, &rule, &decision, false, [], None);
+        metrics.observe(&web, &rule, &decision, false, &[], None);
         assert!(!metrics.snapshot().render_all().contains("watermarkd_forecast"), "no family without a forecast");
-        let ahead = AheadSeries {
+        let ahead = Outlook {
             forecast_demand: vec![("rps".into(), 130.0)],
             forecast_replicas: Some(13),
             fallback_active: Some(false),
             paused: None,
         };
-        metrics.observe(&web, &rule, &decision, false, [], Some(ahead));
+        metrics.observe(&web, &rule, &decision, false, &[], Some(ahead));
         let text = metrics.snapshot().render_all();
         for expected in [
             "watermarkd_forecast_demand{",
