@@ -17,7 +17,6 @@ use super::draft::{
     RecommenderDraft, ScalingRulesDraft, ScheduleDraft, TargetDraft,
 };
 use super::problem::{Problem, Sink};
-use super::promql;
 use super::{
     intern, Autoscaler, Backend, MetricSource, PodAggregation, Recommender, ResourceSource, TargetRef, TlsSettings,
     DEFAULT_INTERVAL, RESOURCE_BACKEND, RESOURCE_MAX_AGE,
@@ -335,20 +334,17 @@ fn check_backend_reference(
             };
             report.at(&metric.backend.origin, format!("({backend:?}) names no [backend.{backend}] table ({defined})"));
         }
-        Some(Some(Backend::Datadog(_))) if metric.reducer.value().is_some() => report.at(
-            &metric.reducer.origin,
-            format!(
-                "only applies to prometheus backends; {backend:?} is a datadog backend, whose queries aggregate \
-                 series themselves (e.g. \"max:metric{{...}}\")"
-            ),
-        ),
-        Some(Some(Backend::Prometheus(_))) => {
+        Some(Some(config)) => {
+            if let Some(problem) = config.reducer_problem(backend).filter(|_| metric.reducer.value().is_some()) {
+                report.at(&metric.reducer.origin, problem);
+            }
             // Found here, the daemon never loads it, instead of reading it as "no data".
-            if let Some(problem) = metric.query.value().and_then(|query| promql::syntax_problem(query)) {
-                report.at(&metric.query.origin, format!("is not valid PromQL: {problem}"));
+            if let Some(problem) = metric.query.value().and_then(|query| config.query_problem(query)) {
+                report.at(&metric.query.origin, problem);
             }
         }
-        Some(_) => {}
+        // The backend's own problems are reported where it is defined.
+        Some(None) => {}
     }
 }
 
