@@ -124,7 +124,8 @@ use watermarkd_engine::Timestamp;
 use super::body::{self, BodyBudget, BodyError};
 use super::secret::RotatingSecret;
 use super::{
-    BackendError, MetricQuery, Observation, ObservationDetail, PlanPart, PlannedFetch, QueryError, QueryPlan, Secret,
+    BackendError, HistoryError, HistorySpan, MetricQuery, Observation, ObservationDetail, PlanPart, PlannedFetch,
+    QueryError, QueryPlan, Secret,
 };
 use crate::adapters::telemetry::{BackendMetrics, PlanCounts};
 use crate::domain::rules::DatadogBackend;
@@ -462,9 +463,48 @@ fn owners<'a>(askers: &compile::Askers, namespaces: &[Option<&'a str>]) -> Vec<O
         .collect()
 }
 
+/// What a Datadog backend answers for itself; each method is the client's own.
 impl super::QueryBackend for DatadogClient {
-    async fn evaluate(&self, queries: &[MetricQuery], now: Timestamp, deadline: Instant) -> Vec<Observation> {
-        DatadogClient::evaluate(self, queries, now, deadline).await
+    fn name(&self) -> &str {
+        DatadogClient::name(self)
+    }
+
+    fn timeout(&self) -> Duration {
+        DatadogClient::timeout(self)
+    }
+
+    fn plan(&self, queries: &[MetricQuery], now: Timestamp) -> QueryPlan {
+        DatadogClient::plan(self, queries, now)
+    }
+
+    async fn evaluate_for(
+        &self,
+        queries: &[MetricQuery],
+        namespaces: &[Option<&str>],
+        now: Timestamp,
+        deadline: Instant,
+    ) -> Vec<Observation> {
+        DatadogClient::evaluate_for(self, queries, namespaces, now, deadline).await
+    }
+
+    async fn history<P: Fn(usize) + ?Sized>(
+        &self,
+        query: &MetricQuery,
+        span: HistorySpan,
+        progress: &P,
+    ) -> Result<Vec<(Timestamp, Observation)>, HistoryError> {
+        DatadogClient::history(self, query, span, progress).await
+    }
+
+    /// The series as the Datadog agent names it when it scrapes the daemon's metrics.
+    fn replicas_query(&self, autoscaler: &str, namespace: &str) -> Option<String> {
+        Some(format!(
+            "max:watermarkpodautoscaler.wpa_controller_replicas_scaling_effective{{wpa_name:{autoscaler},wpa_namespace:{namespace}}}"
+        ))
+    }
+
+    fn rate_limit(&self) -> Option<RateLimitSnapshot> {
+        DatadogClient::rate_limit(self)
     }
 }
 
