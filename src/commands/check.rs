@@ -8,9 +8,9 @@ use std::time::SystemTime;
 
 use watermarkd_engine::Timestamp;
 
-use crate::adapters::backend::{prometheus, MetricBackend};
+use crate::adapters::backend::MetricBackend;
 use crate::adapters::telemetry::BackendMetrics;
-use crate::domain::rules::{load_rules, plural, summary, warnings_at, Autoscaler, Backend, RulesFile};
+use crate::domain::rules::{load_rules, plural, summary, warnings_at, Autoscaler, RulesFile};
 
 /// Checks each file, writing its problems or its summary to `out`. Returns false if any file
 /// has a problem.
@@ -61,12 +61,11 @@ fn unbuildable_backends(rules: &RulesFile) -> Vec<String> {
 fn undated_max_age(rules: &RulesFile, autoscaler: &Autoscaler) -> Vec<String> {
     let metrics = autoscaler.rule.metrics().iter().zip(&autoscaler.metrics);
     metrics
-        .filter(|(metric, source)| match rules.backends.get(&source.backend) {
-            Some(Backend::Prometheus(backend)) => {
-                (metric.max_age.is_some() || backend.max_age.is_some())
-                    && !prometheus::dates(&source.query)
-            }
-            _ => false,
+        .filter(|(metric, source)| {
+            rules.backends.get(&source.backend).is_some_and(|backend| {
+                (metric.max_age.is_some() || backend.max_age().is_some())
+                    && !MetricBackend::dates(backend, &source.query)
+            })
         })
         .map(|(_, source)| {
             format!(

@@ -9,9 +9,8 @@ use std::time::SystemTime;
 
 use watermarkd_engine::{Decimal, Reading, Timestamp};
 
-use crate::adapters::backend::datadog::RateLimitSnapshot;
 use crate::adapters::backend::{
-    demand_history, BackendError, MetricBackend, MetricQuery, Observation, QueryBackend, QueryPlan,
+    demand_history, BackendError, MetricBackend, MetricQuery, Observation, QueryPlan, RateLimitSnapshot,
 };
 use crate::adapters::telemetry::BackendMetrics;
 use crate::domain::forecast::{floor as forecast_floor, forecast, Forecast, ForecastMode, Forecaster, History};
@@ -197,10 +196,8 @@ pub async fn query_all<'a>(
         // No cycle to fit in: as long as a cycle of the daemon with retries used to take.
         let deadline = tokio::time::Instant::now() + backend.timeout().saturating_mul(2);
         let observations = backend.evaluate(&queries, now, deadline).await;
-        if let MetricBackend::Datadog(client) = &backend {
-            if let Some(budget) = client.rate_limit() {
-                rate_limits.push((name.to_string(), budget));
-            }
+        if let Some(budget) = backend.rate_limit() {
+            rate_limits.push((name.to_string(), budget));
         }
         for ((autoscaler, metric_index), mut observation) in users.into_iter().zip(observations) {
             // The daemon's own judgement (the metric's `max_age`, not-a-number), so that a value

@@ -245,7 +245,7 @@ fn uses_datadog(backends: &BTreeMap<String, (rules::Backend, Arc<MetricBackend>)
         .metrics
         .iter()
         .filter(|m| m.resource.is_none())
-        .any(|m| matches!(backends.get(&m.backend), Some((rules::Backend::Datadog(_), _))))
+        .any(|m| backends.get(&m.backend).is_some_and(|(config, _)| config.paced_by_request_budget()))
 }
 
 #[cfg(test)]

@@ -29,6 +29,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use watermarkd_engine::{Algorithm, Reading, Timestamp};
 
+pub(crate) use datadog::RateLimitSnapshot;
 pub use plan::{PlanPart, PlannedFetch, QueryPlan};
 
 use crate::adapters::telemetry::BackendMetrics;
@@ -175,6 +176,11 @@ pub enum HistoryError {
          {end}; a backtest needs at least {needed}, a tenth (is the history kept that long, and is the query right?)"
     )]
     TooShort { backend: String, query: String, points: usize, needed: usize, start: Timestamp, end: Timestamp },
+    #[error(
+        "backend {backend:?} cannot read back the replicas watermarkd set (its own series do not reach this kind \
+         of backend), which a per-replica metric's history needs"
+    )]
+    NoReplicas { backend: String },
 }
 
 /// Why a backend could not be built from its configuration.
@@ -187,21 +193,69 @@ pub enum BackendError {
     Invalid { backend: String, message: String },
 }
 
-/// "Evaluate these queries now": one call per cycle, answers in the order of `queries`, all of
-/// them by `deadline` (see "The cycle deadline" above).
+/// What each kind of backend client answers for itself. [`MetricBackend`] holds one client and
+/// hands every call to it through this trait (`with_client!`); nothing outside this module asks
+/// which kind it holds. The methods have no defaults, so a new client does not compile until
+/// it has answered each.
 pub trait QueryBackend {
-    fn evaluate(
+    /// The `[backend.NAME]` it was built for.
+    fn name(&self) -> &str;
+
+    /// The configured timeout of one request.
+    fn timeout(&self) -> Duration;
+
+    /// What a cycle of `queries` at `now` would send, without sending anything (`watermarkd
+    /// query` shows it).
+    fn plan(&self, queries: &[MetricQuery], now: Timestamp) -> QueryPlan;
+
+    /// "Evaluate these queries now": one call per cycle, answers in the order of `queries`, all
+    /// of them by `deadline` (see "The cycle deadline" above). `namespaces[i]` asks `queries[i]`
+    /// (`None`, or a missing entry: an autoscaler of the rules file); a backend paced by a
+    /// shared budget holds each namespace to its share of it, the others need not look.
+    fn evaluate_for(
         &self,
         queries: &[MetricQuery],
+        namespaces: &[Option<&str>],
         now: Timestamp,
         deadline: Instant,
     ) -> impl std::future::Future<Output = Vec<Observation>> + Send;
+
+    /// What a live evaluation would have read at each step of `span` (for a backtest, and for
+    /// a forecast's history); `progress` hears how many steps have been read so far.
+    fn history<P: Fn(usize) + ?Sized>(
+        &self,
+        query: &MetricQuery,
+        span: HistorySpan,
+        progress: &P,
+    ) -> impl std::future::Future<Output = Result<Vec<(Timestamp, Observation)>, HistoryError>>;
+
+    /// The query that reads, on this backend, the replicas watermarkd set for an autoscaler
+    /// (its own exported `wpa_controller_replicas_scaling_effective`, as the backend gathered
+    /// it): the past replicas a per-replica metric was measured at. `None`: the daemon's series
+    /// do not reach this kind of backend.
+    fn replicas_query(&self, autoscaler: &str, namespace: &str) -> Option<String>;
+
+    /// The request budget as last reported, for a backend paced by one (`None`: it is not, or
+    /// no answer has said yet).
+    fn rate_limit(&self) -> Option<RateLimitSnapshot>;
 }
 
-/// The backends a rules file may name: an enum, not a plugin system.
+/// The backends a rules file may name: an enum, not a plugin system. A kind is one variant
+/// here, one arm in `new`, `with_client!` and `dates`, its client module, and its settings in
+/// `domain::rules::backend` (docs/architecture.md, "How to add a backend").
 pub enum MetricBackend {
     Datadog(datadog::DatadogClient),
     Prometheus(prometheus::PrometheusClient),
+}
+
+/// `$call`, with `$client` the client `$backend` holds, whatever its kind.
+macro_rules! with_client {
+    ($backend:expr, $client:ident => $call:expr) => {
+        match $backend {
+            MetricBackend::Datadog($client) => $call,
+            MetricBackend::Prometheus($client) => $call,
+        }
+    };
 }
 
 impl MetricBackend {
@@ -215,9 +269,18 @@ impl MetricBackend {
             }
         })
     }
-}
 
-impl MetricBackend {
+    /// Whether the value of `query`, on a backend set up as `config`, is dated by its data, so
+    /// that a `max_age` can find it stale (`check` warns of one that cannot). Known from the
+    /// settings alone: `check` runs where the secrets may not be.
+    pub fn dates(config: &rules::Backend, query: &str) -> bool {
+        match config {
+            // Every point of a Datadog series carries its own time.
+            rules::Backend::Datadog(_) => true,
+            rules::Backend::Prometheus(_) => prometheus::dates(query),
+        }
+    }
+
     /// Whether the backends of `next` that differ from `running` can be built now (secrets
     /// read, certificates loaded), without keeping them. A reload checks this first, so that a
     /// new secret that cannot be read fails the reload and the working client stays.
@@ -230,36 +293,30 @@ impl MetricBackend {
         Ok(())
     }
 
+    /// The `[backend.NAME]` it was built for.
+    pub fn name(&self) -> &str {
+        with_client!(self, c => QueryBackend::name(c))
+    }
+
     /// The configured timeout of one request.
     pub fn timeout(&self) -> Duration {
-        match self {
-            MetricBackend::Datadog(c) => c.timeout(),
-            MetricBackend::Prometheus(c) => c.timeout(),
-        }
+        with_client!(self, c => QueryBackend::timeout(c))
     }
 
     /// What a cycle of `queries` at `now` would send (`plan`), without sending anything.
     pub fn plan(&self, queries: &[MetricQuery], now: Timestamp) -> QueryPlan {
-        match self {
-            MetricBackend::Datadog(c) => c.plan(queries, now),
-            MetricBackend::Prometheus(c) => c.plan(queries),
-        }
+        with_client!(self, c => QueryBackend::plan(c, queries, now))
     }
-}
 
-impl MetricBackend {
-    /// The query that reads, on this backend, the replicas watermarkd set for an autoscaler
-    /// (its own exported `wpa_controller_replicas_scaling_effective`, as the Datadog agent or
-    /// Prometheus scraped it): the past replicas a per-replica metric was measured at.
-    pub fn replicas_query(&self, autoscaler: &str, namespace: &str) -> String {
-        match self {
-            MetricBackend::Prometheus(_) => format!(
-                "max(wpa_controller_replicas_scaling_effective{{wpa_name=\"{autoscaler}\",wpa_namespace=\"{namespace}\"}})"
-            ),
-            MetricBackend::Datadog(_) => format!(
-                "max:watermarkpodautoscaler.wpa_controller_replicas_scaling_effective{{wpa_name:{autoscaler},wpa_namespace:{namespace}}}"
-            ),
-        }
+    /// The rate budget as last reported, for a backend paced by one.
+    pub fn rate_limit(&self) -> Option<RateLimitSnapshot> {
+        with_client!(self, c => QueryBackend::rate_limit(c))
+    }
+
+    /// The query that reads back the replicas watermarkd set for an autoscaler, when its
+    /// series reach this backend (see [`QueryBackend::replicas_query`]).
+    pub fn replicas_query(&self, autoscaler: &str, namespace: &str) -> Option<String> {
+        with_client!(self, c => QueryBackend::replicas_query(c, autoscaler, namespace))
     }
 
     /// What a live evaluation would have read at each step of `span` (see each client's
@@ -270,17 +327,14 @@ impl MetricBackend {
         span: HistorySpan,
         progress: &(impl Fn(usize) + ?Sized),
     ) -> Result<Vec<(Timestamp, Observation)>, HistoryError> {
-        let (name, read) = match self {
-            MetricBackend::Datadog(c) => (c.name(), c.history(query, span, progress).await?),
-            MetricBackend::Prometheus(c) => (c.name(), c.history(query, span, progress).await?),
-        };
+        let read = with_client!(self, c => QueryBackend::history(c, query, span, progress).await)?;
         // A replay where almost every evaluation has no data says only that the data is not
         // there: a retention shorter than the span, or a query that matches nothing.
         let points = read.iter().filter(|(_, o)| matches!(o.reading, Reading::Value { .. })).count();
         let needed = if span.for_forecast { 1 } else { read.len().div_ceil(10).max(2) };
         if points < needed {
             return Err(HistoryError::TooShort {
-                backend: name.to_string(),
+                backend: self.name().to_string(),
                 query: query.query.clone(),
                 points,
                 needed,
@@ -290,10 +344,13 @@ impl MetricBackend {
         }
         Ok(read)
     }
-}
 
-impl MetricBackend {
-    /// `evaluate`, knowing which namespace asks each query (`None`: the rules file). Datadog
+    /// One cycle of `queries`, with no namespace asking (`watermarkd query`).
+    pub async fn evaluate(&self, queries: &[MetricQuery], now: Timestamp, deadline: Instant) -> Vec<Observation> {
+        self.evaluate_for(queries, &[], now, deadline).await
+    }
+
+    /// One cycle, knowing which namespace asks each query (`None`: the rules file). Datadog
     /// holds each namespace to its share of the rate budget; Prometheus has no shared budget.
     pub async fn evaluate_for(
         &self,
@@ -302,19 +359,7 @@ impl MetricBackend {
         now: Timestamp,
         deadline: Instant,
     ) -> Vec<Observation> {
-        match self {
-            MetricBackend::Datadog(c) => c.evaluate_for(queries, namespaces, now, deadline).await,
-            MetricBackend::Prometheus(c) => c.evaluate(queries, now, deadline).await,
-        }
-    }
-}
-
-impl QueryBackend for MetricBackend {
-    async fn evaluate(&self, queries: &[MetricQuery], now: Timestamp, deadline: Instant) -> Vec<Observation> {
-        match self {
-            MetricBackend::Datadog(c) => c.evaluate(queries, now, deadline).await,
-            MetricBackend::Prometheus(c) => c.evaluate(queries, now, deadline).await,
-        }
+        with_client!(self, c => QueryBackend::evaluate_for(c, queries, namespaces, now, deadline).await)
     }
 }
 
@@ -361,12 +406,13 @@ pub async fn demand_history(
     let mut past_replicas: Result<Vec<Option<u32>>, HistoryError> = Ok(Vec::new());
     let first = autoscaler.metrics.first().and_then(|m| backend(&m.backend));
     if let (Algorithm::Absolute, Some(first)) = (autoscaler.rule.algorithm(), first) {
-        let query =
-            MetricQuery { query: first.replicas_query(&autoscaler.name, &autoscaler.target.namespace), reducer: None };
-        past_replicas = first
-            .history(&query, span, &|_: usize| {})
-            .await
-            .map(|read| read.iter().map(|(_, o)| value_of(o).map(|v| v.round().max(0.0) as u32)).collect());
+        past_replicas = match first.replicas_query(&autoscaler.name, &autoscaler.target.namespace) {
+            Some(query) => first
+                .history(&MetricQuery { query, reducer: None }, span, &|_: usize| {})
+                .await
+                .map(|read| read.iter().map(|(_, o)| value_of(o).map(|v| v.round().max(0.0) as u32)).collect()),
+            None => Err(HistoryError::NoReplicas { backend: first.name().to_string() }),
+        };
     }
     let mut out = Vec::with_capacity(autoscaler.metrics.len());
     for source in &autoscaler.metrics {

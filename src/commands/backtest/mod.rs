@@ -310,11 +310,17 @@ async fn read_replicas(
             // A rule has at least one metric; without one the replicas would be asked of no backend.
             let first_backend = autoscaler.metrics.first().map_or("", |m| m.backend.as_str());
             let client = backend(rules, &args.rules, autoscaler, first_backend, metrics)?;
-            let query = args.replicas_query.clone().unwrap_or_else(|| default_replicas_query(&client, autoscaler));
+            let query = args.replicas_query.clone().or_else(|| default_replicas_query(&client, autoscaler));
             let label = format!("{} / actual replicas", autoscaler.name);
             let steps = span.steps().len();
-            let query = MetricQuery { query, reducer: None };
-            match client.history(&query, span, &|done| bar.show(&label, done, steps)).await {
+            let read = match query {
+                Some(query) => {
+                    let query = MetricQuery { query, reducer: None };
+                    client.history(&query, span, &|done| bar.show(&label, done, steps)).await
+                }
+                None => Err(HistoryError::NoReplicas { backend: first_backend.to_string() }),
+            };
+            match read {
                 Ok(read) => read.into_iter().map(|(at, o)| (at, replicas_of(&o))).collect(),
                 // The replicas only add to the report, unless the load model needs them.
                 Err(error) if args.replicas_query.is_none() => {
@@ -332,7 +338,7 @@ async fn read_replicas(
 }
 
 /// The effective replicas the daemon exports for this autoscaler, as its backend spells it.
-fn default_replicas_query(client: &MetricBackend, autoscaler: &Autoscaler) -> String {
+fn default_replicas_query(client: &MetricBackend, autoscaler: &Autoscaler) -> Option<String> {
     client.replicas_query(&autoscaler.name, &autoscaler.target.namespace)
 }
 

@@ -100,7 +100,8 @@ impl MappingOptions {
     /// backend, so a Prometheus-only daemon may name its Prometheus backend here.
     pub fn default_backend_problem(&self) -> Option<String> {
         match self.backends.as_ref().map(|b| b.get(&self.default_backend)) {
-            None | Some(Some(Some(Backend::Datadog(_)))) => None,
+            None => None,
+            Some(Some(Some(backend))) if backend.answers_metric_name_queries() => None,
             Some(None) => Some(format!("the default backend {:?} names no [backend.{0}] table", self.default_backend)),
             Some(Some(_)) => Some(format!(
                 "the default backend {:?} is not a datadog backend, and a query built from metricName is a Datadog \

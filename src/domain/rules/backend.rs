@@ -1,4 +1,12 @@
-//! `[backend.NAME]` tables: where metrics are queried, and where the credentials come from.
+//! `[backend.NAME]` tables: the kinds of backend, what each is set up with, what each can do,
+//! and how each is read from the rules file.
+//!
+//! Each kind answers for itself what the rest of the daemon asks of a backend before any client
+//! exists: whether its metrics take a reducer, what is wrong with a query that no server of the
+//! kind accepts, whether it is paced by a shared request budget, whether a WPA's `metricName`
+//! query runs on it. The answers are `match`es over every kind with no `_` arm, so a kind added
+//! to [`Backend`] does not compile until it has answered each. Nothing outside this file and
+//! `adapters::backend` asks which kind a backend is.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -7,8 +15,139 @@ use std::time::Duration;
 use reqwest::Url;
 
 use super::problem::Sink;
+use super::promql;
 use super::reader::Table;
-use super::{Backend, BasicAuth, DatadogBackend, PrometheusBackend, SecretSource, TlsSettings};
+use super::{SecretSource, TlsSettings};
+
+/// Where metrics are queried.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Datadog(DatadogBackend),
+    Prometheus(PrometheusBackend),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DatadogBackend {
+    /// The Datadog site, e.g. `datadoghq.eu` (default `datadoghq.com`).
+    pub site: String,
+    /// A full URL that replaces the one derived from `site` (for proxies and tests).
+    pub url: Option<String>,
+    pub api_key: SecretSource,
+    pub app_key: SecretSource,
+    /// How far back each query looks (default 300s, as the Cluster Agent).
+    pub window: Duration,
+    /// Points older than this are stale. `None`: `max(120s, 3 x the series' rollup)`.
+    pub max_age: Option<Duration>,
+    /// Per request (default 10s).
+    pub timeout: Duration,
+    /// Requests in flight at once (default 4).
+    pub max_in_flight: u32,
+    /// How long a query Datadog rejected (HTTP 400) is not asked again (default 10 minutes).
+    pub bad_query_retry: Duration,
+    /// Lets `url` be plain `http://` to a host other than loopback (default false: the keys
+    /// would cross the network unencrypted).
+    pub allow_insecure_http: bool,
+    /// The largest share of the rate budget, in percent, that the queries of one namespace's
+    /// WPAs may use (default 100: no bound).
+    pub namespace_budget_percent: u32,
+    /// Whether queries that differ only in one or two tag values are asked as one grouped
+    /// query (default true; `backend::datadog` folding).
+    pub fold_queries: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PrometheusBackend {
+    /// The server's base URL with any path prefix, e.g. `http://prometheus.monitoring:9090` or
+    /// `https://mimir.example/prometheus`; `/api/v1/query` is appended.
+    pub url: String,
+    /// Per request (default 10s).
+    pub timeout: Duration,
+    /// Requests in flight at once (default 8).
+    pub max_in_flight: u32,
+    /// A value whose data is older is stale (no default: not checked). Only a query whose data
+    /// time can be asked for has one; others are dated at the evaluation time.
+    pub max_age: Option<Duration>,
+    /// Sent as `X-Scope-OrgID` (Mimir, Cortex).
+    pub tenant: Option<String>,
+    /// Extra request headers (not for secrets: use `basic_auth` or `bearer_token_*`).
+    pub headers: BTreeMap<String, String>,
+    /// Extra query parameters, e.g. `dedup = "true"` for Thanos.
+    pub params: BTreeMap<String, String>,
+    pub basic_auth: Option<BasicAuth>,
+    /// `Authorization: Bearer`; a file is re-read when it changes (rotated service-account tokens).
+    pub bearer_token: Option<SecretSource>,
+    pub tls: TlsSettings,
+    /// Whether queries of one shape are folded into grouped ones (default true).
+    pub fold_queries: bool,
+    /// The longest regex of a folded query's matcher, in bytes (default 4,096, where Mimir's
+    /// query-frontend stops sharding a query).
+    pub fold_max_regex_bytes: u32,
+    /// The most members one folded query stands for (`None`: only the regex bounds them).
+    pub fold_max_members: Option<u32>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BasicAuth {
+    pub username: String,
+    pub password: SecretSource,
+}
+
+impl Backend {
+    /// How old a value may be before it is stale, when the backend says (a metric's own
+    /// `max_age` comes first).
+    pub fn max_age(&self) -> Option<Duration> {
+        match self {
+            Backend::Datadog(backend) => backend.max_age,
+            Backend::Prometheus(backend) => backend.max_age,
+        }
+    }
+
+    /// Whether its requests are paced by a request budget shared by everyone who queries it
+    /// (Datadog's rate limit for the organisation). The autoscalers that query such a backend
+    /// fall due together, so that their queries share requests (`runtime::schedule`); the others
+    /// are spread over their interval.
+    pub fn paced_by_request_budget(&self) -> bool {
+        match self {
+            Backend::Datadog(_) => true,
+            Backend::Prometheus(_) => false,
+        }
+    }
+
+    /// Why a metric read from this backend, named `name` in the rules, cannot have a
+    /// `reducer`, if it cannot: its queries reduce their series themselves.
+    pub fn reducer_problem(&self, name: &str) -> Option<String> {
+        match self {
+            Backend::Datadog(_) => Some(format!(
+                "only applies to prometheus backends; {name:?} is a datadog backend, whose queries aggregate series \
+                 themselves (e.g. \"max:metric{{...}}\")"
+            )),
+            Backend::Prometheus(_) => None,
+        }
+    }
+
+    /// What is wrong with `query` that no server of this kind accepts, as a sentence that
+    /// follows the field's name; found without asking one, by `check` and at every load and
+    /// reload, so that such a query is refused rather than read as "no data".
+    pub fn query_problem(&self, query: &str) -> Option<String> {
+        match self {
+            // Datadog's query language is checked by Datadog alone.
+            Backend::Datadog(_) => None,
+            Backend::Prometheus(_) => {
+                promql::syntax_problem(query).map(|problem| format!("is not valid PromQL: {problem}"))
+            }
+        }
+    }
+
+    /// Whether it answers the query the Cluster Agent builds from a WPA's External metric
+    /// (`avg:NAME{TAGS}.rollup(...)`, Datadog's query language), so that a WPA metric without a
+    /// query of its own may be read from it.
+    pub fn answers_metric_name_queries(&self) -> bool {
+        match self {
+            Backend::Datadog(_) => true,
+            Backend::Prometheus(_) => false,
+        }
+    }
+}
 
 const DEFAULT_DATADOG_SITE: &str = "datadoghq.com";
 /// Datadog's sites; the API host is `api.<site>`. Anything else (a proxy) goes in `url`.

@@ -9,7 +9,7 @@
 //! sources cannot drift apart. Every problem is collected, so one `watermarkd check` lists all
 //! of them.
 
-mod backend;
+pub mod backend;
 mod check;
 mod compile;
 mod document;
@@ -24,6 +24,7 @@ pub mod selector;
 pub(crate) mod tree;
 
 pub(crate) use backend::plain_http_host;
+pub use backend::{Backend, BasicAuth, DatadogBackend, PrometheusBackend};
 pub(crate) use check::plural;
 pub use check::{summary, warnings, warnings_at};
 pub(crate) use compile::{compile, Require};
@@ -33,9 +34,9 @@ pub(crate) use document::{
 };
 pub use file::{load_rules, parse_rules, rule_from_json};
 pub use model::{
-    intern, Autoscaler, Backend, BasicAuth, DatadogBackend, MetricSource, ObjectIdentity, PodAggregation,
-    PrometheusBackend, Recommender, Reducer, ResourceName, ResourceSource, RulesFile, SecretSource, TargetRef,
-    TlsSettings, DEFAULT_INTERVAL, RESOURCE_BACKEND, RESOURCE_MAX_AGE,
+    intern, Autoscaler, MetricSource, ObjectIdentity, PodAggregation, Recommender, Reducer, ResourceName,
+    ResourceSource, RulesFile, SecretSource, TargetRef, TlsSettings, DEFAULT_INTERVAL, RESOURCE_BACKEND,
+    RESOURCE_MAX_AGE,
 };
 pub(crate) use problem::{Problem, RulesError, Sink, TableScope};
 pub(crate) use quantity::parse_quantity;

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use watermarkd_engine::Rule;
 
+use super::backend::Backend;
 use crate::domain::fallback::FallbackRule;
 use crate::domain::forecast::ForecastRule;
 use crate::domain::schedule::Schedule;
@@ -43,42 +44,6 @@ impl RulesFile {
     }
 }
 
-/// Where metrics are queried.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Backend {
-    Datadog(DatadogBackend),
-    Prometheus(PrometheusBackend),
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DatadogBackend {
-    /// The Datadog site, e.g. `datadoghq.eu` (default `datadoghq.com`).
-    pub site: String,
-    /// A full URL that replaces the one derived from `site` (for proxies and tests).
-    pub url: Option<String>,
-    pub api_key: SecretSource,
-    pub app_key: SecretSource,
-    /// How far back each query looks (default 300s, as the Cluster Agent).
-    pub window: Duration,
-    /// Points older than this are stale. `None`: `max(120s, 3 x the series' rollup)`.
-    pub max_age: Option<Duration>,
-    /// Per request (default 10s).
-    pub timeout: Duration,
-    /// Requests in flight at once (default 4).
-    pub max_in_flight: u32,
-    /// How long a query Datadog rejected (HTTP 400) is not asked again (default 10 minutes).
-    pub bad_query_retry: Duration,
-    /// Lets `url` be plain `http://` to a host other than loopback (default false: the keys
-    /// would cross the network unencrypted).
-    pub allow_insecure_http: bool,
-    /// The largest share of the rate budget, in percent, that the queries of one namespace's
-    /// WPAs may use (default 100: no bound).
-    pub namespace_budget_percent: u32,
-    /// Whether queries that differ only in one or two tag values are asked as one grouped
-    /// query (default true; `backend::datadog` folding).
-    pub fold_queries: bool,
-}
-
 /// Where a secret is read from when the daemon starts; never the secret itself.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SecretSource {
@@ -86,43 +51,6 @@ pub enum SecretSource {
     Env(String),
     /// A file holding the secret (surrounding whitespace is not part of it).
     File(PathBuf),
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PrometheusBackend {
-    /// The server's base URL with any path prefix, e.g. `http://prometheus.monitoring:9090` or
-    /// `https://mimir.example/prometheus`; `/api/v1/query` is appended.
-    pub url: String,
-    /// Per request (default 10s).
-    pub timeout: Duration,
-    /// Requests in flight at once (default 8).
-    pub max_in_flight: u32,
-    /// A value whose data is older is stale (no default: not checked). Only a query whose data
-    /// time can be asked for has one; others are dated at the evaluation time.
-    pub max_age: Option<Duration>,
-    /// Sent as `X-Scope-OrgID` (Mimir, Cortex).
-    pub tenant: Option<String>,
-    /// Extra request headers (not for secrets: use `basic_auth` or `bearer_token_*`).
-    pub headers: BTreeMap<String, String>,
-    /// Extra query parameters, e.g. `dedup = "true"` for Thanos.
-    pub params: BTreeMap<String, String>,
-    pub basic_auth: Option<BasicAuth>,
-    /// `Authorization: Bearer`; a file is re-read when it changes (rotated service-account tokens).
-    pub bearer_token: Option<SecretSource>,
-    pub tls: TlsSettings,
-    /// Whether queries of one shape are folded into grouped ones (default true).
-    pub fold_queries: bool,
-    /// The longest regex of a folded query's matcher, in bytes (default 4,096, where Mimir's
-    /// query-frontend stops sharding a query).
-    pub fold_max_regex_bytes: u32,
-    /// The most members one folded query stands for (`None`: only the regex bounds them).
-    pub fold_max_members: Option<u32>,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct BasicAuth {
-    pub username: String,
-    pub password: SecretSource,
 }
 
 /// TLS options of an `https://` backend.

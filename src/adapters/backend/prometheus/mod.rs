@@ -413,6 +413,54 @@ impl PrometheusClient {
     }
 }
 
+/// What a Prometheus backend answers for itself; each method is the client's own.
+impl super::QueryBackend for PrometheusClient {
+    fn name(&self) -> &str {
+        PrometheusClient::name(self)
+    }
+
+    fn timeout(&self) -> Duration {
+        PrometheusClient::timeout(self)
+    }
+
+    /// The plan does not depend on the time: an instant query is asked as of `now` whenever.
+    fn plan(&self, queries: &[MetricQuery], _now: Timestamp) -> QueryPlan {
+        PrometheusClient::plan(self, queries)
+    }
+
+    /// No budget is shared among namespaces here, so who asks does not matter.
+    async fn evaluate_for(
+        &self,
+        queries: &[MetricQuery],
+        _namespaces: &[Option<&str>],
+        now: Timestamp,
+        deadline: Instant,
+    ) -> Vec<Observation> {
+        PrometheusClient::evaluate(self, queries, now, deadline).await
+    }
+
+    async fn history<P: Fn(usize) + ?Sized>(
+        &self,
+        query: &MetricQuery,
+        span: HistorySpan,
+        progress: &P,
+    ) -> Result<Vec<(Timestamp, Observation)>, HistoryError> {
+        PrometheusClient::history(self, query, span, progress).await
+    }
+
+    /// The series as Prometheus scrapes it from the daemon's `/metrics`.
+    fn replicas_query(&self, autoscaler: &str, namespace: &str) -> Option<String> {
+        Some(format!(
+            "max(wpa_controller_replicas_scaling_effective{{wpa_name=\"{autoscaler}\",wpa_namespace=\"{namespace}\"}})"
+        ))
+    }
+
+    /// Prometheus paces nothing: no budget to report.
+    fn rate_limit(&self) -> Option<super::RateLimitSnapshot> {
+        None
+    }
+}
+
 impl Inner {
     /// What each of `reducers` sees in `answer` (see `evaluate`): a folded member's answer
     /// holds only its own series, at most one (every shape that folds aggregates to one series
