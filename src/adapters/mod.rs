@@ -6,6 +6,7 @@ pub mod backend;
 pub mod events;
 pub mod lease;
 pub mod resource;
+pub mod secret;
 pub mod state_store;
 pub mod status;
 pub mod telemetry;

@@ -29,10 +29,11 @@ use super::systemd::Notifier;
 use super::wpa_index::{Rejection, Scope, WpaIndex};
 use super::{cycle, health, rules_file, wpa, RunError};
 use crate::adapters::backend::recommender::RecommenderClients;
-use crate::adapters::backend::{MetricBackend, RotatingSecret};
+use crate::adapters::backend::MetricBackend;
 use crate::adapters::events::EventPublisher;
 use crate::adapters::lease::{Authority, LeaderElector, Role};
 use crate::adapters::resource::ResourceMetrics;
+use crate::adapters::secret::RotatingSecret;
 use crate::adapters::state_store::StateConfigMaps;
 use crate::adapters::status::{self, Access, Board, StatusApi, TokenReviewer};
 use crate::adapters::telemetry::{

@@ -59,7 +59,7 @@ pub enum RunError {
     #[error("signal handler: {0}")]
     Signal(std::io::Error),
     #[error("status token: {0}")]
-    StatusToken(crate::adapters::backend::SecretError),
+    StatusToken(crate::adapters::secret::SecretError),
 }
 
 /// Runs until SIGTERM or SIGINT.
