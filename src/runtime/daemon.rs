@@ -31,14 +31,14 @@ use super::{cycle, health, rules_file, wpa, RunError};
 use crate::adapters::backend::recommender::RecommenderClients;
 use crate::adapters::backend::MetricBackend;
 use crate::adapters::events::EventPublisher;
+use crate::adapters::health::Readiness;
 use crate::adapters::lease::{Authority, LeaderElector, Role};
+use crate::adapters::listener::{self, ListenerTask};
 use crate::adapters::resource::ResourceMetrics;
 use crate::adapters::secret::RotatingSecret;
 use crate::adapters::state_store::StateConfigMaps;
 use crate::adapters::status::{self, Access, Board, StatusApi, TokenReviewer};
-use crate::adapters::telemetry::{
-    AutoscalerMetrics, BackendMetrics, DaemonMetrics, HttpClientMetrics, ListenerTask, Readiness,
-};
+use crate::adapters::telemetry::{self, AutoscalerMetrics, BackendMetrics, DaemonMetrics, HttpClientMetrics};
 use crate::adapters::workload::Workloads;
 use crate::domain::rules::{self, RulesFile};
 use crate::runtime::settings::{Settings, StatusSettings};
@@ -254,17 +254,15 @@ impl Telemetry {
         } else {
             "/metrics, /healthz and /readyz"
         };
-        let (bound, server) = crate::adapters::telemetry::serve(
-            settings.listen,
-            settings.listen_limits,
-            self.registry.clone(),
-            Arc::clone(&self.autoscalers),
-            Arc::clone(&self.readiness),
-            status,
-            stop,
-        )
-        .await
-        .map_err(|error| RunError::Listen { address: settings.listen.to_string(), error })?;
+        // Each part hands the listener its own paths.
+        let mut routes = telemetry::routes(self.registry.clone(), Arc::clone(&self.autoscalers))
+            .merge(crate::adapters::health::routes(Arc::clone(&self.readiness)));
+        if let Some(api) = &status {
+            routes = routes.merge(status::routes(api));
+        }
+        let (bound, server) = listener::serve(settings.listen, settings.listen_limits, routes, stop)
+            .await
+            .map_err(|error| RunError::Listen { address: settings.listen.to_string(), error })?;
         tracing::info!(listen = %bound, "serving {serving}");
         Ok(server)
     }

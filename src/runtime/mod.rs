@@ -53,7 +53,7 @@ pub enum RunError {
     #[error(transparent)]
     Registry(#[from] prometheus::Error),
     #[error("cannot listen on {address}: {error}")]
-    Listen { address: String, error: std::io::Error },
+    Listen { address: String, error: crate::adapters::listener::ListenerError },
     #[error("cannot start {what}: {error}")]
     Thread { what: &'static str, error: std::io::Error },
     #[error("signal handler: {0}")]

@@ -9,8 +9,11 @@
 //! - `GET /ui/autoscaler/{id}`: one autoscaler's page; `?fragment=1`: its content alone.
 //! - `GET /ui/app.js`, `/ui/style.css`: the page's only other resources.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
+use hyper::http::request::Parts;
+use hyper::{Response, StatusCode};
 use prometheus::core::Collector;
 use serde::Serialize;
 use watermarkd_engine::Timestamp;
@@ -19,6 +22,7 @@ use super::access::{Access, Caller, Refusal};
 use super::board::{Board, ListQuery, State};
 use super::page::{self, PAGE_ROWS};
 use super::worker::StatusWorker;
+use crate::adapters::listener::{text, Body, Handler, Paths, Reply, Route, Routes};
 use crate::adapters::telemetry::BackendMetrics;
 
 /// The most rows one API page gives.
@@ -72,6 +76,20 @@ impl Answer {
             ("cache-control", "no-store"),
         ]
     }
+
+    /// The answer on the wire, with the security headers.
+    fn into_response(self) -> Response<Body> {
+        let code = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut response = text(code, self.body, self.content_type);
+        let headers = response.headers_mut();
+        let fixed = Answer::security_headers().into_iter().map(|(name, value)| (name, value.to_string()));
+        for (name, value) in fixed.chain(self.headers) {
+            if let Ok(value) = hyper::header::HeaderValue::from_str(&value) {
+                headers.insert(name, value);
+            }
+        }
+        response
+    }
 }
 
 /// The status service: the board, the backends' counters, who may read, and the thread that
@@ -83,9 +101,21 @@ pub struct StatusApi {
     worker: StatusWorker,
 }
 
-/// Whether `path` is the status service's (the listener's other paths stay as they are).
-pub fn handles(path: &str) -> bool {
-    path == "/" || path == "/ui" || path.starts_with("/ui/") || path == "/api/v1" || path.starts_with("/api/v1/")
+/// The status service's paths on the listener: `/`, `/ui` and what is under `/ui/`, `/api/v1`
+/// and what is under `/api/v1/`. None is answered from the probe reserve: a status answer may
+/// be costly, and the reserve is for the probes and the scrape.
+pub fn routes(api: &Arc<StatusApi>) -> Routes {
+    let handler: Handler = {
+        let api = Arc::clone(api);
+        Arc::new(move |request: &Parts, peer: SocketAddr| api.reply(request, peer))
+    };
+    let route = |paths| Route::new(paths, Arc::clone(&handler));
+    Routes::new()
+        .with(route(Paths::Exact("/")))
+        .with(route(Paths::Exact("/ui")).listed())
+        .with(route(Paths::Under("/ui/")))
+        .with(route(Paths::Exact("/api/v1")))
+        .with(route(Paths::Under("/api/v1/")))
 }
 
 impl StatusApi {
@@ -94,7 +124,7 @@ impl StatusApi {
         Ok(StatusApi { board, backends, access, worker: StatusWorker::start()? })
     }
 
-    /// Answers a request for one of [`handles`]'s paths. The access check runs here; the rest
+    /// Answers a request for one of the status service's paths (`routes`). The access check runs here; the rest
     /// on the status worker (see `worker`), never on the caller's thread.
     pub async fn answer(&self, path: &str, query: Option<&str>, caller: &Caller<'_>) -> Answer {
         if let Err(refusal) = self.access.check(caller).await {
@@ -108,6 +138,21 @@ impl StatusApi {
             let mut answer = Answer::new(503, "text/plain; charset=utf-8", format!("{busy}\n"));
             answer.headers.push(("retry-after", "1".into()));
             answer
+        })
+    }
+
+    /// Answers a request from the listener: who asks (the peer, its token, the Host it names)
+    /// and what for are copied out of the request, and the answer is worked out after.
+    fn reply(self: &Arc<Self>, request: &Parts, peer: SocketAddr) -> Reply {
+        let api = Arc::clone(self);
+        let headers = &request.headers;
+        let authorization = headers.get(hyper::header::AUTHORIZATION).and_then(|v| v.to_str().ok()).map(str::to_string);
+        // A Host header that is not text is kept as one, so that it is refused rather than missing.
+        let host = headers.get(hyper::header::HOST).map(|v| v.to_str().unwrap_or("").to_string());
+        let (path, query) = (request.uri.path().to_string(), request.uri.query().map(str::to_string));
+        Box::pin(async move {
+            let caller = Caller { peer: peer.ip(), authorization: authorization.as_deref(), host: host.as_deref() };
+            api.answer(&path, query.as_deref(), &caller).await.into_response()
         })
     }
 }
@@ -396,6 +441,5 @@ mod tests {
         assert_eq!(js.content_type, "text/javascript; charset=utf-8");
         let fragment = String::from_utf8(ask(&board, "/ui/autoscaler/file/web", "fragment=1").body).unwrap();
         assert!(!fragment.contains("<html"), "only the part the script swaps");
-        assert!(handles("/") && handles("/ui") && handles("/api/v1/backends") && !handles("/metrics"));
     }
 }

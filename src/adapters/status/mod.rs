@@ -10,4 +10,4 @@ pub mod worker;
 
 pub use access::{Access, TokenReviewer};
 pub use board::{Board, Extras, Identity, Leadership, ListQuery, State, TargetView};
-pub use http::StatusApi;
+pub use http::{routes, StatusApi};

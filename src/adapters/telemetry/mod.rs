@@ -1,17 +1,17 @@
-//! Prometheus metrics of the daemon itself. Series keep the Datadog controller's names where one
-//! exists, so dashboards carry over; the rest are prefixed `watermarkd_`.
+//! Prometheus metrics of the daemon itself, and the listener's `/metrics` that serves them
+//! (`routes`). Series keep the Datadog controller's names where one exists, so dashboards carry
+//! over; the rest are prefixed `watermarkd_`.
 
 mod autoscaler;
 mod daemon;
 mod http_client;
 pub mod logging;
-mod server;
-pub mod slots;
+mod scrape;
 
 pub use autoscaler::{AheadSeries, AutoscalerMetrics, LabelsAsTags, SeriesLabels, ShadowOutcome};
 pub use daemon::DaemonMetrics;
 pub use http_client::HttpClientMetrics;
-pub use server::{accept_backoff, serve, ListenerLimits, ListenerTask, Readiness};
+pub use scrape::routes;
 
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
 
