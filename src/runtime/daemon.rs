@@ -236,7 +236,7 @@ impl Telemetry {
         let reviewer =
             settings.token_review.then(|| TokenReviewer::new(client.clone(), settings.token_audiences.clone()));
         let access = Access::new(token, reviewer, settings.open_on_loopback, settings.allowed_hosts.clone());
-        let api = StatusApi::new(Arc::clone(&self.board), Arc::clone(&self.backends), access)
+        let api = StatusApi::new(Arc::clone(&self.board), self.backends.facts(), access)
             .map_err(|error| RunError::Thread { what: "the status service's worker", error })?;
         Ok(Some(Arc::new(api)))
     }
