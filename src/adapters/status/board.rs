@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use watermarkd_engine::{Action, Algorithm, Decision, Guard, Limit, Position, Rule, Timestamp};
 
 use crate::adapters::telemetry::{AheadSeries, ShadowOutcome};
@@ -47,7 +47,7 @@ pub struct Identity {
     pub shadows: Vec<Arc<str>>,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TargetView {
     pub kind: Arc<str>,
     pub namespace: Arc<str>,
@@ -55,7 +55,7 @@ pub struct TargetView {
 }
 
 /// One metric at the last evaluation.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct MetricNow {
     pub name: String,
     /// The value read, when there was a usable one.
@@ -74,7 +74,7 @@ pub struct MetricNow {
 }
 
 /// What a shadow rule would have done at the last evaluation.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ShadowNow {
     pub name: Arc<str>,
     pub replicas: u32,
@@ -82,7 +82,7 @@ pub struct ShadowNow {
 }
 
 /// The last decision, as shown.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Last {
     pub at: Timestamp,
     pub spec_replicas: u32,
@@ -118,13 +118,14 @@ pub struct Last {
     /// What its forecast says, or why it cannot forecast.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub forecast: Option<String>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub shadows: Vec<ShadowNow>,
 }
 
 /// Sentences kept as one text, a line each, and given as a list: one allocation per decision
 /// instead of one per sentence.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(from = "Vec<String>")]
 pub struct Sentences(Box<str>);
 
 impl Sentences {
@@ -159,7 +160,7 @@ pub struct Extras {
 
 /// One autoscaler's state, in one word, for the table and its filter. The first that applies,
 /// in this order.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum State {
     /// The last evaluation could not decide (the target or the state was unreadable).
@@ -260,7 +261,7 @@ fn state_of(last: Option<&Last>, failing: bool) -> State {
 }
 
 /// One row of the table.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Summary {
     #[serde(flatten)]
     pub identity: Arc<Identity>,
@@ -285,7 +286,7 @@ pub struct Summary {
 }
 
 /// A change of the replicas decided, recorded as it was decided.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ScaleEvent {
     /// Unix seconds.
     pub at: i64,
@@ -296,7 +297,7 @@ pub struct ScaleEvent {
 }
 
 /// One autoscaler in full.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Detail {
     #[serde(flatten)]
     pub summary: Summary,
@@ -305,7 +306,7 @@ pub struct Detail {
 }
 
 /// The history as the API gives it.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct HistoryView {
     /// The metrics' names, in the order of each sample's `values`.
     pub metrics: Vec<String>,
@@ -318,7 +319,7 @@ pub struct HistoryView {
 }
 
 /// What a history's values are: see [`HistoryView::compared`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Compared {
     #[default]
@@ -326,7 +327,7 @@ pub enum Compared {
     PerReplica,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SampleView {
     /// Unix seconds.
     pub at: i64,
@@ -336,7 +337,7 @@ pub struct SampleView {
     pub watermarks: Vec<[f32; 2]>,
     pub proposed: Option<u32>,
     pub replicas: u32,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "super::wire::marks")]
     pub marks: Vec<&'static str>,
 }
 
@@ -377,7 +378,7 @@ pub struct ListQuery {
 
 /// Whether this daemon decides: only the leader evaluates, so a follower's board has nothing
 /// to say but who leads.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Leadership {
     /// `None` until the first look at the Lease.
     pub leader: Option<bool>,
@@ -388,23 +389,23 @@ pub struct Leadership {
 
 /// The rules file as this daemon last read it: whether what is on disk was refused, and why,
 /// until a good file is read (the rules that run stay the previous ones meanwhile).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RulesView {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rejected: Option<RulesRejected>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RulesRejected {
     pub at: Timestamp,
     /// What was wrong, in one line.
     pub reason: String,
     /// Each problem, naming its line, autoscaler and field.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub problems: Vec<String>,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ListPage {
     /// Whether this daemon is the one deciding.
     pub daemon: Leadership,

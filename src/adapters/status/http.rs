@@ -92,8 +92,15 @@ impl Answer {
     }
 }
 
-/// The status service: the board, what the backends say of themselves, who may read, and the thread that
-/// works the answers out.
+/// What an API path answers when it cannot answer what was asked (not found, a bad question,
+/// not allowed): `{"error": "..."}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApiError {
+    pub error: String,
+}
+
+/// The status service: the board, what the backends say of themselves, who may read, and the
+/// thread that works the answers out.
 pub struct StatusApi {
     board: Arc<Board>,
     backends: Arc<BackendFacts>,
@@ -160,7 +167,7 @@ impl StatusApi {
 fn refused(path: &str, refusal: &Refusal) -> Answer {
     let status = refusal.status();
     let mut answer = if path.starts_with("/api/") {
-        Answer::json(status, &serde_json::json!({ "error": refusal.to_string() }))
+        Answer::json(status, &ApiError { error: refusal.to_string() })
     } else {
         Answer::html(status, page::message_page("watermarkd: not allowed", &refusal.to_string()))
     };
@@ -249,7 +256,7 @@ fn list_query(query: &Query, default_limit: usize) -> Result<ListQuery, String> 
 /// Routes one request. `now` dates the page's "ago"s.
 pub fn route(board: &Board, backends: &BackendFacts, path: &str, query: &Query, now: Timestamp) -> Answer {
     let seconds = now.unix_millis().div_euclid(1000);
-    let api_error = |status: u16, message: String| Answer::json(status, &serde_json::json!({ "error": message }));
+    let api_error = |status: u16, error: String| Answer::json(status, &ApiError { error });
     match path {
         "/api/v1" | "/api/v1/" => Answer::json(
             200,
