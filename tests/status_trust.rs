@@ -38,7 +38,6 @@ use kube_cluster::{KubeCluster, ADMIN_TOKEN};
 use prometheus_server::{Exporter, PrometheusServer};
 use raw_http::{ask, connect_from};
 use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 const STARTUP: Duration = Duration::from_secs(30);
