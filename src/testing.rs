@@ -19,7 +19,7 @@ pub mod datadog {
 }
 
 /// How often a secret's file is checked for a change: a test waits this long after rotating one.
-pub const SECRET_CHECK_EVERY: Duration = crate::adapters::backend::SECRET_CHECK_EVERY;
+pub const SECRET_CHECK_EVERY: Duration = crate::adapters::secret::CHECK_EVERY;
 
 /// The next event of a watch stream, as the workload stores take it (retrying on errors).
 pub use crate::adapters::workload::watch::next as next_event;

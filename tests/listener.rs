@@ -30,7 +30,9 @@ use raw_http::{ask, connect_from};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_util::sync::{CancellationToken, DropGuard};
-use watermarkd::adapters::telemetry::{serve, AutoscalerMetrics, LabelsAsTags, ListenerLimits, Readiness};
+use watermarkd::adapters::health::{self, Readiness};
+use watermarkd::adapters::listener::{serve, ListenerLimits};
+use watermarkd::adapters::telemetry::{self, AutoscalerMetrics, LabelsAsTags};
 use watermarkd::domain::outcome::Ledger;
 
 /// Longer than any limit used here: what "never" means in these tests.
@@ -45,17 +47,9 @@ async fn listen(limits: ListenerLimits) -> Listener {
     let stop = CancellationToken::new();
     let readiness = Arc::new(Readiness::default());
     readiness.rules_loaded.store(true, Ordering::Relaxed);
-    let (address, _task) = serve(
-        "127.0.0.1:0".parse().unwrap(),
-        limits,
-        prometheus::Registry::new(),
-        Arc::new(AutoscalerMetrics::new(Arc::new(Ledger::new(Duration::ZERO)), LabelsAsTags::default())),
-        readiness,
-        None,
-        stop.clone(),
-    )
-    .await
-    .expect("bind");
+    let series = AutoscalerMetrics::new(Arc::new(Ledger::new(Duration::ZERO)), LabelsAsTags::default());
+    let routes = telemetry::routes(prometheus::Registry::new(), Arc::new(series)).merge(health::routes(readiness));
+    let (address, _task) = serve("127.0.0.1:0".parse().unwrap(), limits, routes, stop.clone()).await.expect("bind");
     Listener { address, _stop: stop.drop_guard() }
 }
 

@@ -20,9 +20,8 @@ use std::sync::Arc;
 use prometheus::Registry;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
-use watermarkd::adapters::telemetry::{
-    serve, AutoscalerMetrics, HttpClientMetrics, LabelsAsTags, ListenerLimits, Readiness, SeriesLabels,
-};
+use watermarkd::adapters::listener::{serve, ListenerLimits};
+use watermarkd::adapters::telemetry::{self, AutoscalerMetrics, HttpClientMetrics, LabelsAsTags, SeriesLabels};
 use watermarkd::domain::crd;
 use watermarkd::domain::outcome::{Identity, Ledger, Outcome, ScaleWrite};
 use watermarkd_engine::{decide, Reading, State, Target, Timestamp};
@@ -214,17 +213,8 @@ async fn every_datadog_controller_series_and_label_is_served() {
     http.response("https://recommender.test/recommend", "POST", 200, 0.05);
     http.error("https://recommender.test/recommend");
     let _waiting = http.in_flight("https://recommender.test/recommend");
-    let (bound, _server) = serve(
-        address,
-        ListenerLimits::default(),
-        registry,
-        Arc::clone(&metrics),
-        Arc::new(Readiness::default()),
-        None,
-        stop,
-    )
-    .await
-    .expect("serve");
+    let routes = telemetry::routes(registry, Arc::clone(&metrics));
+    let (bound, _server) = serve(address, ListenerLimits::default(), routes, stop).await.expect("serve");
     let text = get_metrics(bound).await;
 
     let mut types: BTreeMap<String, String> = BTreeMap::new();

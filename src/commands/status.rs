@@ -7,7 +7,11 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde_json::Value;
+use serde::de::DeserializeOwned;
+
+use crate::adapters::status::board::{Detail, ListPage, MetricNow, RulesView, SampleView, State, Summary};
+use crate::adapters::status::http::ApiError;
+use crate::adapters::status::page::url_escape;
 
 /// The local listener, as the host install configures it.
 pub const DEFAULT_URL: &str = "http://127.0.0.1:8080";
@@ -94,8 +98,9 @@ impl Api {
         Ok(Api { client, base, token })
     }
 
-    /// GETs `path` (with its query) and reads the JSON answer. `None` on a 404.
-    async fn get(&self, path: &str) -> Result<Option<Value>, StatusCommandError> {
+    /// GETs `path` (with its query) and reads the JSON answer into the type the daemon wrote it
+    /// from. `None` on a 404.
+    async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<Option<T>, StatusCommandError> {
         let url = format!("{}{path}", self.base);
         let mut request = self.client.get(&url);
         if let Some(token) = &self.token {
@@ -109,47 +114,42 @@ impl Api {
         if status == 404 {
             return Ok(None);
         }
-        let value: Result<Value, _> = serde_json::from_slice(&body);
         if status != 200 {
-            let message = value
-                .ok()
-                .and_then(|v| v.get("error").and_then(Value::as_str).map(str::to_string))
-                .unwrap_or_else(|| String::from_utf8_lossy(&body).chars().take(200).collect());
+            let message = serde_json::from_slice::<ApiError>(&body)
+                .map(|refused| refused.error)
+                .unwrap_or_else(|_| String::from_utf8_lossy(&body).chars().take(200).collect());
             return Err(StatusCommandError::Refused { url, status, message: printable(&message) });
         }
-        value.map(Some).map_err(|e| StatusCommandError::Unreadable { url, error: e.to_string() })
+        serde_json::from_slice(&body)
+            .map(Some)
+            .map_err(|e| StatusCommandError::Unreadable { url, error: e.to_string() })
     }
 
     /// Every autoscaler (in the state asked for, matching the search), page by page.
-    async fn list(&self, state: Option<&str>, search: Option<&str>) -> Result<Value, StatusCommandError> {
-        let mut rows: Vec<Value> = Vec::new();
-        let mut last;
-        loop {
+    async fn list(&self, state: Option<&str>, search: Option<&str>) -> Result<ListPage, StatusCommandError> {
+        let mut rows: Vec<Summary> = Vec::new();
+        let mut last = loop {
             let mut path = format!("/api/v1/autoscalers?limit={PAGE}&offset={}", rows.len());
             if let Some(state) = state {
-                path.push_str(&format!("&state={}", crate::adapters::status::page::url_escape(state)));
+                path.push_str(&format!("&state={}", url_escape(state)));
             }
             if let Some(search) = search {
-                path.push_str(&format!("&q={}", crate::adapters::status::page::url_escape(search)));
+                path.push_str(&format!("&q={}", url_escape(search)));
             }
-            let page = self.get(&path).await?.ok_or_else(|| StatusCommandError::Refused {
+            let mut page: ListPage = self.get(&path).await?.ok_or_else(|| StatusCommandError::Refused {
                 url: format!("{}{path}", self.base),
                 status: 404,
                 message: "no status API there (is it turned off, or is this not watermarkd?)".into(),
             })?;
-            let got = page.get("autoscalers").and_then(Value::as_array).cloned().unwrap_or_default();
-            let matched = page.get("matched").and_then(Value::as_u64).unwrap_or(0);
-            let done = got.is_empty() || rows.len() + got.len() >= usize::try_from(matched).unwrap_or(usize::MAX);
+            let got = std::mem::take(&mut page.autoscalers);
+            let done = got.is_empty() || rows.len() + got.len() >= page.matched;
             rows.extend(got);
-            last = page;
             if done {
-                break;
+                break page;
             }
-        }
-        if let Some(object) = last.as_object_mut() {
-            object.insert("offset".into(), Value::from(0));
-            object.insert("autoscalers".into(), Value::Array(rows));
-        }
+        };
+        last.offset = 0;
+        last.autoscalers = rows;
         Ok(last)
     }
 }
@@ -174,12 +174,9 @@ pub async fn run(args: &StatusArgs, out: &mut impl Write) -> Result<bool, Status
     match &args.name {
         None => {
             let list = api.list(args.state.as_deref(), None).await?;
-            let daemon = list.get("daemon");
-            if daemon.and_then(|d| d.get("leader")) == Some(&Value::Bool(false)) {
-                let holder = daemon
-                    .and_then(|d| d.get("leader_identity"))
-                    .and_then(Value::as_str)
-                    .map_or_else(|| "another daemon".to_string(), printable);
+            if list.daemon.leader == Some(false) {
+                let holder =
+                    list.daemon.leader_identity.as_deref().map_or_else(|| "another daemon".to_string(), printable);
                 let _ = writeln!(
                     std::io::stderr(),
                     "watermarkd status: this daemon follows; {holder} leads and decides (ask it instead)"
@@ -189,13 +186,12 @@ pub async fn run(args: &StatusArgs, out: &mut impl Write) -> Result<bool, Status
                 Output::Json => writeln!(out, "{}", serde_json::to_string_pretty(&list).unwrap_or_default())?,
                 Output::Text => write_table(&list, out)?,
             }
-            let rows = list.get("autoscalers").and_then(Value::as_array).cloned().unwrap_or_default();
-            Ok(rows.iter().all(healthy))
+            Ok(list.autoscalers.iter().all(|row| healthy(row.state)))
         }
         Some(name) => {
             let id = resolve(&api, name).await?;
-            let path = format!("/api/v1/autoscalers/{}", crate::adapters::status::page::url_escape(&id));
-            let detail = api
+            let path = format!("/api/v1/autoscalers/{}", url_escape(&id));
+            let detail: Detail = api
                 .get(&path)
                 .await?
                 .ok_or_else(|| StatusCommandError::NotFound { name: name.clone(), known: String::new() })?;
@@ -203,13 +199,13 @@ pub async fn run(args: &StatusArgs, out: &mut impl Write) -> Result<bool, Status
                 Output::Json => writeln!(out, "{}", serde_json::to_string_pretty(&detail).unwrap_or_default())?,
                 Output::Text => write_detail(&detail, out)?,
             }
-            Ok(healthy(&detail))
+            Ok(healthy(detail.summary.state))
         }
     }
 }
 
-fn healthy(row: &Value) -> bool {
-    !matches!(row.get("state").and_then(Value::as_str), Some("failing" | "no_data"))
+fn healthy(state: State) -> bool {
+    !matches!(state, State::Failing | State::NoData)
 }
 
 /// The id of the autoscaler `name` means: an id as it is, else the one whose name, or
@@ -220,20 +216,18 @@ async fn resolve(api: &Api, name: &str) -> Result<String, StatusCommandError> {
     }
     // Only the rows whose fields hold its name come back; the exact match is decided here.
     let own_name = name.rsplit('/').next().unwrap_or(name);
-    let list = api.list(None, Some(own_name)).await?;
-    let rows = list.get("autoscalers").and_then(Value::as_array).cloned().unwrap_or_default();
-    let field = |row: &Value, key: &str| row.get(key).and_then(Value::as_str).unwrap_or("").to_string();
-    let matching: Vec<&Value> = rows
+    let rows = api.list(None, Some(own_name)).await?.autoscalers;
+    let matching: Vec<&Summary> = rows
         .iter()
         .filter(|row| {
-            let (own, namespace) = (field(row, "name"), field(row, "namespace"));
-            own == name || format!("{namespace}/{own}") == name
+            let identity = &row.identity;
+            *identity.name == *name || format!("{}/{}", identity.namespace, identity.name) == name
         })
         .collect();
     match matching.as_slice() {
-        [one] => Ok(field(one, "id")),
+        [one] => Ok(one.identity.id.to_string()),
         [] => {
-            let mut known: Vec<String> = rows.iter().map(|row| printable(&field(row, "id"))).collect();
+            let mut known: Vec<String> = rows.iter().map(|row| printable(&row.identity.id)).collect();
             known.truncate(20);
             let known = if known.is_empty() { String::new() } else { format!(" (it runs: {})", known.join(", ")) };
             Err(StatusCommandError::NotFound { name: name.to_string(), known })
@@ -242,7 +236,8 @@ async fn resolve(api: &Api, name: &str) -> Result<String, StatusCommandError> {
             let candidates: Vec<String> = several
                 .iter()
                 .map(|row| {
-                    printable(&format!("{}/{} ({})", field(row, "namespace"), field(row, "name"), field(row, "id")))
+                    let identity = &row.identity;
+                    printable(&format!("{}/{} ({})", identity.namespace, identity.name, identity.id))
                 })
                 .collect();
             Err(StatusCommandError::Ambiguous { name: name.to_string(), candidates: candidates.join(", ") })
@@ -260,75 +255,62 @@ fn printable(text: &str) -> String {
     text.chars().map(|c| if c.is_control() { c.escape_unicode().to_string() } else { c.to_string() }).collect()
 }
 
-fn text(value: Option<&Value>) -> String {
-    match value {
-        Some(Value::String(s)) => printable(s),
-        Some(Value::Number(n)) => number_text(n.as_f64()),
-        Some(Value::Null) | None => "-".into(),
-        // JSON text: its strings already escape every control character.
-        Some(other) => other.to_string(),
-    }
+/// A count, or `-` when there is none.
+fn count(value: Option<u32>) -> String {
+    value.map_or_else(|| "-".into(), |n| n.to_string())
 }
 
-fn number_text(value: Option<f64>) -> String {
-    value.map_or_else(|| "-".into(), crate::domain::status::explain::number)
+fn number_text(value: f64) -> String {
+    crate::domain::status::explain::number(value)
 }
 
 /// The metric cell: `usage 0.81 [0.6, 0.9]`.
-fn metric_text(metric: Option<&Value>) -> String {
-    let Some(m) = metric.filter(|m| !m.is_null()) else { return "-".into() };
-    let band = format!(
-        "[{}, {}]",
-        number_text(m.get("low_watermark").and_then(Value::as_f64)),
-        number_text(m.get("high_watermark").and_then(Value::as_f64))
-    );
-    let value = m.get("usage").and_then(Value::as_f64).map_or_else(|| "no value".into(), |v| number_text(Some(v)));
-    format!("{} {value} {band}", text(m.get("name")))
+fn metric_text(metric: Option<&MetricNow>) -> String {
+    let Some(m) = metric else { return "-".into() };
+    let band = format!("[{}, {}]", number_text(m.low_watermark), number_text(m.high_watermark));
+    let value = m.usage.map_or_else(|| "no value".into(), number_text);
+    format!("{} {value} {band}", printable(&m.name))
 }
 
 /// The daemon's word that the rules file on disk was refused, and each problem, before the
 /// table: what runs is not what is on disk.
-fn write_rejected_rules(list: &Value, out: &mut impl Write) -> std::io::Result<()> {
-    let Some(rejected) = list.get("rules").and_then(|r| r.get("rejected")).filter(|r| r.is_object()) else {
+fn write_rejected_rules(rules: &RulesView, out: &mut impl Write) -> std::io::Result<()> {
+    let Some(rejected) = &rules.rejected else {
         return Ok(());
     };
-    let at = rejected.get("at").and_then(Value::as_str).map(|at| format!(" at {}", printable(at))).unwrap_or_default();
-    writeln!(out, "The rules file on disk was refused{at}: {}", text(rejected.get("reason")))?;
-    for problem in rejected.get("problems").and_then(Value::as_array).into_iter().flatten() {
-        writeln!(out, "  {}", text(Some(problem)))?;
+    writeln!(out, "The rules file on disk was refused at {}: {}", rejected.at, printable(&rejected.reason))?;
+    for problem in &rejected.problems {
+        writeln!(out, "  {}", printable(problem))?;
     }
     writeln!(out)
 }
 
-fn write_table(list: &Value, out: &mut impl Write) -> std::io::Result<()> {
-    write_rejected_rules(list, out)?;
-    let rows = list.get("autoscalers").and_then(Value::as_array).cloned().unwrap_or_default();
+fn write_table(list: &ListPage, out: &mut impl Write) -> std::io::Result<()> {
+    write_rejected_rules(&list.rules, out)?;
+    let rows = &list.autoscalers;
     let mut table: Vec<[String; 7]> =
         vec![["NAME", "TARGET", "REPLICAS", "METRIC [LOW, HIGH]", "STATE", "LAST SCALE", "WHY"].map(String::from)];
-    for row in &rows {
-        let target = row.get("target").cloned().unwrap_or(Value::Null);
-        let name = match row.get("source").and_then(Value::as_str) {
-            Some("crd") => format!("{}/{}", text(row.get("namespace")), text(row.get("name"))),
-            _ => text(row.get("name")),
+    for row in rows {
+        let identity = &row.identity;
+        let target = &identity.target;
+        let name = match identity.source {
+            "crd" => format!("{}/{}", printable(&identity.namespace), printable(&identity.name)),
+            _ => printable(&identity.name),
         };
-        let replicas = match (row.get("spec_replicas").and_then(Value::as_u64), row.get("max_replicas")) {
-            (Some(spec), max) => format!("{spec} ({}..{})", text(row.get("min_replicas")), text(max)),
-            (None, _) => "-".into(),
+        let replicas = match row.spec_replicas {
+            Some(spec) => format!("{spec} ({}..{})", count(row.min_replicas), count(row.max_replicas)),
+            None => "-".into(),
         };
-        let last_scale = row
-            .get("last_scale")
-            .filter(|e| !e.is_null())
-            .map(|e| format!("{} -> {}", text(e.get("from")), text(e.get("to"))))
-            .unwrap_or_else(|| "-".into());
-        let why = row.get("failing").filter(|f| !f.is_null()).or(row.get("why"));
+        let last_scale = row.last_scale.map_or_else(|| "-".into(), |e| format!("{} -> {}", e.from, e.to));
+        let why = row.failing.as_deref().or(row.why.as_deref()).map_or_else(|| "-".into(), printable);
         table.push([
             name,
-            format!("{} {}/{}", text(target.get("kind")), text(target.get("namespace")), text(target.get("name"))),
+            format!("{} {}/{}", printable(&target.kind), printable(&target.namespace), printable(&target.name)),
             replicas,
-            metric_text(row.get("metric")),
-            text(row.get("state")),
+            metric_text(row.metric.as_ref()),
+            row.state.as_str().to_string(),
             last_scale,
-            text(why),
+            why,
         ]);
     }
     let widths: Vec<usize> =
@@ -343,39 +325,36 @@ fn write_table(list: &Value, out: &mut impl Write) -> std::io::Result<()> {
         }
         writeln!(out, "{}", line.trim_end())?;
     }
-    writeln!(
-        out,
-        "{} of {} autoscalers",
-        rows.len(),
-        list.get("total").and_then(Value::as_u64).unwrap_or(rows.len() as u64)
-    )
+    writeln!(out, "{} of {} autoscalers", rows.len(), list.total)
 }
 
-fn write_detail(detail: &Value, out: &mut impl Write) -> std::io::Result<()> {
-    let target = detail.get("target").cloned().unwrap_or(Value::Null);
+fn write_detail(detail: &Detail, out: &mut impl Write) -> std::io::Result<()> {
+    let summary = &detail.summary;
+    let identity = &summary.identity;
+    let target = &identity.target;
     writeln!(
         out,
         "{} ({}) -> {} {}/{}: {}",
-        text(detail.get("name")),
-        text(detail.get("id")),
-        text(target.get("kind")),
-        text(target.get("namespace")),
-        text(target.get("name")),
-        text(detail.get("state"))
+        printable(&identity.name),
+        printable(&identity.id),
+        printable(&target.kind),
+        printable(&target.namespace),
+        printable(&target.name),
+        summary.state.as_str()
     )?;
-    let failing = detail.get("failing").filter(|f| !f.is_null());
+    let failing = summary.failing.as_deref();
     if let Some(failing) = failing {
-        match failing_since(detail) {
-            Some(since) => writeln!(out, "failing since {since}: {}", text(Some(failing)))?,
-            None => writeln!(out, "cannot evaluate: {}", text(Some(failing)))?,
+        match failing_since(&detail.history.samples) {
+            Some(since) => writeln!(out, "failing since {since}: {}", printable(failing))?,
+            None => writeln!(out, "cannot evaluate: {}", printable(failing))?,
         }
     }
-    let Some(last) = detail.get("last").filter(|l| !l.is_null()) else {
+    let Some(last) = &detail.last else {
         return match failing {
             Some(_) => writeln!(
                 out,
                 "no decision yet: every evaluation so far has failed; the daemon tries again every {}s",
-                text(detail.get("interval_seconds"))
+                identity.interval_seconds
             ),
             None => writeln!(out, "not evaluated yet"),
         };
@@ -386,26 +365,22 @@ fn write_detail(detail: &Value, out: &mut impl Write) -> std::io::Result<()> {
     writeln!(
         out,
         "replicas {} ({} ready), bounds {}..{}, evaluated at {}",
-        text(last.get("replicas")),
-        text(last.get("ready_replicas")),
-        text(last.get("min_replicas")),
-        text(last.get("max_replicas")),
-        text(last.get("at"))
+        last.replicas, last.ready_replicas, last.min_replicas, last.max_replicas, last.at
     )?;
     writeln!(out, "\nwhy:")?;
-    for sentence in last.get("explanation").and_then(Value::as_array).into_iter().flatten() {
-        writeln!(out, "  {}", text(Some(sentence)))?;
+    for sentence in last.explanation.iter() {
+        writeln!(out, "  {}", printable(sentence))?;
     }
-    for (key, label) in [("forecast", "forecast"), ("fallback_active", "fallback active")] {
-        if let Some(value) = last.get(key).filter(|v| !v.is_null()) {
-            writeln!(out, "  {label}: {}", text(Some(value)))?;
-        }
+    if let Some(forecast) = &last.forecast {
+        writeln!(out, "  forecast: {}", printable(forecast))?;
     }
-    if let Some(until) = detail.get("paused_until").filter(|v| !v.is_null()) {
-        writeln!(out, "  paused until {}", text(Some(until)))?;
+    if let Some(active) = last.fallback_active {
+        writeln!(out, "  fallback active: {active}")?;
     }
-    let events = detail.get("history").and_then(|h| h.get("events")).and_then(Value::as_array);
-    let events: Vec<&Value> = events.into_iter().flatten().collect();
+    if let Some(until) = &identity.paused_until {
+        writeln!(out, "  paused until {}", printable(until))?;
+    }
+    let events = &detail.history.events;
     if events.is_empty() {
         return writeln!(out, "\nscale events in the history: none");
     }
@@ -414,40 +389,78 @@ fn write_detail(detail: &Value, out: &mut impl Write) -> std::io::Result<()> {
         writeln!(
             out,
             "  {} {} -> {}{}",
-            instant(event.get("at")).unwrap_or_else(|| "-".into()),
-            text(event.get("from")),
-            text(event.get("to")),
-            if event.get("written").and_then(Value::as_bool) == Some(false) { " (decided, not written)" } else { "" }
+            instant(event.at).unwrap_or_else(|| "-".into()),
+            event.from,
+            event.to,
+            if event.written { "" } else { " (decided, not written)" }
         )?;
     }
     Ok(())
 }
 
 /// Unix seconds, as RFC 3339.
-fn instant(seconds: Option<&Value>) -> Option<String> {
-    let seconds = seconds.and_then(Value::as_i64)?;
+fn instant(seconds: i64) -> Option<String> {
     watermarkd_engine::Timestamp::from_unix_seconds_f64(seconds as f64).map(|t| t.to_string())
 }
 
 /// When the evaluations began failing, as far as the history says: the first sample of the
 /// run of failed ones it ends with. `None` when no sample says (it failed from the start).
-fn failing_since(detail: &Value) -> Option<String> {
-    let samples = detail.get("history")?.get("samples")?.as_array()?;
-    let failed = |sample: &&Value| {
-        sample.get("marks").and_then(Value::as_array).is_some_and(|marks| marks.iter().any(|m| m == "failed"))
-    };
+fn failing_since(samples: &[SampleView]) -> Option<String> {
+    let failed = |sample: &&SampleView| sample.marks.contains(&"failed");
     let first = samples.iter().rev().take_while(failed).last()?;
-    instant(first.get("at"))
+    instant(first.at)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use serde_json::{json, Value};
+
+    /// One autoscaler as the daemon writes it (docs/status.md): it decided at 09:00, then its
+    /// target went away.
+    fn failing_detail() -> Value {
+        let metric = json!({ "name": "load", "value": 7.0, "usage": 7.0, "low_watermark": 5.0, "high_watermark": 10.0,
+                             "position": "inside", "proposal": null, "age_seconds": 31.0 });
+        let last = json!({
+            "at": "2026-11-27T09:00:00Z", "spec_replicas": 3, "ready_replicas": 3, "replicas": 3,
+            "action": "hold", "scaled": false, "proposal": null, "limit": "within_range",
+            "min_replicas": 1, "max_replicas": 6, "compared": "value", "metrics": [metric],
+            "upscale_blocked_seconds": 0.0, "downscale_blocked_seconds": 0.0,
+            "explanation": ["held at 3: every metric is inside its band", "load 7 is inside [5, 10]"],
+            "paused": false, "fallback_active": false
+        });
+        let sample = |at: i64, marks: &[&str]| {
+            let mut sample = json!({ "at": at, "values": [null], "watermarks": [[5.0, 10.0]], "proposed": null,
+                                     "replicas": 3 });
+            if !marks.is_empty() {
+                sample["marks"] = json!(marks);
+            }
+            sample
+        };
+        let history = json!({
+            "metrics": ["load"], "compared": "value",
+            "samples": [sample(1_795_770_000, &[]), sample(1_795_770_015, &["failed"]),
+                        sample(1_795_770_030, &["failed", "no_data"])],
+            "events": [{ "at": 1_795_769_000, "from": 2, "to": 3, "written": false }]
+        });
+        json!({
+            "id": "crd/prod/web", "name": "web", "namespace": "prod", "source": "crd",
+            "target": { "kind": "Deployment", "namespace": "prod", "name": "web" },
+            "interval_seconds": 15, "dry_run": false, "backends": ["datadog"],
+            "state": "failing",
+            "spec_replicas": 3, "ready_replicas": 3, "min_replicas": 1, "max_replicas": 6,
+            "metric": metric, "evaluated_at": "2026-11-27T09:00:00Z",
+            "why": "held at 3: every metric is inside its band",
+            "last_scale": { "at": 1_795_769_000, "from": 2, "to": 3, "written": false },
+            "failing": "Deployment prod/web does not exist", "failing_since": "2026-11-27T09:00:15Z",
+            "last": last, "history": history
+        })
+    }
 
     fn detail_text(detail: &Value) -> String {
+        let detail: Detail = serde_json::from_value(detail.clone()).expect("the API's detail");
         let mut out = Vec::new();
-        write_detail(detail, &mut out).expect("written");
+        write_detail(&detail, &mut out).expect("written");
         String::from_utf8(out).expect("UTF-8")
     }
 
@@ -455,28 +468,65 @@ mod tests {
     fn control_characters_are_shown_as_escapes() {
         assert_eq!(printable("cpu\u{1b}[2J\u{7}"), "cpu\\u{1b}[2J\\u{7}");
         assert_eq!(printable("plain ü"), "plain ü");
-        assert_eq!(text(Some(&json!("a\nb"))), "a\\u{a}b");
+        assert_eq!(printable("a\nb"), "a\\u{a}b");
     }
 
     /// It failed after deciding: the decision shown is the last one, and the failure says
     /// since when, from the run of failed samples the history ends with.
     #[test]
     fn a_failing_autoscaler_says_since_when() {
-        let detail = json!({
-            "name": "web", "id": "file/web", "state": "failing", "interval_seconds": 15,
-            "target": { "kind": "Deployment", "namespace": "prod", "name": "web" },
-            "failing": "Deployment prod/web does not exist",
-            "last": { "replicas": 3, "ready_replicas": 3, "min_replicas": 1, "max_replicas": 6,
-                      "at": "2026-11-27T09:00:00Z", "explanation": ["held at 3: every metric is inside its band"] },
-            "history": { "samples": [
-                { "at": 1_795_770_000, "marks": [] },
-                { "at": 1_795_770_015, "marks": ["failed"] },
-                { "at": 1_795_770_030, "marks": ["failed"] }
-            ], "events": [] }
-        });
-        let said = detail_text(&detail);
+        let said = detail_text(&failing_detail());
+        assert!(said.starts_with("web (crd/prod/web) -> Deployment prod/web: failing\n"), "{said}");
         assert!(said.contains("\nfailing since 2026-11-27T09:00:15Z: Deployment prod/web does not exist\n"), "{said}");
         assert!(said.contains("the last decision, before it began failing:\nreplicas 3"), "{said}");
+        assert!(said.contains("\n  load 7 is inside [5, 10]\n  fallback active: false\n"), "{said}");
+        assert!(said.contains("2 -> 3 (decided, not written)"), "{said}");
         assert!(!said.contains("not evaluated yet"), "{said}");
+    }
+
+    /// What the command reads is what the daemon wrote, field for field: read into the types
+    /// and written again, the answer is the same JSON.
+    #[test]
+    fn the_api_reads_back_into_the_types_that_wrote_it() {
+        let detail = failing_detail();
+        let read: Detail = serde_json::from_value(detail.clone()).expect("the API's detail");
+        assert_eq!(serde_json::to_value(&read).unwrap(), detail);
+        let row = detail.as_object().unwrap().iter().filter(|(key, _)| !["last", "history"].contains(&key.as_str()));
+        let list = json!({
+            "daemon": { "leader": false, "leader_identity": "watermarkd-0" },
+            "rules": { "rejected": { "at": "2026-11-27T09:00:00Z", "reason": "rules.toml: 1 problem",
+                                     "problems": ["rules.toml:3: autoscaler \"web\": max_replicas: not a number"] } },
+            "total": 1, "matched": 1, "offset": 0,
+            "states": [["failing", 1], ["ok", 0]],
+            "autoscalers": [Value::Object(row.map(|(k, v)| (k.clone(), v.clone())).collect())]
+        });
+        let read: ListPage = serde_json::from_value(list.clone()).expect("the API's list");
+        assert_eq!(serde_json::to_value(&read).unwrap(), list);
+        let mut out = Vec::new();
+        write_table(&read, &mut out).unwrap();
+        let table = String::from_utf8(out).unwrap();
+        assert_eq!(
+            table,
+            "The rules file on disk was refused at 2026-11-27T09:00:00Z: rules.toml: 1 problem\n\
+             \x20 rules.toml:3: autoscaler \"web\": max_replicas: not a number\n\
+             \n\
+             NAME      TARGET               REPLICAS  METRIC [LOW, HIGH]  STATE    LAST SCALE  WHY\n\
+             prod/web  Deployment prod/web  3 (1..6)  load 7 [5, 10]      failing  2 -> 3      \
+             Deployment prod/web does not exist\n\
+             1 of 1 autoscalers\n"
+        );
+    }
+
+    /// A field the daemon never writes that way is refused, naming it, not read as something else.
+    #[test]
+    fn an_answer_that_is_not_the_api_s_is_refused_naming_what_is_wrong() {
+        let mut detail = failing_detail();
+        detail["source"] = json!("helm");
+        let error = serde_json::from_value::<Detail>(detail).unwrap_err().to_string();
+        assert!(error.contains("source \"helm\" is not one of file, crd"), "{error}");
+        let mut detail = failing_detail();
+        detail["history"]["samples"][1]["marks"] = json!(["sleepy"]);
+        let error = serde_json::from_value::<Detail>(detail).unwrap_err().to_string();
+        assert!(error.contains("\"sleepy\" is not a history mark"), "{error}");
     }
 }

@@ -29,15 +29,16 @@ use super::systemd::Notifier;
 use super::wpa_index::{Rejection, Scope, WpaIndex};
 use super::{cycle, health, rules_file, wpa, RunError};
 use crate::adapters::backend::recommender::RecommenderClients;
-use crate::adapters::backend::{MetricBackend, RotatingSecret};
+use crate::adapters::backend::MetricBackend;
 use crate::adapters::events::EventPublisher;
+use crate::adapters::health::Readiness;
 use crate::adapters::lease::{Authority, LeaderElector, Role};
+use crate::adapters::listener::{self, ListenerTask};
 use crate::adapters::resource::ResourceMetrics;
+use crate::adapters::secret::RotatingSecret;
 use crate::adapters::state_store::StateConfigMaps;
 use crate::adapters::status::{self, Access, Board, StatusApi, TokenReviewer};
-use crate::adapters::telemetry::{
-    AutoscalerMetrics, BackendMetrics, DaemonMetrics, HttpClientMetrics, ListenerTask, Readiness,
-};
+use crate::adapters::telemetry::{self, AutoscalerMetrics, BackendMetrics, DaemonMetrics, HttpClientMetrics};
 use crate::adapters::workload::Workloads;
 use crate::domain::outcome::Ledger;
 use crate::domain::rules::{self, RulesFile};
@@ -239,7 +240,7 @@ impl Telemetry {
         let reviewer =
             settings.token_review.then(|| TokenReviewer::new(client.clone(), settings.token_audiences.clone()));
         let access = Access::new(token, reviewer, settings.open_on_loopback, settings.allowed_hosts.clone());
-        let api = StatusApi::new(Arc::clone(&self.board), Arc::clone(&self.backends), access)
+        let api = StatusApi::new(Arc::clone(&self.board), self.backends.facts(), access)
             .map_err(|error| RunError::Thread { what: "the status service's worker", error })?;
         Ok(Some(Arc::new(api)))
     }
@@ -257,17 +258,15 @@ impl Telemetry {
         } else {
             "/metrics, /healthz and /readyz"
         };
-        let (bound, server) = crate::adapters::telemetry::serve(
-            settings.listen,
-            settings.listen_limits,
-            self.registry.clone(),
-            Arc::clone(&self.autoscalers),
-            Arc::clone(&self.readiness),
-            status,
-            stop,
-        )
-        .await
-        .map_err(|error| RunError::Listen { address: settings.listen.to_string(), error })?;
+        // Each part hands the listener its own paths.
+        let mut routes = telemetry::routes(self.registry.clone(), Arc::clone(&self.autoscalers))
+            .merge(crate::adapters::health::routes(Arc::clone(&self.readiness)));
+        if let Some(api) = &status {
+            routes = routes.merge(status::routes(api));
+        }
+        let (bound, server) = listener::serve(settings.listen, settings.listen_limits, routes, stop)
+            .await
+            .map_err(|error| RunError::Listen { address: settings.listen.to_string(), error })?;
         tracing::info!(listen = %bound, "serving {serving}");
         Ok(server)
     }

@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::allocator::{self, Trim};
 use super::systemd::Notifier;
-use crate::adapters::telemetry::Readiness;
+use crate::adapters::health::Readiness;
 
 /// How often readiness is judged again.
 const READINESS_PERIOD: Duration = Duration::from_millis(200);

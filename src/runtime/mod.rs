@@ -57,13 +57,13 @@ pub enum RunError {
     #[error(transparent)]
     Registry(#[from] prometheus::Error),
     #[error("cannot listen on {address}: {error}")]
-    Listen { address: String, error: std::io::Error },
+    Listen { address: String, error: crate::adapters::listener::ListenerError },
     #[error("cannot start {what}: {error}")]
     Thread { what: &'static str, error: std::io::Error },
     #[error("signal handler: {0}")]
     Signal(std::io::Error),
     #[error("status token: {0}")]
-    StatusToken(crate::adapters::backend::SecretError),
+    StatusToken(crate::adapters::secret::SecretError),
 }
 
 /// Runs until SIGTERM or SIGINT.

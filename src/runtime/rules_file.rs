@@ -12,7 +12,8 @@ use tokio_util::sync::CancellationToken;
 use super::scheduler::Command;
 use super::source::{Desired, SourceKind};
 use super::Shared;
-use crate::adapters::backend::{FileStamp, MetricBackend};
+use crate::adapters::backend::MetricBackend;
+use crate::adapters::secret::FileStamp;
 use crate::domain::rules::{self, RulesFile};
 
 /// Splits a rules file into its autoscalers and the rest (the backends, which CRD mode also

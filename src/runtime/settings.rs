@@ -10,9 +10,10 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::adapters::lease::{self, LeaseSettings};
+use crate::adapters::listener::ListenerLimits;
 use crate::adapters::status::access::allowed_host;
 use crate::adapters::telemetry::logging::LogFormat;
-use crate::adapters::telemetry::{LabelsAsTags, ListenerLimits};
+use crate::adapters::telemetry::LabelsAsTags;
 use crate::domain::crd::{check_tls_dir, AllowedUrl, RecommenderPolicy, ALLOWED_URLS_SETTING, TLS_DIR_SETTING};
 use crate::domain::rules::{SecretSource, DEFAULT_INTERVAL};
 

@@ -1,13 +1,13 @@
 //! The full outcome of one evaluation: every intermediate result, so that a person (or a
 //! dashboard) can see why the replica count is what it is.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::input::State;
 use crate::time::Timestamp;
 
 /// Where one metric stands relative to its band.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Position {
     Above,
@@ -49,7 +49,7 @@ impl MetricOutcome {
 }
 
 /// What bounded the proposal on its way to the normalized value.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Limit {
     /// Nothing: the proposal was usable as it was.
@@ -114,7 +114,7 @@ pub struct Timing {
 }
 
 /// A rule that took over before or instead of the metric formulas (docs/engine.md §2 and §5).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Guard {
     /// `spec == 0`: a person paused the workload.
@@ -133,7 +133,7 @@ pub enum Guard {
     NoReadyReplicas,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Action {
     ScaleUp,

@@ -20,7 +20,6 @@ pub mod datadog;
 pub mod plan;
 pub mod prometheus;
 pub mod recommender;
-mod secret;
 pub mod trust;
 
 use std::sync::Arc;
@@ -32,13 +31,10 @@ use watermarkd_engine::{Algorithm, Reading, Timestamp};
 pub(crate) use datadog::RateLimitSnapshot;
 pub use plan::{PlanPart, PlannedFetch, QueryPlan};
 
+use crate::adapters::secret::SecretError;
 use crate::adapters::telemetry::BackendMetrics;
 use crate::domain::forecast::past_demand;
 use crate::domain::rules::{self, Autoscaler, Reducer};
-
-pub(crate) use secret::SecretError;
-pub(crate) use secret::CHECK_EVERY as SECRET_CHECK_EVERY;
-pub use secret::{FileStamp, RotatingSecret, Secret};
 
 /// One metric query, as an autoscaler's metric names it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -27,7 +27,8 @@ use tokio::time::Instant;
 use watermarkd_engine::Reading;
 
 use super::prometheus::connection::{chain, tls};
-use super::{FileStamp, Observation, ObservationDetail, QueryError};
+use super::{Observation, ObservationDetail, QueryError};
+use crate::adapters::secret::FileStamp;
 use crate::adapters::telemetry::HttpClientMetrics;
 use crate::domain::rules::{Recommender, TargetRef, TlsSettings};
 

@@ -115,7 +115,7 @@ impl ResourceMetrics {
         let (pods, samples) = tokio::join!(pods.list(&pod_params), samples.list(&sample_params));
         for (outcome, seconds) in [(pods.is_ok(), started.elapsed()), (samples.is_ok(), started.elapsed())] {
             let outcome = if outcome { "ok" } else { "server_error" };
-            self.metrics.requests.with_label_values(&[BACKEND_LABEL, outcome]).inc();
+            self.metrics.request_ended(BACKEND_LABEL, outcome);
             self.metrics.request_seconds.with_label_values(&[BACKEND_LABEL]).observe(seconds.as_secs_f64());
         }
         let pods = pods.map_err(|e| api_error(e, "pods", namespace))?;

@@ -39,7 +39,7 @@ use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec, UserInf
 use k8s_openapi::api::authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
 use kube::api::{Api, PostParams};
 
-use crate::adapters::backend::RotatingSecret;
+use crate::adapters::secret::RotatingSecret;
 
 /// What a reader's token must be allowed (a SubjectAccessReview, cluster-wide): `get` on
 /// `status` in the API group `watermarkd.io`. `commands::rbac::STATUS_READER` lists it with the

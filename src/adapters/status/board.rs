@@ -10,7 +10,7 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use watermarkd_engine::{Action, Guard, Limit, MetricOutcome, Position, Timestamp};
 
 use crate::domain::outcome::{self, Entry, Ledger, Outcome, Recent};
@@ -39,7 +39,7 @@ pub struct Identity {
     pub shadows: Vec<Arc<str>>,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TargetView {
     pub kind: Arc<str>,
     pub namespace: Arc<str>,
@@ -47,7 +47,7 @@ pub struct TargetView {
 }
 
 /// One metric at the last evaluation.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct MetricNow {
     pub name: String,
     /// The value read, when there was a usable one.
@@ -66,7 +66,7 @@ pub struct MetricNow {
 }
 
 /// What a shadow rule would have done at the last evaluation.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ShadowNow {
     pub name: Arc<str>,
     pub replicas: u32,
@@ -74,7 +74,7 @@ pub struct ShadowNow {
 }
 
 /// The last decision, as shown.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Last {
     pub at: Timestamp,
     pub spec_replicas: u32,
@@ -110,13 +110,13 @@ pub struct Last {
     /// What its forecast says, or why it cannot forecast.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub forecast: Option<String>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub shadows: Vec<ShadowNow>,
 }
 
 /// One autoscaler's state, in one word, for the table and its filter. The first that applies,
 /// in this order.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum State {
     /// The last evaluation could not decide (the target or the state was unreadable).
@@ -183,7 +183,7 @@ impl State {
 }
 
 /// One row of the table.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Summary {
     #[serde(flatten)]
     pub identity: Identity,
@@ -208,7 +208,7 @@ pub struct Summary {
 }
 
 /// One autoscaler in full.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Detail {
     #[serde(flatten)]
     pub summary: Summary,
@@ -217,7 +217,7 @@ pub struct Detail {
 }
 
 /// The history as the API gives it.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct HistoryView {
     /// The metrics' names, in the order of each sample's `values`.
     pub metrics: Vec<String>,
@@ -230,7 +230,7 @@ pub struct HistoryView {
 }
 
 /// What a history's values are: see [`HistoryView::compared`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Compared {
     #[default]
@@ -238,7 +238,7 @@ pub enum Compared {
     PerReplica,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SampleView {
     /// Unix seconds.
     pub at: i64,
@@ -248,7 +248,7 @@ pub struct SampleView {
     pub watermarks: Vec<[f32; 2]>,
     pub proposed: Option<u32>,
     pub replicas: u32,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "super::wire::marks")]
     pub marks: Vec<&'static str>,
 }
 
@@ -266,7 +266,7 @@ pub struct ListQuery {
 
 /// Whether this daemon decides: only the leader evaluates, so a follower's board has nothing
 /// to say but who leads.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Leadership {
     /// `None` until the first look at the Lease.
     pub leader: Option<bool>,
@@ -277,23 +277,23 @@ pub struct Leadership {
 
 /// The rules file as this daemon last read it: whether what is on disk was refused, and why,
 /// until a good file is read (the rules that run stay the previous ones meanwhile).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RulesView {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rejected: Option<RulesRejected>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RulesRejected {
     pub at: Timestamp,
     /// What was wrong, in one line.
     pub reason: String,
     /// Each problem, naming its line, autoscaler and field.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub problems: Vec<String>,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ListPage {
     /// Whether this daemon is the one deciding.
     pub daemon: Leadership,

@@ -9,17 +9,21 @@
 //! - `GET /ui/autoscaler/{id}`: one autoscaler's page; `?fragment=1`: its content alone.
 //! - `GET /ui/app.js`, `/ui/style.css`: the page's only other resources.
 
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
-use prometheus::core::Collector;
-use serde::Serialize;
+use hyper::http::request::Parts;
+use hyper::{Response, StatusCode};
+use serde::{Deserialize, Serialize};
 use watermarkd_engine::Timestamp;
 
 use super::access::{Access, Caller, Refusal};
 use super::board::{Board, ListQuery, State};
 use super::page::{self, PAGE_ROWS};
 use super::worker::StatusWorker;
-use crate::adapters::telemetry::BackendMetrics;
+use crate::adapters::listener::{text, Body, Handler, Paths, Reply, Route, Routes};
+use crate::domain::status::backends::{BackendFacts, RateLimitSeen};
 
 /// The most rows one API page gives.
 pub const MAX_LIMIT: usize = 1_000;
@@ -72,29 +76,62 @@ impl Answer {
             ("cache-control", "no-store"),
         ]
     }
+
+    /// The answer on the wire, with the security headers.
+    fn into_response(self) -> Response<Body> {
+        let code = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut response = text(code, self.body, self.content_type);
+        let headers = response.headers_mut();
+        let fixed = Answer::security_headers().into_iter().map(|(name, value)| (name, value.to_string()));
+        for (name, value) in fixed.chain(self.headers) {
+            if let Ok(value) = hyper::header::HeaderValue::from_str(&value) {
+                headers.insert(name, value);
+            }
+        }
+        response
+    }
 }
 
-/// The status service: the board, the backends' counters, who may read, and the thread that
-/// works the answers out.
+/// What an API path answers when it cannot answer what was asked (not found, a bad question,
+/// not allowed): `{"error": "..."}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApiError {
+    pub error: String,
+}
+
+/// The status service: the board, what the backends say of themselves, who may read, and the
+/// thread that works the answers out.
 pub struct StatusApi {
     board: Arc<Board>,
-    backends: Arc<BackendMetrics>,
+    backends: Arc<BackendFacts>,
     access: Access,
     worker: StatusWorker,
 }
 
-/// Whether `path` is the status service's (the listener's other paths stay as they are).
-pub fn handles(path: &str) -> bool {
-    path == "/" || path == "/ui" || path.starts_with("/ui/") || path == "/api/v1" || path.starts_with("/api/v1/")
+/// The status service's paths on the listener: `/`, `/ui` and what is under `/ui/`, `/api/v1`
+/// and what is under `/api/v1/`. None is answered from the probe reserve: a status answer may
+/// be costly, and the reserve is for the probes and the scrape.
+pub fn routes(api: &Arc<StatusApi>) -> Routes {
+    let handler: Handler = {
+        let api = Arc::clone(api);
+        Arc::new(move |request: &Parts, peer: SocketAddr| api.reply(request, peer))
+    };
+    let route = |paths| Route::new(paths, Arc::clone(&handler));
+    Routes::new()
+        .with(route(Paths::Exact("/")))
+        .with(route(Paths::Exact("/ui")).listed())
+        .with(route(Paths::Under("/ui/")))
+        .with(route(Paths::Exact("/api/v1")))
+        .with(route(Paths::Under("/api/v1/")))
 }
 
 impl StatusApi {
     /// The service, with its worker thread started.
-    pub fn new(board: Arc<Board>, backends: Arc<BackendMetrics>, access: Access) -> std::io::Result<StatusApi> {
+    pub fn new(board: Arc<Board>, backends: Arc<BackendFacts>, access: Access) -> std::io::Result<StatusApi> {
         Ok(StatusApi { board, backends, access, worker: StatusWorker::start()? })
     }
 
-    /// Answers a request for one of [`handles`]'s paths. The access check runs here; the rest
+    /// Answers a request for one of the status service's paths (`routes`). The access check runs here; the rest
     /// on the status worker (see `worker`), never on the caller's thread.
     pub async fn answer(&self, path: &str, query: Option<&str>, caller: &Caller<'_>) -> Answer {
         if let Err(refusal) = self.access.check(caller).await {
@@ -110,12 +147,27 @@ impl StatusApi {
             answer
         })
     }
+
+    /// Answers a request from the listener: who asks (the peer, its token, the Host it names)
+    /// and what for are copied out of the request, and the answer is worked out after.
+    fn reply(self: &Arc<Self>, request: &Parts, peer: SocketAddr) -> Reply {
+        let api = Arc::clone(self);
+        let headers = &request.headers;
+        let authorization = headers.get(hyper::header::AUTHORIZATION).and_then(|v| v.to_str().ok()).map(str::to_string);
+        // A Host header that is not text is kept as one, so that it is refused rather than missing.
+        let host = headers.get(hyper::header::HOST).map(|v| v.to_str().unwrap_or("").to_string());
+        let (path, query) = (request.uri.path().to_string(), request.uri.query().map(str::to_string));
+        Box::pin(async move {
+            let caller = Caller { peer: peer.ip(), authorization: authorization.as_deref(), host: host.as_deref() };
+            api.answer(&path, query.as_deref(), &caller).await.into_response()
+        })
+    }
 }
 
 fn refused(path: &str, refusal: &Refusal) -> Answer {
     let status = refusal.status();
     let mut answer = if path.starts_with("/api/") {
-        Answer::json(status, &serde_json::json!({ "error": refusal.to_string() }))
+        Answer::json(status, &ApiError { error: refusal.to_string() })
     } else {
         Answer::html(status, page::message_page("watermarkd: not allowed", &refusal.to_string()))
     };
@@ -202,9 +254,9 @@ fn list_query(query: &Query, default_limit: usize) -> Result<ListQuery, String> 
 }
 
 /// Routes one request. `now` dates the page's "ago"s.
-pub fn route(board: &Board, backends: &BackendMetrics, path: &str, query: &Query, now: Timestamp) -> Answer {
+pub fn route(board: &Board, backends: &BackendFacts, path: &str, query: &Query, now: Timestamp) -> Answer {
     let seconds = now.unix_millis().div_euclid(1000);
-    let api_error = |status: u16, message: String| Answer::json(status, &serde_json::json!({ "error": message }));
+    let api_error = |status: u16, error: String| Answer::json(status, &ApiError { error });
     match path {
         "/api/v1" | "/api/v1/" => Answer::json(
             200,
@@ -264,55 +316,44 @@ pub fn route(board: &Board, backends: &BackendMetrics, path: &str, query: &Query
 }
 
 /// One backend as `/api/v1/backends` shows it.
-#[derive(Debug, Default, Serialize)]
-struct BackendView {
-    name: String,
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackendView {
+    pub name: String,
     /// Requests since the start, by outcome (`ok`, `timeout`, `rate_limited`, ...).
-    requests: std::collections::BTreeMap<String, u64>,
+    pub requests: BTreeMap<String, u64>,
     /// Datadog's rate-limit headers as last seen: `limit`, `remaining`, `reset_seconds`.
-    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
-    rate_limit: std::collections::BTreeMap<String, i64>,
+    #[serde(default, skip_serializing_if = "RateLimitSeen::is_empty")]
+    pub rate_limit: RateLimitSeen,
     /// The cycle spacing the budget imposes (0: every requested cycle runs).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    stretched_interval_seconds: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stretched_interval_seconds: Option<u64>,
     /// Autoscalers reading from it, and of those the ones without any usable value.
-    autoscalers: usize,
-    autoscalers_without_data: usize,
+    pub autoscalers: usize,
+    pub autoscalers_without_data: usize,
 }
 
-/// Each backend's counters, read from the series the daemon exports.
-fn backends_view(metrics: &BackendMetrics, board: &Board) -> Vec<BackendView> {
-    let mut views: std::collections::BTreeMap<String, BackendView> = std::collections::BTreeMap::new();
-    fn view<'v>(views: &'v mut std::collections::BTreeMap<String, BackendView>, name: &str) -> &'v mut BackendView {
-        views
-            .entry(name.to_string())
-            .or_insert_with(|| BackendView { name: name.to_string(), ..BackendView::default() })
-    }
-    let label = |m: &prometheus::proto::Metric, name: &str| {
-        m.get_label().iter().find(|l| l.name() == name).map(|l| l.value().to_string()).unwrap_or_default()
-    };
-    for family in metrics.requests.collect() {
-        for m in family.get_metric() {
-            let count = m.get_counter().get_value() as u64;
-            view(&mut views, &label(m, "backend")).requests.insert(label(m, "outcome"), count);
-        }
-    }
-    for family in metrics.rate_limit.collect() {
-        for m in family.get_metric() {
-            view(&mut views, &label(m, "backend"))
-                .rate_limit
-                .insert(label(m, "field"), m.get_gauge().get_value() as i64);
-        }
-    }
-    for family in metrics.stretched_interval_seconds.collect() {
-        for m in family.get_metric() {
-            view(&mut views, &label(m, "backend")).stretched_interval_seconds = Some(m.get_gauge().get_value() as i64);
-        }
-    }
+/// Each backend: what it says of itself, and who reads from it.
+fn backends_view(facts: &BackendFacts, board: &Board) -> Vec<BackendView> {
+    let mut views: BTreeMap<String, BackendView> = facts
+        .snapshot()
+        .into_iter()
+        .map(|(name, facts)| {
+            let view = BackendView {
+                name: name.clone(),
+                requests: facts.requests.into_iter().map(|(outcome, count)| (outcome.to_string(), count)).collect(),
+                rate_limit: facts.rate_limit,
+                stretched_interval_seconds: facts.stretched_interval_seconds,
+                ..BackendView::default()
+            };
+            (name, view)
+        })
+        .collect();
     for (backend, autoscalers, without_data) in board.backend_counts() {
-        let v = view(&mut views, &backend);
-        v.autoscalers = autoscalers;
-        v.autoscalers_without_data = without_data;
+        let view = views
+            .entry(backend)
+            .or_insert_with_key(|name| BackendView { name: name.clone(), ..BackendView::default() });
+        view.autoscalers = autoscalers;
+        view.autoscalers_without_data = without_data;
     }
     views.into_values().collect()
 }
@@ -321,7 +362,6 @@ fn backends_view(metrics: &BackendMetrics, board: &Board) -> Vec<BackendView> {
 mod tests {
     use super::*;
     use crate::domain::outcome::{Identity, Ledger, Outcome, SeriesLabels};
-    use prometheus::Registry;
     use serde_json::json;
     use std::sync::Arc;
     use watermarkd_engine::{decide, Reading, State as EngineState, Target};
@@ -362,8 +402,32 @@ mod tests {
     }
 
     fn ask(board: &Board, path: &str, query: &str) -> Answer {
-        let metrics = BackendMetrics::new(&Registry::new()).unwrap();
-        route(board, &metrics, path, &Query::parse(query), Timestamp::from_unix_millis(1_700_000_060_000))
+        route(board, &BackendFacts::new(), path, &Query::parse(query), Timestamp::from_unix_millis(1_700_000_060_000))
+    }
+
+    #[test]
+    fn each_backend_is_what_it_said_of_itself_and_who_reads_from_it() {
+        let board = board_with("web", "no data");
+        let facts = BackendFacts::new();
+        facts.request("dd", "ok");
+        facts.request("dd", "ok");
+        facts.request("dd", "rate_limited");
+        facts.rate_limit("dd", RateLimitSeen { limit: Some(1600), remaining: Some(12), reset_seconds: None });
+        facts.stretched_interval("dd", 30);
+        let answer = route(&board, &facts, "/api/v1/backends", &Query::default(), Timestamp::from_unix_millis(0));
+        let body: serde_json::Value = serde_json::from_slice(&answer.body).unwrap();
+        assert_eq!(
+            body,
+            json!([
+                { "name": "dd", "requests": { "ok": 2, "rate_limited": 1 },
+                  "rate_limit": { "limit": 1600, "remaining": 12 }, "stretched_interval_seconds": 30,
+                  "autoscalers": 0, "autoscalers_without_data": 0 },
+                { "name": "prom", "requests": {}, "autoscalers": 1, "autoscalers_without_data": 1 }
+            ])
+        );
+        let read: Vec<BackendView> = serde_json::from_slice(&answer.body).unwrap();
+        assert_eq!(read[0].rate_limit.remaining, Some(12), "read back through the type it was written from");
+        assert_eq!(read[1].stretched_interval_seconds, None);
     }
 
     #[test]
@@ -405,6 +469,5 @@ mod tests {
         assert_eq!(js.content_type, "text/javascript; charset=utf-8");
         let fragment = String::from_utf8(ask(&board, "/ui/autoscaler/file/web", "fragment=1").body).unwrap();
         assert!(!fragment.contains("<html"), "only the part the script swaps");
-        assert!(handles("/") && handles("/ui") && handles("/api/v1/backends") && !handles("/metrics"));
     }
 }

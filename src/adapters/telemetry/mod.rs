@@ -1,21 +1,28 @@
-//! Prometheus metrics of the daemon itself. Series keep the Datadog controller's names where one
-//! exists, so dashboards carry over; the rest are prefixed `watermarkd_`.
+//! Prometheus metrics of the daemon itself, and the listener's `/metrics` that serves them
+//! (`routes`). Series keep the Datadog controller's names where one exists, so dashboards carry
+//! over; the rest are prefixed `watermarkd_`.
 
 mod autoscaler;
 mod daemon;
 mod http_client;
 pub mod logging;
-mod server;
-pub mod slots;
+mod scrape;
 
 pub use autoscaler::{AutoscalerMetrics, LabelsAsTags, SeriesLabels};
 pub use daemon::DaemonMetrics;
 pub use http_client::HttpClientMetrics;
-pub use server::{accept_backoff, serve, ListenerLimits, ListenerTask, Readiness};
+pub use scrape::routes;
+
+use std::sync::Arc;
 
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
 
-/// What the metric backends report about themselves.
+use crate::domain::status::backends::{BackendFacts, RateLimitSeen};
+
+/// What the metric backends report about themselves: their series, and the same facts typed
+/// for the status API (`facts`). A request's outcome, the rate-limit headers and the stretched
+/// interval are written through `request_ended`, `rate_limit_seen` and `stretched_interval`,
+/// which keep both in step; their series are read (by tests, say), never written, directly.
 pub struct BackendMetrics {
     /// Requests by backend and outcome (`ok`, `bad_query`, `forbidden`, `no_data`, `rate_limited`,
     /// `server_error`, `timeout`, `transport`, `protocol`).
@@ -41,6 +48,8 @@ pub struct BackendMetrics {
     pub plan_queries: IntGaugeVec,
     /// Queries answered per request, each request of each cycle's plan.
     pub plan_members_per_request: HistogramVec,
+    /// Requests by outcome, rate-limit headers and stretched interval, typed, for the status API.
+    facts: Arc<BackendFacts>,
 }
 
 /// A cycle's query plan counted, for the `watermarkd_query_plan_*` series: what a backend
@@ -146,7 +155,36 @@ impl BackendMetrics {
             plan_requests,
             plan_queries,
             plan_members_per_request,
+            facts: Arc::new(BackendFacts::new()),
         })
+    }
+
+    /// The facts the status API shows, as the backends write them here.
+    pub fn facts(&self) -> Arc<BackendFacts> {
+        Arc::clone(&self.facts)
+    }
+
+    /// One request to `backend` ended as `outcome`.
+    pub fn request_ended(&self, backend: &str, outcome: &'static str) {
+        self.requests.with_label_values(&[backend, outcome]).inc();
+        self.facts.request(backend, outcome);
+    }
+
+    /// Datadog's rate-limit headers on an answer of `backend`: each one present is kept.
+    pub fn rate_limit_seen(&self, backend: &str, seen: RateLimitSeen) {
+        let fields = [("limit", seen.limit), ("remaining", seen.remaining), ("reset_seconds", seen.reset_seconds)];
+        for (field, value) in fields {
+            if let Some(value) = value {
+                self.rate_limit.with_label_values(&[backend, field]).set(i64::try_from(value).unwrap_or(i64::MAX));
+            }
+        }
+        self.facts.rate_limit(backend, seen);
+    }
+
+    /// The cycle spacing `backend`'s budget imposes now, in seconds (0: none).
+    pub fn stretched_interval(&self, backend: &str, seconds: u64) {
+        self.stretched_interval_seconds.with_label_values(&[backend]).set(i64::try_from(seconds).unwrap_or(i64::MAX));
+        self.facts.stretched_interval(backend, seconds);
     }
 
     /// Exports a cycle's plan for `backend`.

@@ -13,7 +13,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use watermarkd_engine::{Action, Position, Timestamp};
 
 use super::Outcome;
@@ -80,7 +80,7 @@ impl Identity {
 }
 
 /// A change of the replicas decided, recorded as it was decided.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ScaleEvent {
     /// Unix seconds.
     pub at: i64,

@@ -169,8 +169,9 @@ impl Outcome {
 }
 
 /// Sentences kept as one text, a line each: one allocation per decision instead of one per
-/// sentence.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// sentence. Given as a list, and read back from one.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(from = "Vec<String>")]
 pub struct Sentences(Box<str>);
 
 impl Sentences {
@@ -185,6 +186,13 @@ impl Sentences {
 
     pub fn first(&self) -> Option<&str> {
         self.iter().next()
+    }
+}
+
+/// The API gives sentences as a list.
+impl From<Vec<String>> for Sentences {
+    fn from(sentences: Vec<String>) -> Sentences {
+        Sentences::new(&sentences)
     }
 }
 

@@ -67,6 +67,11 @@ impl Marks {
     pub fn names(self) -> Vec<&'static str> {
         Marks::NAMES.iter().filter(|(m, _)| self.contains(*m)).map(|(_, n)| *n).collect()
     }
+
+    /// The name of a mark, as `names` gives it, when `text` is one (an API answer read back).
+    pub fn known_name(text: &str) -> Option<&'static str> {
+        Marks::NAMES.iter().map(|(_, name)| *name).find(|name| *name == text)
+    }
 }
 
 /// One evaluation, as recorded and as read back.

@@ -1,6 +1,8 @@
 //! What the status API, `watermarkd status` and the status page say about an autoscaler,
 //! without any I/O: its recent evaluations in a compact ring (`history`) and its decisions
-//! in plain sentences (`explain`). The store they are kept in is `adapters::status`.
+//! in plain sentences (`explain`). The store they are kept in is `adapters::status`. And what
+//! the backends say about themselves (`backends`), handed to the status API by the backends.
 
+pub mod backends;
 pub mod explain;
 pub mod history;

@@ -4,6 +4,7 @@
 //! that leaves.
 
 use super::*;
+use crate::domain::status::backends::RateLimitSeen;
 
 /// Why a request failed, for every query it carried.
 #[derive(Clone, Debug)]
@@ -162,7 +163,7 @@ impl Inner {
         };
         let name = self.name.as_str();
         self.metrics.request_seconds.with_label_values(&[name]).observe(started.elapsed().as_secs_f64());
-        self.metrics.requests.with_label_values(&[name, outcome.label()]).inc();
+        self.metrics.request_ended(name, outcome.label());
         let forbidden = outcome == RequestOutcome::Forbidden;
         if self.forbidden.swap(forbidden, Ordering::Relaxed) != forbidden {
             if forbidden {
@@ -260,26 +261,14 @@ impl Inner {
             return;
         }
         lock(&self.pacer).observe(Instant::now(), rate, counted);
-        let gauge = |field: &str, value: Option<u64>| {
-            if let Some(value) = value {
-                self.metrics
-                    .rate_limit
-                    .with_label_values(&[self.name.as_str(), field])
-                    .set(i64::try_from(value).unwrap_or(i64::MAX));
-            }
-        };
-        gauge("limit", rate.limit);
-        gauge("remaining", rate.remaining);
-        gauge("reset_seconds", rate.reset);
+        let seen = RateLimitSeen { limit: rate.limit, remaining: rate.remaining, reset_seconds: rate.reset };
+        self.metrics.rate_limit_seen(&self.name, seen);
     }
 
     /// Sets the stretched-interval gauge after an admission decision, logging real changes.
     pub(super) fn report_stretch(&self) {
         let (value, changed) = lock(&self.pacer).stretch_to_log();
-        self.metrics
-            .stretched_interval_seconds
-            .with_label_values(&[self.name.as_str()])
-            .set(i64::try_from(value).unwrap_or(i64::MAX));
+        self.metrics.stretched_interval(&self.name, value);
         match changed {
             Some(0) => tracing::warn!(
                 backend = %self.name,

@@ -96,7 +96,7 @@
 //! `watermarkd_backend_suppressed_queries` counts the queries suppressed now, 422 no data, 429 rate limited.
 //! Keys travel only in headers marked sensitive, and only to the configured origin (redirects
 //! elsewhere are refused: `backend::trust`); every error text is scrubbed of them anyway. A key
-//! file is read again when it changes (`secret::RotatingSecret`), so a rotated key is used
+//! file is read again when it changes (`adapters::secret::RotatingSecret`), so a rotated key is used
 //! without a restart.
 
 mod batch;
@@ -122,11 +122,11 @@ use tokio::time::Instant;
 use watermarkd_engine::Timestamp;
 
 use super::body::{self, BodyBudget, BodyError};
-use super::secret::RotatingSecret;
 use super::{
     BackendError, HistoryError, HistorySpan, MetricQuery, Observation, ObservationDetail, PlanPart, PlannedFetch,
-    QueryError, QueryPlan, Secret,
+    QueryError, QueryPlan,
 };
+use crate::adapters::secret::{RotatingSecret, Secret};
 use crate::adapters::telemetry::{BackendMetrics, PlanCounts};
 use crate::domain::rules::DatadogBackend;
 

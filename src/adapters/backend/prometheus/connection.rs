@@ -6,8 +6,8 @@ use std::path::Path;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, ACCEPT};
 use reqwest::{Certificate, ClientBuilder, Identity, RequestBuilder, Url};
 
-use crate::adapters::backend::secret::RotatingSecret;
 use crate::adapters::backend::BackendError;
+use crate::adapters::secret::RotatingSecret;
 use crate::domain::rules::{PrometheusBackend, TlsSettings};
 
 /// Query parameters watermarkd sets itself on every request.

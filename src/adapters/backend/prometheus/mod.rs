@@ -616,7 +616,7 @@ impl Inner {
         let send = || async {
             let result = self.send(prepared, self.timeout).await;
             let outcome = result.as_ref().map_or_else(|f| f.outcome, |_| "ok");
-            self.metrics.requests.with_label_values(&[self.name.as_str(), outcome]).inc();
+            self.metrics.request_ended(&self.name, outcome);
             result
         };
         send.retry(backoff)
@@ -637,7 +637,7 @@ impl Inner {
             Ok(_) => "ok",
             Err(failure) => failure.outcome,
         };
-        self.metrics.requests.with_label_values(&[self.name.as_str(), outcome]).inc();
+        self.metrics.request_ended(&self.name, outcome);
         self.metrics.request_seconds.with_label_values(&[self.name.as_str()]).observe(started.elapsed().as_secs_f64());
         result
     }

@@ -1,4 +1,6 @@
 //! Secrets (API keys, passwords, tokens): read from the environment or a file, never printed.
+//! The backends' credentials and the status API's token are both read here, so neither needs
+//! the other's module.
 //!
 //! # Rotation
 //! A secret from a file is a `RotatingSecret`: Kubernetes rewrites a mounted Secret in place (a
