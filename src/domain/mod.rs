@@ -7,6 +7,7 @@ pub mod fallback;
 pub mod forecast;
 pub mod instant;
 pub mod markup;
+pub mod restriction;
 pub mod rules;
 pub mod schedule;
 pub mod sparse;
