@@ -2,6 +2,7 @@
 //! autoscalers, the state an autoscaler keeps between evaluations, and the small types the
 //! layers above share.
 
+pub mod chart;
 pub mod crd;
 pub mod fallback;
 pub mod forecast;

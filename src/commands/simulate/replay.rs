@@ -7,14 +7,12 @@
 
 use std::time::Duration;
 
-use watermarkd_engine::{
-    decide, Action, Algorithm, Decision, Reading, Rule, State, Target, Timestamp, ZeroState,
-};
+use watermarkd_engine::{decide, Action, Algorithm, Decision, Reading, Rule, State, Target, Timestamp, ZeroState};
 
 use super::trace::{ReadingCursor, Trace};
-pub use crate::domain::restriction::Restriction;
 use crate::domain::fallback::{FallbackMemory, FallbackRule};
 use crate::domain::forecast::{ForecastRule, Forecaster};
+pub use crate::domain::restriction::Restriction;
 use crate::domain::schedule::{self, Schedule};
 
 /// A replay longer than this many evaluations is almost certainly a wrong interval or a wrong
