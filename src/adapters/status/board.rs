@@ -17,6 +17,7 @@ use serde::Serialize;
 use watermarkd_engine::{Action, Algorithm, Decision, Guard, Limit, Position, Rule, Timestamp};
 
 use crate::adapters::telemetry::{AheadSeries, ShadowOutcome};
+use crate::domain::restriction::Restriction;
 use crate::domain::status::explain::{self, Context};
 use crate::domain::status::history::{Bands, History, Marks, Sample, BLOCK};
 
@@ -102,6 +103,9 @@ pub struct Last {
     pub max_replicas: u32,
     /// Whether each metric's `usage` is its value or its value per ready replica.
     pub compared: Compared,
+    /// The fraction above the high and below the low watermark that still holds (the band).
+    pub upscale_tolerance: f64,
+    pub downscale_tolerance: f64,
     pub metrics: Vec<MetricNow>,
     /// Seconds left of the forbidden window or delay that holds a move, each way (0: none).
     pub upscale_blocked_seconds: f64,
@@ -338,6 +342,10 @@ pub struct SampleView {
     pub replicas: u32,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub marks: Vec<&'static str>,
+    /// What held or bent the evaluation (`upscale_window`, `no_data`, ...), as the simulator's
+    /// chart shades it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub restricted_by: Option<Restriction>,
 }
 
 /// Scale events kept per autoscaler, at most (and none older than its history).
@@ -521,7 +529,8 @@ impl Board {
             .with(Marks::SCALED_DOWN, moved(Action::ScaleDown))
             .with(Marks::FALLBACK, decision.fallback.is_some())
             .with(Marks::PAUSED, paused)
-            .with(Marks::NO_DATA, decision.metrics.iter().all(|m| m.position == Position::Unavailable));
+            .with(Marks::NO_DATA, decision.metrics.iter().all(|m| m.position == Position::Unavailable))
+            .restricted_by(Restriction::dominant(&decision));
         // The quantity the band is compared with: for an `average` rule the value per ready
         // replica, not the total (a total drawn against a per-replica band means nothing).
         let values = decision.metrics.iter().map(|m| compared_value(m).map(|v| v as f32)).collect();
@@ -544,6 +553,8 @@ impl Board {
                 Algorithm::Absolute => Compared::Value,
                 Algorithm::Average => Compared::PerReplica,
             },
+            upscale_tolerance: rule.upscale_tolerance().to_f64(),
+            downscale_tolerance: rule.downscale_tolerance().to_f64(),
             upscale_blocked_seconds: t.upscale_window_seconds_left.max(t.upscale_delay_seconds_left).max(0.0),
             downscale_blocked_seconds: t.downscale_window_seconds_left.max(t.downscale_delay_seconds_left).max(0.0),
             explanation: Sentences::new(&explanation),
@@ -732,6 +743,7 @@ impl Board {
                     proposed: s.proposed,
                     replicas: s.replicas,
                     marks: s.marks.names(),
+                    restricted_by: s.marks.restriction(),
                 }
             })
             .collect();
