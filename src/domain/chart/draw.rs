@@ -297,12 +297,17 @@ pub(crate) struct TimeTick {
 }
 
 /// Round times between `start` and `end`, at most `most` of them (and about half as many at
-/// least).
-pub(crate) fn time_ticks(start: Timestamp, end: Timestamp, most: i64) -> Vec<TimeTick> {
+/// least). `to_the_second`: steps under a minute are allowed too (a page's short history),
+/// labelled `12:30:15`.
+pub(crate) fn time_ticks(start: Timestamp, end: Timestamp, most: i64, to_the_second: bool) -> Vec<TimeTick> {
+    const STEPS_SECONDS: [i64; 6] = [1, 2, 5, 10, 15, 30];
     const STEPS_MINUTES: [i64; 13] = [1, 2, 5, 10, 15, 20, 30, 60, 120, 180, 240, 360, 720];
     let span_ms = (end.unix_millis() - start.unix_millis()).max(1);
-    let step_ms =
-        STEPS_MINUTES.iter().map(|m| m * 60_000).find(|step| span_ms / step <= most).unwrap_or(24 * 3_600_000);
+    let seconds = STEPS_SECONDS.iter().filter(|_| to_the_second).map(|s| s * 1000);
+    let step_ms = seconds
+        .chain(STEPS_MINUTES.iter().map(|m| m * 60_000))
+        .find(|step| span_ms / step <= most)
+        .unwrap_or(24 * 3_600_000);
     let first = start.unix_millis().div_euclid(step_ms) * step_ms;
     let first = if first < start.unix_millis() { first + step_ms } else { first };
     let mut ticks = Vec::new();
@@ -312,7 +317,7 @@ pub(crate) fn time_ticks(start: Timestamp, end: Timestamp, most: i64) -> Vec<Tim
         let is_midnight = at.rem_euclid(86_400_000) == 0;
         ticks.push(TimeTick {
             at: timestamp,
-            time_label: clock_time(timestamp),
+            time_label: clock_time(timestamp, step_ms < 60_000),
             day_label: (ticks.is_empty() || is_midnight).then(|| day(timestamp)),
         });
         at += step_ms;
@@ -320,9 +325,10 @@ pub(crate) fn time_ticks(start: Timestamp, end: Timestamp, most: i64) -> Vec<Tim
     ticks
 }
 
-/// `12:30` (UTC).
-fn clock_time(at: Timestamp) -> String {
-    at.to_string().get(11..16).unwrap_or_default().to_string()
+/// `12:30`, or `12:30:15` with `seconds` (UTC).
+fn clock_time(at: Timestamp, seconds: bool) -> String {
+    let end = if seconds { 19 } else { 16 };
+    at.to_string().get(11..end).unwrap_or_default().to_string()
 }
 
 /// `Wed 05-01` (UTC).
@@ -386,7 +392,7 @@ mod tests {
     fn time_ticks_fall_on_round_times_with_the_day_at_midnight() {
         let start = Timestamp::parse_rfc3339("2024-05-01T22:07:00Z").unwrap();
         let end = Timestamp::parse_rfc3339("2024-05-02T02:00:00Z").unwrap();
-        let ticks = time_ticks(start, end, 16);
+        let ticks = time_ticks(start, end, 16, false);
         let labels: Vec<&str> = ticks.iter().map(|t| t.time_label.as_str()).collect();
         assert_eq!(
             labels,
@@ -398,6 +404,12 @@ mod tests {
         assert_eq!(ticks[0].day_label.as_deref(), Some("Wed 05-01"));
         assert_eq!(ticks[7].day_label.as_deref(), Some("Thu 05-02"));
         assert_eq!(ticks[8].day_label, None);
+        // Without steps under a minute, half a minute has no tick; with them, every 5 seconds.
+        let (start, end) =
+            (start.plus(std::time::Duration::from_secs(10)), start.plus(std::time::Duration::from_secs(40)));
+        assert!(time_ticks(start, end, 8, false).is_empty());
+        let labels: Vec<String> = time_ticks(start, end, 8, true).into_iter().map(|t| t.time_label).collect();
+        assert_eq!(labels, ["22:07:10", "22:07:15", "22:07:20", "22:07:25", "22:07:30", "22:07:35", "22:07:40"]);
     }
 
     #[test]

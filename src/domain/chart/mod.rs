@@ -275,7 +275,7 @@ fn render_report(chart: &Chart) -> String {
     if let Some(head) = &chart.header {
         header(&mut svg, &layout, head, &chart.spans);
     }
-    let ticks = time_ticks(chart.start, chart.end, layout.max_time_ticks);
+    let ticks = time_ticks(chart.start, chart.end, layout.max_time_ticks, layout.figure);
     let mut top = header_height;
     for metric in &chart.metrics {
         let axis = draw::ValueAxis { max: 0.0, top: top + PANEL_TITLE_HEIGHT, height: layout.metric_height };
@@ -325,7 +325,7 @@ fn render_figure(chart: &Chart) -> String {
 
     let mut svg = String::with_capacity(64 * 1024);
     open(&mut svg, chart, height);
-    let ticks = time_ticks(chart.start, chart.end, layout.max_time_ticks);
+    let ticks = time_ticks(chart.start, chart.end, layout.max_time_ticks, layout.figure);
     for (metric, geometry) in chart.metrics.iter().zip(metric_geometry) {
         metric_panel(&mut svg, chart, metric, geometry, time, &ticks);
     }

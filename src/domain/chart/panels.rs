@@ -148,6 +148,8 @@ pub(super) fn metric_panel(
     let peak = metric.values.iter().filter_map(|(_, v)| *v).fold(0.0, f64::max);
     let band_high = metric.watermarks.iter().map(|w| w.band_high).fold(f64::NEG_INFINITY, f64::max);
     let highest = metric.theirs.map_or(band_high, |(_, their_high)| band_high.max(their_high));
+    // A figure leaves room over the highest value, so that its line never runs along the frame.
+    let peak = if layout.figure { peak * 1.1 } else { peak };
     let value_ticks = nice_ticks(peak.max(highest * 1.15));
     panel.max = value_ticks.last().copied().unwrap_or(1.0);
 
@@ -191,11 +193,13 @@ pub(super) fn metric_panel(
     }
     watermark_lines(svg, chart, metric, panel, time, *latest);
     geometry.legend.draw(svg, layout, time, &legend_entries);
+    // A figure rounds the line's caps, so that a value alone between two gaps shows as a dot.
     let _ = writeln!(
         svg,
-        r#"<path{} d="{}" fill="none" stroke="{USAGE_COLOR}" stroke-width="1.4" stroke-linejoin="round"/>"#,
+        r#"<path{} d="{}" fill="none" stroke="{USAGE_COLOR}" stroke-width="1.4" stroke-linejoin="round"{}/>"#,
         layout.class("value"),
-        value_path(&metric.values, panel, time)
+        value_path(&metric.values, panel, time, layout.figure),
+        if layout.figure { r#" stroke-linecap="round""# } else { "" }
     );
     frame(svg, panel, time);
 }
@@ -300,19 +304,32 @@ pub(super) fn metric_legend(metric: &MetricPanel) -> Vec<(Mark, String)> {
     ]
 }
 
-/// The value's line, broken where there was no usable value.
-fn value_path(values: &[(Timestamp, Option<f64>)], panel: ValueAxis, time: TimeAxis) -> String {
+/// The value's line, broken where there was no usable value. `dots`: a value alone between
+/// two gaps is a point (`h0`, drawn as a dot with round caps) rather than nothing.
+fn value_path(values: &[(Timestamp, Option<f64>)], panel: ValueAxis, time: TimeAxis, dots: bool) -> String {
     let mut path = String::new();
     let mut pen_down = false;
+    let mut points_in_run = 0;
+    let lone_point = |path: &mut String, points: usize| {
+        if dots && points == 1 {
+            path.push_str(" h0");
+        }
+    };
     for (at, value) in values {
         match value {
             Some(value) => {
                 let _ = write!(path, "{}{:.1},{:.1}", if pen_down { " L" } else { " M" }, time.x(*at), panel.y(*value));
                 pen_down = true;
+                points_in_run += 1;
             }
-            None => pen_down = false,
+            None => {
+                lone_point(&mut path, points_in_run);
+                pen_down = false;
+                points_in_run = 0;
+            }
         }
     }
+    lone_point(&mut path, points_in_run);
     path.trim_start().to_string()
 }
 
