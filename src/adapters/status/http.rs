@@ -7,6 +7,7 @@
 //! - `GET /api/v1/backends`: each backend's requests by outcome and rate budget.
 //! - `GET /` and `/ui`: the table page; `/ui/table`: its rows alone (what the script swaps).
 //! - `GET /ui/autoscaler/{id}`: one autoscaler's page; `?fragment=1`: its content alone.
+//! - `GET /ui/health`: the daemon's health at the top of each page, alone (what the script swaps).
 //! - `GET /ui/app.js`, `/ui/style.css`: the page's only other resources.
 
 use std::sync::Arc;
@@ -225,11 +226,12 @@ pub fn route(board: &Board, backends: &BackendMetrics, path: &str, query: &Query
                 if path == "/ui/table" {
                     Answer::html(200, page::table_rows(&page, &list, seconds))
                 } else {
-                    Answer::html(200, page::table_page(&page, &list, seconds))
+                    Answer::html(200, page::table_page(&page, &list, seconds, &health(board, backends, seconds)))
                 }
             }
             Err(message) => Answer::html(400, page::message_page("watermarkd: bad request", &message)),
         },
+        "/ui/health" => Answer::html(200, health(board, backends, seconds)),
         "/ui/app.js" => Answer::new(200, "text/javascript; charset=utf-8", JS),
         "/ui/style.css" => Answer::new(200, "text/css; charset=utf-8", CSS),
         _ => {
@@ -244,7 +246,9 @@ pub fn route(board: &Board, backends: &BackendMetrics, path: &str, query: &Query
                     Some(detail) if query.get("fragment").is_some() => {
                         Answer::html(200, page::detail_fragment(&detail, seconds))
                     }
-                    Some(detail) => Answer::html(200, page::detail_page(&detail, seconds)),
+                    Some(detail) => {
+                        Answer::html(200, page::detail_page(&detail, seconds, &health(board, backends, seconds)))
+                    }
                     None => Answer::html(
                         404,
                         page::message_page(
@@ -263,21 +267,27 @@ pub fn route(board: &Board, backends: &BackendMetrics, path: &str, query: &Query
     }
 }
 
-/// One backend as `/api/v1/backends` shows it.
+/// The daemon's health as the top of each page shows it: its role, the rules file, the
+/// backends as `/api/v1/backends` shows them.
+fn health(board: &Board, backends: &BackendMetrics, now: i64) -> String {
+    page::health(&board.leadership(), &board.rules(), &backends_view(backends, board), now)
+}
+
+/// One backend as `/api/v1/backends` shows it (and the page's health).
 #[derive(Debug, Default, Serialize)]
-struct BackendView {
-    name: String,
+pub(super) struct BackendView {
+    pub(super) name: String,
     /// Requests since the start, by outcome (`ok`, `timeout`, `rate_limited`, ...).
-    requests: std::collections::BTreeMap<String, u64>,
+    pub(super) requests: std::collections::BTreeMap<String, u64>,
     /// Datadog's rate-limit headers as last seen: `limit`, `remaining`, `reset_seconds`.
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
-    rate_limit: std::collections::BTreeMap<String, i64>,
+    pub(super) rate_limit: std::collections::BTreeMap<String, i64>,
     /// The cycle spacing the budget imposes (0: every requested cycle runs).
     #[serde(skip_serializing_if = "Option::is_none")]
-    stretched_interval_seconds: Option<i64>,
+    pub(super) stretched_interval_seconds: Option<i64>,
     /// Autoscalers reading from it, and of those the ones without any usable value.
-    autoscalers: usize,
-    autoscalers_without_data: usize,
+    pub(super) autoscalers: usize,
+    pub(super) autoscalers_without_data: usize,
 }
 
 /// Each backend's counters, read from the series the daemon exports.
