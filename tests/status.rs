@@ -611,7 +611,7 @@ async fn the_page_charts_each_kind_of_autoscaler_at_a_desktops_and_a_phones_widt
         std::fs::write(artifact(&format!("status-table-{device}.png")), browser.screenshot().await).unwrap();
     }
     // The README's picture: the held autoscaler at a laptop's width.
-    browser.set_viewport(1000, 900, false).await;
+    browser.set_viewport(1000, 960, false).await;
     browser.open(&format!("http://{listen}/ui/autoscaler/file/held")).await;
     std::fs::write(artifact("status-page.png"), browser.screenshot().await).unwrap();
 }
