@@ -36,8 +36,7 @@ use webdriver::Browser;
 const STARTUP: Duration = Duration::from_secs(30);
 const TOKEN: &str = "status-test-token";
 
-/// Three autoscalers: `busy` above its band (scales up), `calm` inside it, `quiet` on a
-/// metric that does not exist.
+/// A daemon's autoscalers, their Deployments and the Prometheus they read.
 struct Setup {
     exporter: Exporter,
     _prometheus: PrometheusServer,
@@ -47,24 +46,46 @@ struct Setup {
     ns: String,
 }
 
+/// One autoscaler of a setup: its name (and its Deployment's, at 2 replicas, 2 ready), its
+/// query, the rule's keys besides the common ones, and tables after its metric.
+struct Autoscaler {
+    name: &'static str,
+    query: &'static str,
+    keys: &'static str,
+    tables: &'static str,
+}
+
+/// Forbidden windows that let `busy` scale up every second and nothing scale down.
+const ABSOLUTE: &str =
+    "algorithm = \"absolute\"\nupscale_forbidden_window = \"1s\"\ndownscale_forbidden_window = \"1h\"\n";
+
 impl Setup {
+    /// Three autoscalers: `busy` above its band (scales up), `calm` inside it, `quiet` on a
+    /// metric that does not exist.
     async fn start(prefix: &str) -> Setup {
+        let autoscalers = [("busy", "load_busy"), ("calm", "load_calm"), ("quiet", "load_absent")]
+            .map(|(name, query)| Autoscaler { name, query, keys: ABSOLUTE, tables: "" });
+        Setup::start_with(prefix, "load_busy 30\nload_calm 7\n", &autoscalers).await
+    }
+
+    /// These autoscalers, each every second between 1 and 6 replicas on one metric `load` with
+    /// the band [5, 10], reading the exporter's `series`.
+    async fn start_with(prefix: &str, series: &str, autoscalers: &[Autoscaler]) -> Setup {
         let cluster = KubeCluster::shared();
         let ns = cluster.unique_namespace(prefix).await;
-        for name in ["busy", "calm", "quiet"] {
-            cluster.create_deployment(&ns, name, 2).await;
-            cluster.set_workload_status("Deployment", &ns, name, 2, 2).await;
+        for autoscaler in autoscalers {
+            cluster.create_deployment(&ns, autoscaler.name, 2).await;
+            cluster.set_workload_status("Deployment", &ns, autoscaler.name, 2, 2).await;
         }
-        let exporter = Exporter::start("load_busy 30\nload_calm 7\n").await;
+        let exporter = Exporter::start(series).await;
         let prometheus = PrometheusServer::start(&exporter.target()).await;
         let dir = tempfile::tempdir().unwrap();
         let mut rules = format!("[backend.prom]\ntype = \"prometheus\"\nurl = \"{}\"\n", prometheus.url());
-        for (name, query) in [("busy", "load_busy"), ("calm", "load_calm"), ("quiet", "load_absent")] {
+        for Autoscaler { name, query, keys, tables } in autoscalers {
             rules.push_str(&format!(
                 "\n[[autoscaler]]\nname = \"{name}\"\ntarget = {{ kind = \"Deployment\", namespace = \"{ns}\", name = \"{name}\" }}\n\
-                 interval = \"1s\"\nmin_replicas = 1\nmax_replicas = 6\nalgorithm = \"absolute\"\n\
-                 upscale_forbidden_window = \"1s\"\ndownscale_forbidden_window = \"1h\"\n\
-                 [[autoscaler.metric]]\nname = \"load\"\nbackend = \"prom\"\nquery = '{query}'\nhigh_watermark = 10\nlow_watermark = 5\n"
+                 interval = \"1s\"\nmin_replicas = 1\nmax_replicas = 6\n{keys}\
+                 [[autoscaler.metric]]\nname = \"load\"\nbackend = \"prom\"\nquery = '{query}'\nhigh_watermark = 10\nlow_watermark = 5\n{tables}"
             ));
         }
         let config = dir.path().join("rules.toml");
@@ -271,7 +292,7 @@ async fn the_api_the_command_and_the_page_explain_every_autoscaler_to_a_token_ho
     assert!(!page.contains("http://") && !page.contains("https://"), "no external resource: {page}");
     let (_, _, page) = get(&listen, "/ui/autoscaler/file/busy", Some(TOKEN)).await;
     assert!(page.contains("<svg class=\"chart\""), "{page}");
-    assert!(page.contains("<polyline class=\"value\" points=\""), "{page}");
+    assert!(page.contains("<path class=\"value\" d=\"M"), "{page}");
     assert!(page.contains("load 30 is above [5, 10]"), "{page}");
 
     // The command: the table, one autoscaler's explanation, JSON for scripts.
@@ -435,12 +456,173 @@ async fn the_page_works_in_a_headless_browser() {
     let explanation = browser.find_all("ol.explanation li").await;
     assert!(browser.text(&explanation[1]).await.starts_with("load 30 is above [5, 10]"));
     let drawn = browser
-        .run("return [...document.querySelectorAll('svg.chart polyline.value')].map(p => p.getBBox().width)")
+        .run("return [...document.querySelectorAll('figure.history .wide path.value')].map(p => p.getBBox().width)")
         .await;
     assert!(drawn[0].as_f64().unwrap() > 100.0, "the value's line spans the chart: {drawn}");
     let screenshot = browser.screenshot().await;
     assert!(screenshot.starts_with(b"\x89PNG") && screenshot.len() > 10_000, "a real screenshot");
     std::fs::write(artifact("status-autoscaler.png"), screenshot).unwrap();
+}
+
+/// What the visible chart of an autoscaler's page shows, read in the browser: the panel
+/// titles, the time axis's and the value axes' labels, the side labels, the hold bands' heights,
+/// the shaded spans' classes, and the chart's width and right edge.
+const CHART_FACTS: &str = r#"
+const visible = [...document.querySelectorAll('figure.history svg.chart')].find(s => s.getBoundingClientRect().width > 0);
+if (!visible) return null;
+const texts = (css) => [...visible.querySelectorAll(css)].map(t => t.textContent);
+const box = visible.getBoundingClientRect();
+return {
+  titles: [...visible.querySelectorAll('text.panel-title')].map(t => t.lastChild.textContent),
+  times: texts('g.time-axis text'),
+  values: texts('g.value-axis text'),
+  side: [...visible.querySelectorAll('text')].map(t => t.textContent).filter(t => /^(now|high|low|max|min) /.test(t)),
+  bands: [...visible.querySelectorAll('rect.band')].map(r => r.getBBox().height),
+  shades: [...new Set([...visible.querySelectorAll('rect.shade')].map(r => r.getAttribute('class')))],
+  value_path: [...visible.querySelectorAll('path.value')].map(p => p.getAttribute('d')),
+  width: box.width,
+  right: box.right,
+  narrow: visible.closest('.narrow') !== null,
+  health: document.getElementById('health').innerText,
+  state: document.querySelector('#detail .facts .state').textContent,
+  scroll_width: document.documentElement.scrollWidth,
+};
+"#;
+
+/// The page's detail for four kinds of autoscaler, in headless Chromium at a desktop's width and
+/// a phone's (390 px): an `average` rule (its values per ready replica), one held by its
+/// upscale forbidden window, one in fallback, one without data. Each chart has its time axis
+/// (wall-clock ticks), its value axes, the hold band and the shaded spans of what held it; the
+/// daemon's own health is on top; at 390 px nothing overflows. Screenshots of each in
+/// target/test-artifacts/.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_charts_each_kind_of_autoscaler_at_a_desktops_and_a_phones_width() {
+    const FALLBACK: &str = "[autoscaler.fallback]\nafter = \"2s\"\naction = \"replicas\"\nreplicas = 4\n";
+    let autoscalers = [
+        // 14 over 2 ready replicas: 7 per replica, inside [5, 10].
+        Autoscaler {
+            name: "average",
+            query: "load_total",
+            keys: "algorithm = \"average\"\ndownscale_forbidden_window = \"1h\"\n",
+            tables: "",
+        },
+        // 30, above: one scale up, then the upscale window holds it for an hour.
+        Autoscaler {
+            name: "held",
+            query: "load_held",
+            keys: "algorithm = \"absolute\"\nupscale_forbidden_window = \"1h\"\n",
+            tables: "",
+        },
+        Autoscaler { name: "fallback", query: "load_gone", keys: ABSOLUTE, tables: FALLBACK },
+        Autoscaler { name: "quiet", query: "load_absent", keys: ABSOLUTE, tables: "" },
+    ];
+    let setup = Setup::start_with("status-kinds", "load_total 14\nload_held 30\n", &autoscalers).await;
+    let daemon = setup.daemon(&[]);
+    let listen = daemon.listen.clone();
+    let wanted = [("average", "ok"), ("held", "limited"), ("fallback", "fallback"), ("quiet", "no_data")];
+    // Each in its state, `held` held by its window (past its first scale up) for a few samples.
+    eventually!(
+        STARTUP,
+        "each autoscaler in its state, held by the window",
+        async {
+            let list = json(&listen, "/api/v1/autoscalers", None).await?;
+            let rows = list["autoscalers"].as_array().cloned().unwrap_or_default();
+            for (name, state) in wanted {
+                if !rows.iter().any(|r| r["name"] == name && r["state"] == state) {
+                    return Err(format!("{name} not {state}: {list}"));
+                }
+            }
+            let held = json(&listen, "/api/v1/autoscalers/file/held", None).await?;
+            let samples = held["history"]["samples"].as_array().cloned().unwrap_or_default();
+            let by_window = samples.iter().filter(|s| s["restricted_by"] == "upscale_window").count();
+            if by_window < 3 || samples.last().is_none_or(|s| s["restricted_by"] != "upscale_window") {
+                return Err(format!("held by the window {by_window} times: {held}"));
+            }
+            Ok(())
+        }
+        .await
+    );
+    // What the page draws for `average` is the quantity compared with the band: per replica.
+    let average = json(&listen, "/api/v1/autoscalers/file/average", None).await.unwrap();
+    assert_eq!(average["history"]["compared"], "per_replica", "{average}");
+    assert_eq!(average["history"]["samples"].as_array().unwrap().last().unwrap()["values"][0], 7.0);
+
+    let browser = Browser::start().await;
+    for (width, device) in [(1400, "desktop"), (390, "phone")] {
+        browser.set_viewport(width, if width > 1000 { 1000 } else { 844 }, width < 1000).await;
+        for (name, state) in wanted {
+            browser.open(&format!("http://{listen}/ui/autoscaler/file/{name}")).await;
+            let facts = browser.run(CHART_FACTS).await;
+            let strings = |key: &str| -> Vec<String> {
+                facts[key].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect()
+            };
+            let at = format!("{name} at {device} width: {facts}");
+            assert_eq!(facts["state"], state, "{at}");
+            assert_eq!(facts["narrow"], width < 1000, "the drawing for the width shows: {at}");
+            assert!(facts["right"].as_f64().unwrap() <= f64::from(width), "the chart fits: {at}");
+            assert!(facts["scroll_width"].as_u64().unwrap() <= u64::from(width), "no horizontal overflow: {at}");
+            // The health of the daemon, on top.
+            let health = facts["health"].as_str().unwrap();
+            assert!(health.contains("leader: this daemon decides") && health.contains("rules file loaded"), "{at}");
+            assert!(
+                health.contains("prom: 1 of 4 autoscalers without data") || health.contains("prom: 2 of 4"),
+                "{at}"
+            );
+            // The axes: wall-clock times under the replicas, values left of each panel.
+            let times = strings("times");
+            assert!(times.len() >= 2, "{at}");
+            assert!(times.iter().all(|t| is_clock_or_day(t)), "{times:?}: {at}");
+            assert!(strings("values").len() >= 6, "a value axis per panel: {at}");
+            // The band, and the watermarks named beside the panel.
+            assert!(facts["bands"][0].as_f64().unwrap() > 5.0, "the hold band is drawn: {at}");
+            let side = strings("side");
+            for label in ["high 10", "low 5", "max 6", "min 1"] {
+                assert!(side.iter().any(|s| s == label), "{label}: {at}");
+            }
+            let shades = strings("shades");
+            let titles = strings("titles");
+            match name {
+                "average" => {
+                    assert!(titles[0].starts_with("load per ready replica"), "{at}");
+                    assert!(side.iter().any(|s| s == "now 7"), "the latest value, per replica: {at}");
+                }
+                "held" => {
+                    assert!(titles[0].starts_with("load (absolute"), "{at}");
+                    assert!(side.iter().any(|s| s == "now 30"), "{at}");
+                    assert!(shades.iter().any(|c| c == "shade window"), "held by the forbidden window: {at}");
+                }
+                "fallback" => {
+                    assert!(shades.iter().any(|c| c == "shade fallback"), "{at}");
+                    assert!(facts["value_path"][0] == "", "no value is drawn: {at}");
+                }
+                _ => {
+                    assert_eq!(shades, ["shade no-data"], "{at}");
+                    assert!(facts["value_path"][0] == "", "no value is drawn, never 0: {at}");
+                    assert!(!side.iter().any(|s| s.starts_with("now")), "{at}");
+                }
+            }
+            let screenshot = browser.screenshot().await;
+            assert!(screenshot.starts_with(b"\x89PNG"), "a real screenshot");
+            std::fs::write(artifact(&format!("status-{name}-{device}.png")), screenshot).unwrap();
+        }
+        browser.open(&format!("http://{listen}/ui")).await;
+        let scroll_width = browser.run("return document.documentElement.scrollWidth").await;
+        assert!(scroll_width.as_u64().unwrap() <= u64::from(width), "the table at {device} width: {scroll_width}");
+        std::fs::write(artifact(&format!("status-table-{device}.png")), browser.screenshot().await).unwrap();
+    }
+    // The README's picture: the held autoscaler at a laptop's width.
+    browser.set_viewport(1000, 960, false).await;
+    browser.open(&format!("http://{listen}/ui/autoscaler/file/held")).await;
+    std::fs::write(artifact("status-page.png"), browser.screenshot().await).unwrap();
+}
+
+/// `12:30` or `12:30:15`, or a day under the first tick and at midnight (`Wed 05-01`).
+fn is_clock_or_day(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    let digits = text.chars().filter(char::is_ascii_digit).count();
+    let clock = (bytes.len() == 5 && digits == 4 || bytes.len() == 8 && digits == 6) && bytes[2] == b':';
+    let day = bytes.len() == 9 && bytes[3] == b' ' && bytes[6] == b'-';
+    clock || day
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -425,7 +425,7 @@ mod tests {
             "at": "2026-11-27T09:00:00Z", "spec_replicas": 3, "ready_replicas": 3, "replicas": 3,
             "action": "hold", "scaled": false, "proposal": null, "limit": "within_range",
             "min_replicas": 1, "max_replicas": 6, "compared": "value", "metrics": [metric],
-            "upscale_blocked_seconds": 0.0, "downscale_blocked_seconds": 0.0,
+            "upscale_blocked_seconds": 0.0, "downscale_blocked_seconds": 0.0, "upscale_tolerance": 0.1, "downscale_tolerance": 0.1,
             "explanation": ["held at 3: every metric is inside its band", "load 7 is inside [5, 10]"],
             "paused": false, "fallback_active": false
         });

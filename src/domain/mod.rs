@@ -2,12 +2,14 @@
 //! autoscalers, the state an autoscaler keeps between evaluations, and the small types the
 //! layers above share.
 
+pub mod chart;
 pub mod crd;
 pub mod fallback;
 pub mod forecast;
 pub mod instant;
 pub mod markup;
 pub mod outcome;
+pub mod restriction;
 pub mod rules;
 pub mod schedule;
 pub mod sparse;

@@ -145,6 +145,8 @@ struct Pending {
     ahead: Option<Outlook>,
     /// What its forecast says (`Ok`), or why it cannot forecast (`Err`), when it has one.
     forecast_says: Option<Result<String, String>>,
+    /// `min_replicas` and `max_replicas` in force: the rule's, or a schedule's or forecast's.
+    bounds: (u32, u32),
 }
 
 /// One evaluation: its inputs, and how far it has got.
@@ -322,6 +324,7 @@ impl<'a> Evaluation<'a> {
         if pause.is_some() && !rule.dry_run() {
             rule = Cow::Owned(rule.into_owned().with_dry_run(true));
         }
+        let bounds = (rule.min_replicas(), rule.max_replicas());
         let (mut decision, change) = self.decide_with_fallback(memory, rule, observed, &current, now);
         if let Some(pause) = pause {
             decision.reason = format!("{pause}: {}", decision.reason);
@@ -342,7 +345,7 @@ impl<'a> Evaluation<'a> {
             }
         }
         let pending =
-            Pending { reading, decision, observed, current, now, fallback: change, ahead, forecast_says: says };
+            Pending { reading, decision, observed, current, now, fallback: change, ahead, forecast_says: says, bounds };
         if pending.decision.write {
             let need = Need::Scale(pending.decision.replicas, Box::new(pending.reading.clone()));
             return self.ask(Phase::Write(Box::new(pending)), need);
@@ -406,7 +409,7 @@ impl<'a> Evaluation<'a> {
         write: ScaleWrite,
         confirmed: Option<Timestamp>,
     ) -> Need {
-        let Pending { decision, observed, current, now, fallback, ahead, forecast_says, .. } = pending;
+        let Pending { decision, observed, current, now, fallback, ahead, forecast_says, bounds, .. } = pending;
         let mut next_state = match write {
             ScaleWrite::Failed(_) => decision.state_if_not_written.clone(),
             _ => decision.state.clone(),
@@ -455,9 +458,10 @@ impl<'a> Evaluation<'a> {
             fallback,
             ahead,
             forecast_says,
-            min_replicas: rule.min_replicas(),
-            max_replicas: rule.max_replicas(),
+            min_replicas: bounds.0,
+            max_replicas: bounds.1,
             per_replica: rule.algorithm() == Algorithm::Average,
+            tolerances: (rule.upscale_tolerance().to_f64(), rule.downscale_tolerance().to_f64()),
             explanation: Sentences::new(&explanation),
         };
         Need::Done(Box::new(Done { outcome, next_state, ending }))

@@ -1,6 +1,6 @@
 //! A headless Chromium driven over WebDriver (W3C, JSON over HTTP) by Debian's chromedriver:
-//! enough of the protocol to load a page, find, type, click, run a line of script and take a
-//! screenshot. scripts/install-test-deps installs both.
+//! enough of the protocol to load a page, find, type, click, run a line of script, lay the page
+//! out at a phone's width and take a screenshot. scripts/install-test-deps installs both.
 #![allow(dead_code, reason = "every test binary that includes this file uses only part of it")]
 
 use std::process::{Child, Command, Stdio};
@@ -113,6 +113,15 @@ impl Browser {
     /// Runs `script` (a function body) in the page and returns what it returns.
     pub async fn run(&self, script: &str) -> Value {
         self.call(reqwest::Method::POST, "/execute/sync", Some(json!({ "script": script, "args": [] }))).await
+    }
+
+    /// Lays the page out as a device `width` x `height` CSS px wide would (a phone with
+    /// `mobile`: the page's viewport meta tag counts), through Chromium's DevTools protocol
+    /// (chromedriver's `goog/cdp/execute`); a window cannot be made as narrow as a phone.
+    pub async fn set_viewport(&self, width: u32, height: u32, mobile: bool) {
+        let params = json!({ "width": width, "height": height, "deviceScaleFactor": 1, "mobile": mobile });
+        let body = json!({ "cmd": "Emulation.setDeviceMetricsOverride", "params": params });
+        self.call(reqwest::Method::POST, "/goog/cdp/execute", Some(body)).await;
     }
 
     /// A PNG of the window.

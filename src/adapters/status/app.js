@@ -1,4 +1,5 @@
-// The status page's only script: it refreshes the table and an autoscaler's page in place, and
+// The status page's only script: it refreshes the table, an autoscaler's page and the daemon's
+// health in place, and
 // searches as one types. Without it the page works as plain HTML (the form submits, the
 // pager links, a reload refreshes). It loads nothing from anywhere but this daemon.
 "use strict";
@@ -58,6 +59,13 @@
     }, TABLE_EVERY_MS);
   }
 
+  // The daemon's health at the top of every page.
+  function healthPart(health) {
+    setInterval(() => {
+      if (!document.hidden) swap(health, health.dataset.fragment);
+    }, TABLE_EVERY_MS);
+  }
+
   function detailPage(detail) {
     const every = Math.max(2, Number(detail.dataset.every || "15")) * 1000;
     setInterval(() => {
@@ -68,6 +76,8 @@
   document.addEventListener("DOMContentLoaded", () => {
     const rows = document.getElementById("rows");
     if (rows) tablePage(rows);
+    const health = document.getElementById("health");
+    if (health) healthPart(health);
     const detail = document.getElementById("detail");
     if (detail) detailPage(detail);
     document.documentElement.classList.add("live");

@@ -15,6 +15,7 @@ use watermarkd_engine::{Action, Guard, Limit, MetricOutcome, Position, Timestamp
 
 use crate::domain::outcome::{self, Entry, Ledger, Outcome, Recent};
 pub use crate::domain::outcome::{ScaleEvent, Sentences};
+use crate::domain::restriction::Restriction;
 
 /// Who an autoscaler is, as the scheduler runs it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -94,6 +95,9 @@ pub struct Last {
     pub max_replicas: u32,
     /// Whether each metric's `usage` is its value or its value per ready replica.
     pub compared: Compared,
+    /// The fraction above the high and below the low watermark that still holds (the band).
+    pub upscale_tolerance: f64,
+    pub downscale_tolerance: f64,
     pub metrics: Vec<MetricNow>,
     /// Seconds left of the forbidden window or delay that holds a move, each way (0: none).
     pub upscale_blocked_seconds: f64,
@@ -250,6 +254,10 @@ pub struct SampleView {
     pub replicas: u32,
     #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "super::wire::marks")]
     pub marks: Vec<&'static str>,
+    /// What held or bent the evaluation (`upscale_window`, `no_data`, ...), as the simulator's
+    /// chart shades it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub restricted_by: Option<Restriction>,
 }
 
 /// A page of the table: which rows, of how many.
@@ -427,6 +435,7 @@ impl Board {
                     proposed: s.proposed,
                     replicas: s.replicas,
                     marks: s.marks.names(),
+                    restricted_by: s.marks.restriction(),
                 }
             })
             .collect();
@@ -515,6 +524,8 @@ fn last_view(outcome: &Outcome) -> Last {
         min_replicas: outcome.min_replicas,
         max_replicas: outcome.max_replicas,
         compared: if outcome.per_replica { Compared::PerReplica } else { Compared::Value },
+        upscale_tolerance: outcome.tolerances.0,
+        downscale_tolerance: outcome.tolerances.1,
         upscale_blocked_seconds,
         downscale_blocked_seconds,
         explanation: outcome.explanation.clone(),

@@ -7,6 +7,7 @@
 //! - `GET /api/v1/backends`: each backend's requests by outcome and rate budget.
 //! - `GET /` and `/ui`: the table page; `/ui/table`: its rows alone (what the script swaps).
 //! - `GET /ui/autoscaler/{id}`: one autoscaler's page; `?fragment=1`: its content alone.
+//! - `GET /ui/health`: the daemon's health at the top of each page, alone (what the script swaps).
 //! - `GET /ui/app.js`, `/ui/style.css`: the page's only other resources.
 
 use std::collections::BTreeMap;
@@ -277,11 +278,12 @@ pub fn route(board: &Board, backends: &BackendFacts, path: &str, query: &Query, 
                 if path == "/ui/table" {
                     Answer::html(200, page::table_rows(&page, &list, seconds))
                 } else {
-                    Answer::html(200, page::table_page(&page, &list, seconds))
+                    Answer::html(200, page::table_page(&page, &list, seconds, &health(board, backends, seconds)))
                 }
             }
             Err(message) => Answer::html(400, page::message_page("watermarkd: bad request", &message)),
         },
+        "/ui/health" => Answer::html(200, health(board, backends, seconds)),
         "/ui/app.js" => Answer::new(200, "text/javascript; charset=utf-8", JS),
         "/ui/style.css" => Answer::new(200, "text/css; charset=utf-8", CSS),
         _ => {
@@ -296,7 +298,9 @@ pub fn route(board: &Board, backends: &BackendFacts, path: &str, query: &Query, 
                     Some(detail) if query.get("fragment").is_some() => {
                         Answer::html(200, page::detail_fragment(&detail, seconds))
                     }
-                    Some(detail) => Answer::html(200, page::detail_page(&detail, seconds)),
+                    Some(detail) => {
+                        Answer::html(200, page::detail_page(&detail, seconds, &health(board, backends, seconds)))
+                    }
                     None => Answer::html(
                         404,
                         page::message_page(
@@ -313,6 +317,12 @@ pub fn route(board: &Board, backends: &BackendFacts, path: &str, query: &Query, 
             }
         }
     }
+}
+
+/// The daemon's health as the top of each page shows it: its role, the rules file, the
+/// backends as `/api/v1/backends` shows them.
+fn health(board: &Board, facts: &BackendFacts, now: i64) -> String {
+    page::health(&board.leadership(), &board.rules(), &backends_view(facts, board), now)
 }
 
 /// One backend as `/api/v1/backends` shows it.

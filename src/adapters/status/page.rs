@@ -1,14 +1,15 @@
-//! The status page, rendered on the server: the table of autoscalers (searchable, filtered by
-//! state, paged) and one autoscaler's explanation and chart. Everything is HTML and SVG from
-//! this binary, readable without JavaScript; `app.js` only refreshes the parts in place and
-//! searches as one types. Every text from an autoscaler is escaped.
+//! The status page, rendered on the server: the daemon's own health at the top, the table of
+//! autoscalers (searchable, filtered by state, paged) and one autoscaler's explanation and
+//! chart (drawn by `chart`, with the simulator's drawer). Everything is HTML and SVG from this
+//! binary, readable without JavaScript; `app.js` only refreshes the parts in place and searches
+//! as one types. Every text from an autoscaler is escaped. The style keeps it usable at a
+//! phone's width: the table's rows become cards, the chart is drawn at a narrow width.
 
 use std::fmt::Write;
 
-use super::board::{
-    Compared, Detail, HistoryView, Leadership, ListPage, ListQuery, MetricNow, RulesRejected, SampleView, ScaleEvent,
-    State, Summary,
-};
+use super::board::{Detail, Leadership, ListPage, ListQuery, MetricNow, RulesRejected, RulesView, State, Summary};
+use super::chart;
+use super::http::BackendView;
 use crate::domain::status::explain::{number, span};
 
 /// Rows per page of the table.
@@ -44,9 +45,81 @@ fn ago(now: i64, at: i64) -> String {
     format!("{} ago", span((now - at).max(0) as f64))
 }
 
-/// The table page: the filter form and the rows.
-pub fn table_page(page: &ListPage, query: &ListQuery, now: i64) -> String {
+/// The section at the top of every page: the daemon's health (see [`health`]), refreshed by
+/// `app.js` from `/ui/health`.
+fn health_section(health: &str) -> String {
+    format!("<section id=\"health\" data-fragment=\"/ui/health\">{health}</section>")
+}
+
+/// The daemon's own health: whether it decides (leader or follower), whether the rules file
+/// on disk runs or was refused (and why), and each backend's state and budget.
+pub(super) fn health(daemon: &Leadership, rules: &RulesView, backends: &[BackendView], now: i64) -> String {
+    let mut out = String::from("<ul class=\"health\">");
+    let (class, text) = match (daemon.leader, following(daemon)) {
+        (Some(true), _) => ("ok", "leader: this daemon decides".to_string()),
+        (_, Some(note)) => ("warn following", note),
+        (_, None) => {
+            ("warn", "leadership not known yet: this daemon decides nothing until it holds the Lease".to_string())
+        }
+    };
+    let _ = write!(out, "<li class=\"{class}\">{}</li>", escape(&text));
+    match &rules.rejected {
+        None => out.push_str("<li class=\"ok\">rules file loaded: what is on disk runs</li>"),
+        Some(rejected) => {
+            let _ = write!(out, "<li class=\"bad rejected\">{}</li>", rejected_rules(rejected, now));
+        }
+    }
+    for backend in backends {
+        out.push_str(&backend_health(backend));
+    }
+    out.push_str("</ul>");
+    out
+}
+
+/// One backend: its state (the autoscalers reading from it, and how many have no usable value),
+/// its requests since the start by outcome, and its rate budget.
+fn backend_health(backend: &BackendView) -> String {
+    let (readers, without) = (backend.autoscalers, backend.autoscalers_without_data);
+    let (class, state) = match (readers, without) {
+        (0, _) => ("muted", "no autoscaler reads from it".to_string()),
+        (_, 0) => ("ok", format!("ok: {readers} autoscaler{} with data", plural(readers))),
+        (_, w) if w == readers => ("bad", format!("no data for any of its {readers} autoscaler{}", plural(readers))),
+        (_, w) => ("warn", format!("{w} of {readers} autoscalers without data")),
+    };
+    let requests: Vec<String> = backend.requests.iter().map(|(outcome, count)| format!("{count} {outcome}")).collect();
+    let mut facts = vec![state];
+    if !requests.is_empty() {
+        facts.push(format!("requests since the start: {}", requests.join(", ")));
+    }
+    let seen = &backend.rate_limit;
+    match (seen.remaining, seen.limit) {
+        (Some(remaining), Some(limit)) => {
+            facts.push(format!("budget {remaining} of {limit} requests left{}", limit_reset(seen.reset_seconds)))
+        }
+        _ => facts.push("no rate budget (it does not send one)".to_string()),
+    }
+    if let Some(seconds) = backend.stretched_interval_seconds.filter(|s| *s > 0) {
+        facts.push(format!("cycles spaced to every {} by the budget", span(seconds as f64)));
+    }
+    format!("<li class=\"{class} backend\"><b>{}</b>: {}</li>", escape(&backend.name), escape(&facts.join(" · ")))
+}
+
+fn limit_reset(seconds: Option<u64>) -> String {
+    seconds.map_or(String::new(), |s| format!(", renewed in {}", span(s as f64)))
+}
+
+fn plural(count: usize) -> &'static str {
+    if count == 1 {
+        ""
+    } else {
+        "s"
+    }
+}
+
+/// The table page: the daemon's health, the filter form and the rows.
+pub fn table_page(page: &ListPage, query: &ListQuery, now: i64, health: &str) -> String {
     let mut body = String::from("<header><h1><a href=\"/ui\">watermarkd</a></h1></header><main>");
+    body.push_str(&health_section(health));
     let _ = write!(
         body,
         "<form id=\"filter\" method=\"get\" action=\"/ui\"><input type=\"search\" name=\"q\" value=\"{}\" \
@@ -59,22 +132,16 @@ pub fn table_page(page: &ListPage, query: &ListQuery, now: i64) -> String {
         let _ = write!(body, "<option value=\"{0}\"{selected}>{0}</option>", state.as_str());
     }
     body.push_str("</select><button type=\"submit\">filter</button></form>");
-    if let Some(note) = following(&page.daemon) {
-        let _ = write!(body, "<p class=\"following\">{}</p>", escape(&note));
-    }
-    if let Some(rejected) = &page.rules.rejected {
-        body.push_str(&rejected_rules(rejected, now));
-    }
     let _ = write!(body, "<div id=\"rows\" data-fragment=\"{}\">", escape(&table_link("/ui/table", query, 0)));
     body.push_str(&table_rows(page, query, now));
     body.push_str("</div></main>");
     document("watermarkd", &body)
 }
 
-/// The banner of a refused rules file: what runs is not what is on disk.
+/// A refused rules file: what runs is not what is on disk.
 fn rejected_rules(rejected: &RulesRejected, now: i64) -> String {
     let mut out = format!(
-        "<section class=\"rejected\"><p><b>The rules file on disk was refused</b> {}: {}</p>",
+        "<p><b>The rules file on disk was refused</b> {}: {}</p>",
         ago(now, rejected.at.unix_millis().div_euclid(1000)),
         escape(&rejected.reason)
     );
@@ -85,7 +152,6 @@ fn rejected_rules(rejected: &RulesRejected, now: i64) -> String {
         }
         out.push_str("</ul>");
     }
-    out.push_str("</section>");
     out
 }
 
@@ -177,10 +243,12 @@ fn table_row(row: &Summary, now: i64) -> String {
         .unwrap_or_else(|| "<small>none in the history</small>".into());
     let why = row.failing.as_deref().or(row.why.as_deref()).unwrap_or("");
     let flags = if id.dry_run { " <small class=\"flag\">dry run</small>" } else { "" };
+    // The labels are the header's, for a phone's cards (style.css shows them there).
     format!(
-        "<tr class=\"{state}\"><td><a href=\"/ui/autoscaler/{link}\">{name}</a>{flags}<br><small>{namespace} · {source}</small></td>\
-         <td>{kind} {tns}/{tname}</td><td>{replicas}</td><td>{metric}</td><td><span class=\"state {state}\">{state}</span></td>\
-         <td>{last_scale}</td><td class=\"why\">{why}</td></tr>",
+        "<tr class=\"{state}\"><td class=\"name\"><a href=\"/ui/autoscaler/{link}\">{name}</a>{flags}<br><small>{namespace} · {source}</small></td>\
+         <td data-label=\"target\">{kind} {tns}/{tname}</td><td data-label=\"replicas\">{replicas}</td>\
+         <td data-label=\"metric\">{metric}</td><td data-label=\"state\"><span class=\"state {state}\">{state}</span></td>\
+         <td data-label=\"last scale\">{last_scale}</td><td class=\"why\">{why}</td></tr>",
         state = row.state.as_str(),
         link = escape(&url_escape(&id.id)),
         name = escape(&id.name),
@@ -217,12 +285,13 @@ fn gauge(m: &MetricNow, usage: f64) -> String {
     )
 }
 
-/// One autoscaler's page.
-pub fn detail_page(detail: &Detail, now: i64) -> String {
+/// One autoscaler's page, under the daemon's health.
+pub fn detail_page(detail: &Detail, now: i64, health: &str) -> String {
     let id = &detail.summary.identity;
     let body = format!(
-        "<header><h1><a href=\"/ui\">watermarkd</a> / {}</h1></header><main><div id=\"detail\" data-fragment=\"/ui/autoscaler/{}?fragment=1\" data-every=\"{}\">{}</div></main>",
+        "<header><h1><a href=\"/ui\">watermarkd</a> / {}</h1></header><main>{}<div id=\"detail\" data-fragment=\"/ui/autoscaler/{}?fragment=1\" data-every=\"{}\">{}</div></main>",
         escape(&id.name),
+        health_section(health),
         escape(&url_escape(&id.id)),
         id.interval_seconds.max(1),
         detail_fragment(detail, now)
@@ -287,15 +356,11 @@ pub fn detail_fragment(detail: &Detail, now: i64) -> String {
             out.push_str("</section>");
         }
     }
-    let metrics = &detail.history.metrics;
     out.push_str("<section><h2>Recent evaluations</h2>");
-    if detail.history.samples.is_empty() {
-        out.push_str("<p>no history yet</p>");
+    match chart::figure(detail, now) {
+        Some(figure) => out.push_str(&figure),
+        None => out.push_str("<p>no history yet</p>"),
     }
-    for (index, name) in metrics.iter().enumerate() {
-        out.push_str(&metric_chart(name, index, &detail.history, &detail.history.events));
-    }
-    out.push_str(&replicas_chart(&detail.history.samples, &detail.history.events));
     out.push_str("</section><section><h2>Scale events</h2>");
     if detail.history.events.is_empty() {
         out.push_str("<p>none in the history</p>");
@@ -317,142 +382,66 @@ pub fn detail_fragment(detail: &Detail, now: i64) -> String {
     out
 }
 
-const WIDTH: f64 = 720.0;
-const HEIGHT: f64 = 160.0;
-const MARGIN: f64 = 40.0;
-
-/// Maps the samples' times and a value range onto the chart.
-struct Frame {
-    first: i64,
-    last: i64,
-    low: f64,
-    high: f64,
-}
-
-impl Frame {
-    fn x(&self, at: i64) -> f64 {
-        let width = (self.last - self.first).max(1) as f64;
-        MARGIN + (at - self.first) as f64 / width * (WIDTH - MARGIN - 8.0)
-    }
-
-    fn y(&self, value: f64) -> f64 {
-        let range = (self.high - self.low).max(f64::MIN_POSITIVE);
-        8.0 + (1.0 - (value - self.low) / range) * (HEIGHT - 24.0)
-    }
-
-    /// The frame's axis labels and the scale events' marks.
-    fn axes(&self, events: &[ScaleEvent]) -> String {
-        let mut out = String::new();
-        let _ = write!(
-            out,
-            "<text class=\"axis\" x=\"2\" y=\"{:.1}\">{}</text><text class=\"axis\" x=\"2\" y=\"{:.1}\">{}</text>",
-            self.y(self.high) + 4.0,
-            number(self.high),
-            self.y(self.low),
-            number(self.low)
-        );
-        // The time axis: the oldest sample, counted back from the newest.
-        let _ = write!(
-            out,
-            "<text class=\"axis\" x=\"{MARGIN}\" y=\"{:.1}\">{} earlier</text><text class=\"axis end\" x=\"{:.1}\" y=\"{:.1}\">latest</text>",
-            HEIGHT - 2.0,
-            span((self.last - self.first) as f64),
-            WIDTH - 8.0,
-            HEIGHT - 2.0
-        );
-        for event in events.iter().filter(|e| e.at >= self.first && e.at <= self.last) {
-            let x = self.x(event.at);
-            let _ = write!(
-                out,
-                "<line class=\"event\" x1=\"{x:.1}\" x2=\"{x:.1}\" y1=\"4\" y2=\"{:.1}\"><title>{} → {}</title></line>",
-                HEIGHT - 14.0,
-                event.from,
-                event.to
-            );
-        }
-        out
-    }
-}
-
-/// A polyline's points; a missing value breaks the line into the next path. `steps`: the
-/// value holds until the next sample (replicas), instead of a straight line to it.
-fn paths(frame: &Frame, points: impl Iterator<Item = (i64, Option<f64>)>, class: &str, steps: bool) -> String {
-    let mut out = String::new();
-    let mut current = String::new();
-    let mut previous: Option<f64> = None;
-    for (at, value) in points {
-        match value.filter(|v| v.is_finite()) {
-            Some(v) => {
-                if let (true, Some(before)) = (steps && !current.is_empty(), previous) {
-                    let _ = write!(current, "{:.1},{:.1} ", frame.x(at), frame.y(before));
-                }
-                let _ = write!(current, "{:.1},{:.1} ", frame.x(at), frame.y(v));
-                previous = Some(v);
-            }
-            None if !current.is_empty() => {
-                let _ = write!(out, "<polyline class=\"{class}\" points=\"{}\"/>", current.trim_end());
-                current.clear();
-                previous = None;
-            }
-            None => {}
-        }
-    }
-    if !current.is_empty() {
-        let _ = write!(out, "<polyline class=\"{class}\" points=\"{}\"/>", current.trim_end());
-    }
-    out
-}
-
-fn svg(label: &str, content: &str) -> String {
-    format!(
-        "<figure><svg class=\"chart\" viewBox=\"0 0 {WIDTH} {HEIGHT}\" role=\"img\" aria-label=\"{}\">{content}</svg><figcaption>{}</figcaption></figure>",
-        escape(label),
-        escape(label)
-    )
-}
-
-/// One metric's values against its watermarks: the quantity compared with them, per replica
-/// for an `average` rule.
-fn metric_chart(name: &str, index: usize, history: &HistoryView, events: &[ScaleEvent]) -> String {
-    let samples = &history.samples;
-    let (Some(first), Some(last)) = (samples.first(), samples.last()) else { return String::new() };
-    let value = |s: &SampleView| s.values.get(index).copied().flatten().map(f64::from);
-    let band = |s: &SampleView| s.watermarks.get(index).map(|[l, h]| (f64::from(*l), f64::from(*h)));
-    let numbers =
-        samples.iter().flat_map(|s| value(s).into_iter().chain(band(s).into_iter().flat_map(|(l, h)| [l, h])));
-    let (low, high) = numbers.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(v), hi.max(v)));
-    if !low.is_finite() || !high.is_finite() {
-        return String::new();
-    }
-    let pad = ((high - low) * 0.1).max(high.abs() * 0.05).max(1e-9);
-    let floor = if low >= 0.0 { (low - pad).max(0.0) } else { low - pad };
-    let frame = Frame { first: first.at, last: last.at, low: floor, high: high + pad };
-    let mut content = frame.axes(events);
-    content.push_str(&paths(&frame, samples.iter().map(|s| (s.at, band(s).map(|b| b.1))), "high", false));
-    content.push_str(&paths(&frame, samples.iter().map(|s| (s.at, band(s).map(|b| b.0))), "low", false));
-    content.push_str(&paths(&frame, samples.iter().map(|s| (s.at, value(s))), "value", false));
-    let label = match history.compared {
-        Compared::Value => format!("{name} against its low and high watermarks"),
-        Compared::PerReplica => format!("{name} per ready replica against its low and high watermarks"),
-    };
-    svg(&label, &content)
-}
-
-/// The proposed and decided replicas.
-fn replicas_chart(samples: &[SampleView], events: &[ScaleEvent]) -> String {
-    let (Some(first), Some(last)) = (samples.first(), samples.last()) else { return String::new() };
-    let high = samples.iter().flat_map(|s| [Some(s.replicas), s.proposed]).flatten().max().unwrap_or(1);
-    let frame = Frame { first: first.at, last: last.at, low: 0.0, high: f64::from(high) * 1.15 + 1.0 };
-    let mut content = frame.axes(events);
-    content.push_str(&paths(&frame, samples.iter().map(|s| (s.at, s.proposed.map(f64::from))), "proposed", true));
-    content.push_str(&paths(&frame, samples.iter().map(|s| (s.at, Some(f64::from(s.replicas)))), "replicas", true));
-    svg("replicas decided (solid) and proposed by the metrics (dashed)", &content)
-}
-
 /// The page of a refused request or an unknown autoscaler.
 pub fn message_page(title: &str, text: &str) -> String {
     document(
         title,
         &format!("<header><h1><a href=\"/ui\">watermarkd</a></h1></header><main><p>{}</p></main>", escape(text)),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::status::backends::RateLimitSeen;
+    use watermarkd_engine::Timestamp;
+
+    fn backend(name: &str, readers: usize, without: usize) -> BackendView {
+        BackendView {
+            name: name.into(),
+            autoscalers: readers,
+            autoscalers_without_data: without,
+            ..BackendView::default()
+        }
+    }
+
+    #[test]
+    fn the_health_says_who_decides_whether_the_rules_run_and_each_backends_state_and_budget() {
+        let leader = Leadership { leader: Some(true), leader_identity: None };
+        let mut datadog = backend("datadog", 3, 1);
+        datadog.requests = [("ok".to_string(), 120), ("timeout".to_string(), 2)].into_iter().collect();
+        datadog.rate_limit = RateLimitSeen { limit: Some(300), remaining: Some(240), reset_seconds: Some(40) };
+        datadog.stretched_interval_seconds = Some(60);
+        let backends = [datadog, backend("prom", 2, 0), backend("<quiet>", 1, 1), backend("spare", 0, 0)];
+        let page = health(&leader, &RulesView::default(), &backends, 0);
+        for expected in [
+            "<li class=\"ok\">leader: this daemon decides</li>",
+            "<li class=\"ok\">rules file loaded: what is on disk runs</li>",
+            "<li class=\"warn backend\"><b>datadog</b>: 1 of 3 autoscalers without data · requests since the start: 120 ok, \
+             2 timeout · budget 240 of 300 requests left, renewed in 40s · cycles spaced to every 1m by the budget</li>",
+            "<li class=\"ok backend\"><b>prom</b>: ok: 2 autoscalers with data · no rate budget (it does not send one)</li>",
+            "<li class=\"bad backend\"><b>&lt;quiet&gt;</b>: no data for any of its 1 autoscaler",
+            "<li class=\"muted backend\"><b>spare</b>: no autoscaler reads from it",
+        ] {
+            assert!(page.contains(expected), "{expected} in {page}");
+        }
+
+        let follower = Leadership { leader: Some(false), leader_identity: Some("watermarkd-0".into()) };
+        let rejected = RulesView {
+            rejected: Some(RulesRejected {
+                at: Timestamp::from_unix_millis(0),
+                reason: "1 problem(s) in rules.toml".into(),
+                problems: vec!["line 3: autoscaler \"web\": max_replicas: <not a number>".into()],
+            }),
+        };
+        let page = health(&follower, &rejected, &[], 90);
+        assert!(page.contains("This daemon follows; watermarkd-0 leads and decides."), "{page}");
+        assert!(
+            page.contains("<li class=\"bad rejected\"><p><b>The rules file on disk was refused</b> 1m 30s ago"),
+            "{page}"
+        );
+        assert!(page.contains("max_replicas: &lt;not a number&gt;"), "{page}");
+        let unknown = health(&Leadership::default(), &RulesView::default(), &[], 0);
+        assert!(unknown.contains("leadership not known yet"), "{unknown}");
+    }
 }

@@ -7,13 +7,12 @@
 
 use std::time::Duration;
 
-use watermarkd_engine::{
-    decide, Action, Algorithm, Decision, Guard, Limit, Position, Reading, Rule, State, Target, Timestamp, ZeroState,
-};
+use watermarkd_engine::{decide, Action, Algorithm, Decision, Reading, Rule, State, Target, Timestamp, ZeroState};
 
 use super::trace::{ReadingCursor, Trace};
 use crate::domain::fallback::{FallbackMemory, FallbackRule};
 use crate::domain::forecast::{ForecastRule, Forecaster};
+pub use crate::domain::restriction::Restriction;
 use crate::domain::schedule::{self, Schedule};
 
 /// A replay longer than this many evaluations is almost certainly a wrong interval or a wrong
@@ -137,93 +136,6 @@ pub struct Replay {
     pub ticks: Vec<Tick>,
     /// Every spec change, in time order: the engine's scales and the manual ones.
     pub changes: Vec<ScaleChange>,
-}
-
-/// What held back or bent one evaluation, for the summary and the chart.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Restriction {
-    /// Some metric had no data.
-    NoData,
-    /// A scale was due but the forbidden window after the last scale was still open.
-    UpscaleWindow,
-    DownscaleWindow,
-    /// A scale was due but the watermark had not been crossed for long enough.
-    UpscaleDelay,
-    DownscaleDelay,
-    /// The rate limit cut the step.
-    UpscaleCapping,
-    DownscaleCapping,
-    /// min_replicas or max_replicas bound the proposal.
-    MinReplicas,
-    MaxReplicas,
-    /// Scaling down was held because replicas were not ready.
-    NotReady,
-    /// A guard held the decision (paused, min available, no ready replica).
-    Guarded,
-}
-
-impl Restriction {
-    /// The forbidden window or the delay that held a scale back, if one did.
-    pub fn timing_block(decision: &Decision) -> Option<Restriction> {
-        if decision.action != Action::Hold || decision.guard.is_some() {
-            return None;
-        }
-        let normalized = decision.normalized?;
-        let timing = &decision.timing;
-        if normalized > decision.spec_replicas {
-            if timing.upscale_window_seconds_left > 0.0 {
-                Some(Restriction::UpscaleWindow)
-            } else {
-                Some(Restriction::UpscaleDelay)
-            }
-        } else if normalized < decision.spec_replicas {
-            if timing.downscale_window_seconds_left > 0.0 {
-                Some(Restriction::DownscaleWindow)
-            } else {
-                Some(Restriction::DownscaleDelay)
-            }
-        } else {
-            None
-        }
-    }
-
-    /// The limit that bound the proposal, if one did.
-    pub fn from_limit(limit: Limit) -> Option<Restriction> {
-        match limit {
-            Limit::WithinRange => None,
-            Limit::UpscaleCapping => Some(Restriction::UpscaleCapping),
-            Limit::DownscaleCapping => Some(Restriction::DownscaleCapping),
-            Limit::TooFew | Limit::BelowMin => Some(Restriction::MinReplicas),
-            Limit::TooMany | Limit::AboveMax => Some(Restriction::MaxReplicas),
-            Limit::NotReady => Some(Restriction::NotReady),
-            Limit::NoData => Some(Restriction::NoData),
-            Limit::Paused | Limit::MinAvailable | Limit::NoReadyReplicas => Some(Restriction::Guarded),
-            // Scale to zero moving the count is the rule working.
-            Limit::ScaledToZero => None,
-        }
-    }
-
-    /// The one restriction that explains the evaluation best: missing data first (nothing
-    /// else was judged on it), then what held a due scale back, then what cut it.
-    pub fn dominant(decision: &Decision) -> Option<Restriction> {
-        let missing_data = decision.guard == Some(Guard::NoData)
-            || decision.metrics.iter().any(|m| m.position == Position::Unavailable);
-        if missing_data {
-            return Some(Restriction::NoData);
-        }
-        if let Some(block) = Restriction::timing_block(decision) {
-            return Some(block);
-        }
-        if let Some(guard) = decision.guard {
-            return match guard {
-                // Moving back inside min/max is the rule working, not a restriction.
-                Guard::AboveMax | Guard::BelowMin | Guard::AtZero => None,
-                Guard::NoData => Some(Restriction::NoData),
-                Guard::Paused | Guard::MinAvailable | Guard::NoReadyReplicas => Some(Restriction::Guarded),
-            };
-        }
-        Restriction::from_limit(decision.limit)
-    }
 }
 
 /// The replicas of the simulated workload, with when each group of them becomes ready.
@@ -400,7 +312,7 @@ pub fn replay_ahead(
 pub(crate) mod tests {
     use super::*;
     use crate::commands::simulate::trace::parse_trace;
-    use watermarkd_engine::{Algorithm, Decimal, MetricSpec, RuleSpec};
+    use watermarkd_engine::{Algorithm, Decimal, Guard, MetricSpec, Position, RuleSpec};
 
     pub(crate) const T0: i64 = 1_714_521_600; // 2024-05-01T00:00:00Z
 

@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use watermarkd_engine::{Action, Position, Timestamp};
 
 use super::Outcome;
+use crate::domain::restriction::Restriction;
 use crate::domain::sparse::Sparse;
 use crate::domain::status::history::{Bands, History, Marks, Sample, BLOCK};
 
@@ -285,7 +286,8 @@ impl Ledger {
             .with(Marks::FALLBACK, decision.fallback.is_some())
             .with(Marks::PAUSED, paused)
             .with(Marks::NO_DATA, decision.metrics.iter().all(|m| m.position == Position::Unavailable))
-            .with(Marks::RESTRICTED, outcome.restricted());
+            .with(Marks::RESTRICTED, outcome.restricted())
+            .restricted_by(Restriction::dominant(decision));
         let at = decision.now.unix_millis().div_euclid(1000);
         let sample = Sample {
             at,

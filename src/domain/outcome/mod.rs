@@ -88,6 +88,9 @@ pub struct Outcome {
     /// Whether the metrics were compared with their watermarks per ready replica (an
     /// `average` rule) rather than as read.
     pub per_replica: bool,
+    /// The fractions above the high and below the low watermark that still hold: the band
+    /// the metrics were compared with.
+    pub tolerances: (f64, f64),
     /// The decision in plain sentences, the headline first: the why of the status board,
     /// `watermarkd status` and the page.
     pub explanation: Sentences,
@@ -120,6 +123,7 @@ impl Outcome {
             min_replicas: rule.min_replicas(),
             max_replicas: rule.max_replicas(),
             per_replica: rule.algorithm() == Algorithm::Average,
+            tolerances: (rule.upscale_tolerance().to_f64(), rule.downscale_tolerance().to_f64()),
             explanation: Sentences::new(&explanation),
         }
     }

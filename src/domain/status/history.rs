@@ -12,15 +12,21 @@
 //!
 //! Watermarks change only when a rule does: they are kept as a short list of changes, not
 //! per sample.
+//!
+//! What held or bent an evaluation (a [`Restriction`]) rides in the four high bits of the
+//! sample's header byte, which the other fields leave free: it costs no byte.
 
 use std::collections::VecDeque;
+
+use crate::domain::restriction::Restriction;
 
 /// Samples per block: the unit the ring drops its oldest samples in.
 pub const BLOCK: u16 = 32;
 
-/// What happened at one evaluation, besides its numbers.
+/// What happened at one evaluation, besides its numbers: flags (the low byte), and what held
+/// or bent it (bits 8 to 11: a [`Restriction::code`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Marks(u8);
+pub struct Marks(u16);
 
 impl Marks {
     /// The replicas went up (or would have, in a dry run or while paused).
@@ -63,7 +69,23 @@ impl Marks {
         self.0 & other.0 == other.0
     }
 
-    /// The names of the marks set, for the API.
+    /// These marks, with what held or bent the evaluation (as the simulator's chart names it).
+    pub fn restricted_by(self, restriction: Option<Restriction>) -> Marks {
+        let code = u16::from(restriction.map_or(0, Restriction::code) & 0x0f);
+        Marks((self.0 & 0x00ff) | code << 8)
+    }
+
+    /// What held or bent the evaluation, if anything did.
+    pub fn restriction(self) -> Option<Restriction> {
+        Restriction::from_code(((self.0 >> 8) & 0x0f) as u8)
+    }
+
+    /// The flags alone, as a sample stores them in its marks byte.
+    fn flags(self) -> u8 {
+        (self.0 & 0x00ff) as u8
+    }
+
+    /// The names of the flags set, for the API.
     pub fn names(self) -> Vec<&'static str> {
         Marks::NAMES.iter().filter(|(m, _)| self.contains(*m)).map(|(_, n)| *n).collect()
     }
@@ -71,6 +93,11 @@ impl Marks {
     /// The name of a mark, as `names` gives it, when `text` is one (an API answer read back).
     pub fn known_name(text: &str) -> Option<&'static str> {
         Marks::NAMES.iter().map(|(_, name)| *name).find(|name| *name == text)
+    }
+
+    /// The flags of these names (as [`Marks::names`] gives them); other names are not marks.
+    pub fn from_names(names: &[&str]) -> Marks {
+        Marks::NAMES.iter().filter(|(_, n)| names.contains(n)).fold(Marks::empty(), |all, (m, _)| all.with(*m, true))
     }
 }
 
@@ -100,6 +127,15 @@ const SAME_VALUES: u8 = 1;
 const SAME_REPLICAS: u8 = 2;
 const SAME_PROPOSED: u8 = 4;
 const HAS_MARKS: u8 = 8;
+/// The high four bits: the restriction's code (0: none).
+const RESTRICTION_SHIFT: u8 = 4;
+
+/// A sample's header: `bits`, the flags byte following when there are flags, and the
+/// restriction's code above them.
+fn header_of(bits: u8, marks: Marks) -> u8 {
+    let has_marks = if marks.flags() == 0 { 0 } else { HAS_MARKS };
+    bits | has_marks | (marks.restriction().map_or(0, Restriction::code) << RESTRICTION_SHIFT)
+}
 
 #[derive(Clone, Copy, Debug)]
 struct BlockHead {
@@ -279,11 +315,11 @@ fn proposed_code(proposed: Option<u32>) -> u64 {
 }
 
 fn encode_whole(out: &mut Vec<u8>, sample: &Sample, values: &[Option<f32>]) {
-    let header = if sample.marks == Marks::empty() { 0 } else { HAS_MARKS };
+    let header = header_of(0, sample.marks);
     out.push(header);
     put_varint(out, zigzag(sample.at));
     if header & HAS_MARKS != 0 {
-        out.push(sample.marks.0);
+        out.push(sample.marks.flags());
     }
     put_values(out, values);
     put_varint(out, u64::from(sample.replicas));
@@ -303,14 +339,12 @@ fn encode_after(out: &mut Vec<u8>, last: &Sample, sample: &Sample, values: &[Opt
     if last.proposed == sample.proposed {
         header |= SAME_PROPOSED;
     }
-    if sample.marks != Marks::empty() {
-        header |= HAS_MARKS;
-    }
+    let header = header_of(header, sample.marks);
     out.push(header);
     // Time only moves forward in the ring; a clock stepping back is recorded as no time.
     put_varint(out, u64::try_from(sample.at - last.at).unwrap_or(0));
     if header & HAS_MARKS != 0 {
-        out.push(sample.marks.0);
+        out.push(sample.marks.flags());
     }
     if !same_values {
         put_values(out, values);
@@ -344,13 +378,14 @@ fn decode_one(bytes: &[u8], at: &mut usize, metrics: u8, previous: Option<&Sampl
         None => unzigzag(time),
         Some(p) => p.at.saturating_add(i64::try_from(time).unwrap_or(i64::MAX)),
     };
-    let marks = if header & HAS_MARKS != 0 {
+    let flags = if header & HAS_MARKS != 0 {
         let m = *bytes.get(*at)?;
         *at += 1;
-        Marks(m)
+        m
     } else {
-        Marks::empty()
+        0
     };
+    let marks = Marks(u16::from(flags)).restricted_by(Restriction::from_code(header >> RESTRICTION_SHIFT));
     let values = match previous {
         Some(p) if header & SAME_VALUES != 0 => p.values.clone(),
         _ => {
@@ -441,6 +476,29 @@ mod tests {
         }
         assert_eq!(history.bands().len(), 1, "the first change judged nothing still held");
         assert_eq!(history.bands()[0].at, 15);
+    }
+
+    #[test]
+    fn what_held_an_evaluation_comes_back_and_costs_no_byte() {
+        let mut plain = History::new(64);
+        let mut held = History::new(64);
+        let mut pushed = Vec::new();
+        for i in 0..40i64 {
+            let restriction = Restriction::ALL.get(i as usize % 12).copied();
+            let mut s = sample(i * 15, Some(1.0), 2);
+            s.marks = s.marks.with(Marks::RESTRICTED, restriction.is_some()).restricted_by(restriction);
+            held.push(s.clone(), &[(0.5, 0.8)]);
+            plain.push(Sample { marks: s.marks.restricted_by(None), ..s.clone() }, &[(0.5, 0.8)]);
+            pushed.push(s);
+        }
+        assert_eq!(held.samples(), pushed);
+        assert_eq!(held.bytes.len(), plain.bytes.len());
+        let window = Marks::empty().restricted_by(Some(Restriction::UpscaleWindow));
+        assert_eq!((window.restriction(), window.names()), (Some(Restriction::UpscaleWindow), Vec::<&str>::new()));
+        assert_eq!(
+            Marks::from_names(&["fallback", "restricted", "nonsense"]),
+            Marks::FALLBACK.with(Marks::RESTRICTED, true)
+        );
     }
 
     #[test]
