@@ -144,7 +144,9 @@ async fn an_average_rule_is_shown_per_replica_and_the_first_scale_is_an_event() 
     let events = detail["history"]["events"].as_array().unwrap();
     assert_eq!(events.first().map(|e| e["from"].clone()), Some(2.into()), "{detail}");
     let page = get(&listen, "/ui/autoscaler/file/queue").await.1;
-    assert!(page.contains("queue_depth per ready replica against its low and high watermarks"), "{page}");
+    // The page's chart says what it draws: the value per ready replica, against the band.
+    assert!(page.contains("Each metric per ready replica against its watermarks and hold band"), "{page}");
+    assert!(page.contains("per ready replica (average: the total ÷ the ready replicas)"), "{page}");
     // The log line says the same quantity, and which it is.
     let log = daemon.log();
     assert!(log.contains("queue_depth per replica=60 (120 over 2 ready) band [20, 50]"), "{log}");

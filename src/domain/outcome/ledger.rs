@@ -274,10 +274,9 @@ impl Ledger {
         slots.get_mut(id).filter(|slot| *slot.entry.identity.labels == *labels)
     }
 
-    /// One decision, under the label set it was made with. The ledger keeps it without the
-    /// decision's next states (see [`Outcome::reported`]).
-    pub fn record(&self, id: &str, labels: &SeriesLabels, mut outcome: Outcome) {
-        outcome.decision = Outcome::reported(outcome.decision);
+    /// One decision, under the label set it was made with. The ledger keeps what the views
+    /// read of it (see [`Outcome::reported`]).
+    pub fn record(&self, id: &str, labels: &SeriesLabels, outcome: Outcome) {
         let decision = &outcome.decision;
         let paused = outcome.paused();
         let marks = Marks::empty()
@@ -300,9 +299,10 @@ impl Ledger {
             decision.metrics.iter().map(|m| (m.low_watermark as f32, m.high_watermark as f32)).collect();
         let replicas = decision.replicas;
         let spec = decision.spec_replicas;
-        let outcome = Arc::new(outcome);
         let mut slots = self.lock();
         let Some(slot) = Self::current(&mut slots, id, labels) else { return };
+        slot.entry.counters.count(&outcome);
+        let outcome = Arc::new(outcome.reported());
         if slot.history.keeps() {
             // Against the replicas decided before, or, at the first evaluation, the ones found.
             let before = slot.entry.last.as_ref().map_or(spec, |l| l.decision.replicas);
@@ -322,7 +322,6 @@ impl Ledger {
             }
             slot.entry.last_scale = slot.events.back().copied();
         }
-        slot.entry.counters.count(&outcome);
         slot.entry.last = Some(outcome);
         slot.entry.failure = None;
         slot.entry.reported = true;
