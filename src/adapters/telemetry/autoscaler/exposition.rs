@@ -1,7 +1,6 @@
 //! The text format of one scrape: the families in their output order, each written out a slice
 //! of autoscalers at a time from the ledger's entries.
 
-use std::collections::HashMap;
 use std::fmt::Write;
 
 use watermarkd_engine::{Limit, MetricOutcome, Position};
@@ -193,18 +192,19 @@ impl Snapshot {
     /// autoscalers share a label set (a rules-file autoscaler and a WPA of the same name,
     /// namespace and target), the one evaluated last speaks for it.
     pub(super) fn of(entries: Vec<Entry>) -> Snapshot {
-        let mut by_labels: HashMap<String, Rendered> = HashMap::with_capacity(entries.len());
-        for entry in entries.into_iter().filter(|e| e.reported) {
-            let labels = entry.identity.labels.render();
-            let at = |e: &Entry| (e.last.as_ref().map(|l| l.decision.now), e.failure.as_ref().map(|f| f.at));
-            if by_labels.get(&labels).is_some_and(|kept| at(&kept.entry) >= at(&entry)) {
-                continue;
-            }
-            let info_labels = entry.identity.labels.render_info();
-            by_labels.insert(labels.clone(), Rendered { labels, info_labels, entry });
-        }
-        let mut records: Vec<Rendered> = by_labels.into_values().collect();
-        records.sort_by(|a, b| a.labels.cmp(&b.labels));
+        let mut records: Vec<Rendered> = entries
+            .into_iter()
+            .filter(|e| e.reported)
+            .map(|entry| Rendered {
+                labels: entry.identity.labels.render(),
+                info_labels: entry.identity.labels.render_info(),
+                entry,
+            })
+            .collect();
+        // By label set, the one evaluated last first; then one per label set.
+        let at = |r: &Rendered| (r.entry.last.as_ref().map(|l| l.decision.now), r.entry.failure.as_ref().map(|f| f.at));
+        records.sort_by(|a, b| a.labels.cmp(&b.labels).then_with(|| at(b).cmp(&at(a))));
+        records.dedup_by(|later, kept| later.labels == kept.labels);
         let shadows = records.iter().any(|r| !r.entry.counters.shadows.is_empty());
         let ahead = records.iter().any(|r| r.entry.last.as_ref().is_some_and(|l| l.ahead.is_some()));
         Snapshot { records, shadows, ahead }
