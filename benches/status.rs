@@ -45,30 +45,8 @@ fn live_heap_mib() -> f64 {
 }
 
 fn identity(i: usize) -> Identity {
-    let name: Arc<str> = format!("web-{i}").into();
-    Identity {
-        id: format!("file/web-{i}").into(),
-        labels: Arc::new(labels(name)),
-        source: "file",
-        interval_seconds: INTERVAL as u64,
-        paused_until: None,
-        backends: vec!["dd".into()],
-        shadows: Vec::new(),
-        min_replicas: 1,
-        max_replicas: 20,
-    }
-}
-
-fn labels(name: Arc<str>) -> SeriesLabels {
-    SeriesLabels {
-        wpa_name: Arc::clone(&name),
-        wpa_namespace: "prod".into(),
-        resource_name: name,
-        resource_namespace: "prod".into(),
-        resource_kind: "Deployment".into(),
-        tags: Vec::new(),
-        dry_run: false,
-    }
+    let labels = SeriesLabels::deployment(&format!("web-{i}"), "prod", false);
+    Identity::rules_file(Arc::new(labels), &["dd"], INTERVAL as u64, (1, 20))
 }
 
 /// Fills a board: every autoscaler evaluated `EVALUATIONS` times. `moving`: the value changes

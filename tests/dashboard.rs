@@ -144,15 +144,7 @@ fn registry_text() -> String {
 fn autoscaler_text() -> String {
     let ledger = Arc::new(Ledger::new(std::time::Duration::ZERO));
     let metrics = AutoscalerMetrics::new(Arc::clone(&ledger), LabelsAsTags::default());
-    let labels = Arc::new(SeriesLabels {
-        wpa_name: "web".into(),
-        wpa_namespace: "prod".into(),
-        resource_name: "web".into(),
-        resource_namespace: "prod".into(),
-        resource_kind: "Deployment".into(),
-        tags: Vec::new(),
-        dry_run: false,
-    });
+    let labels = Arc::new(SeriesLabels::deployment("web", "prod", false));
     let rule = watermarkd::domain::rules::rule_from_json(&serde_json::json!({
         "min_replicas": 1, "max_replicas": 10,
         "metric": [{ "name": "latency", "query": "q", "high_watermark": 10, "low_watermark": 5 }]
@@ -161,17 +153,8 @@ fn autoscaler_text() -> String {
     let now = Timestamp::from_unix_millis(1_700_000_000_000);
     let target = Target { spec_replicas: 2, status_replicas: Some(2), ready_replicas: Some(2) };
     let decision = decide(&rule, target, &[Reading::Value { value: 30.0, at: now }], &State::default(), now);
-    ledger.admit(Identity {
-        id: "file/web".into(),
-        labels: Arc::clone(&labels),
-        source: "file",
-        interval_seconds: 15,
-        paused_until: None,
-        backends: Vec::new(),
-        shadows: vec!["web-next".into()],
-        min_replicas: 1,
-        max_replicas: 10,
-    });
+    let identity = Identity::rules_file(Arc::clone(&labels), &[], 15, (1, 10));
+    ledger.admit(Identity { shadows: vec!["web-next".into()], ..identity });
     // An autoscaler with a forecast, a fallback and a pause, so that their series are exported.
     let ahead = Outlook {
         forecast_demand: vec![("latency".into(), 12.0)],

@@ -172,26 +172,8 @@ mod tests {
     fn board(name: &str, rule: &serde_json::Value, totals: &[Option<f64>]) -> (Board, String) {
         let ledger = Arc::new(Ledger::new(std::time::Duration::from_secs(3600)));
         let id = format!("file/{name}");
-        let labels = Arc::new(SeriesLabels {
-            wpa_name: name.into(),
-            wpa_namespace: "prod".into(),
-            resource_name: name.into(),
-            resource_namespace: "prod".into(),
-            resource_kind: "Deployment".into(),
-            tags: Vec::new(),
-            dry_run: false,
-        });
-        ledger.admit(Identity {
-            id: id.as_str().into(),
-            labels: Arc::clone(&labels),
-            source: "file",
-            interval_seconds: 60,
-            paused_until: None,
-            backends: vec!["prom".into()],
-            shadows: Vec::new(),
-            min_replicas: 1,
-            max_replicas: 10,
-        });
+        let labels = Arc::new(SeriesLabels::deployment(name, "prod", false));
+        ledger.admit(Identity::rules_file(Arc::clone(&labels), &["prom"], 60, (1, 10)));
         let rule = crate::domain::rules::rule_from_json(rule).unwrap();
         let (mut spec, mut state) = (2, EngineState::default());
         for (i, total) in totals.iter().enumerate() {

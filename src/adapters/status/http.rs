@@ -378,26 +378,8 @@ mod tests {
 
     fn board_with(name: &str, note: &str) -> Board {
         let ledger = Arc::new(Ledger::new(std::time::Duration::from_secs(3600)));
-        let labels = Arc::new(SeriesLabels {
-            wpa_name: name.into(),
-            wpa_namespace: "prod".into(),
-            resource_name: name.into(),
-            resource_namespace: "prod".into(),
-            resource_kind: "Deployment".into(),
-            tags: Vec::new(),
-            dry_run: false,
-        });
-        ledger.admit(Identity {
-            id: format!("file/{name}").into(),
-            labels: Arc::clone(&labels),
-            source: "file",
-            interval_seconds: 15,
-            paused_until: None,
-            backends: vec!["prom".into()],
-            shadows: Vec::new(),
-            min_replicas: 1,
-            max_replicas: 20,
-        });
+        let labels = Arc::new(SeriesLabels::deployment(name, "prod", false));
+        ledger.admit(Identity::rules_file(Arc::clone(&labels), &["prom"], 15, (1, 20)));
         let rule = crate::domain::rules::rule_from_json(&json!({
             "min_replicas": 1, "max_replicas": 20, "algorithm": "absolute",
             "metric": [{ "name": "load", "query": "q", "high_watermark": 10, "low_watermark": 5 }]

@@ -48,6 +48,24 @@ pub struct SeriesLabels {
     pub dry_run: bool,
 }
 
+impl SeriesLabels {
+    /// The label set of an autoscaler named `name` whose target is the Deployment of the same
+    /// name in `namespace`, with no tags: the simplest autoscaler there is.
+    pub fn deployment(name: &str, namespace: &str, dry_run: bool) -> SeriesLabels {
+        let name: Arc<str> = name.into();
+        let namespace: Arc<str> = namespace.into();
+        SeriesLabels {
+            wpa_name: Arc::clone(&name),
+            wpa_namespace: Arc::clone(&namespace),
+            resource_name: name,
+            resource_namespace: namespace,
+            resource_kind: "Deployment".into(),
+            tags: Vec::new(),
+            dry_run,
+        }
+    }
+}
+
 /// Who an autoscaler is, as the scheduler runs it. Its names are the label set's, shared.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Identity {
@@ -71,6 +89,27 @@ pub struct Identity {
 }
 
 impl Identity {
+    /// A rules-file autoscaler (`file/NAME`) with these labels, reading from `backends`, every
+    /// `interval_seconds`, between `bounds`; no pause, no shadow rules.
+    pub fn rules_file(
+        labels: Arc<SeriesLabels>,
+        backends: &[&str],
+        interval_seconds: u64,
+        bounds: (u32, u32),
+    ) -> Identity {
+        Identity {
+            id: format!("file/{}", labels.wpa_name).into(),
+            labels,
+            source: "file",
+            interval_seconds,
+            paused_until: None,
+            backends: backends.iter().map(|b| Arc::from(*b)).collect(),
+            shadows: Vec::new(),
+            min_replicas: bounds.0,
+            max_replicas: bounds.1,
+        }
+    }
+
     pub fn name(&self) -> &Arc<str> {
         &self.labels.wpa_name
     }

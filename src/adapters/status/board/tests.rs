@@ -14,29 +14,11 @@ fn board_of(history: Duration) -> (Arc<Ledger>, Board) {
 }
 
 fn labels(name: &str) -> Arc<SeriesLabels> {
-    Arc::new(SeriesLabels {
-        wpa_name: name.into(),
-        wpa_namespace: "prod".into(),
-        resource_name: name.into(),
-        resource_namespace: "prod".into(),
-        resource_kind: "Deployment".into(),
-        tags: Vec::new(),
-        dry_run: false,
-    })
+    Arc::new(SeriesLabels::deployment(name, "prod", false))
 }
 
 fn identity(name: &str, interval_seconds: u64) -> Identity {
-    Identity {
-        id: format!("file/{name}").into(),
-        labels: labels(name),
-        source: "file",
-        interval_seconds,
-        paused_until: None,
-        backends: vec!["prom".into()],
-        shadows: Vec::new(),
-        min_replicas: 1,
-        max_replicas: 20,
-    }
+    Identity::rules_file(labels(name), &["prom"], interval_seconds, (1, 20))
 }
 
 fn rule() -> Rule {

@@ -220,17 +220,8 @@ mod tests {
 
         /// An autoscaler with this label set runs, under `id`.
         fn admit_as(&self, id: &str, labels: &SeriesLabels) {
-            self.ledger.admit(Identity {
-                id: id.into(),
-                labels: Arc::new(labels.clone()),
-                source: "file",
-                interval_seconds: 15,
-                paused_until: None,
-                backends: Vec::new(),
-                shadows: Vec::new(),
-                min_replicas: 1,
-                max_replicas: 10,
-            });
+            let identity = Identity::rules_file(Arc::new(labels.clone()), &[], 15, (1, 10));
+            self.ledger.admit(Identity { id: id.into(), ..identity });
         }
 
         fn admit(&self, labels: &SeriesLabels) {
@@ -286,15 +277,7 @@ mod tests {
     }
 
     fn labels(name: &str) -> SeriesLabels {
-        SeriesLabels {
-            wpa_name: name.into(),
-            wpa_namespace: "prod".into(),
-            resource_name: name.into(),
-            resource_namespace: "prod".into(),
-            resource_kind: "Deployment".into(),
-            tags: Vec::new(),
-            dry_run: false,
-        }
+        SeriesLabels::deployment(name, "prod", false)
     }
 
     /// Metrics with these label sets admitted, as the scheduler does for running autoscalers.

@@ -5,29 +5,11 @@ use super::*;
 use crate::domain::outcome::ShadowOutcome;
 
 fn labels(name: &str, dry_run: bool) -> Arc<SeriesLabels> {
-    Arc::new(SeriesLabels {
-        wpa_name: name.into(),
-        wpa_namespace: "prod".into(),
-        resource_name: name.into(),
-        resource_namespace: "prod".into(),
-        resource_kind: "Deployment".into(),
-        tags: Vec::new(),
-        dry_run,
-    })
+    Arc::new(SeriesLabels::deployment(name, "prod", dry_run))
 }
 
 fn identity(name: &str, dry_run: bool) -> Identity {
-    Identity {
-        id: format!("file/{name}").into(),
-        labels: labels(name, dry_run),
-        source: "file",
-        interval_seconds: 15,
-        paused_until: None,
-        backends: Vec::new(),
-        shadows: Vec::new(),
-        min_replicas: 1,
-        max_replicas: 20,
-    }
+    Identity::rules_file(labels(name, dry_run), &[], 15, (1, 20))
 }
 
 fn rule() -> Rule {
