@@ -31,15 +31,16 @@ impl Rendered {
         self.entry.last.as_deref().filter(|_| self.entry.failure.is_none())
     }
 
-    /// What looks ahead or stands in: after a failed evaluation nothing was forecast, and the
-    /// rest keeps what it last said.
-    fn ahead(&self) -> Option<Outlook> {
-        let ahead = self.entry.last.as_ref()?.ahead.clone()?;
-        Some(if self.entry.failure.is_some() {
-            Outlook { forecast_demand: Vec::new(), forecast_replicas: None, ..ahead }
-        } else {
-            ahead
-        })
+    /// What looks ahead or stands in, as it last said: a fallback and a pause keep saying it
+    /// after a failed evaluation.
+    fn ahead(&self) -> Option<&Outlook> {
+        self.entry.last.as_ref()?.ahead.as_ref()
+    }
+
+    /// The forecast's part of that, unless the last evaluation failed: then nothing was
+    /// forecast.
+    fn forecast(&self) -> Option<&Outlook> {
+        self.ahead().filter(|_| self.entry.failure.is_none())
     }
 }
 
@@ -354,12 +355,12 @@ fn write_samples(out: &mut String, family: Family, name: &str, rendered: &Render
             }
         }
         Family::ForecastDemand => {
-            for (metric, demand) in rendered.ahead().iter().flat_map(|a| &a.forecast_demand) {
+            for (metric, demand) in rendered.forecast().iter().flat_map(|a| &a.forecast_demand) {
                 line(out, name, labels, Some(("metric_name", &escape(metric))), number(*demand));
             }
         }
         Family::ForecastReplicas => {
-            if let Some(replicas) = rendered.ahead().and_then(|a| a.forecast_replicas) {
+            if let Some(replicas) = rendered.forecast().and_then(|a| a.forecast_replicas) {
                 line(out, name, labels, None, replicas);
             }
         }
