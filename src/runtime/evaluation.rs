@@ -26,12 +26,12 @@ use crate::adapters::workload::{ScaleReading, WorkloadError};
 use crate::domain::crd::{self, WatermarkPodAutoscaler, WatermarkPodAutoscalerStatus};
 use crate::domain::fallback;
 use crate::domain::forecast::{Ahead, Forecast, ForecastMode, ForecastRule, Forecaster};
-use crate::domain::outcome::{Outcome, Outlook, ScaleWrite, Sentences, ShadowOutcome};
+use crate::domain::outcome::{Outcome, Outlook, ScaleWrite, ShadowOutcome};
 use crate::domain::rules::TargetRef;
 use crate::domain::schedule;
 use crate::domain::sparse::Sparse;
 use crate::domain::state;
-use crate::domain::status::explain::{self, Context};
+use crate::domain::status::explain::Context;
 
 /// Attempts at a scale write that keeps meeting a newer object.
 pub const CONFLICT_ATTEMPTS: usize = 3;
@@ -447,22 +447,15 @@ impl<'a> Evaluation<'a> {
         let paused = ahead.as_ref().and_then(|a| a.paused) == Some(true);
         let paused_until = self.desired.autoscaler.paused_until.map(|t| t.to_string());
         let context = Context { paused_until: paused_until.as_deref().filter(|_| paused), scaled };
-        let explanation = explain::explain(&decision, rule, context);
         let outcome = Outcome {
-            decision,
             write,
-            scaled,
             conditions,
             shadows,
             deferred: self.deferred,
             fallback,
             ahead,
             forecast_says,
-            min_replicas: bounds.0,
-            max_replicas: bounds.1,
-            per_replica: rule.algorithm() == Algorithm::Average,
-            tolerances: (rule.upscale_tolerance().to_f64(), rule.downscale_tolerance().to_f64()),
-            explanation: Sentences::new(&explanation),
+            ..Outcome::worded(decision, rule, context, bounds)
         };
         Need::Done(Box::new(Done { outcome, next_state, ending }))
     }

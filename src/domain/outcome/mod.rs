@@ -117,7 +117,16 @@ impl Outcome {
     /// conditions, nothing published; `scaled` says whether its scale was written. Worded with
     /// `rule`, the one it was made with.
     pub fn of_decision(decision: Decision, rule: &Rule, scaled: bool) -> Outcome {
-        let explanation = explain::explain(&decision, rule, Context { paused_until: None, scaled });
+        let bounds = (rule.min_replicas(), rule.max_replicas());
+        Outcome::worded(decision, rule, Context { paused_until: None, scaled }, bounds)
+    }
+
+    /// A decision worded with `rule` in `context`, made within `bounds` (`min_replicas`,
+    /// `max_replicas` in force); the rest as [`Outcome::of_decision`] leaves it, for the
+    /// caller to fill in.
+    pub fn worded(decision: Decision, rule: &Rule, context: Context<'_>, bounds: (u32, u32)) -> Outcome {
+        let explanation = explain::explain(&decision, rule, context);
+        let scaled = context.scaled;
         Outcome {
             write: if scaled && !decision.dry_run { ScaleWrite::Succeeded } else { ScaleWrite::NotAttempted },
             decision,
@@ -128,8 +137,8 @@ impl Outcome {
             fallback: None,
             ahead: None,
             forecast_says: None,
-            min_replicas: rule.min_replicas(),
-            max_replicas: rule.max_replicas(),
+            min_replicas: bounds.0,
+            max_replicas: bounds.1,
             per_replica: rule.algorithm() == Algorithm::Average,
             tolerances: (rule.upscale_tolerance().to_f64(), rule.downscale_tolerance().to_f64()),
             explanation: Sentences::new(&explanation),
