@@ -16,8 +16,9 @@
 //! those windows. Scales are never suppressed.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -55,24 +56,23 @@ pub enum Repeats {
 }
 
 /// What makes two failures the same for suppression: the object, the type and the reason, and
-/// for [`Repeats::SuppressSameText`] the message.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-struct EventKey {
-    object: (Option<String>, Option<String>, Option<String>, Option<String>),
-    warning: bool,
-    reason: String,
-    /// Only with [`Repeats::SuppressSameText`].
-    stable_note: Option<String>,
-}
+/// for [`Repeats::SuppressSameText`] the message. Kept as a keyed hash of those: only whether
+/// two are the same matters, and at 10,000 failing autoscalers the texts would cost megabytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct EventKey(u64);
 
 impl EventKey {
     fn of(object: &ObjectReference, type_: EventType, reason: &str, note: &str, repeats: Repeats) -> EventKey {
-        EventKey {
-            object: (object.api_version.clone(), object.kind.clone(), object.namespace.clone(), object.name.clone()),
-            warning: type_ == EventType::Warning,
-            reason: reason.to_string(),
-            stable_note: (repeats == Repeats::SuppressSameText).then(|| note.to_string()),
-        }
+        // Keyed randomly per process, so that no object name can be chosen to collide with
+        // another's failures.
+        static KEYS: OnceLock<RandomState> = OnceLock::new();
+        let identity = (
+            (&object.api_version, &object.kind, &object.namespace, &object.name),
+            type_ == EventType::Warning,
+            reason,
+            (repeats == Repeats::SuppressSameText).then_some(note),
+        );
+        EventKey(KEYS.get_or_init(RandomState::new).hash_one(identity))
     }
 }
 

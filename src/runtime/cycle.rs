@@ -344,6 +344,9 @@ async fn decide_as_answered(
             if shared.is_stopping() {
                 return;
             }
+            // A finished evaluation's task stays allocated until joined: joined as we go, a
+            // large cycle holds `max_concurrency` tasks, not one per autoscaler.
+            while decisions.try_join_next().is_some() {}
             let shared = Arc::clone(&shared);
             decisions.spawn(async move {
                 let _permit = permit;
