@@ -91,7 +91,7 @@ pub async fn run(args: &ImportArgs, out: &mut impl Write, err: &mut impl Write) 
         };
         match import::read_documents(&name, &text) {
             Ok(mut read) => documents.append(&mut read),
-            Err(finding) => findings.push(finding),
+            Err(finding) => findings.push(*finding),
         }
         sources.push(name);
     }

@@ -71,6 +71,9 @@ pub enum Objects {
     Pattern(String),
 }
 
+/// The rule that serves a metric, the series behind it, and what that took for granted.
+type Serving<'r> = (&'r Rule, String, Vec<String>);
+
 /// The query the adapter would run, and what it took to find it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Expansion {
@@ -260,7 +263,7 @@ impl AdapterConfig {
         rules: &'r [Rule],
         metric: &str,
         resource: Option<&GroupResource>,
-    ) -> Result<Option<(&'r Rule, String, Vec<String>)>, String> {
+    ) -> Result<Option<Serving<'r>>, String> {
         let mut found: Option<(&Rule, String)> = None;
         let mut others = Vec::new();
         for rule in rules {

@@ -16,7 +16,7 @@ pub struct Document {
 
 /// Reads every object of one file's text. `file` names it in places (`-` for standard input).
 /// A text that is neither YAML nor JSON is one finding naming the document and where in it.
-pub fn read_documents(file: &str, text: &str) -> Result<Vec<Document>, Finding> {
+pub fn read_documents(file: &str, text: &str) -> Result<Vec<Document>, Box<Finding>> {
     let mut documents = Vec::new();
     let looks_like_json = text.trim_start().starts_with(['{', '[']);
     if looks_like_json {
@@ -40,13 +40,13 @@ pub fn read_documents(file: &str, text: &str) -> Result<Vec<Document>, Finding> 
     Ok(documents)
 }
 
-fn invalid(place: Place, message: String) -> Finding {
-    Finding { severity: Severity::Invalid, place, object: None, field: String::new(), message }
+fn invalid(place: Place, message: String) -> Box<Finding> {
+    Box::new(Finding { severity: Severity::Invalid, place, object: None, field: String::new(), message })
 }
 
 /// Adds an object, the items of a list, or nothing for an empty document (`---` at the end of a
 /// file, or a file of comments).
-fn push_objects(documents: &mut Vec<Document>, place: Place, value: Value) -> Result<(), Finding> {
+fn push_objects(documents: &mut Vec<Document>, place: Place, value: Value) -> Result<(), Box<Finding>> {
     match value {
         Value::Null => Ok(()),
         Value::Array(items) => {
@@ -63,13 +63,13 @@ fn push_objects(documents: &mut Vec<Document>, place: Place, value: Value) -> Re
                 return Ok(());
             }
             let Some(Value::Array(items)) = value.get("items").cloned() else {
-                return Err(Finding {
+                return Err(Box::new(Finding {
                     severity: Severity::Invalid,
                     place,
                     object: Some(kind.to_string()),
                     field: "items".into(),
                     message: "must be a list of objects".into(),
-                });
+                }));
             };
             for (i, item) in items.into_iter().enumerate() {
                 push_item(documents, place.item(i), item)?;
@@ -86,7 +86,7 @@ fn push_objects(documents: &mut Vec<Document>, place: Place, value: Value) -> Re
     }
 }
 
-fn push_item(documents: &mut Vec<Document>, place: Place, item: Value) -> Result<(), Finding> {
+fn push_item(documents: &mut Vec<Document>, place: Place, item: Value) -> Result<(), Box<Finding>> {
     if !item.is_object() {
         return Err(invalid(
             place,
