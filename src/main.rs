@@ -41,6 +41,15 @@ enum Command {
     ///
     /// Exits 1 when any metric has no usable value.
     Query(watermarkd::commands::query::QueryArgs),
+    /// Write the rules file (TOML) for the autoscalers people already run: HPAs (with
+    /// prometheus-adapter's rules or the Datadog Cluster Agent's metrics), KEDA ScaledObjects
+    /// and WatermarkPodAutoscalers, from manifests or a cluster.
+    ///
+    /// Each autoscaler is written with `observe = true` (unless --active) and a comment naming
+    /// where it came from and every choice made. What cannot be carried over exactly is listed
+    /// on standard error and the command exits 1 writing nothing (--partial writes the rest and
+    /// exits 0). See docs/import.md.
+    Import(watermarkd::commands::import::ImportArgs),
     /// Show what a running daemon's autoscalers are doing and why, from its status API.
     ///
     /// Without NAME, a table of every autoscaler; with one, the explanation of its last
@@ -129,6 +138,15 @@ fn run() -> anyhow::Result<ExitCode> {
         Command::Query(args) => {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
             if runtime.block_on(watermarkd::commands::query::run(&args, &mut out))? {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }
+        Command::Import(args) => {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            let mut err = io::stderr();
+            if runtime.block_on(watermarkd::commands::import::run(&args, &mut out, &mut err))? {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::from(1)

@@ -112,6 +112,7 @@ fn bash_completions_parse_and_complete_every_subcommand_and_flag() {
         (&["watermarkd", "run", "--confi"], "--config"),
         (&["watermarkd", "check", "--ru"], "--rules"),
         (&["watermarkd", "man", "--d"], "--dir"),
+        (&["watermarkd", "import", "--adapter-c"], "--adapter-config"),
     ] {
         let offered = bash_complete(&script, words);
         assert_eq!(offered, [flag], "completing {words:?}");

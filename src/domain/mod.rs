@@ -6,6 +6,7 @@ pub mod chart;
 pub mod crd;
 pub mod fallback;
 pub mod forecast;
+pub mod import;
 pub mod instant;
 pub mod markup;
 pub mod outcome;

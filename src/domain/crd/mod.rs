@@ -13,7 +13,7 @@
 
 mod annotation;
 mod mapping;
-mod query;
+pub(crate) mod query;
 mod recommender_policy;
 mod schema;
 mod status;
