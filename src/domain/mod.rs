@@ -9,6 +9,7 @@ pub mod forecast;
 pub mod import;
 pub mod instant;
 pub mod markup;
+pub mod observed;
 pub mod outcome;
 pub mod restriction;
 pub mod rules;
