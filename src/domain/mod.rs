@@ -3,10 +3,12 @@
 //! layers above share.
 
 pub mod chart;
+pub mod claims;
 pub mod crd;
 pub mod fallback;
 pub mod forecast;
 pub mod instant;
+pub mod label_selector;
 pub mod markup;
 pub mod outcome;
 pub mod restriction;
