@@ -1,7 +1,8 @@
 //! Feeds the claim index (`domain::claims`) from watches of the other controllers that may scale
-//! a target: HorizontalPodAutoscalers (autoscaling/v2), KEDA ScaledObjects (keda.sh/v1alpha1,
-//! while the cluster serves them: a cluster without KEDA is normal, and asked again every
-//! [`SCALED_OBJECT_RECHECK`]) and, with a `wpa_selector`, the WatermarkPodAutoscalers it leaves
+//! a target: HorizontalPodAutoscalers (autoscaling/v2, or the newest version the cluster serves of
+//! v2beta2 and v1: every HPA is seen through each, with the same `scaleTargetRef` and replica
+//! counts), KEDA ScaledObjects (keda.sh/v1alpha1, while the cluster serves them: a cluster without
+//! KEDA is normal, and asked again every [`RECHECK`]) and, with a `wpa_selector`, the WatermarkPodAutoscalers it leaves
 //! to another controller. One watch per kind and scope (a listed namespace, or all of them).
 //!
 //! Each object is turned into a [`Claimant`] as it arrives (the conversions are plain functions,
@@ -13,7 +14,6 @@ use std::fmt::Debug;
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
-use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -27,8 +27,8 @@ use crate::domain::crd::WatermarkPodAutoscaler;
 use crate::domain::label_selector::LabelSelector;
 use crate::domain::rules::TargetRef;
 
-/// How often a cluster without the ScaledObject resource is asked again whether it has it.
-const SCALED_OBJECT_RECHECK: Duration = Duration::from_secs(300);
+/// How often a cluster without a resource watched here is asked again whether it has it.
+const RECHECK: Duration = Duration::from_secs(300);
 
 /// The claim index, shared: the watches write it, each evaluation reads its target's claims.
 #[derive(Debug, Default)]
@@ -103,10 +103,8 @@ pub async fn run(watch: ClaimWatch) {
     let (sender, mut changes) = mpsc::channel::<Change>(256);
     let mut tasks = tokio::task::JoinSet::new();
     for scope in &watch.scopes {
-        let hpas: Api<HorizontalPodAutoscaler> = api_in(&watch.client, scope);
-        let to = sender.clone();
-        tasks.spawn(follow(hpas, watcher::Config::default(), Kind::Hpa, scope.clone(), to, false));
-        tasks.spawn(follow_scaled_objects(watch.client.clone(), scope.clone(), sender.clone()));
+        tasks.spawn(follow_served(watch.client.clone(), Kind::Hpa, scope.clone(), sender.clone()));
+        tasks.spawn(follow_served(watch.client.clone(), Kind::ScaledObject, scope.clone(), sender.clone()));
         if let Some(selector) = &watch.wpa_selector {
             let wpas: Api<WatermarkPodAutoscaler> = api_in(&watch.client, scope);
             let kind = Kind::Wpa(selector.clone());
@@ -163,15 +161,13 @@ trait Claiming: Resource + Sized {
     fn claimant(&self, kind: &Kind) -> Option<Claimant>;
 }
 
-impl Claiming for HorizontalPodAutoscaler {
-    fn claimant(&self, _: &Kind) -> Option<Claimant> {
-        hpa_claimant(self)
-    }
-}
-
 impl Claiming for DynamicObject {
-    fn claimant(&self, _: &Kind) -> Option<Claimant> {
-        scaled_object_claimant(self)
+    fn claimant(&self, kind: &Kind) -> Option<Claimant> {
+        match kind {
+            Kind::Hpa => hpa_claimant(self),
+            Kind::ScaledObject => scaled_object_claimant(self),
+            Kind::Wpa(_) => None,
+        }
     }
 }
 
@@ -254,51 +250,71 @@ where
     Ended::Closed
 }
 
-const KEDA_GROUP_VERSION: &str = "keda.sh/v1alpha1";
-
-fn scaled_object_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("keda.sh", "v1alpha1", "ScaledObject"), "scaledobjects")
-}
-
-/// Whether the API server serves `scaledobjects.keda.sh/v1alpha1`.
-async fn scaled_objects_served(client: &Client) -> Result<bool, kube::Error> {
-    match client.list_api_group_resources(KEDA_GROUP_VERSION).await {
-        Ok(list) => Ok(list.resources.iter().any(|r| r.name == "scaledobjects")),
-        Err(kube::Error::Api(status)) if status.code == 404 => Ok(false),
-        Err(err) => Err(err),
+impl Kind {
+    /// The versions to watch it through, the first the cluster serves; its kind and plural.
+    fn served_as(&self) -> (&'static [&'static str], &'static str, &'static str) {
+        match self {
+            Kind::Hpa => (
+                &["autoscaling/v2", "autoscaling/v2beta2", "autoscaling/v1"],
+                "HorizontalPodAutoscaler",
+                "horizontalpodautoscalers",
+            ),
+            Kind::ScaledObject => (&["keda.sh/v1alpha1"], "ScaledObject", "scaledobjects"),
+            Kind::Wpa(_) => (&["datadoghq.com/v1alpha1"], "WatermarkPodAutoscaler", "watermarkpodautoscalers"),
+        }
     }
 }
 
-/// Follows ScaledObjects in one scope while the resource is served. While it is not, the scope
-/// holds none (a listing of nothing), and the cluster is asked again every
-/// `SCALED_OBJECT_RECHECK`: KEDA installed later is found.
-async fn follow_scaled_objects(client: Client, scope: Scope, to: mpsc::Sender<Change>) -> Ended {
-    let resource = scaled_object_resource();
+/// The first of `versions` in which the API server serves `plural`; `None`: none does.
+async fn served_version(
+    client: &Client,
+    versions: &[&'static str],
+    plural: &str,
+) -> Result<Option<&'static str>, kube::Error> {
+    for version in versions {
+        match client.list_api_group_resources(version).await {
+            Ok(list) if list.resources.iter().any(|r| r.name == plural) => return Ok(Some(version)),
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(err) => return Err(err),
+        }
+    }
+    Ok(None)
+}
+
+/// Follows `kind` in one scope while the cluster serves it. While it does not, the scope holds
+/// none (a listing of nothing), and the cluster is asked again every `RECHECK`: KEDA installed
+/// later is found.
+async fn follow_served(client: Client, kind: Kind, scope: Scope, to: mpsc::Sender<Change>) -> Ended {
+    let (versions, kind_name, plural) = kind.served_as();
     loop {
-        match scaled_objects_served(&client).await {
-            Ok(true) => {
+        match served_version(&client, versions, plural).await {
+            Ok(Some(version)) => {
+                let (group, version) = version.split_once('/').unwrap_or(("", version));
+                let resource =
+                    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind_name), plural);
                 let api: Api<DynamicObject> = match &scope {
                     None => Api::all_with(client.clone(), &resource),
                     Some(namespace) => Api::namespaced_with(client.clone(), namespace, &resource),
                 };
                 let ended =
-                    follow(api, watcher::Config::default(), Kind::ScaledObject, scope.clone(), to.clone(), true).await;
+                    follow(api, watcher::Config::default(), kind.clone(), scope.clone(), to.clone(), true).await;
                 if let Ended::Closed = ended {
                     return Ended::Closed;
                 }
             }
-            Ok(false) => {}
+            Ok(None) => {}
             Err(err) => {
                 // The API server is not answering: ask again soon, as a watch would.
-                tracing::debug!(error = %err, "cannot tell whether ScaledObject is served; asking again");
+                tracing::debug!(error = %err, kind = kind_name, "cannot tell whether the cluster serves it; asking again");
                 tokio::time::sleep(Duration::from_secs(2)).await;
                 continue;
             }
         }
-        if to.send(Change::Listed(ClaimantKind::ScaledObject, scope.clone(), Vec::new())).await.is_err() {
+        if to.send(Change::Listed(kind.claimant_kind(), scope.clone(), Vec::new())).await.is_err() {
             return Ended::Closed;
         }
-        tokio::time::sleep(SCALED_OBJECT_RECHECK).await;
+        tokio::time::sleep(RECHECK).await;
     }
 }
 
@@ -325,27 +341,31 @@ fn keda_scaled_object(meta: &kube::api::ObjectMeta) -> Option<String> {
     })
 }
 
-/// An HPA claims the target of its `scaleTargetRef`, with its status's replicas.
-fn hpa_claimant(hpa: &HorizontalPodAutoscaler) -> Option<Claimant> {
+/// An HPA claims the target of its `spec.scaleTargetRef`, with its status's replicas (the same
+/// fields in autoscaling/v1, v2beta2 and v2).
+fn hpa_claimant(hpa: &DynamicObject) -> Option<Claimant> {
     let namespace = hpa.metadata.namespace.clone()?;
-    let reference = &hpa.spec.as_ref()?.scale_target_ref;
-    let api_version = api_version_or_default(reference.api_version.as_deref(), &reference.kind);
-    let count = |n: i32| u32::try_from(n).ok();
-    let replicas = hpa.status.as_ref().map(|status| HpaReplicas {
-        desired: count(status.desired_replicas),
-        current: status.current_replicas.and_then(count),
-        last_scale_time: status
-            .last_scale_time
-            .as_ref()
-            .map(|t| watermarkd_engine::Timestamp::from_unix_millis(t.0.as_millisecond())),
-    });
+    let reference = hpa.data.get("spec")?.get("scaleTargetRef")?;
+    let text = |key: &str| reference.get(key).and_then(serde_json::Value::as_str).filter(|s| !s.is_empty());
+    let kind = text("kind")?;
+    let api_version = api_version_or_default(text("apiVersion"), kind);
+    let status = hpa.data.get("status");
+    let count = |key: &str| status?.get(key)?.as_u64().and_then(|n| u32::try_from(n).ok());
+    let last_scale_time = status
+        .and_then(|s| s.get("lastScaleTime")?.as_str())
+        .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+        .map(|t| watermarkd_engine::Timestamp::from_unix_millis(t.as_millisecond()));
     Some(Claimant {
         kind: ClaimantKind::HorizontalPodAutoscaler,
-        target: TargetKey::new(&api_version, &reference.kind, &namespace, &reference.name),
+        target: TargetKey::new(&api_version, kind, &namespace, text("name")?),
         scaled_object: keda_scaled_object(&hpa.metadata),
         name: hpa.metadata.name.clone()?,
         namespace,
-        replicas: Some(replicas.unwrap_or_default()),
+        replicas: Some(HpaReplicas {
+            desired: count("desiredReplicas"),
+            current: count("currentReplicas"),
+            last_scale_time,
+        }),
     })
 }
 
@@ -404,7 +424,8 @@ mod tests {
             name: "web".into(),
         };
         assert!(matches!(board.claims(&web), Claims::Unknown(_)));
-        let hpa: HorizontalPodAutoscaler = serde_json::from_value(serde_json::json!({
+        let hpa: DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
             "metadata": { "name": "web", "namespace": "shop" },
             "spec": { "scaleTargetRef": { "apiVersion": "apps/v1", "kind": "Deployment", "name": "web" }, "maxReplicas": 10 },
             "status": { "desiredReplicas": 4 }
@@ -428,7 +449,8 @@ mod tests {
 
     #[test]
     fn an_hpa_claims_its_scale_target_with_its_status() {
-        let hpa: HorizontalPodAutoscaler = serde_json::from_value(serde_json::json!({
+        let hpa: DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
             "metadata": { "name": "web", "namespace": "shop" },
             "spec": { "scaleTargetRef": { "apiVersion": "apps/v1", "kind": "Deployment", "name": "web" }, "maxReplicas": 10 },
             "status": { "desiredReplicas": 7, "currentReplicas": 5, "lastScaleTime": "2026-01-02T03:04:05Z" }
@@ -447,7 +469,8 @@ mod tests {
 
     #[test]
     fn keda_s_hpa_names_its_scaled_object_by_owner_or_label() {
-        let owned: HorizontalPodAutoscaler = serde_json::from_value(serde_json::json!({
+        let owned: DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
             "metadata": { "name": "keda-hpa-web", "namespace": "shop", "ownerReferences": [
                 { "apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject", "name": "web", "uid": "u" }
             ] },
@@ -461,7 +484,8 @@ mod tests {
             claimant.to_string(),
             "HorizontalPodAutoscaler shop/keda-hpa-web (KEDA's, for ScaledObject shop/web)"
         );
-        let labelled: HorizontalPodAutoscaler = serde_json::from_value(serde_json::json!({
+        let labelled: DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "autoscaling/v1", "kind": "HorizontalPodAutoscaler",
             "metadata": { "name": "keda-hpa-api", "namespace": "shop", "labels": { "scaledobject.keda.sh/name": "api" } },
             "spec": { "scaleTargetRef": { "apiVersion": "apps/v1", "kind": "Deployment", "name": "api" }, "maxReplicas": 10 }
         }))
