@@ -695,6 +695,24 @@ mod tests {
     }
 
     #[test]
+    fn the_wpa_selector_comes_from_the_file_the_environment_or_the_flag() {
+        let (_dir, mut args) =
+            args_with_file("rules = \"r.toml\"\nwpa_selector = \"watermarkd.io/controller=watermarkd\"\n");
+        let settings = Settings::load(&args, &env(&[])).expect("valid");
+        assert_eq!(
+            settings.wpa_selector.as_ref().map(LabelSelector::as_str),
+            Some("watermarkd.io/controller=watermarkd")
+        );
+        let settings = Settings::load(&args, &env(&[("WATERMARKD__WPA_SELECTOR", "team in (a,b)")])).expect("valid");
+        assert_eq!(settings.wpa_selector.as_ref().map(LabelSelector::as_str), Some("team in (a,b)"));
+        args.wpa_selector = Some("tier=web".into());
+        let settings = Settings::load(&args, &env(&[])).expect("valid");
+        assert_eq!(settings.wpa_selector.as_ref().map(LabelSelector::as_str), Some("tier=web"));
+        let (_dir, args) = args_with_file("rules = \"r.toml\"\n");
+        assert_eq!(Settings::load(&args, &env(&[])).expect("valid").wpa_selector, None, "unset: every WPA");
+    }
+
+    #[test]
     fn bad_values_name_their_field() {
         for (text, field) in [
             ("rules = \"r\"\ndefault_interval = \"soon\"\n", "default_interval"),
@@ -716,6 +734,8 @@ mod tests {
                 "listen_header_timeout (30s)",
             ),
             ("rules = \"r\"\nlog_levl = \"x\"\n", "log_levl"),
+            ("rules = \"r\"\nwpa_selector = \"a in b\"\n", "wpa_selector: label selector \"a in b\""),
+            ("rules = \"r\"\nwpa_selector = \"\"\n", "wpa_selector: label selector \"\": is empty"),
         ] {
             let (_dir, args) = args_with_file(text);
             let err = Settings::load(&args, &env(&[])).expect_err(text);
