@@ -109,13 +109,16 @@ fn split_requirements(text: &str) -> Result<Vec<&str>, String> {
     Ok(parts)
 }
 
+/// Reads the value after an operator into it.
+type ReadOperator = fn(String) -> Result<Operator, String>;
+
 fn requirement(text: &str) -> Result<Requirement, String> {
     if let Some(key) = text.strip_prefix('!') {
         let key = key.trim();
         check_key(key)?;
         return Ok(Requirement { key: key.into(), operator: Operator::DoesNotExist });
     }
-    let operators: [(&str, fn(String) -> Result<Operator, String>); 5] = [
+    let operators: [(&str, ReadOperator); 5] = [
         ("!=", |v| Ok(Operator::NotIn(vec![value(&v)?]))),
         ("==", |v| Ok(Operator::In(vec![value(&v)?]))),
         ("=", |v| Ok(Operator::In(vec![value(&v)?]))),

@@ -86,7 +86,7 @@ enum Change {
         kind: ClaimantKind,
         namespace: String,
         name: String,
-        claimant: Option<Claimant>,
+        claimant: Option<Box<Claimant>>,
     },
     Deleted {
         kind: ClaimantKind,
@@ -125,7 +125,7 @@ pub async fn run(watch: ClaimWatch) {
 
 fn apply(board: &ClaimBoard, change: Change) {
     match change {
-        Change::Applied { claimant: Some(claimant), .. } => board.change(|index| index.apply(claimant)),
+        Change::Applied { claimant: Some(claimant), .. } => board.change(|index| index.apply(*claimant)),
         Change::Applied { kind, namespace, name, claimant: None } | Change::Deleted { kind, namespace, name } => {
             board.change(|index| index.delete(kind, &namespace, &name));
         }
@@ -220,7 +220,7 @@ where
                 kind: claimant_kind,
                 namespace: object.namespace().unwrap_or_default(),
                 name: object.name_any(),
-                claimant: object.claimant(&kind),
+                claimant: object.claimant(&kind).map(Box::new),
             }),
             Ok(Event::Delete(object)) => Some(Change::Deleted {
                 kind: claimant_kind,
