@@ -1103,3 +1103,39 @@ async fn the_notes_name_the_service_the_chart_renders() {
     let (service, _, notes) = dry_run(&[]);
     assert!(notes.contains(&format!("(or the Service {service})")), "{notes}");
 }
+
+/// Beside the Datadog controller: its chart's CRD exists without this release's ownership
+/// annotations. `helm install` leaves it alone instead of failing on its ownership (or taking it
+/// over), and `crd.selector` reaches the daemon's settings as `wpa_selector`.
+#[tokio::test]
+async fn a_crd_this_release_did_not_create_is_left_alone_and_the_selector_reaches_the_settings() {
+    let cluster = kube_cluster::KubeCluster::shared();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    cluster.write_kubeconfig(&kubeconfig, kube_cluster::ADMIN_TOKEN);
+    let crds: Api<CustomResourceDefinition> = Api::all(cluster.client());
+    let name = "watermarkpodautoscalers.datadoghq.com";
+    // As another chart (or kubectl) would have left it; another test of this file may have
+    // installed it first through its own release, which is not this one either.
+    if crds.get_opt(name).await.expect("get CRD").is_none() {
+        let crd = watermarkd::domain::crd::custom_resource_definition();
+        match crds.create(&kube::api::PostParams::default(), &crd).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 409 => {}
+            Err(err) => panic!("create CRD: {err}"),
+        }
+    }
+    let namespace = cluster.unique_namespace("chart-beside").await;
+    let installed =
+        install(&kubeconfig, "wmd-beside", &namespace, &["crd.selector=watermarkd.io/controller=watermarkd"]);
+    let crd = crds.get(name).await.expect("the CRD");
+    let owner = crd.metadata.annotations.as_ref().and_then(|a| a.get("meta.helm.sh/release-name")).cloned();
+    assert_ne!(owner.as_deref(), Some("wmd-beside"), "not taken over: {:?}", crd.metadata.annotations);
+    let configmaps: Api<ConfigMap> = Api::namespaced(cluster.client(), &namespace);
+    let settings = configmaps.get("wmd-beside-watermarkd").await.expect("the settings ConfigMap");
+    let toml = settings.data.and_then(|d| d.get("watermarkd.toml").cloned()).unwrap_or_default();
+    assert!(toml.contains("wpa_selector = \"watermarkd.io/controller=watermarkd\""), "{toml}");
+    let kubeconfig_arg = kubeconfig.display().to_string();
+    helm_ok(&["uninstall", &installed.release, "--namespace", &installed.namespace, "--kubeconfig", &kubeconfig_arg]);
+    crds.get(name).await.expect("the CRD is still there");
+}

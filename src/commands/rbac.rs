@@ -42,6 +42,8 @@ pub const PERMISSIONS: &[Permission] = &[
     POD_READ,
     POD_METRICS_READ,
     EVENT_WRITE,
+    HPA_READ,
+    SCALED_OBJECT_READ,
     LEASE,
     STATE_CONFIGMAPS,
 ];
@@ -128,6 +130,26 @@ pub const EVENT_WRITE: Permission = Permission {
     api_group: "events.k8s.io",
     resources: &["events"],
     verbs: &["create"],
+};
+
+/// The guard (`runtime/claims.rs`): a watch of the HorizontalPodAutoscalers, so that no
+/// autoscaler writes to a target an HPA (KEDA's included) scales, and the HPAs' replicas.
+pub const HPA_READ: Permission = Permission {
+    namespaced_to_daemon: false,
+    crd_mode_only: false,
+    api_group: "autoscaling",
+    resources: &["horizontalpodautoscalers"],
+    verbs: &["list", "watch"],
+};
+
+/// The guard (`runtime/claims.rs`): a watch of KEDA's ScaledObjects, while the cluster serves
+/// them, so that no autoscaler writes to a target a ScaledObject scales.
+pub const SCALED_OBJECT_READ: Permission = Permission {
+    namespaced_to_daemon: false,
+    crd_mode_only: false,
+    api_group: "keda.sh",
+    resources: &["scaledobjects"],
+    verbs: &["list", "watch"],
 };
 
 /// [`crate::adapters::lease`]: leader election with one Lease in the daemon's own namespace: read it,

@@ -3,11 +3,13 @@
 //! layers above share.
 
 pub mod chart;
+pub mod claims;
 pub mod crd;
 pub mod fallback;
 pub mod forecast;
 pub mod import;
 pub mod instant;
+pub mod label_selector;
 pub mod markup;
 pub mod observed;
 pub mod outcome;

@@ -21,6 +21,7 @@ use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::allocator::Trim;
+use super::claims::{self, ClaimBoard};
 use super::report::RejectionReports;
 use super::scheduler::{Command, Scheduler, TargetChanges};
 use super::shared::{Clock, Shared};
@@ -40,6 +41,7 @@ use crate::adapters::state_store::StateConfigMaps;
 use crate::adapters::status::{self, Access, Board, StatusApi, TokenReviewer};
 use crate::adapters::telemetry::{self, AutoscalerMetrics, BackendMetrics, DaemonMetrics, HttpClientMetrics};
 use crate::adapters::workload::Workloads;
+use crate::domain::claims::ClaimIndex;
 use crate::domain::outcome::Ledger;
 use crate::domain::rules::{self, RulesFile};
 use crate::runtime::settings::{Settings, StatusSettings};
@@ -282,8 +284,11 @@ fn share(
     stopping: CancellationToken,
 ) -> Arc<Shared> {
     let events = EventPublisher::new(client.clone(), &settings.lease.identity, Duration::from_secs(300));
+    let selector = settings.wpa_selector.as_ref().filter(|_| settings.crd);
+    let claims = ClaimIndex::new(&claims::kinds(selector), &claim_scopes(settings));
     Arc::new(Shared {
         targets: Workloads::new(client.clone()),
+        claims: Arc::new(ClaimBoard::new(claims)),
         states: StateConfigMaps::new(client.clone(), &settings.lease.namespace),
         events: Some(events),
         ledger: Arc::clone(&telemetry.ledger),
@@ -364,6 +369,13 @@ impl Sources {
             notifier: Notifier::from_env(),
             stopping: shared.stopping.clone(),
         }));
+        tasks.spawn(claims::run(claims::ClaimWatch {
+            client: shared.client.clone(),
+            scopes: claim_scopes(settings),
+            wpa_selector: settings.wpa_selector.clone().filter(|_| settings.crd),
+            board: Arc::clone(&shared.claims),
+            stopping: shared.stopping.clone(),
+        }));
         let crd_synced = Arc::new(AtomicBool::new(!settings.crd));
         if settings.crd {
             let (scopes, index) = wpa_index(settings, &backends);
@@ -371,6 +383,7 @@ impl Sources {
                 client: shared.client.clone(),
                 scopes,
                 index,
+                selector: settings.wpa_selector.clone(),
                 rules: rules_rx,
                 commands: commands_tx,
                 rejected: rejected_tx,
@@ -380,6 +393,16 @@ impl Sources {
             }));
         }
         Sources { commands, rejected, reload, tasks, crd_synced }
+    }
+}
+
+/// Where the other controllers' objects are watched: the listed namespaces, or all of them.
+/// A target elsewhere is never known to be free, and is not written (`domain::claims`).
+fn claim_scopes(settings: &Settings) -> Vec<crate::domain::claims::Scope> {
+    if settings.namespaces.is_empty() {
+        vec![None]
+    } else {
+        settings.namespaces.iter().cloned().map(Some).collect()
     }
 }
 

@@ -29,7 +29,8 @@ pub async fn evaluate(
     let target = &desired.autoscaler.target;
     memory.persisted.follow(&desired.source);
     let epoch = shared.epoch.load(Ordering::Acquire);
-    let mut evaluation = Evaluation::new(desired, observations, epoch, shared.dry_run);
+    let claims = shared.claims.claims(target);
+    let mut evaluation = Evaluation::new(desired, observations, epoch, shared.dry_run, claims);
     let mut answer = Answer::Start;
     loop {
         answer = match evaluation.resume(memory, answer) {

@@ -23,11 +23,12 @@ use crate::adapters::backend::{Observation, QueryError};
 use crate::adapters::state_store;
 use crate::adapters::state_store::{StateObjectError, Stored};
 use crate::adapters::workload::{ScaleReading, WorkloadError};
+use crate::domain::claims::{self, ClaimNote, Claims, Verdict};
 use crate::domain::crd::{self, WatermarkPodAutoscaler, WatermarkPodAutoscalerStatus};
 use crate::domain::fallback;
 use crate::domain::forecast::{Ahead, Forecast, ForecastMode, ForecastRule, Forecaster};
 use crate::domain::outcome::{Outcome, Outlook, ScaleWrite, ShadowOutcome};
-use crate::domain::rules::TargetRef;
+use crate::domain::rules::{self, TargetRef};
 use crate::domain::schedule;
 use crate::domain::sparse::Sparse;
 use crate::domain::state;
@@ -147,6 +148,10 @@ struct Pending {
     forecast_says: Option<Result<String, String>>,
     /// `min_replicas` and `max_replicas` in force: the rule's, or a schedule's or forecast's.
     bounds: (u32, u32),
+    /// Why it wrote nothing, said after "but": a pause, observing, or the guard.
+    held: Option<String>,
+    /// What the guard said, when another controller claims the target (or may).
+    claims: Option<Box<ClaimNote>>,
 }
 
 /// One evaluation: its inputs, and how far it has got.
@@ -159,6 +164,9 @@ pub struct Evaluation<'a> {
     partial: Vec<(usize, String)>,
     shadow_observations: Vec<Observation>,
     deferred: bool,
+    /// What the guard lets it do, from what the claim index knew of the target when the
+    /// evaluation began.
+    verdict: Verdict,
     /// The leadership epoch of this evaluation.
     epoch: u64,
     attempt: usize,
@@ -167,8 +175,16 @@ pub struct Evaluation<'a> {
 
 impl<'a> Evaluation<'a> {
     /// An evaluation of `desired` on `observations` (its metrics', then its shadows'), in
-    /// leadership `epoch`; `dry_run` as the daemon's `--dry-run`.
-    pub fn new(desired: &'a Desired, mut observations: Vec<Observation>, epoch: u64, dry_run: bool) -> Self {
+    /// leadership `epoch`; `dry_run` as the daemon's `--dry-run`; `claims`, what the claim
+    /// index knows of its target (the guard withholds the write when another controller
+    /// scales it, or may).
+    pub fn new(
+        desired: &'a Desired,
+        mut observations: Vec<Observation>,
+        epoch: u64,
+        dry_run: bool,
+        claims: Claims,
+    ) -> Self {
         let autoscaler = &desired.autoscaler;
         let shadow_observations = observations.split_off(autoscaler.rule.metrics().len().min(observations.len()));
         // Skipped by the Datadog pacing: the engine holds, but nothing failed.
@@ -179,6 +195,7 @@ impl<'a> Evaluation<'a> {
         } else {
             Cow::Borrowed(&autoscaler.rule)
         };
+        let verdict = claims::guard(claims, autoscaler.take_over, autoscaler.observe);
         Evaluation {
             desired,
             rule,
@@ -186,6 +203,7 @@ impl<'a> Evaluation<'a> {
             partial,
             shadow_observations,
             deferred,
+            verdict,
             epoch,
             attempt: 0,
             phase: Phase::Read,
@@ -320,7 +338,17 @@ impl<'a> Evaluation<'a> {
             says = Some(forecast_says(&self.rule, forecast, &said));
             rule = Forecaster::apply(rule, forecast, &said);
         }
-        let pause = self.desired.autoscaler.pause_note(now);
+        // The guard holds a write the way a pause does: it decides and reports as always.
+        let claims = ClaimNote::of(&self.verdict, &describe(&autoscaler.target));
+        let withheld = claims.as_ref().and_then(|c| c.held().map(str::to_string));
+        let pause = autoscaler.pause_note(now).or_else(|| withheld.clone());
+        let held = if autoscaler.paused_at(now) {
+            // As the status has always said a pause: the instant as the engine prints it.
+            let until = autoscaler.paused_until.map(|t| t.to_string()).unwrap_or_default();
+            Some(if autoscaler.observe { rules::OBSERVING.to_string() } else { format!("paused until {until}") })
+        } else {
+            withheld
+        };
         if pause.is_some() && !rule.dry_run() {
             rule = Cow::Owned(rule.into_owned().with_dry_run(true));
         }
@@ -331,7 +359,7 @@ impl<'a> Evaluation<'a> {
         }
         ahead.fallback_active =
             autoscaler.fallback.as_ref().map(|_| memory.fallback.as_ref().is_some_and(|f| f.is_active()));
-        ahead.paused = autoscaler.paused_until.map(|_| autoscaler.paused_at(now));
+        ahead.paused = autoscaler.pausable().then(|| autoscaler.paused_at(now));
         let looks_ahead = autoscaler.forecast.is_some() || ahead.fallback_active.is_some() || ahead.paused.is_some();
         let ahead = looks_ahead.then_some(ahead);
         for (i, why) in &self.partial {
@@ -344,8 +372,20 @@ impl<'a> Evaluation<'a> {
                 );
             }
         }
-        let pending =
-            Pending { reading, decision, observed, current, now, fallback: change, ahead, forecast_says: says, bounds };
+        let claims = claims.map(Box::new);
+        let pending = Pending {
+            reading,
+            decision,
+            observed,
+            current,
+            now,
+            fallback: change,
+            ahead,
+            forecast_says: says,
+            bounds,
+            held,
+            claims,
+        };
         if pending.decision.write {
             let need = Need::Scale(pending.decision.replicas, Box::new(pending.reading.clone()));
             return self.ask(Phase::Write(Box::new(pending)), need);
@@ -409,7 +449,8 @@ impl<'a> Evaluation<'a> {
         write: ScaleWrite,
         confirmed: Option<Timestamp>,
     ) -> Need {
-        let Pending { decision, observed, current, now, fallback, ahead, forecast_says, bounds, .. } = pending;
+        let Pending { decision, observed, current, now, fallback, ahead, forecast_says, bounds, held, claims, .. } =
+            pending;
         let mut next_state = match write {
             ScaleWrite::Failed(_) => decision.state_if_not_written.clone(),
             _ => decision.state.clone(),
@@ -444,9 +485,7 @@ impl<'a> Evaluation<'a> {
             _ => Ending::Scaled,
         };
         let rule = &*self.rule;
-        let paused = ahead.as_ref().and_then(|a| a.paused) == Some(true);
-        let paused_until = self.desired.autoscaler.paused_until.map(|t| t.to_string());
-        let context = Context { paused_until: paused_until.as_deref().filter(|_| paused), scaled };
+        let context = Context { held: held.as_deref(), scaled };
         let outcome = Outcome {
             write,
             conditions,
@@ -455,6 +494,7 @@ impl<'a> Evaluation<'a> {
             fallback,
             ahead,
             forecast_says,
+            claims,
             ..Outcome::worded(decision, rule, context, bounds)
         };
         Need::Done(Box::new(Done { outcome, next_state, ending }))
@@ -519,6 +559,9 @@ pub fn to_persist<'m>(
             if let Some(ahead) = &done.outcome.ahead {
                 let forecast = done.outcome.forecast_says.as_ref().map(|says| says.as_deref().map_err(String::as_str));
                 crd::with_ahead(&mut next, forecast, ahead.fallback_active, now);
+            }
+            if let Some(note) = &done.outcome.claims {
+                crd::with_claims(&mut next, note, now);
             }
             if !crd::status_changed(previous.as_ref(), &next) {
                 return None;

@@ -36,6 +36,10 @@ pub async fn record(shared: &Shared, desired: &Desired, memory: &mut Memory, don
     if let Some(change) = &outcome.fallback {
         report::fallback_event(shared, desired, change).await;
     }
+    if memory.claims_said != outcome.claims {
+        report::claims_changed(shared, desired, memory.claims_said.as_deref(), outcome.claims.as_deref()).await;
+        memory.claims_said = outcome.claims.clone();
+    }
     memory.failing = None;
     shared.ledger.record(&desired.key.to_string(), &desired.labels, done.outcome);
     done.ending

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use watermarkd_engine::State;
 
 use super::source::Source;
+use crate::domain::claims::ClaimNote;
 use crate::domain::crd::{WatermarkPodAutoscaler, WatermarkPodAutoscalerStatus};
 use crate::domain::fallback::FallbackMemory;
 use crate::domain::forecast::Forecaster;
@@ -41,6 +42,9 @@ pub struct Memory {
     pub(super) fallback: Option<Box<FallbackMemory>>,
     /// The demand history of an autoscaler with a forecast (only those have one).
     pub(super) forecaster: Option<Box<Forecaster>>,
+    /// What the guard last said of its target, so that the Events and log lines say each
+    /// change once, not every evaluation.
+    pub(super) claims_said: Option<Box<ClaimNote>>,
 }
 
 /// What a shadow rule remembers between evaluations.
@@ -66,6 +70,7 @@ impl Memory {
             shadows: Sparse::default(),
             fallback: None,
             forecaster: None,
+            claims_said: None,
         }
     }
 }

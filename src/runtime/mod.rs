@@ -18,6 +18,7 @@
 //!   allocator (`allocator::Trim` asks it to).
 
 pub mod allocator;
+mod claims;
 mod cycle;
 mod daemon;
 mod evaluate;

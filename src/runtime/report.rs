@@ -11,12 +11,14 @@ use kube::api::{Api, Patch, PatchParams};
 use tokio::sync::Mutex;
 use watermarkd_engine::{Action, Decision, Guard};
 
+use super::evaluation::describe;
 use super::memory::Persisted;
 use super::source::Desired;
 use super::wpa_index::{ObjectKey, Rejection};
 use super::Shared;
 use crate::adapters::events::{EventType, Repeats};
 use crate::adapters::workload::WorkloadError;
+use crate::domain::claims::ClaimNote;
 use crate::domain::crd::{self, MapError, WatermarkPodAutoscaler, WatermarkPodAutoscalerStatus};
 use crate::domain::fallback;
 use crate::domain::outcome::ScaleWrite;
@@ -119,6 +121,43 @@ pub async fn fallback_event(shared: &Shared, desired: &Desired, change: &fallbac
     tracing::warn!(autoscaler = %desired.autoscaler.name, "{reason}: {note}");
     let object = desired.source.wpa().map_or_else(|| target_reference(desired), |wpa| wpa_reference(wpa));
     publish(shared, &object, type_, reason, note, "Decide", Repeats::Keep).await;
+}
+
+/// The guard's word changed: another controller claims the target now (a Warning: nothing is
+/// written while it does), this autoscaler takes over from it, or the claim is gone (writes
+/// resume). Said in the log and as an Event on the WPA (a rules-file autoscaler's on the
+/// target), once per change. A target not yet known to be free (the watches have not listed)
+/// is only logged: it lasts moments at a start.
+pub async fn claims_changed(shared: &Shared, desired: &Desired, before: Option<&ClaimNote>, now: Option<&ClaimNote>) {
+    let autoscaler = &desired.autoscaler;
+    let workload = describe(&autoscaler.target);
+    let object = desired.source.wpa().map_or_else(|| target_reference(desired), |wpa| wpa_reference(wpa));
+    let (type_, reason, note) = match now {
+        Some(note) if note.withheld && note.claimed_by.is_empty() => {
+            tracing::info!(autoscaler = %autoscaler.name, workload = %workload, "not writing yet: {}", note.sentence);
+            return;
+        }
+        Some(note) if note.withheld => {
+            let claimed_by = note.claimed_by.join(", ");
+            tracing::warn!(autoscaler = %autoscaler.name, workload = %workload, claimed_by, "{}", note.sentence);
+            (EventType::Warning, crd::TARGET_CLAIMED, note.sentence.clone())
+        }
+        Some(note) if note.taking_over => {
+            tracing::info!(autoscaler = %autoscaler.name, workload = %workload, "{}", note.sentence);
+            (EventType::Normal, "TakingOver", note.sentence.clone())
+        }
+        Some(note) => {
+            tracing::info!(autoscaler = %autoscaler.name, workload = %workload, "{}", note.sentence);
+            return;
+        }
+        None if before.is_some_and(|b| b.withheld) => {
+            let note = format!("no other controller claims {workload} any more: watermarkd writes its scale again");
+            tracing::info!(autoscaler = %autoscaler.name, workload = %workload, "{note}");
+            (EventType::Normal, "TargetReleased", note)
+        }
+        None => return,
+    };
+    publish(shared, &object, type_, reason, &note, "Guard", Repeats::SuppressSameText).await;
 }
 
 /// Reports a target that cannot be read: on the WPA (an event and the AbleToScale condition),

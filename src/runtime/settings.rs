@@ -15,6 +15,7 @@ use crate::adapters::status::access::allowed_host;
 use crate::adapters::telemetry::logging::LogFormat;
 use crate::adapters::telemetry::LabelsAsTags;
 use crate::domain::crd::{check_tls_dir, AllowedUrl, RecommenderPolicy, ALLOWED_URLS_SETTING, TLS_DIR_SETTING};
+use crate::domain::label_selector::LabelSelector;
 use crate::domain::rules::{SecretSource, DEFAULT_INTERVAL};
 
 /// Where the settings file is looked for when `--settings` is not given.
@@ -62,6 +63,10 @@ pub struct Settings {
     pub crd: bool,
     /// Namespaces whose WPA objects to run; empty: all of them.
     pub namespaces: Vec<String>,
+    /// The WPAs this daemon owns (`wpa_selector`, a label selector), so that it runs beside
+    /// another WPA controller, each on its own set; the WPAs left out are the other's, and
+    /// claim their targets. `None`: every WPA.
+    pub wpa_selector: Option<LabelSelector>,
     /// `/metrics`, `/healthz` and `/readyz`.
     pub listen: SocketAddr,
     /// What one client may hold of that listener: `listen_max_connections`,
@@ -142,6 +147,7 @@ struct Layer {
     rules: Option<PathBuf>,
     crd: Option<bool>,
     namespaces: Option<StringList>,
+    wpa_selector: Option<String>,
     listen: Option<String>,
     listen_max_connections: Option<usize>,
     listen_max_connections_per_peer: Option<usize>,
@@ -279,6 +285,10 @@ pub struct RunArgs {
     /// Namespace of the WPA objects to run (repeat for several; default all).
     #[arg(long = "namespace", value_name = "NAMESPACE")]
     pub namespaces: Vec<String>,
+    /// Run only the WPA objects this label selector matches (e.g.
+    /// watermarkd.io/controller=watermarkd); the others are another controller's (default all).
+    #[arg(long, value_name = "SELECTOR")]
+    pub wpa_selector: Option<String>,
     /// Address of /metrics, /healthz, /readyz and the status page (default 127.0.0.1:8080).
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<String>,
@@ -402,6 +412,12 @@ impl Settings {
         }
         let lease = layer.lease.unwrap_or_default().merge(args, env)?;
         let namespaces = namespaces(&args.namespaces, layer.namespaces);
+        let wpa_selector = args
+            .wpa_selector
+            .clone()
+            .or(layer.wpa_selector)
+            .map(|text| LabelSelector::parse(&text).map_err(|e| SettingsError::Invalid(format!("wpa_selector: {e}"))))
+            .transpose()?;
         let labels_as_tags = labels_as_tags(layer.labels_as_tags, env)?;
         let recommender_policy =
             recommender_policy(layer.recommender_allowed_urls.map(StringList::into_vec), layer.recommender_tls_dir)?;
@@ -413,6 +429,7 @@ impl Settings {
             rules,
             crd,
             namespaces,
+            wpa_selector,
             listen,
             listen_limits,
             log_format: args.log_format.or(layer.log_format).unwrap_or(DEFAULT_LOG_FORMAT),
@@ -678,6 +695,24 @@ mod tests {
     }
 
     #[test]
+    fn the_wpa_selector_comes_from_the_file_the_environment_or_the_flag() {
+        let (_dir, mut args) =
+            args_with_file("rules = \"r.toml\"\nwpa_selector = \"watermarkd.io/controller=watermarkd\"\n");
+        let settings = Settings::load(&args, &env(&[])).expect("valid");
+        assert_eq!(
+            settings.wpa_selector.as_ref().map(LabelSelector::as_str),
+            Some("watermarkd.io/controller=watermarkd")
+        );
+        let settings = Settings::load(&args, &env(&[("WATERMARKD__WPA_SELECTOR", "team in (a,b)")])).expect("valid");
+        assert_eq!(settings.wpa_selector.as_ref().map(LabelSelector::as_str), Some("team in (a,b)"));
+        args.wpa_selector = Some("tier=web".into());
+        let settings = Settings::load(&args, &env(&[])).expect("valid");
+        assert_eq!(settings.wpa_selector.as_ref().map(LabelSelector::as_str), Some("tier=web"));
+        let (_dir, args) = args_with_file("rules = \"r.toml\"\n");
+        assert_eq!(Settings::load(&args, &env(&[])).expect("valid").wpa_selector, None, "unset: every WPA");
+    }
+
+    #[test]
     fn bad_values_name_their_field() {
         for (text, field) in [
             ("rules = \"r\"\ndefault_interval = \"soon\"\n", "default_interval"),
@@ -699,6 +734,8 @@ mod tests {
                 "listen_header_timeout (30s)",
             ),
             ("rules = \"r\"\nlog_levl = \"x\"\n", "log_levl"),
+            ("rules = \"r\"\nwpa_selector = \"a in b\"\n", "wpa_selector: label selector \"a in b\""),
+            ("rules = \"r\"\nwpa_selector = \"\"\n", "wpa_selector: label selector \"\": is empty"),
         ] {
             let (_dir, args) = args_with_file(text);
             let err = Settings::load(&args, &env(&[])).expect_err(text);

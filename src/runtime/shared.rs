@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 use watermarkd_engine::Timestamp;
 
 use super::allocator::Trim;
+use super::claims::ClaimBoard;
 use crate::adapters::backend::recommender::RecommenderClients;
 use crate::adapters::events::EventPublisher;
 use crate::adapters::lease::Authority;
@@ -41,6 +42,9 @@ impl Clock {
 pub struct Shared {
     pub client: kube::Client,
     pub targets: Workloads,
+    /// The other controllers that claim targets (HPAs, ScaledObjects, WPAs of another
+    /// controller), which the guard reads before each write.
+    pub claims: Arc<ClaimBoard>,
     /// Where the rules file's autoscalers keep their state.
     pub states: StateConfigMaps,
     pub events: Option<EventPublisher>,

@@ -23,6 +23,7 @@ use super::wpa_index::{ObjectKey, Rejection, Scope, Update, WpaIndex};
 use super::Shared;
 use crate::adapters::workload::RetryingWatch;
 use crate::domain::crd::{DatadogMetric, WatermarkPodAutoscaler};
+use crate::domain::label_selector::LabelSelector;
 use crate::domain::rules::RulesFile;
 
 /// How often a cluster without the DatadogMetric resource is asked again whether it has it.
@@ -32,6 +33,9 @@ pub struct WpaWatch {
     pub client: Client,
     pub scopes: Vec<Scope>,
     pub index: WpaIndex,
+    /// The WPAs watermarkd owns (`wpa_selector`), selected by the API server; `None`: all.
+    /// The others are another controller's, and claimants of their targets (`runtime/claims`).
+    pub selector: Option<LabelSelector>,
     /// The rules file's backends, which WPA metrics are sent to.
     pub rules: watch::Receiver<Arc<RulesFile>>,
     pub commands: mpsc::Sender<Command>,
@@ -64,8 +68,13 @@ enum Stored<K> {
 pub async fn run(mut watch: WpaWatch) {
     let (sender, mut changes) = mpsc::channel::<Change>(256);
     let mut tasks = tokio::task::JoinSet::new();
+    let owned = match &watch.selector {
+        Some(selector) => watcher::Config::default().labels(selector.as_str()),
+        None => watcher::Config::default(),
+    };
     for scope in &watch.scopes {
-        tasks.spawn(reflect(api_in(&watch.client, scope), scope.clone(), sender.clone(), Change::Wpa, false));
+        let wpas = api_in(&watch.client, scope);
+        tasks.spawn(reflect(wpas, owned.clone(), scope.clone(), sender.clone(), Change::Wpa, false));
         tasks.spawn(follow_datadog_metrics(watch.client.clone(), scope.clone(), sender.clone()));
     }
     drop(sender);
@@ -159,6 +168,7 @@ enum Ended {
 /// it is a failure like any other, retried.
 async fn reflect<K>(
     api: Api<K>,
+    config: watcher::Config,
     scope: Scope,
     to: mpsc::Sender<Change>,
     wrap: fn(Stored<K>) -> Change,
@@ -168,7 +178,7 @@ where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     let (store, writer) = reflector::store();
-    let stream = reflector::reflector(writer, watcher::watcher(api, watcher::Config::default()));
+    let stream = reflector::reflector(writer, watcher::watcher(api, config));
     let mut stream = RetryingWatch::new(Box::pin(stream));
     while let Some(event) = stream.next().await {
         let change = match event {
@@ -206,8 +216,15 @@ async fn follow_datadog_metrics(client: Client, scope: Scope, to: mpsc::Sender<C
     loop {
         match datadog_metrics_served(&client).await {
             Ok(true) => {
-                if let Ended::Closed =
-                    reflect(api_in(&client, &scope), scope.clone(), to.clone(), Change::Metric, true).await
+                if let Ended::Closed = reflect(
+                    api_in(&client, &scope),
+                    watcher::Config::default(),
+                    scope.clone(),
+                    to.clone(),
+                    Change::Metric,
+                    true,
+                )
+                .await
                 {
                     return Ended::Closed;
                 }

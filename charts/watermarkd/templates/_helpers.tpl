@@ -132,6 +132,7 @@ too, so the default values render no [status] table at all.
 daemon's default is 127.0.0.1:8080). */ -}}
 {{- $pairs = append $pairs (list "listen" (include "watermarkd.listen" . | toJson)) -}}
 {{- with .Values.watchNamespaces }}{{ $pairs = append $pairs (list "namespaces" (toJson .)) }}{{ end -}}
+{{- if .Values.crd.enabled }}{{ with .Values.crd.selector }}{{ $pairs = append $pairs (list "wpa_selector" (toJson .)) }}{{ end }}{{ end -}}
 {{- $pairs = append $pairs (list "default_backend" (toJson $s.defaultBackend)) -}}
 {{- $pairs = append $pairs (list "log_format" (toJson $s.logFormat)) -}}
 {{- $pairs = append $pairs (list "log_level" (toJson $s.logLevel)) -}}

@@ -116,6 +116,10 @@ pub struct Last {
     pub forecast: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub shadows: Vec<ShadowNow>,
+    /// The other controllers that scale the target (`Kind/namespace/name`): while any does,
+    /// the autoscaler writes nothing unless it takes over (the explanation says which).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub claimed_by: Vec<Arc<str>>,
 }
 
 /// One autoscaler's state, in one word, for the table and its filter. The first that applies,
@@ -539,6 +543,7 @@ fn last_view(outcome: &Outcome) -> Last {
             .flatten()
             .map(|s| ShadowNow { name: Arc::clone(&s.name), replicas: s.replicas, diverged: s.diverged })
             .collect(),
+        claimed_by: outcome.claims.iter().flat_map(|c| c.claimed_by.iter().cloned()).collect(),
         metrics: decision.metrics.iter().map(metric_view).collect(),
     }
 }

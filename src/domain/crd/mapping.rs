@@ -230,7 +230,9 @@ pub fn map_wpa(
     let wpa_metrics = if spec.recommender.is_some() { &[][..] } else { &spec.metrics[..] };
     let annotations = wpa.metadata.annotations.as_ref();
     let pod_aggregation = mapper.resource_settings(spec, wpa_metrics, annotations, &mut notes);
-    let shadow = mapper.shadow(annotations);
+    let shadow = mapper.flag(annotations, SHADOW_ANNOTATION);
+    let observe = mapper.flag(annotations, OBSERVE_ANNOTATION);
+    let take_over = mapper.flag(annotations, TAKE_OVER_ANNOTATION);
     let recommender = match &spec.recommender {
         Some(recommender) => {
             let (draft, said) = mapper.recommender(recommender, &options.recommender_policy);
@@ -256,6 +258,8 @@ pub fn map_wpa(
         // sync period.
         interval: Field::absent(Origin::new("spec", None)),
         shadow,
+        observe,
+        take_over,
         knobs: mapper.knobs(spec),
         behavior: Field::absent(Origin::new("spec", None)),
         metrics: match spec.recommender {
@@ -424,6 +428,12 @@ impl Mapper {
 /// The annotation that makes a WPA a shadow rule: `"true"`, and it is evaluated beside the
 /// active WPA on the same target in its namespace, and never writes the scale or its status.
 pub const SHADOW_ANNOTATION: &str = "watermarkd.io/shadow";
+/// The annotation that makes a WPA observe only: `"true"`, and it is evaluated and reported
+/// every interval and never writes the scale (the rules file's `observe = true`).
+pub const OBSERVE_ANNOTATION: &str = "watermarkd.io/observe";
+/// The annotation that lets a WPA write although another controller claims its target:
+/// `"true"` (the rules file's `take_over = true`; docs/cutover.md).
+pub const TAKE_OVER_ANNOTATION: &str = "watermarkd.io/take-over";
 
 /// `metadata.annotations["KEY"]`, as problems name an annotation.
 fn annotation_key_path(key: &str) -> String {
@@ -511,10 +521,10 @@ impl Mapper {
         Field { given: Given::Value(target), origin }
     }
 
-    /// The `watermarkd.io/shadow` annotation.
-    fn shadow(&mut self, annotations: Option<&BTreeMap<String, String>>) -> Field<bool> {
-        let path = annotation_key_path(SHADOW_ANNOTATION);
-        let value = match annotations.and_then(|a| a.get(SHADOW_ANNOTATION)).map(String::as_str) {
+    /// A `"true"`/`"false"` annotation: `watermarkd.io/shadow`, `observe` or `take-over`.
+    fn flag(&mut self, annotations: Option<&BTreeMap<String, String>>, key: &str) -> Field<bool> {
+        let path = annotation_key_path(key);
+        let value = match annotations.and_then(|a| a.get(key)).map(String::as_str) {
             None | Some("false") => None,
             Some("true") => Some(true),
             Some(other) => {

@@ -20,12 +20,14 @@ mod status;
 mod types;
 
 pub use annotation::QUERIES_ANNOTATION;
-pub use mapping::{map_wpa, MapError, MappingOptions, Unsupported, SHADOW_ANNOTATION};
+pub use mapping::{
+    map_wpa, MapError, MappingOptions, Unsupported, OBSERVE_ANNOTATION, SHADOW_ANNOTATION, TAKE_OVER_ANNOTATION,
+};
 pub(crate) use query::DatadogMetricIndex;
 pub use query::NoDatadogMetrics;
 pub use recommender_policy::{check_tls_dir, AllowedUrl, RecommenderPolicy, ALLOWED_URLS_SETTING, TLS_DIR_SETTING};
 pub use schema::{crd_yaml, custom_resource_definition};
-pub use status::{conditions, next_status, status_changed, with_ahead};
+pub use status::{conditions, next_status, status_changed, with_ahead, with_claims, TARGET_CLAIMED};
 pub(crate) use status::{
     rejected_status, set_condition, ABLE_TO_SCALE, ABOVE_HIGH_WATERMARK, BELOW_LOW_WATERMARK, TARGET_CONFLICT,
 };

@@ -20,6 +20,7 @@ use super::types::{
     Condition, ExternalMetricStatus, MetricSpec, MetricStatus, Quantity, ResourceMetricStatus,
     WatermarkPodAutoscalerSpec, WatermarkPodAutoscalerStatus,
 };
+use crate::domain::claims::ClaimNote;
 use crate::domain::outcome::ScaleWrite;
 use crate::domain::rules::Problem;
 
@@ -32,6 +33,9 @@ pub const DRY_RUN: &str = "DryRun";
 /// The reason of `ScalingActive` = False on a WPA whose target another autoscaler scales (and
 /// of the Warning event that says so).
 pub const TARGET_CONFLICT: &str = "TargetConflict";
+/// The reason of `AbleToScale` = False while another controller scales the WPA's target (or
+/// none can be ruled out yet) and watermarkd writes nothing: the guard (`domain::claims`).
+pub const TARGET_CLAIMED: &str = "TargetClaimed";
 /// watermarkd's own: what the forecast says (`watermarkd.io/forecast`), and whether the WPA is in
 /// its declared fallback (`watermarkd.io/fallback`). Only on a WPA that has one.
 pub const FORECAST: &str = "Forecast";
@@ -80,6 +84,15 @@ pub fn with_ahead(
         None => {}
     }
     (status.last_condition_type, status.last_condition_state) = last;
+}
+
+/// Adds what the guard said to a status: while it withholds the write, `AbleToScale` is False
+/// with [`TARGET_CLAIMED`], naming the other controller. It is set last, so that
+/// `lastConditionType` (the printer column) shows it.
+pub fn with_claims(status: &mut WatermarkPodAutoscalerStatus, note: &ClaimNote, now: Timestamp) {
+    if note.withheld {
+        set_condition(status, ABLE_TO_SCALE, false, TARGET_CLAIMED, &note.sentence, now);
+    }
 }
 
 /// Sets one condition as the Datadog controller's `setCondition` does: `lastTransitionTime`

@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use watermarkd_engine::{Action, Algorithm, Decision, Limit, MetricOutcome, Rule, State};
 
+use crate::domain::claims::ClaimNote;
 use crate::domain::fallback;
 use crate::domain::status::explain::{self, Context};
 
@@ -81,6 +82,10 @@ pub struct Outcome {
     pub ahead: Option<Outlook>,
     /// What its forecast says (`Ok`), or why it cannot forecast (`Err`).
     pub forecast_says: Option<Result<String, String>>,
+    /// What the guard said: the other controllers that claim the target, and whether the write
+    /// was withheld for them or taken over; `None` while no one else claims it. Boxed: most
+    /// autoscalers never have one.
+    pub claims: Option<Box<ClaimNote>>,
     /// The bounds of the rule the decision was made with (a schedule's or a forecast's
     /// applied).
     pub min_replicas: u32,
@@ -118,7 +123,7 @@ impl Outcome {
     /// `rule`, the one it was made with.
     pub fn of_decision(decision: Decision, rule: &Rule, scaled: bool) -> Outcome {
         let bounds = (rule.min_replicas(), rule.max_replicas());
-        Outcome::worded(decision, rule, Context { paused_until: None, scaled }, bounds)
+        Outcome::worded(decision, rule, Context { held: None, scaled }, bounds)
     }
 
     /// A decision worded with `rule` in `context`, made within `bounds` (`min_replicas`,
@@ -137,6 +142,7 @@ impl Outcome {
             fallback: None,
             ahead: None,
             forecast_says: None,
+            claims: None,
             min_replicas: bounds.0,
             max_replicas: bounds.1,
             per_replica: rule.algorithm() == Algorithm::Average,
@@ -151,9 +157,10 @@ impl Outcome {
         self.decision.action == action && (self.scaled || self.paused())
     }
 
-    /// Whether a pause kept this decision from being written.
+    /// Whether a pause (`paused_until`, `observe`) or the guard (another controller scales
+    /// the target) kept this decision from being written.
     pub fn paused(&self) -> bool {
-        self.ahead.as_ref().and_then(|a| a.paused) == Some(true)
+        self.ahead.as_ref().and_then(|a| a.paused) == Some(true) || self.claims.as_ref().is_some_and(|c| c.withheld)
     }
 
     /// Whether the declared fallback decided.

@@ -63,11 +63,37 @@ impl Compiled {
             metrics: self.metrics,
             recommender: self.recommender.map(Box::new),
             shadow: draft.shadow.value().copied().unwrap_or(false),
+            observe: draft.observe.value().copied().unwrap_or(false),
+            take_over: draft.take_over.value().copied().unwrap_or(false),
             schedules: self.schedules.into(),
             paused_until: draft.paused_until.cloned(),
             fallback: self.fallback.map(Box::new),
             forecast: self.forecast.map(Box::new),
         })
+    }
+}
+
+/// `shadow`, `observe` and `take_over` say whether and when an autoscaler writes: a shadow and
+/// an observer never write, and `take_over` is the permission to write over another
+/// controller's claim, which means nothing for one that never writes.
+fn check_write_flags(draft: &AutoscalerDraft, report: &mut Report<'_>) {
+    let set = |field: &Field<bool>| field.value() == Some(&true);
+    if set(&draft.take_over) && set(&draft.observe) {
+        report.at(
+            &draft.take_over.origin,
+            "cannot be combined with observe: observe never writes, and take_over lets it write over another \
+             controller (set observe while you compare, then take_over to cut over: docs/cutover.md)",
+        );
+    }
+    if set(&draft.shadow) {
+        for (field, what) in [(&draft.observe, "observe"), (&draft.take_over, "take_over")] {
+            if set(field) {
+                report.at(
+                    &field.origin,
+                    format!("cannot be combined with shadow: a shadow rule never writes, so {what} has no meaning"),
+                );
+            }
+        }
     }
 }
 
@@ -93,6 +119,7 @@ pub(crate) fn compile(draft: &AutoscalerDraft, require: Require<'_>, sink: &mut 
             );
         }
     }
+    check_write_flags(draft, &mut report);
     let (behavior, policy_drafts) = compile_behavior(&draft.behavior, &mut report);
     let schedules = compile_schedules(draft, &mut report);
     let fallback = draft.fallback.value().and_then(|fallback| compile_fallback(fallback, draft, &mut report));

@@ -54,6 +54,8 @@ const AUTOSCALER_KEYS: &[&str] = &[
     "dry_run",
     "scale_to_zero_delay",
     "shadow",
+    "observe",
+    "take_over",
     "metric",
     "recommender",
     "schedule",
@@ -155,6 +157,8 @@ pub(crate) fn read_autoscaler(node: &Node, source: Source, sink: &mut Sink) -> O
         Some(interval)
     });
     let shadow = read(&mut table, sink, "shadow", Table::flag);
+    let observe = read(&mut table, sink, "observe", Table::flag);
+    let take_over = read(&mut table, sink, "take_over", Table::flag);
     let metrics = read_metrics(&mut table, source, sink);
     let recommender = read_recommender(&mut table, sink);
     let (knobs, behavior) = read_knobs(&mut table, sink);
@@ -182,6 +186,8 @@ pub(crate) fn read_autoscaler(node: &Node, source: Source, sink: &mut Sink) -> O
         target,
         interval,
         shadow,
+        observe,
+        take_over,
         knobs,
         behavior,
         metrics,

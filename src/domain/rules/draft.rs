@@ -126,6 +126,11 @@ pub(crate) struct AutoscalerDraft {
     pub target: Field<TargetDraft>,
     pub interval: Field<Duration>,
     pub shadow: Field<bool>,
+    /// Evaluates and reports every interval and never writes (`observe = true`).
+    pub observe: Field<bool>,
+    /// Writes even though another controller claims the target: the cut-over
+    /// (`take_over = true`).
+    pub take_over: Field<bool>,
     pub knobs: KnobsDraft,
     pub behavior: Field<BehaviorDraft>,
     /// Metric `i` here is the engine's `metric[i]`.

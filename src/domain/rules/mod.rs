@@ -35,7 +35,7 @@ pub(crate) use document::{
 pub use file::{load_rules, parse_rules, rule_from_json};
 pub use model::{
     intern, Autoscaler, MetricSource, ObjectIdentity, PodAggregation, Recommender, Reducer, ResourceName,
-    ResourceSource, RulesFile, SecretSource, TargetRef, TlsSettings, DEFAULT_INTERVAL, RESOURCE_BACKEND,
+    ResourceSource, RulesFile, SecretSource, TargetRef, TlsSettings, DEFAULT_INTERVAL, OBSERVING, RESOURCE_BACKEND,
     RESOURCE_MAX_AGE,
 };
 pub(crate) use problem::{Problem, RulesError, Sink, TableScope};

@@ -81,6 +81,13 @@ pub struct Autoscaler {
     /// A shadow rule (`shadow = true`): evaluated live beside the active autoscaler on the same
     /// target, on the same kind of readings, and never written; it only reports what it would do.
     pub shadow: bool,
+    /// Evaluates and reports every interval and never writes (`observe = true`, a WPA's
+    /// `watermarkd.io/observe`): a pause without an end, for watching beside the controller
+    /// that scales the target now. The guard never holds it (it writes nothing to guard).
+    pub observe: bool,
+    /// Writes even though another controller claims the target (`take_over = true`, a WPA's
+    /// `watermarkd.io/take-over`): the cut-over, from the target's current replicas.
+    pub take_over: bool,
     /// Windows of time that raise the floor (`[[autoscaler.schedule]]`); usually none.
     pub schedules: Sparse<Schedule>,
     /// Until this instant it decides and reports as always, and writes nothing
@@ -95,19 +102,32 @@ pub struct Autoscaler {
 }
 
 impl Autoscaler {
-    /// Whether it is paused at `now`.
+    /// Whether it is paused at `now`: before `paused_until`, or always while it observes.
     pub fn paused_at(&self, now: watermarkd_engine::Timestamp) -> bool {
-        self.paused_until.is_some_and(|until| now < until)
+        self.observe || self.paused_until.is_some_and(|until| now < until)
     }
 
-    /// `paused until 2026-12-01T18:00:00Z`, when it is paused at `now`.
+    /// Whether it can be paused at all (`paused_until` or `observe`), so that its series and
+    /// status say whether it is.
+    pub fn pausable(&self) -> bool {
+        self.observe || self.paused_until.is_some()
+    }
+
+    /// `paused until 2026-12-01T18:00:00Z`, or `observing only (observe = true)`, when it is
+    /// paused at `now`.
     pub fn pause_note(&self, now: watermarkd_engine::Timestamp) -> Option<String> {
+        if self.observe {
+            return Some(OBSERVING.to_string());
+        }
         let until = self.paused_until.filter(|_| self.paused_at(now))?;
         let shown = jiff::Timestamp::from_millisecond(until.unix_millis())
             .map_or_else(|_| format!("{} ms after the epoch", until.unix_millis()), |t| t.to_string());
         Some(format!("paused until {shown}"))
     }
 }
+
+/// What an observing autoscaler's decisions say instead of a write.
+pub const OBSERVING: &str = "observing only (observe = true)";
 
 /// An HTTP service that recommends a replica count, asked with the request and read with the
 /// reply of the Datadog WPA controller's recommender client.

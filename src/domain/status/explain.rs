@@ -11,8 +11,10 @@ use watermarkd_engine::{Action, Decision, Guard, MetricOutcome, Position, Rule, 
 /// What the decision alone does not say.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Context<'a> {
-    /// The autoscaler is paused until this time (RFC 3339): it decided, and wrote nothing.
-    pub paused_until: Option<&'a str>,
+    /// Why the autoscaler decided and wrote nothing, as said after "but": `paused until
+    /// 2026-12-01T08:00:00Z` (RFC 3339), `observing only (observe = true)`, or the guard's word
+    /// that another controller scales the target.
+    pub held: Option<&'a str>,
     /// Whether the scale was written (or would have been, in a dry run or a pause).
     pub scaled: bool,
 }
@@ -36,8 +38,8 @@ pub fn headline(decision: &Decision, context: Context<'_>) -> String {
         Action::ScaleDown => "down",
     };
     let moved = format!("{way} from {spec} to {to}");
-    if let Some(until) = context.paused_until {
-        format!("would scale {moved}, but paused until {until}")
+    if let Some(held) = context.held {
+        format!("would scale {moved}, but {held}")
     } else if decision.dry_run {
         format!("would scale {moved} (dry run: nothing written)")
     } else if context.scaled {
@@ -382,7 +384,7 @@ mod tests {
     fn a_pause_leads_what_would_have_been_done() {
         let rule = rule(json!({ "max_replicas": 20 }));
         let d = decision(&rule, 18, 25.2, &State::default());
-        let paused = Context { paused_until: Some("2026-12-01T08:00:00Z"), scaled: false };
+        let paused = Context { held: Some("paused until 2026-12-01T08:00:00Z"), scaled: false };
         assert_eq!(
             explain(&d, &rule, paused)[0],
             "would scale up from 18 to 20, but paused until 2026-12-01T08:00:00Z: wanted 28, limited to 20 by \
@@ -421,7 +423,7 @@ mod tests {
         let d = decision(&rule, 2, 3.6, &State::default());
         let said = explain(&d, &rule, Context::default());
         assert!(said[0].starts_with("would scale up from 2 to 3 (dry run"), "{said:?}");
-        let paused = Context { paused_until: Some("2026-12-01T08:00:00Z"), scaled: false };
+        let paused = Context { held: Some("paused until 2026-12-01T08:00:00Z"), scaled: false };
         assert!(headline(&d, paused).ends_with("but paused until 2026-12-01T08:00:00Z"));
     }
 

@@ -26,6 +26,8 @@ struct FakeCluster {
     /// Whether this daemon may write.
     leading: bool,
     now: Timestamp,
+    /// What the claim index knows of the target.
+    claims: Claims,
 }
 
 impl FakeCluster {
@@ -39,6 +41,7 @@ impl FakeCluster {
             writes: VecDeque::new(),
             leading: true,
             now: Timestamp::from_unix_millis(1_700_000_000_000),
+            claims: Claims::Free,
         }
     }
 
@@ -80,7 +83,7 @@ impl FakeCluster {
     /// Runs one evaluation of `desired` on `value` to its end: the needs in order, and the end.
     fn evaluate(&mut self, desired: &Desired, memory: &mut Memory, value: f64) -> (Vec<String>, Need) {
         let observations = vec![Observation::value(value, self.now, ObservationDetail::default())];
-        let mut evaluation = Evaluation::new(desired, observations, 1, false);
+        let mut evaluation = Evaluation::new(desired, observations, 1, false, self.claims.clone());
         let mut needs = Vec::new();
         let mut answer = Answer::Start;
         loop {
@@ -107,10 +110,14 @@ fn name(need: &Need) -> String {
 }
 
 fn desired(extra: &str) -> Desired {
+    desired_up_to(10, extra)
+}
+
+fn desired_up_to(max_replicas: u32, extra: &str) -> Desired {
     let text = format!(
         "[backend.p]\ntype = \"prometheus\"\nurl = \"http://prometheus:9090\"\n\n[[autoscaler]]\nname = \"web\"\n\
          target = {{ kind = \"Deployment\", namespace = \"shop\", name = \"web\" }}\nmin_replicas = 1\n\
-         max_replicas = 10\n{extra}\n[[autoscaler.metric]]\nbackend = \"p\"\nquery = \"q\"\n\
+         max_replicas = {max_replicas}\n{extra}\n[[autoscaler.metric]]\nbackend = \"p\"\nquery = \"q\"\n\
          high_watermark = 10\nlow_watermark = 5\n"
     );
     let rules = crate::domain::rules::parse_rules(&text, "rules.toml").expect("rules");
@@ -350,4 +357,93 @@ fn a_declared_fallback_is_entered_once_the_data_has_been_missing_long_enough() {
         "{}",
         entered.outcome.decision.reason
     );
+}
+
+fn hpa_on_web() -> crate::domain::claims::Claimant {
+    use crate::domain::claims::{Claimant, ClaimantKind, HpaReplicas, TargetKey};
+    Claimant {
+        kind: ClaimantKind::HorizontalPodAutoscaler,
+        namespace: "shop".into(),
+        name: "web".into(),
+        target: TargetKey::new("apps/v1", "Deployment", "shop", "web"),
+        scaled_object: None,
+        replicas: Some(HpaReplicas::default()),
+    }
+}
+
+#[test]
+fn a_target_another_controller_scales_is_decided_and_never_written() {
+    let desired = desired("");
+    let mut memory = Memory::for_source(&Source::RulesFile);
+    let mut cluster = FakeCluster::new();
+    cluster.claims = Claims::Claimed(vec![hpa_on_web()]);
+    let (needs, end) = cluster.evaluate(&desired, &mut memory, 30.0);
+    assert_eq!(needs, ["target", "persisted-state"], "no scale write beside the HPA");
+    let held = done(end);
+    assert_eq!((held.outcome.decision.replicas, held.outcome.write.clone()), (3, ScaleWrite::NotAttempted));
+    let note = held.outcome.claims.as_deref().expect("the guard's note");
+    assert!(note.withheld);
+    assert_eq!(note.claimed_by.iter().map(|c| &**c).collect::<Vec<_>>(), ["HorizontalPodAutoscaler/shop/web"]);
+    assert!(held.outcome.paused(), "shown as held, like a pause");
+    let headline = held.outcome.explanation.first().unwrap_or_default().to_string();
+    assert!(
+        headline.starts_with("would scale up from 2 to 3, but HorizontalPodAutoscaler shop/web already scales"),
+        "{headline}"
+    );
+    // Not listed yet is no better than claimed. (An hour on: past the forbidden window the
+    // decision that was not written opened, as a dry run's does.)
+    cluster.now = cluster.now.plus(std::time::Duration::from_secs(3600));
+    cluster.claims = Claims::Unknown("not listed yet".into());
+    let (needs, end) = cluster.evaluate(&desired, &mut memory, 30.0);
+    assert_eq!(needs, ["target"]);
+    assert!(done(end).outcome.claims.is_some_and(|c| c.withheld && c.claimed_by.is_empty()));
+    // Gone: the same load scales.
+    cluster.now = cluster.now.plus(std::time::Duration::from_secs(3600));
+    cluster.claims = Claims::Free;
+    let (needs, end) = cluster.evaluate(&desired, &mut memory, 30.0);
+    assert_eq!(needs, ["target", "scale 3 on 1"]);
+    assert!(done(end).outcome.claims.is_none());
+}
+
+#[test]
+fn an_observer_decides_every_time_writes_nothing_and_is_not_held_by_the_guard() {
+    let desired = desired("observe = true\n");
+    let mut memory = Memory::for_source(&Source::RulesFile);
+    let mut cluster = FakeCluster::new();
+    for claims in [Claims::Claimed(vec![hpa_on_web()]), Claims::Free] {
+        let beside_the_hpa = claims != Claims::Free;
+        cluster.claims = claims;
+        let (needs, end) = cluster.evaluate(&desired, &mut memory, 30.0);
+        assert!(!needs.iter().any(|n| n.starts_with("scale")), "{needs:?}");
+        let observed = done(end);
+        assert_eq!((observed.ending, observed.outcome.decision.replicas), (Ending::DryRun, 3));
+        assert_eq!(observed.outcome.ahead.as_ref().and_then(|a| a.paused), Some(true));
+        let headline = observed.outcome.explanation.first().unwrap_or_default().to_string();
+        assert!(headline.starts_with("would scale up from 2 to 3, but observing only (observe = true)"), "{headline}");
+        match observed.outcome.claims.as_deref() {
+            Some(note) => {
+                assert!(beside_the_hpa && !note.withheld);
+                assert!(note.sentence.starts_with("observing beside HorizontalPodAutoscaler shop/web"), "{note:?}");
+            }
+            None => assert!(!beside_the_hpa),
+        }
+        // Past the forbidden window its decision that was not written opened, as a dry run's.
+        cluster.now = cluster.now.plus(std::time::Duration::from_secs(3600));
+    }
+}
+
+#[test]
+fn taking_over_writes_the_rule_s_limited_step_from_the_current_replicas() {
+    // 5 replicas now (the HPA's), the load asks for 20; no state of watermarkd's yet.
+    let desired = desired_up_to(30, "take_over = true\nscale_up_limit_factor = 20\n");
+    let mut memory = Memory::for_source(&Source::RulesFile);
+    let mut cluster = FakeCluster::new();
+    cluster.spec_replicas = 5;
+    cluster.claims = Claims::Claimed(vec![hpa_on_web()]);
+    let (needs, end) = cluster.evaluate(&desired, &mut memory, 40.0);
+    assert_eq!(needs, ["target", "persisted-state", "scale 6 on 1"], "20% of 5, rounded up, on top of 5");
+    let taken = done(end);
+    assert_eq!(taken.outcome.decision.proposal, Some(20), "what the metric asked for");
+    let note = taken.outcome.claims.as_deref().expect("the guard's note");
+    assert!(note.taking_over && !note.withheld, "{note:?}");
 }

@@ -15,6 +15,8 @@ pub struct Snapshot {
     shadows: bool,
     /// Whether any autoscaler has a forecast, fallback or pause (see [`ahead_family`]).
     ahead: bool,
+    /// Whether any autoscaler's target is claimed by another controller.
+    claimed: bool,
 }
 
 /// An entry with its label sets rendered for this scrape.
@@ -69,12 +71,13 @@ enum Family {
     ForecastReplicas,
     FallbackActive,
     Paused,
+    TargetClaimed,
 }
 
 /// The families, in output order: what, name, type, help. The Datadog controller still
 /// exports the watermarks under their first, misspelled names (`..._watermak`) beside the
 /// correct ones; dashboards built on either keep working, so both are here.
-const FAMILIES: [(Family, &str, &str, &str); 25] = [
+const FAMILIES: [(Family, &str, &str, &str); 26] = [
     (Family::Value, "wpa_controller_value", "gauge", "The metric's value, as compared with the watermarks"),
     (
         Family::Age,
@@ -174,7 +177,13 @@ const FAMILIES: [(Family, &str, &str, &str); 25] = [
         "gauge",
         "1 while the autoscaler is in its declared fallback (no usable metric value for long enough)",
     ),
-    (Family::Paused, "watermarkd_paused", "gauge", "1 while the autoscaler is paused (paused_until)"),
+    (Family::Paused, "watermarkd_paused", "gauge", "1 while the autoscaler is paused (paused_until, or observe)"),
+    (
+        Family::TargetClaimed,
+        "watermarkd_target_claimed",
+        "gauge",
+        "Per other controller that scales the autoscaler's target (claimed_by): 1 while watermarkd writes nothing for it, 0 while it takes over or observes",
+    ),
 ];
 
 /// Families only a shadow rule has: without one they are left out, headers included.
@@ -208,7 +217,8 @@ impl Snapshot {
         records.dedup_by(|later, kept| later.labels == kept.labels);
         let shadows = records.iter().any(|r| !r.entry.counters.shadows.is_empty());
         let ahead = records.iter().any(|r| r.entry.last.as_ref().is_some_and(|l| l.ahead.is_some()));
-        Snapshot { records, shadows, ahead }
+        let claimed = records.iter().any(|r| r.entry.last.as_ref().is_some_and(|l| l.claims.is_some()));
+        Snapshot { records, shadows, ahead, claimed }
     }
 
     /// How many chunks [`Snapshot::render`] writes, each at most `per_chunk` autoscalers of one
@@ -227,7 +237,10 @@ impl Snapshot {
         }
         let (family, slice) = (index / slices, index % slices);
         let Some(&(family, name, kind, help)) = FAMILIES.get(family) else { return String::new() };
-        if (shadow_family(family) && !self.shadows) || (ahead_family(family) && !self.ahead) {
+        let absent = (shadow_family(family) && !self.shadows)
+            || (ahead_family(family) && !self.ahead)
+            || (family == Family::TargetClaimed && !self.claimed);
+        if absent {
             return String::new();
         }
         let mut out = String::new();
@@ -372,6 +385,14 @@ fn write_samples(out: &mut String, family: Family, name: &str, rendered: &Render
         Family::Paused => {
             if let Some(paused) = rendered.ahead().and_then(|a| a.paused) {
                 line(out, name, labels, None, u8::from(paused));
+            }
+        }
+        Family::TargetClaimed => {
+            // As last said: a claim keeps being said after a failed evaluation.
+            if let Some(claims) = rendered.entry.last.as_ref().and_then(|l| l.claims.as_deref()) {
+                for by in &claims.claimed_by {
+                    line(out, name, labels, Some(("claimed_by", &escape(by))), u8::from(claims.withheld));
+                }
             }
         }
     }

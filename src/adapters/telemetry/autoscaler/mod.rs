@@ -589,4 +589,41 @@ mod tests {
         }
         assert!(!text.contains("watermarkd_paused{"), "no pause, no series:\n{text}");
     }
+
+    #[test]
+    fn a_claimed_target_has_one_series_per_claimant_and_none_without_one() {
+        let web = labels("web");
+        let metrics = admitted(&[&web]);
+        let rule = crate::domain::rules::rule_from_json(&serde_json::json!({
+            "min_replicas": 1, "max_replicas": 10, "metric": [{ "name": "rps", "high_watermark": 10 }]
+        }))
+        .unwrap();
+        let now = Timestamp::from_unix_millis(1_700_000_000_000);
+        let target = Target { spec_replicas: 2, status_replicas: Some(2), ready_replicas: Some(2) };
+        let decision = decide(&rule, target, &[Reading::Value { value: 7.0, at: now }], &State::default(), now);
+        metrics.observe(&web, &rule, &decision, false, &[], None);
+        assert!(!exported(&metrics).contains("watermarkd_target_claimed"), "no family without a claim");
+        let record = |withheld: bool| {
+            let mut outcome = Outcome::of_decision(decision.clone(), &rule, false);
+            outcome.claims = Some(Box::new(crate::domain::claims::ClaimNote {
+                claimed_by: vec!["HorizontalPodAutoscaler/prod/web".into(), "ScaledObject/prod/web".into()],
+                withheld,
+                taking_over: !withheld,
+                sentence: String::new(),
+            }));
+            metrics.ledger.record("file/web", &web, outcome);
+        };
+        record(true);
+        let text = exported(&metrics);
+        assert!(text.contains("# TYPE watermarkd_target_claimed gauge\n"), "{text}");
+        for by in ["HorizontalPodAutoscaler/prod/web", "ScaledObject/prod/web"] {
+            let line = format!("watermarkd_target_claimed{{{WEB},claimed_by=\"{by}\"}} 1\n");
+            assert!(text.contains(&line), "{line} in:\n{text}");
+        }
+        record(false);
+        let taken = format!("watermarkd_target_claimed{{{WEB},claimed_by=\"ScaledObject/prod/web\"}} 0\n");
+        assert!(exported(&metrics).contains(&taken), "taken over: 0");
+        metrics.observe(&web, &rule, &decision, false, &[], None);
+        assert!(!exported(&metrics).contains("watermarkd_target_claimed"), "gone with the claim");
+    }
 }

@@ -843,3 +843,21 @@ fn settings_that_do_nothing_or_mislead_are_refused_in_a_wpa_too() {
           watermarkd supports (9999-12-30T22:00:00Z)"]
     );
 }
+
+#[test]
+fn the_observe_and_take_over_annotations_read_as_the_rules_file_s() {
+    let observing = mapped(&annotated("    watermarkd.io/observe: \"true\"\n")).autoscaler;
+    assert!(observing.observe && !observing.take_over);
+    let taking = mapped(&annotated("    watermarkd.io/take-over: \"true\"\n")).autoscaler;
+    assert!(taking.take_over && !taking.observe);
+    assert_eq!(
+        problems(&annotated("    watermarkd.io/take-over: \"yes\"\n")),
+        ["metadata.annotations[\"watermarkd.io/take-over\"] must be \"true\" or \"false\", not \"yes\""]
+    );
+    let both = problems(&annotated("    watermarkd.io/observe: \"true\"\n    watermarkd.io/take-over: \"true\"\n"));
+    assert_eq!(both.len(), 1, "{both:?}");
+    assert!(
+        both[0].starts_with("metadata.annotations[\"watermarkd.io/take-over\"] cannot be combined with observe"),
+        "{both:?}"
+    );
+}

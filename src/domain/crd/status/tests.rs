@@ -431,3 +431,28 @@ fn a_forecast_and_a_fallback_have_conditions_of_their_own_that_leave_the_last_co
     assert_eq!(status.condition(FORECAST).map(|c| c.reason.as_deref()), Some(Some("NotForecasting")));
     assert_eq!(status.condition(FALLBACK).and_then(|c| c.last_transition_time), Some(t(60)));
 }
+
+#[test]
+fn a_held_write_says_who_scales_the_target_in_able_to_scale_as_the_last_condition() {
+    let wpa = wpa("");
+    let rule = rule(&wpa);
+    let now = t(0);
+    let decision = decide(&rule, target(4), &[value(0.6, now)], &State::default(), now);
+    let mut status = next_status(None, &wpa.spec, &decision, &ScaleWrite::NotAttempted, now);
+    let note = crate::domain::claims::ClaimNote {
+        claimed_by: vec!["HorizontalPodAutoscaler/prod/web".into()],
+        withheld: true,
+        taking_over: false,
+        sentence: "HorizontalPodAutoscaler prod/web already scales this target".into(),
+    };
+    with_claims(&mut status, &note, now);
+    let able = status.condition(ABLE_TO_SCALE).expect("AbleToScale");
+    assert_eq!((able.status.as_str(), able.reason.as_deref()), ("False", Some(TARGET_CLAIMED)));
+    assert_eq!(able.message.as_deref(), Some(note.sentence.as_str()));
+    assert_eq!(status.last_condition_type.as_deref(), Some(ABLE_TO_SCALE));
+    // Taking over, or only observing beside it, holds nothing: the decision's own conditions stand.
+    let mut taken = next_status(None, &wpa.spec, &decision, &ScaleWrite::Succeeded, now);
+    let before = taken.clone();
+    with_claims(&mut taken, &crate::domain::claims::ClaimNote { withheld: false, taking_over: true, ..note }, now);
+    assert_eq!(taken, before);
+}

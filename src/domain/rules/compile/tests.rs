@@ -57,6 +57,8 @@ fn draft(metrics: Vec<Field<MetricDraft>>) -> AutoscalerDraft {
         target: value("spec.scaleTargetRef", target),
         interval: Field::absent(at("spec")),
         shadow: Field::absent(at("metadata.annotations")),
+        observe: Field::absent(at("metadata.annotations")),
+        take_over: Field::absent(at("metadata.annotations")),
         knobs,
         behavior: Field::absent(at("spec")),
         metrics: value("spec.metrics", metrics),

@@ -749,3 +749,44 @@ fn interned_texts_nobody_holds_are_let_go() {
     assert!(dropped.upgrade().is_none(), "an unused text stays in the set");
     assert!(Arc::ptr_eq(&held, &intern("namespace-held-by-this-test")));
 }
+
+#[test]
+fn observe_and_take_over_are_read_and_refused_together_or_with_shadow() {
+    let observing = BILLING.replacen("name = \"billing\"\n", "name = \"billing\"\nobserve = true\n", 1);
+    let rules = parse(&format!("{BACKENDS}{observing}"));
+    assert!(rules.autoscalers[0].observe && !rules.autoscalers[0].take_over);
+    assert!(rules.autoscalers[0].paused_at(NOW), "observing is a pause without an end");
+    let taking = BILLING.replacen("name = \"billing\"\n", "name = \"billing\"\ntake_over = true\n", 1);
+    let rules = parse(&format!("{BACKENDS}{taking}"));
+    assert!(rules.autoscalers[0].take_over && !rules.autoscalers[0].paused_at(NOW));
+
+    let both = BILLING.replacen("name = \"billing\"\n", "name = \"billing\"\nobserve = true\ntake_over = true\n", 1);
+    let text = format!("{BACKENDS}{both}");
+    let line = line_of(&text, "take_over = true");
+    assert_begins(
+        &problems(&text),
+        &format!("rules.toml:{line}: autoscaler \"billing\": take_over cannot be combined with observe"),
+    );
+    let shadow =
+        BILLING.replacen("name = \"billing\"\n", "name = \"billing-next\"\nshadow = true\nobserve = true\n", 1);
+    let text = format!("{BACKENDS}{BILLING}{shadow}");
+    let line = line_of(&text, "observe = true");
+    assert_begins(
+        &problems(&text),
+        &format!("rules.toml:{line}: autoscaler \"billing-next\": observe cannot be combined with shadow"),
+    );
+    let wrong = BILLING.replacen("name = \"billing\"\n", "name = \"billing\"\ntake_over = \"yes\"\n", 1);
+    let text = format!("{BACKENDS}{wrong}");
+    assert_begins(
+        &problems(&text),
+        &format!("rules.toml:{}: autoscaler \"billing\": take_over", line_of(&text, "take_over")),
+    );
+}
+
+fn assert_begins(problems: &[String], expected: &str) {
+    assert!(
+        problems.iter().any(|p| p.starts_with(expected)),
+        "missing:\n  {expected}\nin:\n  {}",
+        problems.join("\n  ")
+    );
+}
