@@ -2,10 +2,6 @@
 //! tests/fixtures/import (shaped as the upstream projects' documentation writes them), the
 //! rules it writes read back by `watermarkd check`, its errors, prometheus-adapter's queries
 //! against a real Prometheus, and the objects of a real kube-apiserver.
-//!
-//! The rules model does not have `observe` and `take_over` yet (they come with the guard,
-//! built beside this): `check` is run on the output with those lines removed, and on the
-//! output of `--active`, which has none.
 
 #![allow(
     clippy::unwrap_used,
@@ -52,15 +48,6 @@ fn imported(args: &[&str]) -> String {
     let out = import(args);
     assert!(out.status.success(), "import {args:?} exited {}:\n{}", out.status, text(&out.stderr));
     text(&out.stdout)
-}
-
-/// The rules without `observe` (see the module comment).
-fn without_cut_over_lines(rules: &str) -> String {
-    rules
-        .lines()
-        .filter(|l| !l.starts_with("observe = ") && !l.starts_with("take_over = "))
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 fn write_temp(dir: &tempfile::TempDir, name: &str, content: &str) -> PathBuf {
@@ -110,7 +97,7 @@ fn every_corpus_manifest_imports_into_rules_check_accepts() {
         let autoscalers = rules.matches("\n[[autoscaler]]\n").count();
         assert!(autoscalers > 0, "{args:?} wrote no autoscaler:\n{rules}");
         assert_eq!(rules.matches("\nobserve = true\n").count(), autoscalers, "each one observes:\n{rules}");
-        let summary = check_accepts(&without_cut_over_lines(&rules));
+        let summary = check_accepts(&rules);
         assert!(summary.contains(&format!("ok, {autoscalers} autoscaler")), "{summary}");
 
         let mut active = strs(args);
@@ -296,7 +283,7 @@ fn what_cannot_be_carried_over_exits_1_and_partial_writes_the_rest() {
     assert!(rules.contains("name = 'streams/indexer'"), "{rules}");
     assert!(!rules.contains("streams/consumer"), "{rules}");
     assert!(text(&out.stderr).contains("spec.triggers[0].type"), "still listed with --partial");
-    check_accepts(&without_cut_over_lines(&rules));
+    check_accepts(&rules);
 
     // A Utilization without the Deployment's manifest: its requests are unknown.
     let dir = tempfile::tempdir().unwrap();
@@ -356,7 +343,7 @@ fn standard_input_takes_json_and_list_objects() {
     assert!(rules.contains("From HorizontalPodAutoscaler team/api (-#1 items[0])"), "{rules}");
     assert!(rules.contains("metadata.namespace is not set: team assumed"), "{rules}");
     assert!(rules.contains("query = 'sum:nginx.requests{service:api}.as_rate()'"), "{rules}");
-    check_accepts(&without_cut_over_lines(&rules));
+    check_accepts(&rules);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -497,7 +484,7 @@ async fn imported_queries_read_what_prometheus_adapter_served_the_hpa() {
     ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let rules = text(&out.stdout);
-    let path = write_temp(&dir, "imported.toml", &without_cut_over_lines(&rules));
+    let path = write_temp(&dir, "imported.toml", &rules);
     assert_eq!(queried_values(&path), [hpa_pods_value, hpa_external_value], "{rules}");
 }
 
@@ -550,5 +537,5 @@ async fn a_live_hpa_is_imported_from_the_cluster() {
     ] {
         assert!(rules.contains(&line), "no {line:?} in:\n{rules}");
     }
-    check_accepts(&without_cut_over_lines(&rules));
+    check_accepts(&rules);
 }

@@ -508,8 +508,7 @@ fn assemble(
 
 /// Reads the rules one converted autoscaler makes, with its backends, as the daemon reads a
 /// rules file (`check`, a load): what import writes is what the daemon accepts, or it is said
-/// here. `observe` and `take_over` are left out of the reading: they are the cut-over's, not
-/// the rule's.
+/// here.
 fn check_alone(converted: &Converted) -> Result<(), Vec<String>> {
     let mut alone = RulesText::default();
     for backend in &converted.backends {
@@ -517,9 +516,7 @@ fn check_alone(converted: &Converted) -> Result<(), Vec<String>> {
             alone.backends.push(backend.clone());
         }
     }
-    let mut entry = converted.entry.clone();
-    entry.main.lines.retain(|line| line.key != "observe" && line.key != "take_over");
-    alone.entries.push(entry);
+    alone.entries.push(converted.entry.clone());
     match crate::domain::rules::parse_rules(&alone.render(), "import") {
         Ok(_) => Ok(()),
         Err(err) => Err(err
