@@ -373,7 +373,92 @@ async fn a_wpa_selector_leaves_the_other_wpas_to_their_controller_and_counts_the
         assert_eq!(wpa_status(cluster, &ns, theirs).await, Value::Null, "no status written to {theirs}");
     }
     let listed = daemon.get("/api/v1/autoscalers").await.expect("the list").1;
-    assert!(listed.contains("web-ours") && !listed.contains("theirs"), "only the selected WPA runs: {listed}");
+    let listed: Value = serde_json::from_str(&listed).expect("JSON");
+    let ids: Vec<&str> =
+        listed["autoscalers"].as_array().into_iter().flatten().filter_map(|a| a["id"].as_str()).collect();
+    assert_eq!(ids, [format!("crd/{ns}/web-ours")], "only the selected WPA runs: {listed}");
     event(cluster, &ns, "web-ours", "TargetClaimed").await;
+    assert!(daemon.terminate(Duration::from_secs(15)), "a clean exit; log:\n{}", daemon.log());
+}
+
+/// `observe = true` beside an HPA: the autoscaler never writes, and records beside each decision
+/// what the HPA ran (the target's replicas, the HPA's own status), with the running comparison, in
+/// the status API, the series and `watermarkd status`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observing_beside_an_hpa_records_what_it_ran() {
+    let cluster = KubeCluster::shared();
+    let ns = cluster.unique_namespace("e2e-observe").await;
+    cluster.create_deployment(&ns, "web", 3).await;
+    cluster.set_workload_status("Deployment", &ns, "web", 3, 3).await;
+    create_hpa(cluster, &ns, "web", "web").await;
+    // What the HPA controller would have written: it saw 3 and asks for 4.
+    let hpas: Api<DynamicObject> = Api::namespaced_with(cluster.client(), &ns, &hpa_resource());
+    let status = json!({ "status": { "currentReplicas": 3, "desiredReplicas": 4 } });
+    hpas.patch_status("web", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&status))
+        .await
+        .expect("the HPA's status");
+    // 30 against a high watermark of 10 at 3 replicas: above the band at the HPA's count.
+    let exporter = Exporter::start("load 30\n").await;
+    let prometheus = PrometheusServer::start(&exporter.target()).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("rules.toml");
+    write(&config, &rules(&prometheus.url(), &ns, "max_replicas = 20\nobserve = true\n"));
+    let kubeconfig = dir.path().join("kubeconfig");
+    cluster.write_kubeconfig(&kubeconfig, ADMIN_TOKEN);
+    let args = [
+        "--config",
+        config.to_str().expect("utf-8"),
+        "--kubeconfig",
+        kubeconfig.to_str().expect("utf-8"),
+        "--lease-namespace",
+        &ns,
+        "--no-leader-election",
+    ];
+    let mut daemon = DaemonProcess::start(&args, &[]);
+    daemon.wait_ready(STARTUP).await;
+
+    let controller = format!("HorizontalPodAutoscaler/{ns}/web");
+    // Once both sides have run a while on the load: watermarkd's larger count has added up.
+    let observed = detail(&daemon, "file/web", |d| {
+        let sides = &d["observed"]["comparison"];
+        d["last"]["proposal"].is_u64()
+            && sides["live"]["above_band_seconds"].as_f64() > Some(1.0)
+            && sides["watermarkd"]["replica_seconds"].as_f64() > sides["live"]["replica_seconds"].as_f64()
+    })
+    .await;
+    let live = &observed["observed"]["live"];
+    assert_eq!(live["controller"], json!(controller), "{observed}");
+    assert_eq!(
+        (live["replicas"].as_u64(), live["desired"].as_u64(), live["current"].as_u64()),
+        (Some(3), Some(4), Some(3))
+    );
+    let comparison = &observed["observed"]["comparison"];
+    let decided = observed["last"]["replicas"].as_u64().expect("replicas decided");
+    assert_eq!(decided, 4, "from the 3 that run, limited by scale_up_limit_factor 50%: {observed}");
+    assert_eq!(comparison["watermarkd"]["replicas"].as_u64(), Some(decided), "{observed}");
+    assert_eq!(comparison["live"]["replicas"], 3, "{observed}");
+    assert!(comparison["evaluations"].as_u64() >= Some(2), "{observed}");
+    assert_eq!(comparison["largest_gap"].as_u64(), Some(decided - 3), "{observed}");
+    assert_eq!(comparison["live"]["scale_events"], 0, "the HPA's count did not move: {observed}");
+    // Its would-be scale starts no forbidden window: it would set 4 from the 3 that run, every
+    // time, and its count changed once (3, before the data came, to 4).
+    assert_eq!(comparison["watermarkd"]["scale_events"], 1, "{observed}");
+    // Observing never writes, whatever it decides.
+    stays_at(cluster, &ns, "web", 3, 2).await;
+
+    let labels = [("wpa_name", "web"), ("controller", controller.as_str())];
+    assert_eq!(daemon.sample("watermarkd_observed_live_replicas", &labels).await, Some(3.0));
+    let live_side = [("wpa_name", "web"), ("side", "live")];
+    assert!(daemon.sample("watermarkd_observed_above_band_seconds_total", &live_side).await > Some(0.0));
+    assert!(daemon.sample("watermarkd_observed_largest_gap_replicas", &[("wpa_name", "web")]).await >= Some(1.0));
+
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_watermarkd"))
+        .args(["status", "--url", &format!("http://{}", daemon.listen), "web"])
+        .output()
+        .expect("watermarkd status");
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{text}\n{}", String::from_utf8_lossy(&output.stderr));
+    assert!(text.contains(&format!("beside {controller}: it runs 3, watermarkd would set")), "{text}");
+    assert!(text.contains("(its status: desiredReplicas 4, currentReplicas 3)"), "{text}");
     assert!(daemon.terminate(Duration::from_secs(15)), "a clean exit; log:\n{}", daemon.log());
 }

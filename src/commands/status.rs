@@ -380,6 +380,12 @@ fn write_detail(detail: &Detail, out: &mut impl Write) -> std::io::Result<()> {
     if let Some(until) = &identity.paused_until {
         writeln!(out, "  paused until {}", printable(until))?;
     }
+    if let Some(observed) = &detail.observed {
+        writeln!(out, "\nobserving, beside the live controller:")?;
+        for sentence in crate::domain::observed::describe(&observed.comparison, observed.live.as_ref()) {
+            writeln!(out, "  {}", printable(&sentence))?;
+        }
+    }
     let events = &detail.history.events;
     if events.is_empty() {
         return writeln!(out, "\nscale events in the history: none");

@@ -16,11 +16,14 @@ pub struct Live {
     /// HPA, KEDA's HPA, a ScaledObject, another controller's WPA); `None`: the target's own
     /// replicas, whoever sets them.
     pub controller: Option<Arc<str>>,
-    /// The replicas it runs: an HPA's `status.currentReplicas`, else the target's
-    /// `spec.replicas`.
+    /// The replicas it set: the target's `spec.replicas` as this evaluation read it.
     pub replicas: u32,
-    /// What it asked for last: an HPA's `status.desiredReplicas`.
+    /// An HPA's own say, when the controller is one: `status.desiredReplicas` (what it asked
+    /// for last) and `status.currentReplicas` (what it saw running).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub desired: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current: Option<u32>,
 }
 
 /// One side's totals over the observed time.
@@ -146,6 +149,65 @@ impl Comparison {
     }
 }
 
+/// Unix seconds as RFC 3339.
+fn instant(seconds: i64) -> String {
+    Timestamp::from_unix_seconds_f64(seconds as f64).map_or_else(|| seconds.to_string(), |t| t.to_string())
+}
+
+/// A duration as a person reads it: `45 s`, `12 min`, `3.5 h`.
+fn span(seconds: f64) -> String {
+    if seconds < 120.0 {
+        format!("{seconds:.0} s")
+    } else if seconds < 7200.0 {
+        format!("{:.0} min", seconds / 60.0)
+    } else {
+        format!("{:.1} h", seconds / 3600.0)
+    }
+}
+
+/// The comparison in plain sentences, for `watermarkd status` and the page: who runs the
+/// target and what, then each total side by side.
+pub fn describe(comparison: &Comparison, live: Option<&Live>) -> Vec<String> {
+    let (ours, theirs) = (&comparison.watermarkd, &comparison.live);
+    let mut out = Vec::new();
+    let who = live.and_then(|l| l.controller.as_deref()).unwrap_or("the target's own replica count");
+    let mut now = format!("beside {who}: it runs {}, watermarkd would set {}", theirs.replicas, ours.replicas);
+    if let Some(live) = live {
+        let said: Vec<String> = [("desiredReplicas", live.desired), ("currentReplicas", live.current)]
+            .into_iter()
+            .filter_map(|(field, value)| Some(format!("{field} {}", value?)))
+            .collect();
+        if !said.is_empty() {
+            now.push_str(&format!(" (its status: {})", said.join(", ")));
+        }
+    }
+    out.push(now);
+    out.push(format!(
+        "observed {} since {} over {} evaluations; they differed in {}",
+        span(comparison.seconds),
+        instant(comparison.since),
+        comparison.evaluations,
+        comparison.differed
+    ));
+    let hours = |side: &Side| side.replica_seconds / 3600.0;
+    out.push(format!("replica-hours: watermarkd {:.2}, live {:.2}", hours(ours), hours(theirs)));
+    out.push(format!(
+        "a metric above its band: watermarkd {}, live {}; every metric below it: watermarkd {}, live {}",
+        span(ours.above_band_seconds),
+        span(theirs.above_band_seconds),
+        span(ours.below_band_seconds),
+        span(theirs.below_band_seconds)
+    ));
+    out.push(format!(
+        "scale events: watermarkd {}, live {}; largest gap {} replicas, at {}",
+        ours.scale_events,
+        theirs.scale_events,
+        comparison.largest_gap,
+        instant(comparison.largest_gap_at)
+    ));
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -181,6 +243,30 @@ mod tests {
         assert_eq!(c.live.above_band_seconds, 15.0);
         assert_eq!(c.watermarkd.above_band_seconds, 0.0);
         assert_eq!((c.differed, c.largest_gap, c.largest_gap_at), (3, 2, 1015));
+    }
+
+    #[test]
+    fn the_sentences_name_the_controller_and_both_sides() {
+        let mut c = Comparison::default();
+        c.record(step(1_800_000_000, 4, 6, true), 30.0);
+        c.record(step(1_800_000_015, 5, 6, false), 30.0);
+        let live = Live {
+            controller: Some("HorizontalPodAutoscaler/shop/web".into()),
+            replicas: 6,
+            desired: Some(7),
+            current: Some(6),
+        };
+        let text = describe(&c, Some(&live)).join("\n");
+        assert!(text.contains("beside HorizontalPodAutoscaler/shop/web: it runs 6, watermarkd would set 5 (its status: desiredReplicas 7, currentReplicas 6)"), "{text}");
+        assert!(
+            text.contains("observed 15 s since 2027-01-15T08:00:00Z over 2 evaluations; they differed in 2"),
+            "{text}"
+        );
+        assert!(text.contains("replica-hours: watermarkd 0.02, live 0.03"), "{text}");
+        assert!(
+            text.contains("scale events: watermarkd 1, live 0; largest gap 2 replicas, at 2027-01-15T08:00:00Z"),
+            "{text}"
+        );
     }
 
     #[test]

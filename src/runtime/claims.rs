@@ -49,7 +49,6 @@ impl ClaimBoard {
 
     /// What each HPA on `target` last said it did (see `ClaimIndex::hpa_replicas`): the live
     /// controller's replicas, for recording beside an observing autoscaler's decisions.
-    #[cfg_attr(not(test), expect(dead_code, reason = "the observe comparison of issue #35 reads it; built separately"))]
     pub fn hpa_replicas(&self, target: &TargetRef) -> Vec<(String, HpaReplicas)> {
         self.index.read().unwrap_or_else(PoisonError::into_inner).hpa_replicas(target)
     }

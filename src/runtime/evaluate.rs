@@ -30,7 +30,8 @@ pub async fn evaluate(
     memory.persisted.follow(&desired.source);
     let epoch = shared.epoch.load(Ordering::Acquire);
     let claims = shared.claims.claims(target);
-    let mut evaluation = Evaluation::new(desired, observations, epoch, shared.dry_run, claims);
+    let live_hpa = desired.autoscaler.observe.then(|| shared.claims.hpa_replicas(target).into_iter().next()).flatten();
+    let mut evaluation = Evaluation::new(desired, observations, epoch, shared.dry_run, claims).beside(live_hpa);
     let mut answer = Answer::Start;
     loop {
         answer = match evaluation.resume(memory, answer) {

@@ -23,10 +23,11 @@ use crate::adapters::backend::{Observation, QueryError};
 use crate::adapters::state_store;
 use crate::adapters::state_store::{StateObjectError, Stored};
 use crate::adapters::workload::{ScaleReading, WorkloadError};
-use crate::domain::claims::{self, ClaimNote, Claims, Verdict};
+use crate::domain::claims::{self, ClaimNote, Claims, HpaReplicas, Verdict};
 use crate::domain::crd::{self, WatermarkPodAutoscaler, WatermarkPodAutoscalerStatus};
 use crate::domain::fallback;
 use crate::domain::forecast::{Ahead, Forecast, ForecastMode, ForecastRule, Forecaster};
+use crate::domain::observed::Live;
 use crate::domain::outcome::{Outcome, Outlook, ScaleWrite, ShadowOutcome};
 use crate::domain::rules::{self, TargetRef};
 use crate::domain::schedule;
@@ -152,6 +153,13 @@ struct Pending {
     held: Option<String>,
     /// What the guard said, when another controller claims the target (or may).
     claims: Option<Box<ClaimNote>>,
+    /// For an observing autoscaler, what the live controller ran.
+    live: Option<Box<Live>>,
+    /// Nothing is written and nothing counts as written: it observes, or the guard holds it
+    /// for another controller. Its would-be scale starts no forbidden window (the windows run
+    /// from the target's real scales, as a shadow rule's do), so the count it would set is
+    /// what it would set from what runs, and a cut-over is not held by a scale that never was.
+    unwritten: bool,
 }
 
 /// One evaluation: its inputs, and how far it has got.
@@ -167,6 +175,9 @@ pub struct Evaluation<'a> {
     /// What the guard lets it do, from what the claim index knew of the target when the
     /// evaluation began.
     verdict: Verdict,
+    /// For an observing autoscaler, the HPA that scales its target, by its `claimed_by` label,
+    /// with what it last said it did.
+    live_hpa: Option<(String, HpaReplicas)>,
     /// The leadership epoch of this evaluation.
     epoch: u64,
     attempt: usize,
@@ -204,9 +215,34 @@ impl<'a> Evaluation<'a> {
             shadow_observations,
             deferred,
             verdict,
+            live_hpa: None,
             epoch,
             attempt: 0,
             phase: Phase::Read,
+        }
+    }
+
+    /// What the HPA on the target last said it did, for an observing autoscaler to record
+    /// beside its decisions.
+    pub fn beside(mut self, hpa: Option<(String, HpaReplicas)>) -> Self {
+        self.live_hpa = hpa;
+        self
+    }
+
+    /// What the live controller ran beside this decision: the target's replicas as read, and
+    /// who set them (the HPA the evaluation was handed, else the first other controller the
+    /// guard found).
+    fn live(&self, spec_replicas: u32) -> Live {
+        let claimant = match &self.verdict {
+            Verdict::Observe(claimants) => claimants.first().map(|c| Arc::from(c.label())),
+            _ => None,
+        };
+        let hpa = self.live_hpa.as_ref();
+        Live {
+            controller: hpa.map(|(label, _)| Arc::from(label.as_str())).or(claimant),
+            replicas: spec_replicas,
+            desired: hpa.and_then(|(_, r)| r.desired),
+            current: hpa.and_then(|(_, r)| r.current),
         }
     }
 
@@ -373,6 +409,8 @@ impl<'a> Evaluation<'a> {
             }
         }
         let claims = claims.map(Box::new);
+        let live = autoscaler.observe.then(|| Box::new(self.live(observed.spec_replicas)));
+        let unwritten = autoscaler.observe || claims.as_ref().is_some_and(|c| c.withheld);
         let pending = Pending {
             reading,
             decision,
@@ -385,6 +423,8 @@ impl<'a> Evaluation<'a> {
             bounds,
             held,
             claims,
+            live,
+            unwritten,
         };
         if pending.decision.write {
             let need = Need::Scale(pending.decision.replicas, Box::new(pending.reading.clone()));
@@ -449,10 +489,24 @@ impl<'a> Evaluation<'a> {
         write: ScaleWrite,
         confirmed: Option<Timestamp>,
     ) -> Need {
-        let Pending { decision, observed, current, now, fallback, ahead, forecast_says, bounds, held, claims, .. } =
-            pending;
+        let Pending {
+            decision,
+            observed,
+            current,
+            now,
+            fallback,
+            ahead,
+            forecast_says,
+            bounds,
+            held,
+            claims,
+            live,
+            unwritten,
+            ..
+        } = pending;
         let mut next_state = match write {
             ScaleWrite::Failed(_) => decision.state_if_not_written.clone(),
+            _ if unwritten => decision.state_if_not_written.clone(),
             _ => decision.state.clone(),
         };
         if let Some(confirmed) = confirmed {
@@ -495,6 +549,7 @@ impl<'a> Evaluation<'a> {
             ahead,
             forecast_says,
             claims,
+            live,
             ..Outcome::worded(decision, rule, context, bounds)
         };
         Need::Done(Box::new(Done { outcome, next_state, ending }))

@@ -8,6 +8,7 @@
 //! searching, counting, sorting and formatting happen after the lock is released, on the
 //! listener's threads, never on the one that evaluates.
 
+use crate::domain::observed::{Comparison, Live};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use serde::{Deserialize, Serialize};
@@ -222,6 +223,19 @@ pub struct Detail {
     pub summary: Summary,
     pub last: Option<Last>,
     pub history: HistoryView,
+    /// For an observing autoscaler, what the live controller ran last and how the two compare
+    /// over the time observed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed: Option<ObservedView>,
+}
+
+/// An observing autoscaler beside the live controller.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ObservedView {
+    /// What the live controller ran at the last evaluation (none after a failed one that had
+    /// no decision before it).
+    pub live: Option<Live>,
+    pub comparison: Comparison,
 }
 
 /// The history as the API gives it.
@@ -443,7 +457,11 @@ impl Board {
                 }
             })
             .collect();
-        Some(Detail { summary, last, history: HistoryView { metrics, compared, samples, events } })
+        let observed = entry.counters.observed.as_deref().map(|comparison| ObservedView {
+            live: entry.last.as_ref().and_then(|l| l.live.as_deref().cloned()),
+            comparison: comparison.clone(),
+        });
+        Some(Detail { summary, last, history: HistoryView { metrics, compared, samples, events }, observed })
     }
 }
 

@@ -356,6 +356,13 @@ pub fn detail_fragment(detail: &Detail, now: i64) -> String {
             out.push_str("</section>");
         }
     }
+    if let Some(observed) = &detail.observed {
+        out.push_str("<section id=\"observed\"><h2>Beside the live controller</h2><ul>");
+        for sentence in crate::domain::observed::describe(&observed.comparison, observed.live.as_ref()) {
+            let _ = write!(out, "<li>{}</li>", escape(&sentence));
+        }
+        out.push_str("</ul></section>");
+    }
     out.push_str("<section><h2>Recent evaluations</h2>");
     match chart::figure(detail, now) {
         Some(figure) => out.push_str(&figure),

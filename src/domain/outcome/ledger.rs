@@ -14,9 +14,10 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use watermarkd_engine::{Action, Position, Timestamp};
+use watermarkd_engine::{Action, Algorithm, Position, Timestamp};
 
 use super::Outcome;
+use crate::domain::observed::{self, Comparison, Step};
 use crate::domain::restriction::Restriction;
 use crate::domain::sparse::Sparse;
 use crate::domain::status::history::{Bands, History, Marks, Sample, BLOCK};
@@ -153,6 +154,9 @@ pub struct Counters {
     /// Per [`CONDITION_TYPES`] entry: its status as last set (`None`: never set).
     pub conditions: [Option<bool>; CONDITION_TYPES.len()],
     pub shadows: Sparse<ShadowCount>,
+    /// For an observing autoscaler, its running comparison with the live controller. Boxed:
+    /// most autoscalers do not observe.
+    pub observed: Option<Box<Comparison>>,
 }
 
 impl Counters {
@@ -166,7 +170,7 @@ impl Counters {
         }
     }
 
-    fn count(&mut self, outcome: &Outcome) {
+    fn count(&mut self, outcome: &Outcome, interval_seconds: u64) {
         let decision = &outcome.decision;
         let (from, to) = (u64::from(decision.spec_replicas), u64::from(decision.replicas));
         if outcome.scaled {
@@ -177,6 +181,7 @@ impl Counters {
             }
         }
         self.set_conditions(&outcome.conditions);
+        self.compare(outcome, interval_seconds);
         // Without shadow rules (none now, or none any more) there are no shadow counts.
         if let Some(shadows) = &outcome.shadows {
             let before = self.shadows.take();
@@ -199,6 +204,29 @@ impl Counters {
         } else {
             self.shadows = Sparse::default();
         }
+    }
+}
+
+impl Counters {
+    /// Adds an observing autoscaler's evaluation to its comparison with the live controller;
+    /// one that does not observe (any more) has none.
+    fn compare(&mut self, outcome: &Outcome, interval_seconds: u64) {
+        let Some(live) = outcome.live.as_deref() else {
+            self.observed = None;
+            return;
+        };
+        let decision = &outcome.decision;
+        let algorithm = if outcome.per_replica { Algorithm::Average } else { Algorithm::Absolute };
+        let step = Step {
+            at: decision.now,
+            watermarkd: decision.replicas,
+            watermarkd_standing: observed::standing(decision, algorithm, outcome.tolerances, decision.replicas),
+            live: live.replicas,
+            live_standing: observed::standing(decision, algorithm, outcome.tolerances, live.replicas),
+        };
+        // Twice the interval: a late evaluation still counts, a daemon that was down does not.
+        let max_gap = 2.0 * interval_seconds.max(1) as f64;
+        self.observed.get_or_insert_with(Box::default).record(step, max_gap);
     }
 }
 
@@ -344,7 +372,8 @@ impl Ledger {
         let spec = decision.spec_replicas;
         let mut slots = self.lock();
         let Some(slot) = Self::current(&mut slots, id, labels) else { return };
-        slot.entry.counters.count(&outcome);
+        let interval = slot.entry.identity.interval_seconds;
+        slot.entry.counters.count(&outcome, interval);
         let outcome = Arc::new(outcome.reported());
         if slot.history.keeps() {
             // Against the replicas decided before, or, at the first evaluation, the ones found.

@@ -16,6 +16,7 @@ use watermarkd_engine::{Action, Algorithm, Decision, Limit, MetricOutcome, Rule,
 
 use crate::domain::claims::ClaimNote;
 use crate::domain::fallback;
+use crate::domain::observed::Live;
 use crate::domain::status::explain::{self, Context};
 
 pub use ledger::{
@@ -86,6 +87,9 @@ pub struct Outcome {
     /// was withheld for them or taken over; `None` while no one else claims it. Boxed: most
     /// autoscalers never have one.
     pub claims: Option<Box<ClaimNote>>,
+    /// For an observing autoscaler (`observe = true`), what the live controller ran beside
+    /// this decision. Boxed: most autoscalers do not observe.
+    pub live: Option<Box<Live>>,
     /// The bounds of the rule the decision was made with (a schedule's or a forecast's
     /// applied).
     pub min_replicas: u32,
@@ -143,6 +147,7 @@ impl Outcome {
             ahead: None,
             forecast_says: None,
             claims: None,
+            live: None,
             min_replicas: bounds.0,
             max_replicas: bounds.1,
             per_replica: rule.algorithm() == Algorithm::Average,

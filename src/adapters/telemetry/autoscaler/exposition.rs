@@ -6,7 +6,8 @@ use std::fmt::Write;
 use watermarkd_engine::{Limit, MetricOutcome, Position};
 
 use super::{escape, Render, CONDITIONS};
-use crate::domain::outcome::{Entry, Outcome, Outlook};
+use crate::domain::observed::Side;
+use crate::domain::outcome::{Counters, Entry, Outcome, Outlook};
 
 /// The series of one scrape, written out a family and a slice of autoscalers at a time.
 pub struct Snapshot {
@@ -17,6 +18,8 @@ pub struct Snapshot {
     ahead: bool,
     /// Whether any autoscaler's target is claimed by another controller.
     claimed: bool,
+    /// Whether any autoscaler observes (see [`observed_family`]).
+    observed: bool,
 }
 
 /// An entry with its label sets rendered for this scrape.
@@ -72,12 +75,18 @@ enum Family {
     FallbackActive,
     Paused,
     TargetClaimed,
+    ObservedLive,
+    ObservedReplicaSeconds,
+    ObservedAboveBand,
+    ObservedBelowBand,
+    ObservedScaleEvents,
+    ObservedLargestGap,
 }
 
 /// The families, in output order: what, name, type, help. The Datadog controller still
 /// exports the watermarks under their first, misspelled names (`..._watermak`) beside the
 /// correct ones; dashboards built on either keep working, so both are here.
-const FAMILIES: [(Family, &str, &str, &str); 26] = [
+const FAMILIES: [(Family, &str, &str, &str); 32] = [
     (Family::Value, "wpa_controller_value", "gauge", "The metric's value, as compared with the watermarks"),
     (
         Family::Age,
@@ -184,7 +193,56 @@ const FAMILIES: [(Family, &str, &str, &str); 26] = [
         "gauge",
         "Per other controller that scales the autoscaler's target (claimed_by): 1 while watermarkd writes nothing for it, 0 while it takes over or observes",
     ),
+    (
+        Family::ObservedLive,
+        "watermarkd_observed_live_replicas",
+        "gauge",
+        "Beside an observing autoscaler: the replicas the live controller (controller) set on the target",
+    ),
+    (
+        Family::ObservedReplicaSeconds,
+        "watermarkd_observed_replica_seconds_total",
+        "counter",
+        "Beside an observing autoscaler: replicas times seconds, for what watermarkd decided and what the live controller ran (side)",
+    ),
+    (
+        Family::ObservedAboveBand,
+        "watermarkd_observed_above_band_seconds_total",
+        "counter",
+        "Beside an observing autoscaler: seconds a metric was above its band at each side's replicas (side)",
+    ),
+    (
+        Family::ObservedBelowBand,
+        "watermarkd_observed_below_band_seconds_total",
+        "counter",
+        "Beside an observing autoscaler: seconds every metric was below its band at each side's replicas (side)",
+    ),
+    (
+        Family::ObservedScaleEvents,
+        "watermarkd_observed_scale_events_total",
+        "counter",
+        "Beside an observing autoscaler: changes of each side's replica count (side)",
+    ),
+    (
+        Family::ObservedLargestGap,
+        "watermarkd_observed_largest_gap_replicas",
+        "gauge",
+        "Beside an observing autoscaler: the largest difference between what watermarkd decided and what the live controller ran",
+    ),
 ];
+
+/// Families only an observing autoscaler has: left out without one, headers included.
+fn observed_family(family: Family) -> bool {
+    matches!(
+        family,
+        Family::ObservedLive
+            | Family::ObservedReplicaSeconds
+            | Family::ObservedAboveBand
+            | Family::ObservedBelowBand
+            | Family::ObservedScaleEvents
+            | Family::ObservedLargestGap
+    )
+}
 
 /// Families only a shadow rule has: without one they are left out, headers included.
 fn shadow_family(family: Family) -> bool {
@@ -218,7 +276,8 @@ impl Snapshot {
         let shadows = records.iter().any(|r| !r.entry.counters.shadows.is_empty());
         let ahead = records.iter().any(|r| r.entry.last.as_ref().is_some_and(|l| l.ahead.is_some()));
         let claimed = records.iter().any(|r| r.entry.last.as_ref().is_some_and(|l| l.claims.is_some()));
-        Snapshot { records, shadows, ahead, claimed }
+        let observed = records.iter().any(|r| r.entry.counters.observed.is_some());
+        Snapshot { records, shadows, ahead, claimed, observed }
     }
 
     /// How many chunks [`Snapshot::render`] writes, each at most `per_chunk` autoscalers of one
@@ -239,7 +298,8 @@ impl Snapshot {
         let Some(&(family, name, kind, help)) = FAMILIES.get(family) else { return String::new() };
         let absent = (shadow_family(family) && !self.shadows)
             || (ahead_family(family) && !self.ahead)
-            || (family == Family::TargetClaimed && !self.claimed);
+            || (family == Family::TargetClaimed && !self.claimed)
+            || (observed_family(family) && !self.observed);
         if absent {
             return String::new();
         }
@@ -394,6 +454,30 @@ fn write_samples(out: &mut String, family: Family, name: &str, rendered: &Render
                     line(out, name, labels, Some(("claimed_by", &escape(by))), u8::from(claims.withheld));
                 }
             }
+        }
+        Family::ObservedLive => {
+            if let Some(live) = rendered.entry.last.as_ref().and_then(|l| l.live.as_deref()) {
+                let controller = live.controller.as_deref().map(escape).unwrap_or_default();
+                line(out, name, labels, Some(("controller", &controller)), live.replicas);
+            }
+        }
+        Family::ObservedReplicaSeconds => sides(out, name, labels, counters, |s| number(s.replica_seconds)),
+        Family::ObservedAboveBand => sides(out, name, labels, counters, |s| number(s.above_band_seconds)),
+        Family::ObservedBelowBand => sides(out, name, labels, counters, |s| number(s.below_band_seconds)),
+        Family::ObservedScaleEvents => sides(out, name, labels, counters, |s| s.scale_events.to_string()),
+        Family::ObservedLargestGap => {
+            if let Some(compared) = &counters.observed {
+                line(out, name, labels, None, compared.largest_gap);
+            }
+        }
+    }
+}
+
+/// One sample per side of an observing autoscaler's comparison (`side`: `watermarkd`, `live`).
+fn sides(out: &mut String, name: &str, labels: &str, counters: &Counters, value: impl Fn(&Side) -> String) {
+    if let Some(compared) = &counters.observed {
+        for (side, totals) in [("watermarkd", &compared.watermarkd), ("live", &compared.live)] {
+            line(out, name, labels, Some(("side", side)), value(totals));
         }
     }
 }
