@@ -460,5 +460,9 @@ async fn observing_beside_an_hpa_records_what_it_ran() {
     assert!(output.status.success(), "{text}\n{}", String::from_utf8_lossy(&output.stderr));
     assert!(text.contains(&format!("beside {controller}: it runs 3, watermarkd would set")), "{text}");
     assert!(text.contains("(its status: desiredReplicas 4, currentReplicas 3)"), "{text}");
+    let (code, page) = daemon.get("/ui/autoscaler/file%2Fweb").await.expect("the page");
+    assert_eq!(code, 200, "{page}");
+    assert!(page.contains("<h2>Beside the live controller</h2>"), "{page}");
+    assert!(page.contains(&format!("beside {controller}: it runs 3, watermarkd would set 4")), "{page}");
     assert!(daemon.terminate(Duration::from_secs(15)), "a clean exit; log:\n{}", daemon.log());
 }

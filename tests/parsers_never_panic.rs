@@ -39,6 +39,7 @@ use watermarkd::commands::decide;
 use watermarkd::domain::crd::{
     map_wpa, MapError, MappingOptions, NoDatadogMetrics, WatermarkPodAutoscaler, QUERIES_ANNOTATION,
 };
+use watermarkd::domain::import::{import, read_documents, AdapterConfig, ImportOptions, Severity};
 use watermarkd::domain::rules::{parse_rules, Backend, Reducer};
 use watermarkd::domain::state;
 use watermarkd::testing::datadog::{
@@ -289,6 +290,51 @@ proptest! {
                 }
             }
             Err(err) => prop_assert!(!err.problems.is_empty()),
+        }
+    }
+}
+
+// `watermarkd import`: other autoscalers' manifests, and prometheus-adapter's configuration.
+
+fn import_seeds(except: &str) -> Vec<Vec<u8>> {
+    files("tests/fixtures/import", ".yaml")
+        .into_iter()
+        .filter(|(path, _)| !path.ends_with(except))
+        .map(|(_, text)| text.into_bytes())
+        .collect()
+}
+
+fn adapter_config() -> Option<AdapterConfig> {
+    let (path, text) = files("tests/fixtures/import", "prometheus-adapter.yaml").remove(0);
+    AdapterConfig::parse(&path, &text).ok()
+}
+
+proptest! {
+    #[test]
+    fn manifests_import_or_say_why(doc in input(import_seeds("prometheus-adapter.yaml"))) {
+        let documents = match read_documents("fuzz.yaml", &lossy(&doc)) {
+            Ok(documents) => documents,
+            Err(finding) => {
+                prop_assert!(finding.severity == Severity::Invalid && !finding.message.is_empty(), "{finding:?}");
+                return Ok(());
+            }
+        };
+        let options = ImportOptions { adapter: adapter_config(), ..ImportOptions::default() };
+        let imported = import(&documents, &options);
+        for finding in &imported.findings {
+            prop_assert!(!finding.message.is_empty(), "{finding:?}");
+        }
+        // What is written is a rules file the daemon reads.
+        if imported.autoscalers > 0 && !imported.has(Severity::Invalid) {
+            let read = parse_rules(&imported.text, "imported.toml");
+            prop_assert!(read.is_ok(), "{}\n{:?}", imported.text, read.err());
+        }
+    }
+
+    #[test]
+    fn adapter_configs_parse_or_say_why(doc in input(import_seeds("shop-web.yaml"))) {
+        if let Err(findings) = AdapterConfig::parse("fuzz.yaml", &lossy(&doc)) {
+            prop_assert!(!findings.is_empty());
         }
     }
 }
