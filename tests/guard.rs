@@ -283,6 +283,16 @@ async fn apply_wpa(cluster: &KubeCluster, namespace: &str, name: &str, target: &
     api.create(&PostParams::default(), &object).await.expect("create WPA");
 }
 
+/// The WPA CRD, once for the tests of this file.
+async fn install_crd(cluster: &KubeCluster) {
+    static INSTALLED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    INSTALLED
+        .get_or_init(|| async {
+            cluster.create_crd(&custom_resource_definition()).await;
+        })
+        .await;
+}
+
 async fn wpa_status(cluster: &KubeCluster, namespace: &str, name: &str) -> Value {
     let api: Api<DynamicObject> = Api::namespaced_with(cluster.client(), namespace, &wpa_resource());
     api.get(name).await.expect("get WPA").data["status"].clone()
@@ -294,12 +304,7 @@ async fn wpa_status(cluster: &KubeCluster, namespace: &str, name: &str) -> Value
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wpa_selector_leaves_the_other_wpas_to_their_controller_and_counts_them_as_claimants() {
     let cluster = KubeCluster::shared();
-    static INSTALLED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
-    INSTALLED
-        .get_or_init(|| async {
-            cluster.create_crd(&custom_resource_definition()).await;
-        })
-        .await;
+    install_crd(cluster).await;
     let ns = cluster.unique_namespace("e2e-selector").await;
     for name in ["web", "api"] {
         cluster.create_deployment(&ns, name, 1).await;
@@ -464,5 +469,40 @@ async fn observing_beside_an_hpa_records_what_it_ran() {
     assert_eq!(code, 200, "{page}");
     assert!(page.contains("<h2>Beside the live controller</h2>"), "{page}");
     assert!(page.contains(&format!("beside {controller}: it runs 3, watermarkd would set 4")), "{page}");
+    assert!(daemon.terminate(Duration::from_secs(15)), "a clean exit; log:\n{}", daemon.log());
+}
+
+/// A daemon that runs only a rules file (no CRD mode) still sees the WPAs of the cluster as
+/// another controller's: a WPA on its target holds its writes, named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_crd_mode_a_wpa_on_the_target_holds_the_writes() {
+    let cluster = KubeCluster::shared();
+    install_crd(cluster).await;
+    let ns = cluster.unique_namespace("e2e-filewpa").await;
+    cluster.create_deployment(&ns, "web", 2).await;
+    cluster.set_workload_status("Deployment", &ns, "web", 2, 2).await;
+    apply_wpa(cluster, &ns, "theirs", "web", json!({})).await;
+    let exporter = Exporter::start("load 30\n").await;
+    let prometheus = PrometheusServer::start(&exporter.target()).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("rules.toml");
+    write(&config, &rules(&prometheus.url(), &ns, "max_replicas = 10\n"));
+    let kubeconfig = dir.path().join("kubeconfig");
+    cluster.write_kubeconfig(&kubeconfig, ADMIN_TOKEN);
+    let args = [
+        "--config",
+        config.to_str().expect("utf-8"),
+        "--kubeconfig",
+        kubeconfig.to_str().expect("utf-8"),
+        "--lease-namespace",
+        &ns,
+        "--no-leader-election",
+    ];
+    let mut daemon = DaemonProcess::start(&args, &[]);
+    daemon.wait_ready(STARTUP).await;
+
+    let held = detail(&daemon, "file/web", |d| d["last"]["proposal"].is_u64()).await;
+    assert_eq!(held["last"]["claimed_by"], json!([format!("WatermarkPodAutoscaler/{ns}/theirs")]), "{held}");
+    stays_at(cluster, &ns, "web", 2, 2).await;
     assert!(daemon.terminate(Duration::from_secs(15)), "a clean exit; log:\n{}", daemon.log());
 }

@@ -403,10 +403,12 @@ fn the_permission_table_is_consistent() {
     // Confined to the daemon's namespace: the Lease and the state ConfigMaps.
     let namespaced: Vec<_> = PERMISSIONS.iter().filter(|p| p.namespaced_to_daemon).flat_map(|p| p.resources).collect();
     assert_eq!(namespaced, [&"leases", &"configmaps"]);
-    // CRD mode alone reads and writes the datadoghq.com kinds, and needs nothing else of its
-    // own: the chart drops exactly these entries with crd.enabled false.
+    // CRD mode alone writes the datadoghq.com kinds and reads the DatadogMetrics, and needs
+    // nothing else of its own: the chart drops exactly these entries with crd.enabled false.
+    // The WPAs themselves are read in every mode (the guard's claimants).
     for p in PERMISSIONS {
-        assert_eq!(p.crd_mode_only, p.api_group == "datadoghq.com", "{p:?}: crd_mode_only");
+        let guard_reads = p.resources == ["watermarkpodautoscalers"] && p.verbs == ["list", "watch"];
+        assert_eq!(p.crd_mode_only, p.api_group == "datadoghq.com" && !guard_reads, "{p:?}: crd_mode_only");
         assert!(!(p.crd_mode_only && p.namespaced_to_daemon), "{p:?}: CRD mode is cluster-wide");
     }
 }

@@ -48,11 +48,12 @@ pub const PERMISSIONS: &[Permission] = &[
     STATE_CONFIGMAPS,
 ];
 
-/// CRD mode: the watcher of WatermarkPodAutoscaler objects (the initial list, then watch)
-/// that [`crate::domain::crd::map_wpa`] maps onto autoscalers (`runtime` sources).
+/// The watcher of WatermarkPodAutoscaler objects (the initial list, then watch): in CRD mode
+/// those [`crate::domain::crd::map_wpa`] maps onto autoscalers (`runtime` sources); in every
+/// mode, for the guard (`runtime/claims.rs`), those another controller scales with.
 pub const WPA_READ: Permission = Permission {
     namespaced_to_daemon: false,
-    crd_mode_only: true,
+    crd_mode_only: false,
     api_group: "datadoghq.com",
     resources: &["watermarkpodautoscalers"],
     verbs: &["list", "watch"],

@@ -2,8 +2,10 @@
 //! a target: HorizontalPodAutoscalers (autoscaling/v2, or the newest version the cluster serves of
 //! v2beta2 and v1: every HPA is seen through each, with the same `scaleTargetRef` and replica
 //! counts), KEDA ScaledObjects (keda.sh/v1alpha1, while the cluster serves them: a cluster without
-//! KEDA is normal, and asked again every [`RECHECK`]) and, with a `wpa_selector`, the WatermarkPodAutoscalers it leaves
-//! to another controller. One watch per kind and scope (a listed namespace, or all of them).
+//! KEDA is normal, and asked again every [`RECHECK`]) and the WatermarkPodAutoscalers that are
+//! another controller's: with a `wpa_selector`, those it leaves out; without CRD mode, all of them
+//! (watched while the cluster serves them, as ScaledObjects are: a daemon that runs only a rules
+//! file must not write beside the Datadog controller either). One watch per kind and scope (a listed namespace, or all of them).
 //!
 //! Each object is turned into a [`Claimant`] as it arrives (the conversions are plain functions,
 //! tested below) and the index is behind a lock that each evaluation reads once, through
@@ -58,11 +60,32 @@ impl ClaimBoard {
     }
 }
 
-/// The kinds the daemon watches: HPAs and ScaledObjects always, WPAs when a selector leaves
-/// some to another controller.
-pub fn kinds(wpa_selector: Option<&LabelSelector>) -> Vec<ClaimantKind> {
+/// Which WatermarkPodAutoscalers are watermarkd's own; the rest are another controller's.
+#[derive(Clone, Debug)]
+pub enum OwnWpas {
+    /// All of them (CRD mode without a selector): no WPA claims a target.
+    All,
+    /// Those the selector matches (CRD mode with `wpa_selector`).
+    Selected(LabelSelector),
+    /// None (no CRD mode): every WPA is another controller's.
+    None,
+}
+
+impl OwnWpas {
+    /// As the settings say: CRD mode, and its selector.
+    pub fn of(crd: bool, wpa_selector: Option<&LabelSelector>) -> OwnWpas {
+        match (crd, wpa_selector) {
+            (false, _) => OwnWpas::None,
+            (true, None) => OwnWpas::All,
+            (true, Some(selector)) => OwnWpas::Selected(selector.clone()),
+        }
+    }
+}
+
+/// The kinds the daemon watches: HPAs and ScaledObjects always, WPAs unless all are its own.
+pub fn kinds(own: &OwnWpas) -> Vec<ClaimantKind> {
     let mut kinds = vec![ClaimantKind::HorizontalPodAutoscaler, ClaimantKind::ScaledObject];
-    if wpa_selector.is_some() {
+    if !matches!(own, OwnWpas::All) {
         kinds.push(ClaimantKind::WatermarkPodAutoscaler);
     }
     kinds
@@ -71,8 +94,8 @@ pub fn kinds(wpa_selector: Option<&LabelSelector>) -> Vec<ClaimantKind> {
 pub struct ClaimWatch {
     pub client: Client,
     pub scopes: Vec<Scope>,
-    /// The WPAs watermarkd owns; the others are claimants. `None`: it owns them all.
-    pub wpa_selector: Option<LabelSelector>,
+    /// The WPAs watermarkd owns; the others are claimants.
+    pub own_wpas: OwnWpas,
     pub board: Arc<ClaimBoard>,
     pub stopping: CancellationToken,
 }
@@ -104,10 +127,17 @@ pub async fn run(watch: ClaimWatch) {
     for scope in &watch.scopes {
         tasks.spawn(follow_served(watch.client.clone(), Kind::Hpa, scope.clone(), sender.clone()));
         tasks.spawn(follow_served(watch.client.clone(), Kind::ScaledObject, scope.clone(), sender.clone()));
-        if let Some(selector) = &watch.wpa_selector {
-            let wpas: Api<WatermarkPodAutoscaler> = api_in(&watch.client, scope);
-            let kind = Kind::Wpa(selector.clone());
-            tasks.spawn(follow(wpas, watcher::Config::default(), kind, scope.clone(), sender.clone(), false));
+        match &watch.own_wpas {
+            OwnWpas::All => {}
+            OwnWpas::Selected(selector) => {
+                // CRD mode: the resource is served (the daemon needs it), so a 404 is a failure.
+                let wpas: Api<WatermarkPodAutoscaler> = api_in(&watch.client, scope);
+                let kind = Kind::Wpa(Some(selector.clone()));
+                tasks.spawn(follow(wpas, watcher::Config::default(), kind, scope.clone(), sender.clone(), false));
+            }
+            OwnWpas::None => {
+                tasks.spawn(follow_served(watch.client.clone(), Kind::Wpa(None), scope.clone(), sender.clone()));
+            }
         }
     }
     drop(sender);
@@ -151,8 +181,8 @@ where
 enum Kind {
     Hpa,
     ScaledObject,
-    /// WPAs, of which those the selector matches are watermarkd's own.
-    Wpa(LabelSelector),
+    /// WPAs, of which those the selector matches are watermarkd's own; `None`: none are.
+    Wpa(Option<LabelSelector>),
 }
 
 /// How the objects of one watch are turned into claimants.
@@ -165,7 +195,11 @@ impl Claiming for DynamicObject {
         match kind {
             Kind::Hpa => hpa_claimant(self),
             Kind::ScaledObject => scaled_object_claimant(self),
-            Kind::Wpa(_) => None,
+            // Watched as served (no CRD mode): every one is another controller's.
+            Kind::Wpa(_) => serde_json::to_value(self)
+                .ok()
+                .and_then(|value| serde_json::from_value::<WatermarkPodAutoscaler>(value).ok())
+                .and_then(|wpa| foreign_wpa_claimant(&wpa, None)),
         }
     }
 }
@@ -173,7 +207,7 @@ impl Claiming for DynamicObject {
 impl Claiming for WatermarkPodAutoscaler {
     fn claimant(&self, kind: &Kind) -> Option<Claimant> {
         match kind {
-            Kind::Wpa(selector) => foreign_wpa_claimant(self, selector),
+            Kind::Wpa(selector) => foreign_wpa_claimant(self, selector.as_ref()),
             Kind::Hpa | Kind::ScaledObject => None,
         }
     }
@@ -387,8 +421,8 @@ fn scaled_object_claimant(object: &DynamicObject) -> Option<Claimant> {
 }
 
 /// A WPA the selector does not match is another controller's, and claims its target.
-fn foreign_wpa_claimant(wpa: &WatermarkPodAutoscaler, selector: &LabelSelector) -> Option<Claimant> {
-    if selector.matches(wpa.metadata.labels.as_ref()) {
+fn foreign_wpa_claimant(wpa: &WatermarkPodAutoscaler, own: Option<&LabelSelector>) -> Option<Claimant> {
+    if own.is_some_and(|selector| selector.matches(wpa.metadata.labels.as_ref())) {
         return None;
     }
     let namespace = wpa.metadata.namespace.clone()?;
@@ -415,7 +449,7 @@ mod tests {
 
     #[test]
     fn the_board_reads_what_the_watches_applied() {
-        let board = ClaimBoard::new(ClaimIndex::new(&kinds(None), &[None]));
+        let board = ClaimBoard::new(ClaimIndex::new(&kinds(&OwnWpas::All), &[None]));
         let web = TargetRef {
             api_version: "apps/v1".into(),
             kind: "Deployment".into(),
@@ -529,11 +563,31 @@ mod tests {
         };
         let selector = LabelSelector::parse("watermarkd.io/controller=watermarkd").expect("selector");
         assert_eq!(
-            foreign_wpa_claimant(&wpa(serde_json::json!({ "watermarkd.io/controller": "watermarkd" })), &selector),
+            foreign_wpa_claimant(
+                &wpa(serde_json::json!({ "watermarkd.io/controller": "watermarkd" })),
+                Some(&selector)
+            ),
             None
         );
-        let theirs = foreign_wpa_claimant(&wpa(serde_json::json!({})), &selector).expect("another controller's");
+        let theirs = foreign_wpa_claimant(&wpa(serde_json::json!({})), Some(&selector)).expect("another controller's");
         assert_eq!(theirs.label(), "WatermarkPodAutoscaler/shop/web");
         assert_eq!(theirs.target, target("Deployment", "web"));
+    }
+
+    #[test]
+    fn without_crd_mode_every_wpa_is_another_controllers() {
+        let labelled: DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "datadoghq.com/v1alpha1", "kind": "WatermarkPodAutoscaler",
+            "metadata": { "name": "web", "namespace": "shop", "labels": { "watermarkd.io/controller": "watermarkd" } },
+            "spec": { "scaleTargetRef": { "apiVersion": "apps/v1", "kind": "Deployment", "name": "web" }, "maxReplicas": 5 }
+        }))
+        .expect("a WPA");
+        let theirs = labelled.claimant(&Kind::Wpa(None)).expect("another controller's");
+        assert_eq!(
+            (theirs.label(), theirs.target),
+            ("WatermarkPodAutoscaler/shop/web".into(), target("Deployment", "web"))
+        );
+        assert_eq!(kinds(&OwnWpas::of(false, None)).len(), 3, "WPAs are watched");
+        assert_eq!(kinds(&OwnWpas::of(true, None)).len(), 2, "all are its own");
     }
 }

@@ -284,8 +284,8 @@ fn share(
     stopping: CancellationToken,
 ) -> Arc<Shared> {
     let events = EventPublisher::new(client.clone(), &settings.lease.identity, Duration::from_secs(300));
-    let selector = settings.wpa_selector.as_ref().filter(|_| settings.crd);
-    let claims = ClaimIndex::new(&claims::kinds(selector), &claim_scopes(settings));
+    let own = claims::OwnWpas::of(settings.crd, settings.wpa_selector.as_ref());
+    let claims = ClaimIndex::new(&claims::kinds(&own), &claim_scopes(settings));
     Arc::new(Shared {
         targets: Workloads::new(client.clone()),
         claims: Arc::new(ClaimBoard::new(claims)),
@@ -372,7 +372,7 @@ impl Sources {
         tasks.spawn(claims::run(claims::ClaimWatch {
             client: shared.client.clone(),
             scopes: claim_scopes(settings),
-            wpa_selector: settings.wpa_selector.clone().filter(|_| settings.crd),
+            own_wpas: claims::OwnWpas::of(settings.crd, settings.wpa_selector.as_ref()),
             board: Arc::clone(&shared.claims),
             stopping: shared.stopping.clone(),
         }));
