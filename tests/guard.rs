@@ -101,6 +101,25 @@ fn rules(prometheus: &str, namespace: &str, extra: &str) -> String {
     )
 }
 
+/// The daemon on `dir`'s `rules.toml`, in `ns`, as the only one (no leader election), once ready.
+async fn start_daemon(cluster: &KubeCluster, dir: &std::path::Path, ns: &str) -> DaemonProcess {
+    let kubeconfig = dir.join("kubeconfig");
+    cluster.write_kubeconfig(&kubeconfig, ADMIN_TOKEN);
+    let config = dir.join("rules.toml");
+    let args = [
+        "--config",
+        config.to_str().expect("utf-8"),
+        "--kubeconfig",
+        kubeconfig.to_str().expect("utf-8"),
+        "--lease-namespace",
+        ns,
+        "--no-leader-election",
+    ];
+    let mut daemon = DaemonProcess::start(&args, &[]);
+    daemon.wait_ready(STARTUP).await;
+    daemon
+}
+
 /// The status API's detail of `id`, once its last decision satisfies `ready`.
 async fn detail(daemon: &DaemonProcess, id: &str, ready: impl Fn(&Value) -> bool) -> Value {
     eventually!(Duration::from_secs(15), &format!("the status of {id}"), {
@@ -140,19 +159,7 @@ async fn an_hpa_on_the_target_holds_the_writes_until_it_is_deleted() {
             "max_replicas = 10\nupscale_forbidden_window = \"1s\"\ndownscale_forbidden_window = \"1s\"\n",
         ),
     );
-    let kubeconfig = dir.path().join("kubeconfig");
-    cluster.write_kubeconfig(&kubeconfig, ADMIN_TOKEN);
-    let args = [
-        "--config",
-        config.to_str().expect("utf-8"),
-        "--kubeconfig",
-        kubeconfig.to_str().expect("utf-8"),
-        "--lease-namespace",
-        &ns,
-        "--no-leader-election",
-    ];
-    let mut daemon = DaemonProcess::start(&args, &[]);
-    daemon.wait_ready(STARTUP).await;
+    let mut daemon = start_daemon(cluster, dir.path(), &ns).await;
 
     let claimed_by = format!("HorizontalPodAutoscaler/{ns}/web");
     // Once Prometheus has scraped the load: held with a decision to scale.
@@ -214,19 +221,7 @@ async fn taking_over_from_an_hpa_starts_from_the_current_replicas_without_a_jump
     // One write at most in this test: the window after it outlasts it.
     let extra = "max_replicas = 30\ntake_over = true\nscale_up_limit_factor = 20\nupscale_forbidden_window = \"1h\"\n";
     write(&config, &rules(&prometheus.url(), &ns, extra));
-    let kubeconfig = dir.path().join("kubeconfig");
-    cluster.write_kubeconfig(&kubeconfig, ADMIN_TOKEN);
-    let args = [
-        "--config",
-        config.to_str().expect("utf-8"),
-        "--kubeconfig",
-        kubeconfig.to_str().expect("utf-8"),
-        "--lease-namespace",
-        &ns,
-        "--no-leader-election",
-    ];
-    let mut daemon = DaemonProcess::start(&args, &[]);
-    daemon.wait_ready(STARTUP).await;
+    let mut daemon = start_daemon(cluster, dir.path(), &ns).await;
 
     eventually!(Duration::from_secs(20), "web scaled beside the HPA", {
         match cluster.spec_replicas("Deployment", &ns, "web").await {
@@ -408,19 +403,7 @@ async fn observing_beside_an_hpa_records_what_it_ran() {
     let dir = tempfile::tempdir().expect("temp dir");
     let config = dir.path().join("rules.toml");
     write(&config, &rules(&prometheus.url(), &ns, "max_replicas = 20\nobserve = true\n"));
-    let kubeconfig = dir.path().join("kubeconfig");
-    cluster.write_kubeconfig(&kubeconfig, ADMIN_TOKEN);
-    let args = [
-        "--config",
-        config.to_str().expect("utf-8"),
-        "--kubeconfig",
-        kubeconfig.to_str().expect("utf-8"),
-        "--lease-namespace",
-        &ns,
-        "--no-leader-election",
-    ];
-    let mut daemon = DaemonProcess::start(&args, &[]);
-    daemon.wait_ready(STARTUP).await;
+    let mut daemon = start_daemon(cluster, dir.path(), &ns).await;
 
     let controller = format!("HorizontalPodAutoscaler/{ns}/web");
     // Once both sides have run a while on the load: watermarkd's larger count has added up.
@@ -487,19 +470,7 @@ async fn without_crd_mode_a_wpa_on_the_target_holds_the_writes() {
     let dir = tempfile::tempdir().expect("temp dir");
     let config = dir.path().join("rules.toml");
     write(&config, &rules(&prometheus.url(), &ns, "max_replicas = 10\n"));
-    let kubeconfig = dir.path().join("kubeconfig");
-    cluster.write_kubeconfig(&kubeconfig, ADMIN_TOKEN);
-    let args = [
-        "--config",
-        config.to_str().expect("utf-8"),
-        "--kubeconfig",
-        kubeconfig.to_str().expect("utf-8"),
-        "--lease-namespace",
-        &ns,
-        "--no-leader-election",
-    ];
-    let mut daemon = DaemonProcess::start(&args, &[]);
-    daemon.wait_ready(STARTUP).await;
+    let mut daemon = start_daemon(cluster, dir.path(), &ns).await;
 
     let held = detail(&daemon, "file/web", |d| d["last"]["proposal"].is_u64()).await;
     assert_eq!(held["last"]["claimed_by"], json!([format!("WatermarkPodAutoscaler/{ns}/theirs")]), "{held}");
